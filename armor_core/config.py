@@ -1,0 +1,347 @@
+"""The run configuration: typed dataclasses, every field with help text, loaded with omegaconf.
+
+``load_config(path, overrides)`` merges, in order: the defaults below, the YAML file, then
+``key.sub=value`` overrides. Everything a user can get wrong is checked here, before any process
+starts: unknown keys (with the nearest valid key), wrong types, values out of range, and plugin
+names no installed plugin provides (with the available names).
+
+Field names follow verl where verl has one (``algorithm.adv_estimator``, ``actor.clip_ratio_low``,
+``rollout.n``), so its users read an ARMOR config without a glossary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+__all__ = ["ArmorConfig", "ConfigError", "load_config", "to_yaml", "validate_plugins", "help_for"]
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key, the value and what is allowed."""
+
+
+def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **check: Any) -> Any:
+    """A config field with help text and optional range checks (``ge``, ``gt``, ``le``, ``lt``, ``choices``)."""
+    meta = {"help": help, **check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    path: str = f("builtin:arithmetic-tiny", "Local Hugging Face causal-LM directory, or 'builtin:arithmetic-tiny' for the model shipped with ARMOR. Nothing is downloaded.")
+    tokenizer_path: Optional[str] = f(None, "Tokenizer directory when it differs from model.path.")
+    dtype: str = f("float32", "Parameter dtype for training.", choices=["float32", "bfloat16", "float16"])
+    gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
+
+
+@dataclass
+class DataConfig:
+    task: Optional[str] = f("arithmetic", "Built-in task (a registered `task` plugin) used when train_files is empty.")
+    task_kwargs: dict = f(help="Extra keyword arguments for the task's generator.", factory=dict)
+    train_size: int = f(4096, "Rows generated for the train split of a built-in task.", ge=1)
+    val_size: int = f(500, "Rows generated for the held-out split of a built-in task (never seen in training).", ge=1)
+    train_files: list = f(help="JSONL or Parquet files of rows {prompt, data_source, ground_truth, ...}.", factory=list)
+    val_files: list = f(help="Held-out JSONL or Parquet files for validation.", factory=list)
+    train_batch_size: int = f(8, "Prompts per step (each is sampled rollout.n times).", ge=1)
+    max_prompt_length: int = f(64, "Prompt tokens allowed; see truncation.", ge=1)
+    truncation: str = f("drop", "What to do with a longer prompt: drop it (counted) or cut its left part, or error.", choices=["drop", "left", "error"])
+    shuffle: bool = f(True, "Shuffle the training rows each epoch (seeded by trainer.seed).")
+    skip_invalid: bool = f(False, "Skip and count malformed rows instead of stopping with an error.")
+    prompt_key: str = f("prompt", "Row field that holds the prompt (text or a list of chat messages).")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = f("hf", "Rollout backend (a registered `rollout_backend` plugin): hf or vllm.")
+    n: int = f(8, "Samples per prompt (the GRPO group size).", ge=1)
+    temperature: float = f(1.0, "Sampling temperature.", ge=0.0)
+    top_p: float = f(1.0, "Nucleus sampling mass.", gt=0.0, le=1.0)
+    top_k: int = f(0, "Top-k sampling; 0 disables it.", ge=0)
+    max_new_tokens: int = f(8, "Maximum response tokens.", ge=1)
+    micro_batch_size: int = f(256, "Prompts per generate call.", ge=1)
+    backend_kwargs: dict = f(help="Extra keyword arguments for the rollout backend.", factory=dict)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = f(3e-5, "Learning rate (AdamW).", gt=0.0)
+    weight_decay: float = f(0.0, "AdamW weight decay.", ge=0.0)
+    betas: list = f(help="AdamW betas.", factory=lambda: [0.9, 0.999])
+    warmup_steps: int = f(0, "Linear learning-rate warm-up steps.", ge=0)
+    lr_schedule: str = f("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine", "linear"])
+    grad_clip: float = f(1.0, "Clip the global gradient norm to this value; 0 disables it.", ge=0.0)
+    ppo_epochs: int = f(1, "Passes over each batch.", ge=1)
+    ppo_mini_batch_size: int = f(8, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1)
+    micro_batch_size: int = f(64, "Rows per forward/backward on one worker (gradient accumulation).", ge=1)
+    policy_loss: str = f("ppo_clip", "Policy loss (a registered `policy_loss` plugin).")
+    policy_loss_kwargs: dict = f(help="Extra keyword arguments for the policy loss.", factory=dict)
+    clip_ratio_low: float = f(0.2, "PPO clip range below 1 (eps_low).", ge=0.0)
+    clip_ratio_high: float = f(0.2, "PPO clip range above 1 (eps_high); > clip_ratio_low is DAPO's clip-higher.", ge=0.0)
+    clip_ratio_c: float = f(3.0, "Dual-clip bound for negative advantages (must be > 1).", gt=1.0)
+    loss_agg_mode: str = f("token-mean", "Loss aggregation (a registered `loss_aggregation` plugin).")
+    loss_norm_constant: Optional[float] = f(None, "Constant normaliser for seq-mean-token-sum-norm; default: rollout.max_new_tokens.")
+    entropy_coeff: float = f(0.0, "Entropy bonus coefficient.", ge=0.0)
+    use_kl_loss: bool = f(False, "Add KL(policy || reference) to the loss (GRPO style).")
+    kl_loss_coef: float = f(0.001, "Coefficient of the KL loss.", ge=0.0)
+    kl_loss_type: str = f("k3", "KL estimator for the KL loss (a registered `kl_estimator` plugin).")
+    num_workers: int = f(1, "Data-parallel actor processes.", ge=1)
+    strategy: str = f("ddp", "Data-parallel strategy.", choices=["ddp", "fsdp2"])
+
+
+@dataclass
+class CriticConfig:
+    lr: float = f(1e-4, "Critic learning rate.", gt=0.0)
+    cliprange_value: float = f(0.5, "Value clipping range around the old values.", ge=0.0)
+    grad_clip: float = f(1.0, "Critic gradient-norm clip; 0 disables it.", ge=0.0)
+    ppo_epochs: int = f(1, "Critic passes over each batch.", ge=1)
+    micro_batch_size: int = f(64, "Rows per critic forward/backward.", ge=1)
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = f("grpo", "Advantage estimator (a registered `advantage_estimator` plugin).")
+    adv_kwargs: dict = f(help="Extra keyword arguments for the advantage estimator.", factory=dict)
+    gamma: float = f(1.0, "Discount factor (GAE, REINFORCE++).", ge=0.0, le=1.0)
+    lam: float = f(1.0, "GAE lambda.", ge=0.0, le=1.0)
+    norm_adv_by_std: bool = f(True, "GRPO: divide by the group's standard deviation (False is Dr. GRPO).")
+    use_kl_in_reward: bool = f(False, "Fold a KL penalty into the token-level reward (PPO style).")
+    kl_penalty: str = f("k1", "KL estimator for the in-reward penalty (a registered `kl_estimator` plugin).")
+    kl_ctrl_type: str = f("fixed", "KL coefficient controller for the in-reward penalty.", choices=["fixed", "adaptive"])
+    kl_coef: float = f(0.001, "Initial KL coefficient of the in-reward penalty.", ge=0.0)
+    kl_target: float = f(0.1, "Target KL of the adaptive controller.", gt=0.0)
+    kl_horizon: int = f(10000, "Horizon of the adaptive controller.", ge=1)
+
+
+@dataclass
+class RewardConfig:
+    domain_map: dict = f(help="Map data_source -> reward domain name or {domain: weight}; unmapped sources use the domain of the same name.", factory=dict)
+    failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
+    timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
+    num_workers: int = f(0, "Reward scoring processes; 0 scores in the driver process.", ge=0)
+    domain_kwargs: dict = f(help="Per-domain keyword arguments: {domain: {key: value}}.", factory=dict)
+
+
+@dataclass
+class GuardSpec:
+    name: str = f("non_finite", "A registered `stability_guard` plugin.")
+    params: dict = f(help="Keyword arguments for the guard.", factory=dict)
+
+
+@dataclass
+class GuardConfig:
+    enable: bool = f(True, "Run the StabilityGuard.")
+    guards: list = f(help="Ordered guards: [{name, params}].", factory=lambda: [{"name": "non_finite", "params": {}}])
+
+
+@dataclass
+class EngineConfig:
+    address: Optional[str] = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
+    num_cpus: Optional[int] = f(None, "CPUs for a local Ray cluster; default: all.")
+    cpus_per_worker: float = f(1.0, "CPUs reserved for each worker process.", gt=0.0)
+    gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
+    colocate: bool = f(True, "Run rollout, actor and reference in one worker process (saves memory and weight transfers).")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = f(20, "Training steps.", ge=0)
+    total_epochs: Optional[int] = f(None, "Stop after this many passes over the data, if reached first.")
+    seed: int = f(1, "Seed for data order, sampling and initialisation.")
+    run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
+    save_freq: int = f(0, "Checkpoint every N steps; 0 saves only at the end.", ge=0)
+    keep_checkpoints: int = f(2, "Checkpoints kept on disk (oldest removed first).", ge=1)
+    val_freq: int = f(0, "Validate every N steps; 0 validates only before and after training.", ge=0)
+    val_before_train: bool = f(True, "Validate before the first step (the 'before' of the summary).")
+    val_sampled: bool = f(False, "Also report sampled (temperature) accuracy in validation, besides greedy.")
+    loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"])
+    device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
+    deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
+
+
+@dataclass
+class ArmorConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def _all_keys(cls: type = ArmorConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for fld in dataclasses.fields(cls):
+        key = f"{prefix}{fld.name}"
+        keys.append(key)
+        if dataclasses.is_dataclass(fld.default_factory if fld.default_factory is not dataclasses.MISSING else None):
+            keys.extend(_all_keys(fld.default_factory, key + "."))
+    return keys
+
+
+def _nearest(key: str) -> str:
+    keys = _all_keys()
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not close:  # try the last component against every leaf name (e.g. 'lr' typed as 'actor.learning_rate')
+        leaf = key.rsplit(".", 1)[-1]
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+        close = [by_leaf[m] for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)]
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
+    key = getattr(e, "full_key", None) or ""
+    if isinstance(e, ConfigKeyError):
+        return ConfigError(f"{source}: unknown config key '{key}'.{_nearest(key)} See `armor run --print-config` for every key.")
+    if isinstance(e, ValidationError):
+        msg = str(e).split("\n")[0]
+        return ConfigError(f"{source}: invalid value for '{key}': {msg}")
+    return ConfigError(f"{source}: {str(e).splitlines()[0]}")
+
+
+def _check_ranges(cfg: Any, cls: type = ArmorConfig, prefix: str = "") -> None:
+    for fld in dataclasses.fields(cls):
+        key = f"{prefix}{fld.name}"
+        value = getattr(cfg, fld.name)
+        if fld.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(fld.default_factory):
+            _check_ranges(value, fld.default_factory, key + ".")
+            continue
+        m = fld.metadata
+        if value is None:
+            continue
+        bad = None
+        if "choices" in m and value not in m["choices"]:
+            bad = f"one of {m['choices']}"
+        elif "ge" in m and value < m["ge"]:
+            bad = f">= {m['ge']}"
+        elif "gt" in m and value <= m["gt"]:
+            bad = f"> {m['gt']}"
+        elif "le" in m and value > m["le"]:
+            bad = f"<= {m['le']}"
+        elif "lt" in m and value >= m["lt"]:
+            bad = f"< {m['lt']}"
+        if bad:
+            raise ConfigError(f"{key}={value!r} is out of range: must be {bad} ({m.get('help', '')})")
+
+
+def _check_semantics(cfg: ArmorConfig) -> None:
+    """Checks that involve more than one field."""
+    if cfg.actor.ppo_mini_batch_size > cfg.data.train_batch_size:
+        raise ConfigError(f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds data.train_batch_size={cfg.data.train_batch_size}")
+    if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
+        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}")
+    if not cfg.data.train_files and not cfg.data.task:
+        raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
+    for i, g in enumerate(cfg.guard.guards):
+        if not isinstance(g, (dict, DictConfig)) or "name" not in g:
+            raise ConfigError(f"guard.guards[{i}]={g!r}: each guard is {{name: ..., params: {{...}}}}")
+        extra = set(g) - {"name", "params"}
+        if extra:
+            raise ConfigError(f"guard.guards[{i}] has unknown keys {sorted(extra)}; allowed: name, params")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ArmorConfig:
+    """Defaults, then the YAML at ``path``, then ``key=value`` overrides; validated; plugins not checked."""
+    schema = OmegaConf.structured(ArmorConfig)
+    merged = schema
+    try:
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file {str(p)!r} does not exist")
+            try:
+                loaded = OmegaConf.load(p)
+            except Exception as e:
+                raise ConfigError(f"{p}: not valid YAML: {e}") from e
+            if not isinstance(loaded, DictConfig):
+                raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...), got {type(loaded).__name__}")
+            merged = OmegaConf.merge(merged, loaded)
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not key=value (for example actor.lr=1e-5)")
+        if overrides:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        raise _friendly(e, str(path) if path and not overrides else "config") from e
+    cfg: ArmorConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    _check_ranges(cfg)
+    _check_semantics(cfg)
+    return cfg
+
+
+def to_yaml(cfg: ArmorConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: ArmorConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
+
+
+def from_dict(d: dict) -> ArmorConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArmorConfig), d))  # type: ignore[return-value]
+
+
+def help_for(cls: type = ArmorConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(key, help, default) for every leaf field, for `armor run --help-config` and the docs test."""
+    rows = []
+    for fld in dataclasses.fields(cls):
+        key = f"{prefix}{fld.name}"
+        if fld.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(fld.default_factory):
+            rows.extend(help_for(fld.default_factory, key + "."))
+        else:
+            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
+            rows.append((key, fld.metadata.get("help", ""), default))
+    return rows
+
+
+def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
+    """Resolve every plugin name in the config; an unknown one is a ConfigError naming the key.
+
+    Returns ``{config key: implementation}`` for what this run will use.
+    """
+    from armor_core.plugins import UnknownPluginError, get_plugin_manager
+
+    pm = pm or get_plugin_manager()
+    wanted: list[tuple[str, str, str]] = [
+        ("algorithm.adv_estimator", "advantage_estimator", cfg.algorithm.adv_estimator),
+        ("actor.policy_loss", "policy_loss", cfg.actor.policy_loss),
+        ("actor.loss_agg_mode", "loss_aggregation", cfg.actor.loss_agg_mode),
+        ("rollout.backend", "rollout_backend", cfg.rollout.backend),
+    ]
+    if cfg.actor.use_kl_loss:
+        wanted.append(("actor.kl_loss_type", "kl_estimator", cfg.actor.kl_loss_type))
+    if cfg.algorithm.use_kl_in_reward:
+        wanted.append(("algorithm.kl_penalty", "kl_estimator", cfg.algorithm.kl_penalty))
+    if not cfg.data.train_files and cfg.data.task:
+        wanted.append(("data.task", "task", cfg.data.task))
+    if cfg.guard.enable:
+        for i, g in enumerate(cfg.guard.guards):
+            wanted.append((f"guard.guards[{i}].name", "stability_guard", g["name"]))
+    for i, name in enumerate(cfg.trainer.loggers):
+        wanted.append((f"trainer.loggers[{i}]", "metric_tracker", name))
+    for source, spec in cfg.reward.domain_map.items():
+        domains = [spec] if isinstance(spec, str) else list(spec)
+        for d in domains:
+            wanted.append((f"reward.domain_map.{source}", "reward_domain", d))
+    resolved = {}
+    for key, kind, name in wanted:
+        try:
+            resolved[key] = pm.get(kind, name, where=key)
+        except UnknownPluginError as e:
+            raise ConfigError(str(e)) from None
+    return resolved

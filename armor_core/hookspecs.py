@@ -1,0 +1,169 @@
+"""The whole plugin contract of ARMOR.
+
+Every way to extend ARMOR is a hook in this file. Each hook is a *register collector*: ARMOR calls it
+once per plugin with a ``register`` callable, and the plugin calls ``register(name, implementation)``
+for each thing it provides. The host (``armor_core.plugins``) owns the catalog, so it can refuse
+duplicate names, list everything (``armor plugins``) and suggest the nearest name for a typo.
+
+The registered name is the value users write in the config (``algorithm.adv_estimator: grpo``);
+keep it lowercase snake_case. What each implementation must look like is described per hook and
+typed in ``armor_core.interfaces``. A plain callable is accepted where the hook says so and is
+wrapped with default metadata.
+
+A plugin module needs only::
+
+    from armor_core import hookimpl
+
+    @hookimpl
+    def armor_register_advantage_estimators(register):
+        register("my_estimator", compute_my_advantage)
+
+and an entry point in group ``armor`` in its distribution's ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+PROJECT_NAME = "armor"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+#: ``register(name, implementation)``: the callable every hook receives.
+Register = Callable[[str, Any], None]
+
+__all__ = [
+    "Register",
+    "armor_register_advantage_estimators",
+    "armor_register_kl_estimators",
+    "armor_register_loss_aggregations",
+    "armor_register_metric_trackers",
+    "armor_register_policy_losses",
+    "armor_register_reward_domains",
+    "armor_register_rollout_backends",
+    "armor_register_stability_guards",
+    "armor_register_tasks",
+    "hookimpl",
+    "hookspec",
+]
+
+
+@hookspec
+def armor_register_advantage_estimators(register: Register) -> None:
+    """Register advantage estimators (config key ``algorithm.adv_estimator``).
+
+    :param register: call ``register(name, estimator)`` where ``estimator`` is an
+        :class:`armor_core.interfaces.AdvantageEstimator` or a plain function
+        ``fn(token_level_rewards, response_mask, index, **params) -> (advantages, returns)``.
+        ``token_level_rewards``, ``response_mask``: (bs, response_length); ``index``: (bs,) int64
+        group ids, the samples of one prompt share an id. Optional keyword parameters the
+        function declares are filled from the config by name: ``values`` (bs, response_length)
+        from the critic, ``gamma``, ``lam``, ``epsilon``, ``norm_adv_by_std``, and anything in
+        ``algorithm.adv_kwargs``. Both outputs are (bs, response_length), zero outside the mask,
+        and finite for every finite input. Set ``requires_critic=True`` on the
+        ``AdvantageEstimator`` if ``values`` is required: the trainer then builds a critic.
+    """
+
+
+@hookspec
+def armor_register_policy_losses(register: Register) -> None:
+    """Register policy losses (config key ``actor.policy_loss``).
+
+    :param register: call ``register(name, loss)`` where ``loss`` is an
+        :class:`armor_core.interfaces.PolicyLoss` or a plain function
+        ``fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (loss_mat, metrics)``.
+        All tensors are (bs, response_length); ``loss_mat`` is the per-token loss (bs,
+        response_length) *before* aggregation, zero outside the mask, so that the core can
+        aggregate it identically whole, in micro-batches or across data-parallel ranks.
+        ``metrics`` maps names (``pg_clipfrac``, ``ppo_kl``, ...) to floats or 0-d tensors.
+        Keyword parameters (``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``, anything in
+        ``actor.policy_loss_kwargs``) are filled from the config by name.
+    """
+
+
+@hookspec
+def armor_register_kl_estimators(register: Register) -> None:
+    """Register KL estimators (config keys ``algorithm.kl_penalty``, ``actor.kl_loss_type``).
+
+    :param register: call ``register(name, kl)`` where ``kl`` is an
+        :class:`armor_core.interfaces.KLEstimator` or a plain function
+        ``fn(log_prob, ref_log_prob) -> kl`` with all tensors (bs, response_length); the result is
+        a per-token estimate of KL(policy || reference), differentiable in ``log_prob``.
+    """
+
+
+@hookspec
+def armor_register_loss_aggregations(register: Register) -> None:
+    """Register loss aggregation modes (config key ``actor.loss_agg_mode``).
+
+    :param register: call ``register(name, agg)`` where ``agg`` is an
+        :class:`armor_core.interfaces.LossAggregation` or a plain function
+        ``fn(loss_mat, response_mask, *, global_num_tokens, global_num_seqs, norm_constant) -> loss``.
+        ``loss_mat`` and ``response_mask`` are one micro-batch's (bs, response_length); the
+        ``global_*`` counts are over the whole mini-batch on all data-parallel ranks (valid tokens;
+        rows with at least one valid token) and ``norm_constant`` is ``actor.loss_norm_constant``.
+        The contract that makes micro-batching and data parallelism exact: the *sum* of the
+        returned 0-d losses over all micro-batches and ranks equals the loss of the whole batch
+        computed at once. The worker sums micro-batch losses (it does not average them) and
+        multiplies by the world size to undo DDP's gradient averaging.
+    """
+
+
+@hookspec
+def armor_register_reward_domains(register: Register) -> None:
+    """Register reward domains (matched against each data row's ``data_source``).
+
+    :param register: call ``register(name, domain)`` where ``domain`` is an
+        :class:`armor_core.interfaces.RewardDomain` or a plain function
+        ``fn(prompt, response, ground_truth, extra) -> float | RewardResult``. ``extra`` holds the
+        row's other fields. It must be deterministic and must not touch the network; a
+        :class:`~armor_core.interfaces.RewardResult` carries named sub-scores that are logged as
+        metrics (``reward/<domain>/<sub>``).
+    """
+
+
+@hookspec
+def armor_register_stability_guards(register: Register) -> None:
+    """Register stability guards (config key ``guard.guards``, an ordered list).
+
+    :param register: call ``register(name, guard_cls)`` where ``guard_cls`` is a class following
+        :class:`armor_core.interfaces.StabilityGuard`: built with the keyword parameters from the
+        config, it is shown each stage's statistics and returns a
+        :class:`~armor_core.interfaces.Verdict`, and saves its state with ``state_dict``.
+    """
+
+
+@hookspec
+def armor_register_rollout_backends(register: Register) -> None:
+    """Register rollout backends (config key ``rollout.backend``).
+
+    :param register: call ``register(name, backend_cls)`` where ``backend_cls`` follows
+        :class:`armor_core.interfaces.RolloutBackend`: built inside a worker from the model, the
+        tokenizer and the rollout config, it generates responses for a DataProto of prompts and
+        accepts new weights after each update.
+    """
+
+
+@hookspec
+def armor_register_tasks(register: Register) -> None:
+    """Register built-in tasks: datasets made in code (config key ``data.task``).
+
+    :param register: call ``register(name, task)`` where ``task`` is an
+        :class:`armor_core.interfaces.Task` or a plain function ``fn(split, size, seed, **params)
+        -> list[dict]`` returning rows ``{"prompt", "data_source", "ground_truth", ...}``. The same
+        ``(split, size, seed)`` must give the same rows, and the ``train`` and ``test`` splits must
+        not overlap.
+    """
+
+
+@hookspec
+def armor_register_metric_trackers(register: Register) -> None:
+    """Register metric trackers (config key ``trainer.loggers``).
+
+    :param register: call ``register(name, tracker_cls)`` where ``tracker_cls`` follows
+        :class:`armor_core.interfaces.MetricTracker`: built with the run directory and the
+        config, it receives a flat ``{name: float}`` dict each step and is closed at the end.
+    """

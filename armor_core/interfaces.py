@@ -1,0 +1,206 @@
+"""What each kind of plugin must provide.
+
+``hookspecs.py`` says *how* to register; this module says *what* is registered. Function-like kinds
+(estimators, losses, KL estimators, reward domains, tasks) are small frozen dataclasses around a
+function plus the metadata the core needs, so the trainer never has to branch on a name: it asks
+``estimator.requires_critic``, not ``name == "gae"``. A plain function registered for one of these
+kinds is wrapped with default metadata. Class-like kinds (guards, rollout backends, trackers) are
+classes following the protocols below.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from armor_core.protocol import DataProto
+
+__all__ = [
+    "KINDS",
+    "AdvantageEstimator",
+    "KLEstimator",
+    "LossAggregation",
+    "MetricTracker",
+    "PolicyLoss",
+    "RewardDomain",
+    "RewardResult",
+    "RolloutBackend",
+    "StabilityGuard",
+    "Task",
+    "Verdict",
+    "call_with_params",
+]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """``fn(token_level_rewards, response_mask, index, **params) -> (advantages, returns)``.
+
+    :param requires_critic: the estimator reads ``values``; the trainer builds a critic for it.
+    """
+
+    fn: Callable[..., tuple["torch.Tensor", "torch.Tensor"]]
+    requires_critic: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """``fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (loss_mat, metrics)``."""
+
+    fn: Callable[..., tuple["torch.Tensor", dict[str, Any]]]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class KLEstimator:
+    """``fn(log_prob, ref_log_prob) -> kl`` per token, (bs, response_length)."""
+
+    fn: Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class LossAggregation:
+    """``fn(loss_mat, response_mask, *, global_num_tokens, global_num_seqs, norm_constant) -> loss``."""
+
+    fn: Callable[..., "torch.Tensor"]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A score and the named sub-scores that explain it (each logged as a metric)."""
+
+    score: float
+    sub_scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardDomain:
+    """``fn(prompt, response, ground_truth, extra) -> float | RewardResult``.
+
+    :param requires_ground_truth: rows routed to this domain must carry a ground truth; a row
+        without one is rejected when the dataset is loaded, not at step 500.
+    """
+
+    fn: Callable[[str, str, Any, Mapping[str, Any]], "float | RewardResult"]
+    requires_ground_truth: bool = True
+    description: str = ""
+
+    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None) -> RewardResult:
+        out = self.fn(prompt, response, ground_truth, dict(extra or {}))
+        if isinstance(out, RewardResult):
+            return out
+        return RewardResult(score=float(out))
+
+
+@dataclass(frozen=True)
+class Task:
+    """``fn(split, size, seed, **params) -> list[dict]`` rows with prompt, data_source, ground_truth."""
+
+    fn: Callable[..., list[dict[str, Any]]]
+    description: str = ""
+
+
+VerdictAction = Literal["proceed", "skip", "scale", "adjust", "rollback"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A guard's decision about one stage of one step.
+
+    :param action: ``proceed``; ``skip`` the update; ``scale`` the gradients by ``scale``;
+        ``adjust`` coefficients (``adjustments`` maps e.g. ``"lr_scale"`` or ``"kl_coef"`` to new
+        values, the guard keeps them within its configured bounds); ``rollback`` to the last good
+        checkpoint.
+    """
+
+    action: VerdictAction = "proceed"
+    reason: str = ""
+    signal: float | None = None
+    threshold: float | None = None
+    scale: float = 1.0
+    adjustments: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def proceed(cls) -> "Verdict":
+        return cls()
+
+
+@runtime_checkable
+class StabilityGuard(Protocol):
+    """Built as ``guard_cls(**params)`` from ``guard.guards[i].params``.
+
+    ``observe`` is called for each stage (``rollout``, ``reward``, ``advantage``, ``loss``,
+    ``grad``, ``update``) with that stage's scalar statistics; it must be cheap and deterministic,
+    because every data-parallel rank must reach the same verdict from the same (reduced) statistics.
+    """
+
+    def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """Built as ``backend_cls(model, tokenizer, config)`` inside a worker process.
+
+    ``generate`` takes a DataProto with left-padded ``input_ids``, ``attention_mask`` and
+    ``position_ids`` (bs, prompt_length) and returns one with ``responses``, ``response_mask``
+    (bs, response_length, right-padded) and ``rollout_log_probs`` (bs, response_length), the
+    sampler's own log-probabilities of the sampled tokens. ``update_weights`` receives
+    ``(name, tensor)`` pairs of the new policy.
+    """
+
+    def generate(self, prompts: "DataProto", **sampling_overrides: Any) -> "DataProto": ...
+
+    def update_weights(self, named_tensors: Any) -> None: ...
+
+
+@runtime_checkable
+class MetricTracker(Protocol):
+    """Built as ``tracker_cls(run_dir, config)``; ``log`` gets a flat ``{name: float}`` dict."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: kind name -> (hook name, wrapper for plain callables or None for class-like kinds)
+KINDS: dict[str, tuple[str, type | None]] = {
+    "advantage_estimator": ("armor_register_advantage_estimators", AdvantageEstimator),
+    "policy_loss": ("armor_register_policy_losses", PolicyLoss),
+    "kl_estimator": ("armor_register_kl_estimators", KLEstimator),
+    "loss_aggregation": ("armor_register_loss_aggregations", LossAggregation),
+    "reward_domain": ("armor_register_reward_domains", RewardDomain),
+    "stability_guard": ("armor_register_stability_guards", None),
+    "rollout_backend": ("armor_register_rollout_backends", None),
+    "task": ("armor_register_tasks", Task),
+    "metric_tracker": ("armor_register_metric_trackers", None),
+}
+
+
+def call_with_params(fn: Callable[..., Any], /, *args: Any, available: Mapping[str, Any], extra: Mapping[str, Any] | None = None, where: str = "") -> Any:
+    """Call ``fn(*args, **kw)`` passing only the keyword parameters ``fn`` declares.
+
+    ``available`` are values the core offers (``gamma``, ``values``, ...), passed when declared.
+    ``extra`` are user-supplied parameters (``algorithm.adv_kwargs``): every one of them must be
+    declared by ``fn``, otherwise the user misspelled something and we say so, naming ``where``.
+    """
+    sig = inspect.signature(fn)
+    params = sig.parameters
+    takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in available.items() if k in params or takes_var_kw}
+    for key, value in (extra or {}).items():
+        if key not in params and not takes_var_kw:
+            allowed = [k for k, p in list(params.items())[len(args):] if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+            raise TypeError(f"{where or fn.__name__}: unknown parameter {key!r}; {fn.__name__} accepts {allowed}")
+        kwargs[key] = value
+    return fn(*args, **kwargs)

@@ -1,0 +1,274 @@
+"""The plugin manager: finds plugins through entry points and owns the catalog of what they provide.
+
+Every implementation, built-in or third-party, arrives the same way: a module named by an entry
+point in group ``armor`` implements one or more ``armor_register_*`` hooks (see ``hookspecs.py``).
+The catalog is built by calling each plugin's hooks one plugin at a time, so every registered name
+is tied to the plugin and distribution that provided it; that is what lets a duplicate name be an
+error naming both providers, and ``armor plugins`` show where each implementation comes from.
+
+A plugin manager is never sent between processes: each Ray worker builds its own
+(``get_plugin_manager()``), which sees the same installed distributions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import inspect
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import pluggy
+
+from armor_core import hookspecs
+from armor_core.interfaces import KINDS
+
+__all__ = [
+    "DISABLE_ENV",
+    "DuplicatePluginError",
+    "PluginEntry",
+    "PluginError",
+    "PluginManager",
+    "UnknownPluginError",
+    "get_plugin",
+    "get_plugin_manager",
+    "list_plugins",
+    "reset_plugin_manager",
+]
+
+ENTRY_POINT_GROUP = "armor"
+DISABLE_ENV = "ARMOR_DISABLE_PLUGINS"
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.+\-]*$")
+
+
+class PluginError(Exception):
+    """Something is wrong with an installed or registered plugin."""
+
+
+class DuplicatePluginError(PluginError):
+    pass
+
+
+class UnknownPluginError(PluginError, KeyError):
+    """A name was asked for that no plugin provides. ``str()`` gives the full message."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    kind: str
+    name: str
+    obj: Any
+    plugin: str
+    distribution: str
+    version: str
+
+
+def _parse_disabled(value: str | None) -> set[str]:
+    return {n.strip() for n in (value or "").split(",") if n.strip()}
+
+
+class _ArmorPluggyManager(pluggy.PluginManager):
+    """Treats any ``armor_*`` function on a plugin as a hook implementation, marked or not.
+
+    pytest does the same for ``pytest_*``. Without it a plugin author who forgets ``@hookimpl``
+    and misspells the hook name gets silence; with it ``check_pending`` names the function.
+    """
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str):  # type: ignore[override]
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith("armor_") and inspect.isroutine(getattr(plugin, name, None)):
+            opts = {}
+        return opts
+
+
+class PluginManager:
+    """Loads plugins and answers ``get(kind, name)``.
+
+    :param load_entrypoints: load every installed plugin of group ``armor`` (False gives an empty
+        manager, for tests that register their own plugins only).
+    :param disabled: plugin (entry-point) names to block; defaults to ``$ARMOR_DISABLE_PLUGINS``.
+    """
+
+    def __init__(self, *, load_entrypoints: bool = True, disabled: Iterable[str] | None = None) -> None:
+        self._pm = _ArmorPluggyManager(hookspecs.PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self.disabled = set(disabled) if disabled is not None else _parse_disabled(os.environ.get(DISABLE_ENV))
+        for name in self.disabled:
+            self._pm.set_blocked(name)
+        self._lock = threading.RLock()
+        self._catalog: dict[str, dict[str, PluginEntry]] | None = None
+        if load_entrypoints:
+            try:
+                self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+            except Exception as e:  # an installed plugin that fails to import must say which one
+                raise PluginError(f"failed to load an '{ENTRY_POINT_GROUP}' entry-point plugin: {type(e).__name__}: {e}") from e
+        self.check()
+
+    # -- registration -------------------------------------------------------------------------
+
+    def register(self, plugin: Any, name: str | None = None) -> str:
+        """Register a plugin object (module, class instance, ...) and return its name."""
+        with self._lock:
+            registered = self._pm.register(plugin, name=name)
+            if registered is None:  # blocked
+                return name or self._pm.get_canonical_name(plugin)
+            self._catalog = None
+            self.check()
+            return registered
+
+    def unregister(self, plugin: Any = None, name: str | None = None) -> None:
+        with self._lock:
+            self._pm.unregister(plugin=plugin, name=name)
+            self._catalog = None
+
+    def check(self) -> None:
+        """Fail on an ``armor_*`` function that matches no hook: a misspelled hook never runs silently."""
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as e:
+            known = [n for n in dir(hookspecs) if n.startswith("armor_register_")]
+            bad = getattr(e, "plugin", None)
+            hint = ""
+            for impl_name in [n for n in dir(bad) if n.startswith("armor_")] if bad is not None else []:
+                if impl_name not in known:
+                    close = difflib.get_close_matches(impl_name, known, n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    break
+            raise PluginError(f"{e}{hint} Known hooks: {', '.join(known)}") from e
+
+    # -- catalog ------------------------------------------------------------------------------
+
+    def _distribution_of(self, plugin: Any) -> tuple[str, str]:
+        for plug, dist in self._pm.list_plugin_distinfo():
+            if plug is plugin:
+                return dist.project_name, dist.version
+        module = getattr(plugin, "__name__", None) if inspect.ismodule(plugin) else type(plugin).__module__
+        top = (module or "").split(".")[0]
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        if dists:
+            return dists[0], importlib.metadata.version(dists[0])
+        return "(not installed)", "-"
+
+    def _build_catalog(self) -> dict[str, dict[str, PluginEntry]]:
+        catalog: dict[str, dict[str, PluginEntry]] = {kind: {} for kind in KINDS}
+        for kind, (hook_name, wrapper) in KINDS.items():
+            hook = getattr(self._pm.hook, hook_name)
+            # pluggy returns implementations last-registered-first; build the catalog in load order
+            for impl in reversed(hook.get_hookimpls()):
+                plugin_name = impl.plugin_name
+                dist, version = self._distribution_of(impl.plugin)
+
+                def register(name: str, obj: Any, *, _kind=kind, _plugin=plugin_name, _dist=dist, _ver=version, _wrap=wrapper) -> None:
+                    if not isinstance(name, str) or not _NAME_RE.match(name):
+                        raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r}: names are lowercase, e.g. 'my_estimator'")
+                    if _wrap is not None and not isinstance(obj, _wrap):
+                        if not callable(obj):
+                            raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a function or {_wrap.__name__}")
+                        obj = _wrap(fn=obj, description=(inspect.getdoc(obj) or "").split("\n")[0])
+                    if _wrap is None and not callable(obj):
+                        raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a class")
+                    existing = catalog[_kind].get(name)
+                    if existing is not None:
+                        raise DuplicatePluginError(
+                            f"{_kind} {name!r} is registered twice: by plugin {existing.plugin!r} ({existing.distribution} {existing.version}) "
+                            f"and by plugin {_plugin!r} ({_dist} {_ver}). Uninstall one, or block one with {DISABLE_ENV}={_plugin}"
+                        )
+                    catalog[_kind][name] = PluginEntry(_kind, name, obj, _plugin, _dist, _ver)
+
+                impl.function(register=register)
+        return catalog
+
+    @property
+    def catalog(self) -> dict[str, dict[str, PluginEntry]]:
+        with self._lock:
+            if self._catalog is None:
+                self._catalog = self._build_catalog()
+            return self._catalog
+
+    def entries(self, kind: str | None = None) -> Iterator[PluginEntry]:
+        kinds = [kind] if kind is not None else list(KINDS)
+        for k in kinds:
+            self._check_kind(k)
+            yield from sorted(self.catalog[k].values(), key=lambda e: e.name)
+
+    def names(self, kind: str) -> list[str]:
+        self._check_kind(kind)
+        return sorted(self.catalog[kind])
+
+    def entry(self, kind: str, name: str, *, where: str | None = None) -> PluginEntry:
+        self._check_kind(kind)
+        found = self.catalog[kind].get(name)
+        if found is None:
+            raise UnknownPluginError(unknown_name_message(kind, name, self.names(kind), where=where))
+        return found
+
+    def get(self, kind: str, name: str, *, where: str | None = None) -> Any:
+        """The implementation registered as ``name`` for ``kind`` (wrapped in its interface type)."""
+        return self.entry(kind, name, where=where).obj
+
+    @staticmethod
+    def _check_kind(kind: str) -> None:
+        if kind not in KINDS:
+            close = difflib.get_close_matches(kind, KINDS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown plugin kind {kind!r}.{hint} Kinds: {', '.join(KINDS)}")
+
+    @property
+    def plugin_names(self) -> list[str]:
+        return sorted(name for name, plugin in self._pm.list_name_plugin() if plugin is not None)
+
+
+def unknown_name_message(kind: str, name: str, available: list[str], *, where: str | None = None) -> str:
+    at = f" (config key {where})" if where else ""
+    close = difflib.get_close_matches(str(name), available, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    listing = ", ".join(available) if available else "none are installed"
+    return f"unknown {kind} {name!r}{at}.{hint} Available: {listing}"
+
+
+_default: PluginManager | None = None
+_default_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, built on first use from installed entry points."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = PluginManager()
+        return _default
+
+
+def reset_plugin_manager() -> None:
+    """Forget the process-wide manager (the next call rebuilds it, e.g. after a pip install)."""
+    global _default
+    with _default_lock:
+        _default = None
+
+
+def get_plugin(kind: str, name: str) -> Any:
+    """Return the implementation registered under ``name`` for ``kind``.
+
+    For notebooks, tests and tools that call a plugin directly; the same lookup the config uses,
+    with the same errors. ``kind`` is one of ``advantage_estimator``, ``policy_loss``,
+    ``kl_estimator``, ``loss_aggregation``, ``reward_domain``, ``stability_guard``,
+    ``rollout_backend``, ``task``, ``metric_tracker``.
+
+    >>> grpo = get_plugin("advantage_estimator", "grpo")            # doctest: +SKIP
+    >>> adv, ret = grpo.fn(rewards, mask, index)                     # doctest: +SKIP
+
+    :raises UnknownPluginError: no plugin provides ``name``; the message lists what exists and the
+        nearest match.
+    """
+    return get_plugin_manager().get(kind, name)
+
+
+def list_plugins(kind: str | None = None) -> list[PluginEntry]:
+    """Every registered implementation (of one kind, or all), with its plugin and distribution."""
+    return list(get_plugin_manager().entries(kind))
