@@ -103,12 +103,33 @@ class PluginManager:
             self._pm.set_blocked(name)
         self._lock = threading.RLock()
         self._catalog: dict[str, dict[str, PluginEntry]] | None = None
+        self._dists: dict[str, tuple[str, str]] = {}
         if load_entrypoints:
-            try:
-                self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-            except Exception as e:  # an installed plugin that fails to import must say which one
-                raise PluginError(f"failed to load an '{ENTRY_POINT_GROUP}' entry-point plugin: {type(e).__name__}: {e}") from e
+            self._load_entrypoints()
         self.check()
+
+    def _load_entrypoints(self) -> None:
+        seen: set[str] = set()
+        for dist in importlib.metadata.distributions():
+            for ep in dist.entry_points:
+                if ep.group != ENTRY_POINT_GROUP or ep.name in seen:
+                    continue  # a distribution found twice on sys.path is loaded once
+                seen.add(ep.name)
+                dist_name = dist.metadata["Name"]
+                if self._pm.is_blocked(ep.name):
+                    continue
+                if self._pm.get_plugin(ep.name) is not None:
+                    other = self._dists.get(ep.name, ("?", "?"))[0]
+                    raise DuplicatePluginError(f"two plugins are named {ep.name!r}: from {other} and from {dist_name}; block one with {DISABLE_ENV}={ep.name}")
+                try:
+                    plugin = ep.load()
+                except Exception as e:  # an installed plugin that fails to import must say which one
+                    raise PluginError(
+                        f"plugin {ep.name!r} ({ep.value}) from distribution {dist_name} {dist.version} failed to import: "
+                        f"{type(e).__name__}: {e}. Fix or uninstall it, or block it with {DISABLE_ENV}={ep.name}"
+                    ) from e
+                self._pm.register(plugin, name=ep.name)
+                self._dists[ep.name] = (dist_name, dist.version)
 
     # -- registration -------------------------------------------------------------------------
 
@@ -144,25 +165,23 @@ class PluginManager:
 
     # -- catalog ------------------------------------------------------------------------------
 
-    def _distribution_of(self, plugin: Any) -> tuple[str, str]:
-        for plug, dist in self._pm.list_plugin_distinfo():
-            if plug is plugin:
-                return dist.project_name, dist.version
+    def _distribution_of(self, plugin_name: str, plugin: Any) -> tuple[str, str]:
+        if plugin_name in self._dists:
+            return self._dists[plugin_name]
         module = getattr(plugin, "__name__", None) if inspect.ismodule(plugin) else type(plugin).__module__
         top = (module or "").split(".")[0]
         dists = importlib.metadata.packages_distributions().get(top, [])
         if dists:
             return dists[0], importlib.metadata.version(dists[0])
-        return "(not installed)", "-"
+        return "(registered in-process)", "-"
 
     def _build_catalog(self) -> dict[str, dict[str, PluginEntry]]:
         catalog: dict[str, dict[str, PluginEntry]] = {kind: {} for kind in KINDS}
         for kind, (hook_name, wrapper) in KINDS.items():
             hook = getattr(self._pm.hook, hook_name)
-            # pluggy returns implementations last-registered-first; build the catalog in load order
-            for impl in reversed(hook.get_hookimpls()):
+            for impl in hook.get_hookimpls():  # registration order: the first provider is named first
                 plugin_name = impl.plugin_name
-                dist, version = self._distribution_of(impl.plugin)
+                dist, version = self._distribution_of(plugin_name, impl.plugin)
 
                 def register(name: str, obj: Any, *, _kind=kind, _plugin=plugin_name, _dist=dist, _ver=version, _wrap=wrapper) -> None:
                     if not isinstance(name, str) or not _NAME_RE.match(name):

@@ -1,0 +1,96 @@
+"""The ``armor`` command line.
+
+``armor run [CONFIG] [key=value ...]``   train (the built-in recipe when no CONFIG is given)
+``armor plugins``                         every registered implementation, by kind, with its provider
+``armor eval MODEL --data FILE``          accuracy per data_source
+``armor sft ...``                         small supervised fine-tuning (how the built-in warm start was made)
+``armor reward DOMAIN ...``               score rows with a reward domain, to check it before a long run
+
+Each subcommand module exposes ``add_parser(subparsers)``; heavy imports (torch, ray) happen inside
+the command, so ``armor --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# subcommand modules that provide add_parser(subparsers); order is the order of `armor --help`
+_COMMAND_MODULES = [
+    "armor_core.commands.run",
+    "armor_core.commands.plugins",
+    "armor_core.commands.eval",
+    "armor_core.sft",
+    "armor_core.reward_cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="armor",
+        description="ARMOR: stable reinforcement-learning post-training of language models on verifiable rewards.",
+        epilog="Run `armor <command> --help` for a command's options. `armor run` with no arguments trains the built-in recipe on CPU.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for mod_name in _COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name == mod_name:  # a command not built yet in this checkout
+                continue
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from armor_core import __version__
+
+        print(f"armor {__version__}")
+        return 0
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except user_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+class UserFacingError(Exception):
+    """An error whose message is the whole story for the user (no traceback)."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that the CLI prints as one clear line instead of a traceback."""
+    from armor_core.config import ConfigError
+    from armor_core.plugins import PluginError
+
+    extra: list[type[BaseException]] = []
+    try:
+        from armor_core.data import DataError
+
+        extra.append(DataError)
+    except ImportError:
+        pass
+    try:
+        from armor_core.models import ModelPathError  # type: ignore[attr-defined]
+
+        extra.append(ModelPathError)
+    except (ImportError, AttributeError):
+        pass
+    return (UserFacingError, ConfigError, PluginError, *extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""StabilityGuard: runs the configured guard plugins on each stage's statistics and combines verdicts.
+
+Guards are plugins (``armor_register_stability_guards``); the config lists them in order
+(``guard.guards: [{name, params}]``). For each stage of a step the trainer (or, for the ``grad``
+stage, each actor worker) calls ``GuardRunner.observe(stage, stats, step)``; every guard sees the
+stats and returns a :class:`~armor_core.interfaces.Verdict`, and the most severe one wins
+(rollback > skip > scale > adjust > proceed). Guards see only scalar statistics that are already
+reduced across data-parallel ranks, so every rank reaches the same verdict without a message.
+
+Every verdict other than ``proceed`` is appended to ``guard_events.jsonl`` in the run directory and
+counted in the step's metrics (``guard/<guard>/<action>``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from armor_core.interfaces import Verdict
+
+__all__ = ["GuardRunner", "SEVERITY", "combine"]
+
+SEVERITY = {"proceed": 0, "adjust": 1, "scale": 2, "skip": 3, "rollback": 4}
+
+
+def combine(verdicts: list[tuple[str, Verdict]]) -> tuple[str | None, Verdict]:
+    """The most severe verdict (the first of equals), with the name of the guard that gave it."""
+    best_name, best = None, Verdict.proceed()
+    for name, v in verdicts:
+        if SEVERITY[v.action] > SEVERITY[best.action]:
+            best_name, best = name, v
+    return best_name, best
+
+
+class GuardRunner:
+    """Holds the guard instances of one process.
+
+    :param guards: ``[{name, params}]`` from ``guard.guards``.
+    :param run_dir: where ``guard_events.jsonl`` goes (None: events are only counted).
+    """
+
+    def __init__(self, guards: list[Mapping[str, Any]], pm: Any = None, run_dir: str | Path | None = None, enable: bool = True) -> None:
+        from armor_core.plugins import get_plugin_manager
+
+        pm = pm or get_plugin_manager()
+        self.enable = enable
+        self.guards: list[tuple[str, Any]] = []
+        if enable:
+            for i, spec in enumerate(guards):
+                cls = pm.get("stability_guard", spec["name"], where=f"guard.guards[{i}].name")
+                params = dict(spec.get("params") or {})
+                try:
+                    self.guards.append((spec["name"], cls(**params)))
+                except TypeError as e:
+                    raise ValueError(f"guard.guards[{i}] ({spec['name']}): bad params {params}: {e}") from e
+        self.events_path = Path(run_dir) / "guard_events.jsonl" if run_dir else None
+        self.counts: dict[str, float] = {}
+
+    def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
+        verdicts = []
+        for name, guard in self.guards:
+            v = guard.observe(stage, stats, step)
+            if v is None:
+                v = Verdict.proceed()
+            verdicts.append((name, v))
+            if v.action != "proceed":
+                self._record(step, stage, name, v)
+        _, verdict = combine(verdicts)
+        return verdict
+
+    def _record(self, step: int, stage: str, name: str, v: Verdict) -> None:
+        key = f"guard/{name}/{v.action}"
+        self.counts[key] = self.counts.get(key, 0.0) + 1.0
+        if self.events_path is None:
+            return
+        event = {"step": step, "stage": stage, "guard": name, "action": v.action, "reason": v.reason,
+                 "signal": _jsonable(v.signal), "threshold": _jsonable(v.threshold)}
+        if v.action == "scale":
+            event["scale"] = v.scale
+        if v.adjustments:
+            event["adjustments"] = v.adjustments
+        self.events_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.events_path, "a") as fh:
+            fh.write(json.dumps(event) + "\n")
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self.counts = self.counts, {}
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: guard.state_dict() for name, guard in self.guards}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, guard in self.guards:
+            if name in state:
+                guard.load_state_dict(state[name])
+
+
+def _jsonable(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else str(x)  # JSON has no NaN/Inf

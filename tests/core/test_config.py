@@ -1,0 +1,69 @@
+"""Config loading: defaults, YAML, overrides, and errors that name the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from armor_core.config import ArmorConfig, ConfigError, help_for, load_config, to_yaml
+
+
+def test_defaults_yaml_and_overrides_merge_in_order(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("actor:\n  lr: 1.0e-5\nrollout:\n  n: 4\n")
+    cfg = load_config(path, ["rollout.n=16"])
+    assert cfg.actor.lr == 1e-5          # from YAML
+    assert cfg.rollout.n == 16           # override beats YAML
+    assert cfg.actor.clip_ratio_low == 0.2  # default fills the rest
+    assert isinstance(cfg, ArmorConfig)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("actor.lrr=1e-5", "unknown config key 'actor.lrr'. Did you mean 'actor.lr'?"),
+        ("algoritm.gamma=0.9", "Did you mean 'algorithm'?"),
+        ("actor.lr=fast", "invalid value for 'actor.lr'"),
+        ("rollout.n=0", "rollout.n=0 is out of range: must be >= 1"),
+        ("rollout.top_p=1.5", "rollout.top_p=1.5 is out of range: must be <= 1.0"),
+        ("data.truncation=middle", "must be one of ['drop', 'left', 'error']"),
+        ("actor.clip_ratio_c=1.0", "actor.clip_ratio_c=1.0 is out of range: must be > 1.0"),
+        ("actor.ppo_mini_batch_size=3", "must be a multiple of actor.ppo_mini_batch_size=3"),
+        ("actor.lr", "is not key=value"),
+    ],
+)
+def test_bad_values_name_key_value_and_what_is_allowed(override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert expected in str(e.value)
+
+
+def test_bad_yaml_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("trainer:\n  total_step: 5\n")
+    with pytest.raises(ConfigError, match="Did you mean 'trainer.total_steps'"):
+        load_config(typo)
+
+
+def test_guard_entries_are_checked():
+    with pytest.raises(ConfigError, match=r"guard.guards\[0\] has unknown keys \['parms'\]"):
+        load_config(None, ["guard.guards=[{name: non_finite, parms: {}}]"])
+
+
+def test_every_field_has_help_text():
+    missing = [key for key, help_text, _ in help_for() if not help_text.strip()]
+    assert missing == []
+
+
+def test_print_round_trip():
+    cfg = load_config(None, ["actor.lr=2e-5"])
+    text = to_yaml(cfg)
+    assert "lr: 2.0e-05" in text
+    assert dataclasses.asdict(cfg) == dataclasses.asdict(load_config(None, []).__class__(**{**cfg.__dict__}))

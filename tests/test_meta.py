@@ -1,0 +1,41 @@
+"""Meta-tests that keep the plugin contract honest (after datasette's tests/test_docs.py and test_plugins.py)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from armor_core import hookspecs
+from armor_core.interfaces import KINDS
+
+HOOKS = [name for name, obj in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("armor_")]
+TESTS = Path(__file__).parent
+README = Path(__file__).parent.parent / "README.md"
+
+
+def test_hook_list_is_what_the_catalog_knows():
+    assert sorted(HOOKS) == sorted(hook for hook, _ in KINDS.values())
+    assert sorted(HOOKS) == sorted(n for n in hookspecs.__all__ if n.startswith("armor_"))
+
+
+def test_every_hook_is_documented():
+    for name in HOOKS:
+        fn = getattr(hookspecs, name)
+        doc = inspect.getdoc(fn) or ""
+        assert ":param register:" in doc, f"{name} has no ':param register:' docstring"
+        assert "register(name," in doc, f"{name}'s docstring does not say what to register"
+        assert inspect.signature(fn).parameters["register"].annotation in ("Register", hookspecs.Register)
+
+
+def test_every_hook_is_named_in_the_readme():
+    text = README.read_text()
+    missing = [name for name in HOOKS if name not in text]
+    assert missing == [], f"README.md does not document {missing}"
+
+
+def test_every_hook_has_a_test():
+    # a hook counts as tested when some test module other than this one implements it
+    sources = "\n".join(p.read_text() for p in TESTS.rglob("test_*.py") if p.name != Path(__file__).name)
+    untested = [name for name in HOOKS if not re.search(rf"def {name}\(", sources)]
+    assert untested == [], f"hooks without a test implementing them: {untested}"
