@@ -1,0 +1,415 @@
+"""The RL loop on the driver. One step:
+
+1. take a batch of prompts, repeat each ``rollout.n`` times (interleaved, so a group is contiguous);
+2. generate responses in the actor workers (the rollout engine lives there);
+3. score each row with the reward domain its ``data_source`` routes to; the score sits on the last
+   response token;
+4. old log-probs (skipped when the update is exactly on-policy), reference log-probs (when KL is
+   used), values (when the estimator ``requires_critic``); KL folded into the reward if configured;
+5. advantages from the configured estimator;
+6. critic update, actor update;
+7. the StabilityGuard looks at each stage and may skip the update or roll back;
+8. new weights to the rollout engine; metrics; checkpoint and validation on schedule.
+
+The driver holds no model (only a tokenizer, to decode responses for the reward). It never asks
+which algorithm it runs: the estimator, losses, KL estimators, guards and rollout backend are
+plugins looked up by their config names, and their metadata (``requires_critic``) decides what
+gets built.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from armor_core.config import ArmorConfig, to_dict
+from armor_core.data import Dataset, PromptLoader, encode_dataset, load_rows, task_rows
+from armor_core.interfaces import call_with_params
+
+__all__ = ["Trainer", "prepare_data", "run_training"]
+
+
+def prepare_data(cfg: ArmorConfig, pm: Any = None, tokenizer: Any = None, rewards: Any = None) -> tuple[Dataset, Dataset | None]:
+    """Load and check the train and validation rows; every problem is reported before workers start."""
+    from armor_core.models import load_tokenizer, resolve_model_path
+    from armor_core.plugins import get_plugin_manager
+    from armor_core.rewards import RewardManager
+
+    pm = pm or get_plugin_manager()
+    tokenizer = tokenizer or load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
+    own_rewards = rewards is None
+    rewards = rewards or RewardManager(cfg.reward, pm)
+    d = cfg.data
+    try:
+        needs_gt = lambda source: any(pm.get("reward_domain", name).requires_ground_truth for name in rewards.domains_for(source))  # noqa: E731
+        if d.train_files:
+            train = load_rows(d.train_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt)
+        else:
+            train = task_rows(pm, d.task, "train", d.train_size, cfg.trainer.seed, d.task_kwargs)
+        if d.val_files:
+            val = load_rows(d.val_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt)
+        elif not d.train_files and d.task:
+            val = task_rows(pm, d.task, "test", d.val_size, cfg.trainer.seed, d.task_kwargs)
+        else:
+            val = None
+        for ds in (train, val):
+            if ds is not None:
+                rewards.check_rows(ds.rows, ds.source)
+                ds.encoded = encode_dataset(ds, tokenizer, d.max_prompt_length, d.truncation)  # type: ignore[attr-defined]
+    finally:
+        if own_rewards:
+            rewards.close()
+    return train, val
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.t[f"timing_s/{name}"] = self.t.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+
+
+def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    m = mask.bool()
+    if not m.any():
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    v = x[m].float()
+    return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
+
+
+class Trainer:
+    def __init__(self, cfg: ArmorConfig, resume: bool = False) -> None:
+        from armor_core.checkpoint import CheckpointManager
+        from armor_core.config import validate_plugins
+        from armor_core.guard import GuardRunner
+        from armor_core.models import load_tokenizer, resolve_model_path
+        from armor_core.plugins import get_plugin_manager
+        from armor_core.rewards import RewardManager
+
+        self.cfg = cfg
+        self.t_start = time.perf_counter()
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.pm = get_plugin_manager()
+        validate_plugins(cfg, self.pm)
+        self.estimator = self.pm.get("advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator")
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
+        self.rewards = RewardManager(cfg.reward, self.pm)
+        self.train_ds, self.val_ds = prepare_data(cfg, self.pm, self.tokenizer, self.rewards)
+        self.loader = PromptLoader(self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+        self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
+        if not resume and self.ckpt.latest() is not None:
+            raise RuntimeError(f"{self.run_dir} already holds checkpoints; pass --resume to continue, or choose another trainer.run_dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        self.guard = GuardRunner(cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable)
+        self.kl_ctrl = None
+        if cfg.algorithm.use_kl_in_reward:
+            from armor_plugins.losses.kl import build_kl_controller
+
+            a = cfg.algorithm
+            self.kl_ctrl = build_kl_controller(a.kl_ctrl_type, a.kl_coef, a.kl_target, a.kl_horizon)
+        self.trackers = [self.pm.get("metric_tracker", name)(self.run_dir, cfg) for name in cfg.trainer.loggers]
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.val_history: list[dict[str, float]] = []
+        self._start_workers()
+        if resume:
+            self._resume()
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        from armor_core.engine import WorkerGroup, init_ray
+        from armor_core.workers.actor import ActorWorker
+        from armor_core.workers.critic import CriticWorker
+
+        e, a = self.cfg.engine, self.cfg.actor
+        needs_critic = self.estimator.requires_critic
+        n_workers = a.num_workers * (2 if needs_critic else 1)
+        t0 = time.perf_counter()
+        init_ray(e.address, e.num_cpus, n_workers * e.cpus_per_worker)
+        self.startup_s = {"ray_init": time.perf_counter() - t0}
+        conf = to_dict(self.cfg)
+        t0 = time.perf_counter()
+        self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=e.cpus_per_worker, gpus_per_worker=e.gpus_per_worker,
+                                 name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)})
+        self.critic = None
+        if needs_critic:
+            self.critic = WorkerGroup(CriticWorker, a.num_workers, cpus_per_worker=e.cpus_per_worker, gpus_per_worker=e.gpus_per_worker,
+                                      name="critic", init_kwargs={"config": conf})
+        self.startup_s["workers"] = time.perf_counter() - t0
+
+    def _resume(self) -> None:
+        path = self.ckpt.latest()
+        if path is None:
+            print(f"--resume: no checkpoint in {self.ckpt.root}; starting from step 0")
+            return
+        self._load(path)
+        print(f"resumed from {path} at step {self.step}")
+
+    def _load(self, path: Path) -> None:
+        state = self.ckpt.trainer_state(path)
+        self.actor.call("load_checkpoint", str(path))
+        if self.critic is not None:
+            self.critic.call("load_checkpoint", str(path))
+        self.step = int(state["step"])
+        self.loader.load_state_dict(state["loader"])
+        self.guard.load_state_dict(state.get("guard", {}))
+        if self.kl_ctrl is not None and "kl_ctrl" in state:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.val_history = state.get("val_history", [])
+
+    def save_checkpoint(self) -> Path:
+        state = {"step": self.step, "loader": self.loader.state_dict(), "guard": self.guard.state_dict(),
+                 "val_history": self.val_history, **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {})}
+
+        def write(tmp: Path) -> None:
+            self.actor.call("save_checkpoint", str(tmp))
+            if self.critic is not None:
+                self.critic.call("save_checkpoint", str(tmp))
+
+        return self.ckpt.save(self.step, write, state)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def _decode(self, batch) -> list[str]:
+        resp, mask = batch["responses"], batch["response_mask"].bool()
+        return [self.tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(resp, mask)]
+
+    def _score(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        nt = batch.non_tensors
+        out = self.rewards.score(list(nt["raw_prompt"]), self._decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"]))
+        return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics)
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        timer = _Timer()
+        metrics: dict[str, float] = {}
+        t_step = time.perf_counter()
+        with timer("data"):
+            prompts = self.loader.next_batch()
+            gen_in = prompts.repeat(cfg.rollout.n, interleave=True)
+        with timer("gen"):
+            out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]))
+        out.meta_info.pop("timing_s/gen_worker", None)
+        batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
+        mask = batch["response_mask"].float()
+        resp_len = mask.sum(-1)
+
+        with timer("reward"):
+            scores, reward_metrics = self._score(batch)
+        metrics.update(reward_metrics)
+        last = (resp_len - 1).clamp(min=0).long()
+        token_scores = torch.zeros_like(mask)
+        has = resp_len > 0
+        token_scores[has, last[has]] = scores[has]
+        batch["token_level_scores"] = token_scores
+        verdicts = [self.guard.observe("reward", {"score/mean": scores.mean().item(), "score/min": scores.min().item(), "score/max": scores.max().item()}, self.step + 1)]
+
+        on_policy = cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
+        if not on_policy:
+            with timer("old_log_prob"):
+                old = self.actor.dispatch("compute_log_prob", batch)
+            batch = batch.union(old.select(tensor_keys=["old_log_probs"]))
+            if "rollout_log_probs" in batch:
+                diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask
+                metrics["rollout/logprob_diff_mean"] = (diff.sum() / mask.sum().clamp(min=1)).item()
+                metrics["rollout/logprob_diff_max"] = diff.max().item()
+        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+            with timer("ref"):
+                batch = batch.union(self.actor.dispatch("compute_ref_log_prob", batch))
+        if self.critic is not None:
+            with timer("values"):
+                batch = batch.union(self.critic.dispatch("compute_values", batch))
+
+        with timer("adv"):
+            if self.kl_ctrl is not None:
+                from armor_plugins.losses.kl import apply_kl_penalty
+
+                behaviour = batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
+                kl_est = self.pm.get("kl_estimator", cfg.algorithm.kl_penalty, where="algorithm.kl_penalty")
+                rewards, kl_m = apply_kl_penalty(batch["token_level_scores"], behaviour, batch["ref_log_prob"], mask, self.kl_ctrl.value, kl_est)
+                self.kl_ctrl.update(kl_m["reward_kl"], cfg.data.train_batch_size)
+                metrics.update({f"actor/{k}": v for k, v in kl_m.items()})
+            else:
+                rewards = batch["token_level_scores"]
+            batch["token_level_rewards"] = rewards
+            a = cfg.algorithm
+            available = {"values": batch["values"] if "values" in batch else None, "gamma": a.gamma, "lam": a.lam, "norm_adv_by_std": a.norm_adv_by_std}
+            index = torch.as_tensor(np.asarray(batch.non_tensors["uid"], dtype=np.int64))
+            adv, ret = call_with_params(self.estimator.fn, rewards, mask, index, available=available, extra=a.adv_kwargs, where="algorithm.adv_kwargs")
+            batch["advantages"], batch["returns"] = adv.float(), ret.float()
+        adv_stats = _masked_stats("critic/advantages", adv, mask)
+        verdicts.append(self.guard.observe("advantage", adv_stats, self.step + 1))
+        metrics.update(adv_stats)
+        metrics.update(_masked_stats("critic/returns", ret, mask))
+
+        skip = any(v.action in ("skip", "rollback") for v in verdicts)
+        if skip:
+            metrics["guard/skipped_step"] = 1.0
+        else:
+            if self.critic is not None:
+                with timer("update_critic"):
+                    metrics.update(self.critic.dispatch("update_critic", batch, self.step + 1))
+            with timer("update_actor"):
+                update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob") if k in batch])
+                metrics.update(self.actor.dispatch("update_actor", update_in, self.step + 1))
+            with timer("update_weights"):
+                self.actor.call("sync_weights")
+        self.step += 1
+        after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith("actor/")}, self.step)
+        if after.action == "rollback" or any(v.action == "rollback" for v in verdicts):
+            self._rollback(metrics)
+
+        n_tokens = float(batch["attention_mask"].sum())
+        metrics.update({
+            "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(), "critic/score/min": scores.min().item(),
+            "critic/rewards/mean": (rewards.sum(-1)).mean().item(),
+            "response_length/mean": resp_len.mean().item(), "response_length/max": resp_len.max().item(), "response_length/min": resp_len.min().item(),
+            "response_length/clip_ratio": (resp_len >= batch["responses"].shape[1]).float().mean().item(),
+            "prompt_length/mean": float(batch["attention_mask"].sum(-1).mean() - resp_len.mean()),
+            "training/epoch": float(self.loader.epoch),
+        })
+        metrics.update(timer.t)
+        metrics.update(self.guard.pop_metrics())
+        step_s = time.perf_counter() - t_step
+        metrics["timing_s/step"] = step_s
+        metrics["timing_s/other"] = step_s - sum(v for k, v in timer.t.items())
+        metrics["perf/total_num_tokens"] = n_tokens
+        metrics["perf/throughput"] = n_tokens / step_s
+        return metrics
+
+    def _rollback(self, metrics: dict[str, float]) -> None:
+        path = self.ckpt.latest()
+        metrics["guard/rollback"] = 1.0
+        if path is None:
+            print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
+            return
+        position = self.loader.state_dict()
+        self._load(path)
+        self.loader.load_state_dict(position)  # roll back the weights, not the data: the offending batches are skipped
+        print(f"step {self.step}: rolled back to {path.name}")
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        if self.val_ds is None:
+            return {}
+        from armor_core.protocol import DataProto
+
+        enc = self.val_ds.encoded
+        data = DataProto.from_dict(tensors=dict(enc["tensors"]), non_tensors=dict(enc["non_tensors"]))
+        out: dict[str, float] = {}
+        modes = [("greedy", True)] + ([("sampled", False)] if self.cfg.trainer.val_sampled else [])
+        for mode, greedy in modes:
+            pad = (-len(data)) % self.actor.n
+            padded = DataProto.concat([data, data[:pad]]) if pad else data
+            gen = self.actor.dispatch("generate", padded.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy=greedy)
+            gen = gen[: len(data)]
+            full = data.select(non_tensor_keys=list(data.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
+            scores, _ = self._score(full)
+            correct = (scores >= 1.0 - 1e-6).float().numpy()
+            sources = np.asarray(full.non_tensors["data_source"])
+            for src in sorted(set(sources)):
+                sel = sources == src
+                out[f"val/{src}/acc_{mode}"] = float(correct[sel].mean())
+                out[f"val/{src}/score_{mode}"] = float(scores.numpy()[sel].mean())
+            out[f"val/acc_{mode}"] = float(correct.mean())
+        out["val/step"] = float(self.step)
+        self.val_history.append(out)
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def log(self, metrics: dict[str, float]) -> None:
+        for t in self.trackers:
+            t.log(metrics, self.step)
+
+    def fit(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        before = self.val_history[0] if self.val_history else None
+        if before is None and t.val_before_train and self.val_ds is not None:
+            before = self.validate()
+            self.log(before)
+        step_metrics: list[dict[str, float]] = []
+        try:
+            while self.step < t.total_steps and (t.total_epochs is None or self.loader.epoch < t.total_epochs):
+                m = self.train_step()
+                if t.val_freq and self.step % t.val_freq == 0 and self.step < t.total_steps:
+                    m.update(self.validate())
+                step_metrics.append(m)
+                self.log(m)
+                if t.save_freq and self.step % t.save_freq == 0:
+                    self.save_checkpoint()
+            after = self.validate() if self.val_ds is not None else {}
+            if after:
+                self.log(after)
+            if not (t.save_freq and self.step % t.save_freq == 0 and self.ckpt.latest() and self.ckpt.latest().name == f"step_{self.step:06d}"):
+                self.save_checkpoint()
+        finally:
+            for tr in self.trackers:
+                tr.close()
+        summary = self._summary(before, after, step_metrics)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+    def _summary(self, before, after, steps) -> dict[str, Any]:
+        timing = {}
+        for m in steps:
+            for k, v in m.items():
+                if k.startswith("timing_s/"):
+                    timing.setdefault(k, []).append(v)
+        return {
+            "steps": self.step, "wall_s": time.perf_counter() - self.t_start, "startup_s": self.startup_s,
+            "val_before": before, "val_after": after,
+            "timing_s_mean": {k: float(np.mean(v)) for k, v in timing.items()},
+            "final_score_mean": steps[-1].get("critic/score/mean") if steps else None,
+            "train_rows": len(self.train_ds.rows), "train_dropped_too_long": self.train_ds.dropped_too_long, "train_skipped_invalid": self.train_ds.skipped,
+            "checkpoint": str(self.ckpt.latest()) if self.ckpt.latest() else None,
+        }
+
+    def close(self) -> None:
+        self.rewards.close()
+        for g in (self.actor, self.critic):
+            if g is not None:
+                g.shutdown()
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console(highlight=False)
+    table = Table(title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s")
+    table.add_column("")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    b, a = summary.get("val_before") or {}, summary.get("val_after") or {}
+    for k in sorted(set(b) | set(a)):
+        if k.startswith("val/") and "acc" in k:
+            table.add_row(k, f"{b[k]:.3f}" if k in b else "-", f"{a[k]:.3f}" if k in a else "-")
+    c.print(table)
+    t = summary["timing_s_mean"]
+    if t:
+        c.print("seconds per step by stage: " + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1])))
+    c.print(f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; checkpoint: {summary['checkpoint']}")
+
+
+def run_training(cfg: ArmorConfig, resume: bool = False) -> dict[str, Any]:
+    trainer = Trainer(cfg, resume=resume)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    print_summary(summary)
+    return summary

@@ -1,0 +1,109 @@
+"""The critic worker (built only when the advantage estimator declares ``requires_critic``).
+
+The value model is the policy's backbone (a copy of the same pretrained weights) with a scalar
+head: ``V(s_t)`` for each response position, read from the hidden state that predicts token t,
+the same positions the actor reads its log-probs from. The head starts at zero so the first
+advantages are the plain returns rather than noise from a random head.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from armor_core.config import ArmorConfig, from_dict
+from armor_core.protocol import DataProto
+from armor_core.workers.common import iter_micro_batches, scalar, seed_everything
+
+__all__ = ["CriticWorker", "ValueModel"]
+
+
+class ValueModel(torch.nn.Module):
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state[:, -response_length - 1 : -1, :]
+        return self.value_head(hidden.float()).squeeze(-1)
+
+
+class CriticWorker:
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1) -> None:
+        from transformers import AutoModel
+
+        from armor_core.models import resolve_model_path
+        from armor_core.plugins import get_plugin_manager
+
+        self.cfg: ArmorConfig = from_dict(config)
+        cfg = self.cfg
+        torch.set_num_threads(max(1, int(cfg.engine.cpus_per_worker)))
+        seed_everything(cfg.trainer.seed + 7919 + rank, cfg.trainer.deterministic)
+        self.device = torch.device(cfg.trainer.device)
+        path = resolve_model_path(cfg.model.path)
+        backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=getattr(torch, cfg.model.dtype))
+        self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
+        self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
+
+    def ping(self) -> dict:
+        import os
+
+        return {"pid": os.getpid(), "params": sum(p.numel() for p in self.model.parameters())}
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> DataProto:
+        self.model.eval()
+        R = data["responses"].shape[1]
+        vals = []
+        for sl in iter_micro_batches(len(data), self.cfg.critic.micro_batch_size):
+            v = self.model(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
+            vals.append(v.cpu())
+        return DataProto.from_dict(tensors={"values": torch.cat(vals) * data["response_mask"]})
+
+    def update_critic(self, data: DataProto, step: int) -> dict[str, float]:
+        # the clipped value loss is standard-library math shipped with armor-rl, not an algorithm
+        # choice the trainer makes: any estimator that requires a critic gets the same critic
+        from armor_plugins.losses.utils import compute_value_loss
+
+        c = self.cfg.critic
+        self.model.train()
+        R = data["responses"].shape[1]
+        mask_all = data["response_mask"].float()
+        n_tok, n_seq = float(mask_all.sum()), float((mask_all.sum(-1) > 0).sum())
+        sums: dict[str, list[float]] = {}
+        for _ in range(c.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for sl in iter_micro_batches(len(data), c.micro_batch_size):
+                mask = mask_all[sl].to(self.device)
+                vpreds = self.model(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
+                loss_mat, m = compute_value_loss(vpreds, data["values"][sl].to(self.device), data["returns"][sl].to(self.device), mask, c.cliprange_value)
+                loss = self.loss_agg.fn(loss_mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=float(R))
+                loss.backward()
+                sums.setdefault("critic/vf_loss", []).append(scalar(loss))
+                for k, v in m.items():
+                    sums.setdefault(f"critic/{k}", []).append(scalar(v))
+            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf"))
+            sums.setdefault("critic/grad_norm", []).append(scalar(gn))
+            if torch.isfinite(gn):
+                self.optimizer.step()
+        return {k: sum(v) / len(v) for k, v in sums.items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        p = Path(path)
+        save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, str(p / "critic.safetensors"))
+        torch.save({"optimizer": self.optimizer.state_dict()}, p / "critic_state.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        p = Path(path)
+        self.model.load_state_dict(load_file(str(p / "critic.safetensors")))
+        self.optimizer.load_state_dict(torch.load(p / "critic_state.pt", weights_only=True)["optimizer"])
