@@ -43,14 +43,14 @@ def _read_file(path: Path) -> Iterable[tuple[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    yield f"{path}:{lineno}", json.loads(line)
+                    yield f"{path}, line {lineno}", json.loads(line)
                 except json.JSONDecodeError as e:
-                    yield f"{path}:{lineno}", DataError(f"{path}, line {lineno}: not valid JSON ({e.msg} at column {e.colno})")
+                    yield f"{path}, line {lineno}", DataError(f"{path}, line {lineno}: not valid JSON ({e.msg} at column {e.colno})")
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
         for i, row in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{path} row {i}", row
+            yield f"{path}, row {i}", row
     else:
         raise DataError(f"{path}: unsupported data file type {suffix!r}; use .jsonl or .parquet")
 
