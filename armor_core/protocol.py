@@ -32,6 +32,7 @@ never pickle, so loading a file cannot run code.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -105,7 +106,8 @@ class DataProto:
                 if not isinstance(col, expected):
                     hint = ("pass it in non_tensors or convert it with torch.as_tensor" if kind == "tensor"
                             else "pass it in tensors" if isinstance(col, torch.Tensor) else "use a numpy array or a list")
-                    raise TypeError(f"{where}: {kind} {key!r} is a {type(col).__name__}; expected {expected.__module__}.{expected.__name__} ({hint})")
+                    raise TypeError(f"{where}: {kind} {key!r} is a {type(col).__name__}; "
+                                    f"expected {expected.__module__}.{expected.__name__} ({hint})")
                 if col.ndim == 0:
                     raise ValueError(f"{where}: {kind} {key!r} is 0-dimensional; a column needs a leading batch dimension "
                                      f"(put a per-batch value in meta_info)")
@@ -141,9 +143,9 @@ class DataProto:
         return (self[i] for i in range(len(self)))
 
     def __getitem__(self, index: str | Index) -> Any:
-        """``data["key"]``: the column. Otherwise rows: an int gives a DataProto of batch size 1;
-        a slice gives a view; an int list/array/tensor or a boolean mask (numpy or torch, one
-        entry per row) gives a copy, in the order given (repeats allowed)."""
+        """``data["key"]``: the column. Otherwise rows: an int gives a DataProto of batch size 1
+        and a slice a DataProto, both views; a list/array/tensor of ints (in that order, repeats
+        allowed) or a boolean mask (numpy, torch or list, one entry per row) gives a copy."""
         if isinstance(index, str):
             if index in self.tensors:
                 return self.tensors[index]
@@ -202,12 +204,12 @@ class DataProto:
             return slice(i % n, i % n + 1)
         if rows.ndim != 1:
             raise IndexError(f"DataProto: a row index must be 1-D, got shape {rows.shape}")
-        if rows.size == 0:
-            return np.zeros(0, dtype=np.int64)
         if rows.dtype == np.bool_:
             if rows.shape[0] != n:
                 raise IndexError(f"DataProto: boolean mask has {rows.shape[0]} entries but the batch has {n} rows")
             return np.flatnonzero(rows)
+        if rows.size == 0:  # np.asarray([]) is float64: an empty list selects no row
+            return np.zeros(0, dtype=np.int64)
         if rows.dtype.kind not in "iu":
             raise TypeError(f"DataProto: row indices must be integers or booleans, got dtype {rows.dtype}")
         bad = rows[(rows < -n) | (rows >= n)]
@@ -244,8 +246,7 @@ class DataProto:
     def repeat(self, n: int, interleave: bool = True) -> "DataProto":
         """Each row ``n`` times: rows [a, b] give [a, a, b, b] when ``interleave`` (how GRPO lays
         out a group of samples per prompt), [a, b, a, b] otherwise. Copies."""
-        rows = np.arange(len(self))
-        n = _positive_int(n, "DataProto.repeat", "n")
+        n, rows = _positive_int(n, "DataProto.repeat", "n"), np.arange(len(self))
         return self._take(np.repeat(rows, n) if interleave else np.tile(rows, n))
 
     def reorder(self, indices: Index) -> "DataProto":
@@ -314,14 +315,16 @@ class DataProto:
     # -- columns -------------------------------------------------------------------------------
 
     def select(self, tensor_keys: Keys = None, non_tensor_keys: Keys = None, meta_keys: Keys = None) -> "DataProto":
-        """A DataProto with only the named keys (``None`` keeps all of that kind, ``[]`` none).
-        The columns are shared, not copied."""
-        picked = [_pick(src, keys, kind, "select") for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
+        """A DataProto with exactly the named columns (an omitted column argument names none, so
+        ``select(tensor_keys=["input_ids"])`` has no non-tensor), and all of meta_info unless
+        ``meta_keys`` names some. A str is one key. The columns are shared, not copied."""
+        picked = [_pick(src, [] if keys is None and kind != "meta_info key" else keys, kind, "select")
+                  for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
         return DataProto(*picked)
 
     def pop(self, tensor_keys: Keys = None, non_tensor_keys: Keys = None, meta_keys: Keys = None) -> "DataProto":
-        """Remove the named keys from ``self`` and return them as a DataProto (``None`` pops none).
-        Every key is checked before anything is removed."""
+        """Remove the named keys from ``self`` and return them as a DataProto (an omitted argument
+        names none, meta_info included). Every key is checked before anything is removed."""
         kinds = [(src, [] if keys is None else keys, kind) for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
         picked = [_pick(src, keys, kind, "pop") for src, keys, kind in kinds]
         for (src, _, _), removed in zip(kinds, picked):
@@ -390,10 +393,16 @@ class DataProto:
 
         blobs: dict[str, torch.Tensor] = {}
         manifest: dict[str, Any] = {"format": _FORMAT, "tensors": list(self.tensors), "non_tensors": {}}
+        seen: set[int] = set()
         for key, t in self.tensors.items():
             t = t.detach().cpu().contiguous()
-            # safetensors refuses tensors sharing storage (views of one batch): give each its own
-            blobs[f"tensor/{key}"] = t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+            # safetensors refuses tensors that share storage (views of one batch, one tensor under
+            # two names): give each its own
+            storage = t.untyped_storage()
+            if storage.nbytes() != t.nbytes or storage.data_ptr() in seen:
+                t = t.clone()
+            seen.add(t.untyped_storage().data_ptr())
+            blobs[f"tensor/{key}"] = t
         for key, arr in self.non_tensors.items():
             info = {"dtype": arr.dtype.str if arr.dtype != object else "object", "shape": list(arr.shape)}
             if arr.dtype.kind in "biuf":
@@ -413,9 +422,13 @@ class DataProto:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "DataProto":
         """Read a file written by ``save``; tensors are placed on ``device``. Never unpickles."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        try:
+            f = safe_open(str(path), framework="pt", device="cpu")
+        except SafetensorError as e:
+            raise ValueError(f"DataProto.load: {path} is not a safetensors file written by DataProto.save ({e})") from None
+        with f:
             manifest = json.loads((f.metadata() or {}).get("armor", "{}"))
             if manifest.get("format") != _FORMAT:
                 raise ValueError(f"DataProto.load: {path} has no {_FORMAT!r} manifest; it was not written by DataProto.save")
@@ -454,23 +467,17 @@ class DataProto:
         return DataProto(self.tensors, self.non_tensors, self.meta_info)
 
     def __deepcopy__(self, memo: dict) -> "DataProto":
-        import copy
-
         return DataProto(*(copy.deepcopy(d, memo) for d in (self.tensors, self.non_tensors, self.meta_info)))
 
     def __repr__(self) -> str:
         try:
             size: Any = len(self)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError):  # repr must work on the broken batch an error is about
             size = "invalid"
         lines = [f"DataProto(batch_size={size}"]
-        for key, t in self.tensors.items():
-            on = "" if getattr(t, "device", torch.device("cpu")).type == "cpu" else f" on {t.device}"
-            lines.append(f"  tensor     {key}: {tuple(getattr(t, 'shape', ()))} {str(getattr(t, 'dtype', type(t).__name__)).replace('torch.', '')}{on}")
-        for key, arr in self.non_tensors.items():
-            lines.append(f"  non_tensor {key}: {tuple(getattr(arr, 'shape', ()))} {getattr(arr, 'dtype', type(arr).__name__)}")
-        lines.append(f"  meta_info  {list(self.meta_info)})")
-        return "\n".join(lines)
+        lines += [f"  tensor     {key}: {_summary(col)}" for key, col in self.tensors.items()]
+        lines += [f"  non_tensor {key}: {_summary(col)}" for key, col in self.non_tensors.items()]
+        return "\n".join(lines + [f"  meta_info  {list(self.meta_info)})"])
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -521,6 +528,12 @@ def _positive_int(value: Any, op: str, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def _summary(col: Any) -> str:
+    if isinstance(col, torch.Tensor):
+        return f"{tuple(col.shape)} {str(col.dtype).replace('torch.', '')}" + ("" if col.device.type == "cpu" else f" on {col.device}")
+    return f"{col.shape} {col.dtype}" if isinstance(col, np.ndarray) else f"<{type(col).__name__}>"
 
 
 def _describe(t: torch.Tensor) -> str:

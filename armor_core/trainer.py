@@ -201,7 +201,6 @@ class Trainer:
             gen_in = prompts.repeat(cfg.rollout.n, interleave=True)
         with timer("gen"):
             out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]))
-        out.meta_info.pop("timing_s/gen_worker", None)
         batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
         mask = batch["response_mask"].float()
         resp_len = mask.sum(-1)

@@ -96,10 +96,7 @@ class ActorWorker:
     # -- rollout --------------------------------------------------------------------------------
 
     def generate(self, prompts: DataProto, greedy: bool = False) -> DataProto:
-        t0 = time.perf_counter()
-        out = self.rollout.generate(prompts.to(self.device), greedy=greedy)
-        out.meta_info["timing_s/gen_worker"] = time.perf_counter() - t0
-        return out.to("cpu")
+        return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
 
     def sync_weights(self) -> float:
         """Hand the new policy to the rollout engine; returns the seconds it took."""

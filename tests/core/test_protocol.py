@@ -226,6 +226,7 @@ def test_empty_selections_keep_the_columns():
         ([0, 10], IndexError, r"row 10 is out of range for batch size 10"),
         ([-11], IndexError, r"row -11 is out of range"),
         (np.ones(9, dtype=bool), IndexError, r"boolean mask has 9 entries but the batch has 10 rows"),
+        (torch.zeros(0, dtype=torch.bool), IndexError, r"boolean mask has 0 entries but the batch has 10 rows"),
         ([0.5, 1.0], TypeError, r"must be integers or booleans, got dtype float64"),
         ((0, 1), TypeError, r"cannot index rows with tuple"),
         (True, TypeError, r"cannot index rows with bool"),
@@ -244,15 +245,19 @@ def test_iteration_yields_rows():
 # -- select, pop, rename, union --------------------------------------------------------------------
 
 
-def test_select_shares_columns_and_filters_keys():
+def test_select_gives_exactly_the_named_columns_shared():
     data = _batch()
     data.meta_info["temperature"] = 1.0
-    sub = data.select(tensor_keys=["score"], non_tensor_keys=[], meta_keys="task")
-    assert sub.keys() == ["score"] and sub.meta_info == {"task": "chat"} and sub["score"] is data["score"]
-    assert data.select().keys() == data.keys() and data.select().meta_info == data.meta_info  # None keeps all
-    assert data.select(tensor_keys="mask").keys() == ["mask", "prompt"]  # one str is one key
+    sub = data.select(tensor_keys=["score", "input_ids"], meta_keys="task")  # one str is one key
+    assert sub.keys() == ["score", "input_ids"] and sub.meta_info == {"task": "chat"} and sub["score"] is data["score"]
+    only_text = data.select(non_tensor_keys=["prompt"])
+    assert only_text.keys() == ["prompt"] and only_text.meta_info == {"task": "chat", "temperature": 1.0}
+    assert data.select().keys() == [] and data.select().meta_info == data.meta_info
+    assert data.select(meta_keys=[]).meta_info == {} and len(data.select(tensor_keys="mask")) == 10
     with pytest.raises(KeyError, match=r"DataProto.select: no tensor 'scores'\. Did you mean 'score'\?"):
         data.select(tensor_keys=["scores"])
+    with pytest.raises(KeyError, match=r"DataProto.select: no meta_info key 'tsk'"):
+        data.select(meta_keys=["tsk"])
 
 
 def test_pop_removes_and_returns():
@@ -512,12 +517,26 @@ def test_save_refuses_what_json_would_change(tmp_path, data, message):
         data.save(tmp_path / "x.safetensors")
 
 
-def test_load_rejects_foreign_safetensors(tmp_path):
+def test_save_load_edge_cases(tmp_path):
+    x = torch.arange(6).reshape(3, 2)
+    DataProto({"a": x, "b": x}).save(tmp_path / "same.safetensors")  # one tensor under two names
+    loaded = DataProto.load(tmp_path / "same.safetensors")
+    assert torch.equal(loaded["a"], x) and torch.equal(loaded["b"], x)
+    _batch()[[]].save(tmp_path / "empty.safetensors")
+    empty = DataProto.load(tmp_path / "empty.safetensors")
+    assert len(empty) == 0 and empty["input_ids"].shape == (0, 3) and empty["prompt"].dtype == object
+    assert DataProto.load(tmp_path / "empty.safetensors", device="meta")["score"].device.type == "meta"
+
+
+def test_load_rejects_other_files(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model.safetensors has no 'armor.dataproto/1' manifest"):
         DataProto.load(tmp_path / "model.safetensors")
+    (tmp_path / "batch.pkl").write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(ValueError, match=r"batch.pkl is not a safetensors file"):
+        DataProto.load(tmp_path / "batch.pkl")
 
 
 # -- pickling and copying --------------------------------------------------------------------------
