@@ -47,6 +47,10 @@ def row_values(adv, mask):
     return out
 
 
+def assert_close(actual, expected, atol=1e-6):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+
+
 def other_entry_points():
     return {e.name for e in importlib.metadata.entry_points(group="armor")} - MY_PLUGINS
 
@@ -137,9 +141,9 @@ def test_reinforce_plus_plus_discounts_then_whitens_globally():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     adv, ret = compute_reinforce_plus_plus_advantage(rewards, mask, None, gamma=0.5)
-    assert ret.tolist() == pytest.approx([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]])
+    assert_close(ret, [[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]], atol=1e-6)
     w = whiten_by_hand([0.25, 0.5, 1.0, 1.0, 2.0])  # mean 0.95, unbiased var 0.45
-    assert adv.tolist() == pytest.approx([w[:3], [w[3], w[4], 0.0]], abs=1e-6)
+    assert_close(adv, [w[:3], [w[3], w[4], 0.0]], atol=1e-6)
 
 
 def test_reinforce_plus_plus_skips_masked_positions_inside_a_response():
@@ -147,7 +151,7 @@ def test_reinforce_plus_plus_skips_masked_positions_inside_a_response():
     rewards = torch.tensor([[1.0, 7.0, 1.0]])
     mask = torch.tensor([[1, 0, 1]])
     _, ret = compute_reinforce_plus_plus_advantage(rewards, mask, None, gamma=0.5)
-    assert ret.tolist() == pytest.approx([[1.5, 0.0, 1.0]])
+    assert_close(ret, [[1.5, 0.0, 1.0]], atol=1e-6)
 
 
 def test_reinforce_plus_plus_baseline_hand_computed():
@@ -171,8 +175,8 @@ def test_gae_hand_computed():
     adv, ret = compute_gae_advantage(rewards, mask, None, values=values, gamma=1.0, lam=0.5)
     # t=2: delta = 1 - 0.7 = 0.3; t=1: delta = 0.7 - 0.6 = 0.1, A = 0.1 + 0.5*0.3 = 0.25; t=0: 0.1 + 0.5*0.25 = 0.225
     raw = [0.225, 0.25, 0.3]
-    assert ret.tolist() == pytest.approx([[0.725, 0.85, 1.0]])
-    assert adv.tolist() == pytest.approx([whiten_by_hand(raw)], abs=1e-5)
+    assert_close(ret, [[0.725, 0.85, 1.0]], atol=1e-6)
+    assert_close(adv, [whiten_by_hand(raw)], atol=1e-5)
 
 
 def test_gae_discount_and_masked_positions_do_not_break_the_recursion():
@@ -182,9 +186,9 @@ def test_gae_discount_and_masked_positions_do_not_break_the_recursion():
     adv, ret = compute_gae_advantage(rewards, mask, None, values=values, gamma=0.9, lam=0.5)
     # row 0: t=2: 1 - 0.7 = 0.3; t=1 skipped (value 99, reward 5 ignored); t=0: 0.9*0.7 - 0.5 = 0.13, A = 0.13 + 0.45*0.3 = 0.265
     # row 1: t=1: 2 - 1 = 1; t=0: 0.9*1 - 1 = -0.1, A = -0.1 + 0.45*1 = 0.35
-    assert ret.tolist() == pytest.approx([[0.765, 0.0, 1.0, 0.0], [1.35, 2.0, 0.0, 0.0]])
+    assert_close(ret, [[0.765, 0.0, 1.0, 0.0], [1.35, 2.0, 0.0, 0.0]], atol=1e-6)
     w = whiten_by_hand([0.265, 0.3, 0.35, 1.0])
-    assert adv.tolist() == pytest.approx([[w[0], 0.0, w[1], 0.0], [w[2], w[3], 0.0, 0.0]], abs=1e-5)
+    assert_close(adv, [[w[0], 0.0, w[1], 0.0], [w[2], w[3], 0.0, 0.0]], atol=1e-5)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
 
 
@@ -222,7 +226,7 @@ def test_pass_at_k_continuous_rewards_and_ties_match_enumerating_every_subset():
     centred, std = brute_force_pass_at_k(values, 3)
     centred1, std1 = brute_force_pass_at_k([1.0, 0.0, 0.5], 3)  # k = n: one subset, no signal
     assert std1 == 0
-    assert row_values(adv, mask) == pytest.approx([c / std for c in centred] + [0.0, 0.0, 0.0], abs=1e-9)
+    assert row_values(adv, mask) == pytest.approx([c / std for c in centred] + [0.0, 0.0, 0.0], abs=1e-6)
     adv_dr, _ = compute_pass_at_k_advantage(rewards, mask, index, k=3, norm_adv_by_std=False)
     assert row_values(adv_dr, mask)[:6] == pytest.approx(centred, abs=1e-6)
 

@@ -1,0 +1,50 @@
+"""OPO: the length-weighted optimal baseline (Hao et al. 2025, "On-Policy RL with Optimal reward
+Baseline").
+
+For a sequence-level reward and a policy whose per-token score-function gradients are roughly
+orthogonal with equal norms, the variance-minimising baseline weights each sample by its
+length, since ``||grad log pi(y)||^2`` grows with the number of tokens::
+
+    b = sum_j |y_j| r_j / sum_j |y_j|,        A_i = r_i - b
+
+over the samples of one prompt. No std normalisation (the paper trains with exact on-policy
+updates and this plain difference). ``|y_j|`` is the number of valid tokens of row j.
+
+Edge cases (see ``advantages.utils``): singleton groups, groups with all rewards equal and fully
+masked rows get advantage exactly 0 (a singleton's baseline is its own reward).
+``returns`` equals ``advantages``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from armor_core import AdvantageEstimator, hookimpl
+from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, outcome_scores
+from armor_plugins.losses.utils import as_bool_mask
+
+__all__ = ["compute_opo_advantage"]
+
+
+def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reward minus the group's length-weighted mean reward.
+
+    :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
+    :param response_mask: (bs, T); a row's length is its number of valid tokens.
+    :param index: (bs,) group ids.
+    :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
+    """
+    m = as_bool_mask(response_mask)
+    scores = outcome_scores(token_level_rewards, m)
+    lengths = m.sum(dim=-1).to(torch.float64)
+    stats = group_stats(scores, index, m.any(dim=-1), weights=lengths)
+    adv = torch.where(stats.no_signal, torch.zeros_like(scores), scores - stats.mean)
+    out = broadcast_to_tokens(adv, m, token_level_rewards.dtype)
+    return out, out.clone()
+
+
+@hookimpl
+def armor_register_advantage_estimators(register) -> None:
+    register("opo", AdvantageEstimator(fn=compute_opo_advantage, description="OPO: reward minus the length-weighted group mean"))

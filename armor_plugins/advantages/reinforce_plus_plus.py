@@ -1,0 +1,83 @@
+"""REINFORCE++ and REINFORCE++-baseline (Hu et al. 2025, "REINFORCE++: a simple and efficient
+approach for aligning large language models").
+
+``reinforce_plus_plus``: no critic and no groups. Per-token discounted returns
+``G_t = r_t + gamma G_{t+1}`` (the KL penalty is meant to be folded into the token rewards,
+``algorithm.use_kl_in_reward: true``), then the advantages are the returns whitened over every
+valid token of the batch. Global whitening (rather than per prompt) is the paper's point: the
+normalisation does not overfit small groups. ``returns`` are the unwhitened ``G_t``.
+
+``reinforce_plus_plus_baseline``: for several samples per prompt. The group-mean reward is
+subtracted first (removes the prompt's difficulty), the result is broadcast to the tokens and
+whitened over the batch. Edge cases: singleton groups, groups with all rewards equal and fully
+masked rows get advantage exactly 0: they are included in the batch statistics (as in the
+paper) but set to 0 afterwards, since whitening would otherwise shift their 0 by the batch mean
+and hand them a gradient without a signal. ``returns`` equals ``advantages``.
+
+If every valid token of the batch has the same value, whitening gives exactly 0 (no signal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from armor_core import AdvantageEstimator, hookimpl
+from armor_plugins.advantages.utils import broadcast_to_tokens, discounted_returns, group_stats, outcome_scores
+from armor_plugins.losses.utils import as_bool_mask, masked_whiten
+
+__all__ = ["compute_reinforce_plus_plus_advantage", "compute_reinforce_plus_plus_baseline_advantage"]
+
+
+def compute_reinforce_plus_plus_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    gamma: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Discounted returns, whitened over all valid tokens of the batch.
+
+    :param token_level_rewards: (bs, T), including any per-token KL penalty.
+    :param response_mask: (bs, T); masked positions are skipped by the recursion.
+    :param index: (bs,) group ids; unused (accepted because every estimator receives it).
+    :param gamma: ``algorithm.gamma``.
+    :returns: ``(advantages, returns)``, both (bs, T), 0 outside the mask; ``returns`` are the
+        discounted returns before whitening.
+    """
+    m = as_bool_mask(response_mask)
+    returns = discounted_returns(token_level_rewards, m, gamma)
+    advantages = masked_whiten(returns, m)
+    return advantages.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
+
+
+def compute_reinforce_plus_plus_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reward minus the group mean, broadcast to tokens, whitened over all valid tokens of the batch.
+
+    :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
+    :param response_mask: (bs, T).
+    :param index: (bs,) group ids.
+    :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
+    """
+    m = as_bool_mask(response_mask)
+    scores = outcome_scores(token_level_rewards, m)
+    stats = group_stats(scores, index, m.any(dim=-1))
+    centred = torch.where(stats.no_signal, torch.zeros_like(scores), scores - stats.mean)
+    token_adv = broadcast_to_tokens(centred, m, torch.float64)
+    whitened = masked_whiten(token_adv, m)
+    whitened = torch.where(stats.no_signal.unsqueeze(-1), torch.zeros_like(whitened), whitened)
+    out = whitened.to(token_level_rewards.dtype)
+    return out, out.clone()
+
+
+@hookimpl
+def armor_register_advantage_estimators(register) -> None:
+    register("reinforce_plus_plus", AdvantageEstimator(fn=compute_reinforce_plus_plus_advantage, description="REINFORCE++: discounted returns, globally whitened"))
+    register(
+        "reinforce_plus_plus_baseline",
+        AdvantageEstimator(fn=compute_reinforce_plus_plus_baseline_advantage, description="REINFORCE++-baseline: group-mean baseline, then global whitening"),
+    )

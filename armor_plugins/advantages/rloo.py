@@ -1,0 +1,46 @@
+"""RLOO: REINFORCE with a leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024).
+
+Each sample's baseline is the mean reward of the *other* samples of its prompt, so it is
+independent of the sample itself and the estimator stays unbiased::
+
+    A_i = r_i - (sum_j r_j - r_i) / (n - 1) = n / (n - 1) * (r_i - mean(r))
+
+Edge cases (see ``advantages.utils``): a singleton group has no other sample, hence no baseline:
+advantage 0 (use ``reinforce_plus_plus`` or ``gae`` when ``rollout.n`` is 1); groups with equal
+rewards and fully masked rows also get exactly 0. ``returns`` equals ``advantages``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from armor_core import AdvantageEstimator, hookimpl
+from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, outcome_scores
+from armor_plugins.losses.utils import as_bool_mask
+
+__all__ = ["compute_rloo_advantage"]
+
+
+def compute_rloo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leave-one-out baseline within each group.
+
+    :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
+    :param response_mask: (bs, T).
+    :param index: (bs,) group ids.
+    :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
+    """
+    m = as_bool_mask(response_mask)
+    scores = outcome_scores(token_level_rewards, m)
+    stats = group_stats(scores, index, m.any(dim=-1))
+    n = stats.count
+    adv = (scores - stats.mean) * n / (n - 1).clamp(min=1)
+    adv = torch.where(stats.no_signal, torch.zeros_like(adv), adv)
+    out = broadcast_to_tokens(adv, m, token_level_rewards.dtype)
+    return out, out.clone()
+
+
+@hookimpl
+def armor_register_advantage_estimators(register) -> None:
+    register("rloo", AdvantageEstimator(fn=compute_rloo_advantage, description="RLOO: leave-one-out group baseline"))

@@ -1,0 +1,140 @@
+"""Loss aggregation: how a per-token loss matrix becomes the scalar that is differentiated.
+
+Four modes, named as in verl so configs carry over (``actor.loss_agg_mode``). Writing
+``l_it`` for the loss of token t of sequence i, ``m_it`` for the mask, N for the number of valid
+tokens and S for the number of sequences with at least one valid token, over the whole
+mini-batch on all ranks:
+
+==========================  ================================================  ====================
+mode                        loss of the whole mini-batch                      used by
+==========================  ================================================  ====================
+``token-mean``              ``sum_it m l / N``                                DAPO, verl default
+``seq-mean-token-sum``      ``(1/S) sum_i sum_t m l``                         sequence-level sums
+``seq-mean-token-mean``     ``(1/S) sum_i (sum_t m l / sum_t m)``             GRPO paper, GSPO
+``seq-mean-token-sum-norm`` ``(1/S) sum_i sum_t m l / C``                     Dr. GRPO (C constant)
+==========================  ================================================  ====================
+
+The contract (``hookspecs.armor_register_loss_aggregations``) is that each function returns one
+micro-batch's *contribution*: it divides by the global N or S, not by the micro-batch's own
+counts, so the sum of contributions over micro-batches and data-parallel ranks is exactly the
+loss above (and so are its gradients). Averaging per-micro-batch means instead would weight a
+token by 1/(tokens in its micro-batch), which changes with how the batch happens to be split.
+When the global counts are None the micro-batch is taken to be the whole batch.
+
+``seq-mean-token-sum-norm`` follows Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like
+Training"): every sequence's token sum is divided by the same constant C (the maximum response
+length), so a token's weight does not depend on its sequence's length. The mean over sequences is
+kept so the loss scale does not grow with the batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from armor_core import LossAggregation, hookimpl
+from armor_plugins.losses.utils import as_bool_mask, masked_sum
+
+__all__ = [
+    "AGGREGATIONS",
+    "agg_seq_mean_token_mean",
+    "agg_seq_mean_token_sum",
+    "agg_seq_mean_token_sum_norm",
+    "agg_token_mean",
+    "count_tokens_and_seqs",
+]
+
+#: a global count: a Python number, a 0-d tensor (e.g. after all_reduce), or None (use the local one)
+Count = int | float | torch.Tensor | None
+
+
+def count_tokens_and_seqs(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(valid tokens, rows with at least one valid token)`` of a (bs, T) mask, as int64 0-d tensors.
+
+    The worker computes these over its whole mini-batch, all-reduces them (sum) across ranks and
+    passes them as ``global_num_tokens`` / ``global_num_seqs`` to every micro-batch.
+    """
+    m = as_bool_mask(response_mask)
+    return m.sum().to(torch.int64), m.any(dim=-1).sum().to(torch.int64)
+
+
+def _denominator(global_count: Count, local_count: torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
+    count = local_count if global_count is None else global_count
+    if not isinstance(count, torch.Tensor) and count < 0:  # tensors are not checked: that would sync the GPU per micro-batch
+        raise ValueError(f"loss aggregation: {name}={count} is negative; it must count the valid tokens/sequences of the whole mini-batch")
+    count = torch.as_tensor(count, device=like.device).to(like.dtype)
+    # an empty (all-masked) batch contributes 0 instead of 0/0 = NaN
+    return count.clamp(min=1)
+
+
+def _float(loss_mat: torch.Tensor) -> torch.Tensor:
+    return loss_mat.float() if loss_mat.dtype in (torch.float16, torch.bfloat16) else loss_mat
+
+
+def agg_token_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:
+    """Every valid token of the mini-batch weighs the same: ``sum(m * l) / N``.
+
+    :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
+    """
+    loss_mat = _float(loss_mat)
+    m = as_bool_mask(response_mask)
+    return masked_sum(loss_mat, m) / _denominator(global_num_tokens, m.sum(), loss_mat, "global_num_tokens")
+
+
+def agg_seq_mean_token_sum(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:
+    """Sum over each sequence's tokens, mean over sequences: ``sum_i sum_t m l / S``.
+
+    :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
+    """
+    loss_mat = _float(loss_mat)
+    m = as_bool_mask(response_mask)
+    seq_sums = masked_sum(loss_mat, m, dim=-1)
+    return seq_sums.sum() / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
+
+
+def agg_seq_mean_token_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:
+    """Mean over each sequence's tokens, mean over sequences: ``sum_i mean_t l / S``.
+
+    A row with no valid token has no mean; it contributes 0 and is not counted in S (the
+    contract's ``global_num_seqs`` counts only rows with a valid token).
+
+    :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
+    """
+    loss_mat = _float(loss_mat)
+    m = as_bool_mask(response_mask)
+    lengths = m.sum(dim=-1).clamp(min=1).to(loss_mat.dtype)
+    seq_means = masked_sum(loss_mat, m, dim=-1) / lengths
+    return seq_means.sum() / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
+
+
+def agg_seq_mean_token_sum_norm(
+    loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None
+) -> torch.Tensor:
+    """Dr. GRPO: each sequence's token sum over a constant C, mean over sequences: ``sum_i sum_t m l / (C S)``.
+
+    :param norm_constant: C, ``actor.loss_norm_constant`` (the worker fills in
+        ``rollout.max_new_tokens`` when the config leaves it unset). None falls back to
+        ``loss_mat.shape[-1]``, which is only a constant if every micro-batch is padded to the same
+        length, so pass it explicitly.
+    :returns: 0-d contribution.
+    """
+    loss_mat = _float(loss_mat)
+    m = as_bool_mask(response_mask)
+    c = float(loss_mat.shape[-1]) if norm_constant is None else float(norm_constant)
+    if not c > 0:
+        raise ValueError(f"loss aggregation 'seq-mean-token-sum-norm': norm_constant={norm_constant!r} must be > 0 (actor.loss_norm_constant, e.g. rollout.max_new_tokens)")
+    return masked_sum(loss_mat, m) / c / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
+
+
+#: name -> function, the same names the hook registers.
+AGGREGATIONS = {
+    "token-mean": agg_token_mean,
+    "seq-mean-token-sum": agg_seq_mean_token_sum,
+    "seq-mean-token-mean": agg_seq_mean_token_mean,
+    "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
+}
+
+
+@hookimpl
+def armor_register_loss_aggregations(register) -> None:
+    for name, fn in AGGREGATIONS.items():
+        register(name, LossAggregation(fn=fn, description=(fn.__doc__ or "").split("\n")[0]))
