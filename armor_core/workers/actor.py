@@ -183,7 +183,7 @@ class ActorWorker:
                     ent_loss = self._agg(entropy, mask, n_tok, n_seq)
                     loss = pg_loss - a.entropy_coeff * ent_loss
                     if self.kl_loss is not None:
-                        kl_mat = self.kl_loss.fn(log_prob, mini["ref_log_prob"][sl].to(self.device)) * mask
+                        kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][sl].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
                         kl = self._agg(kl_mat, mask, n_tok, n_seq)
                         loss = loss + a.kl_loss_coef * kl
                         add("actor/kl_loss", kl)

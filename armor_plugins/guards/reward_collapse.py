@@ -1,0 +1,157 @@
+"""``reward_collapse``: roll back when the reward or the validation accuracy falls far below its recent level.
+
+Two signals, each with its own history: the batch's mean reward (``score/mean`` at stage
+``reward``) and the greedy validation accuracy (``val/acc_greedy`` at stage ``validation``).
+For each, the guard keeps the last ``window`` accepted values. After ``warmup`` of them, a value is
+a *collapse* when it is below ``baseline - drop`` with
+
+    baseline = median(recent values)
+    spread   = 1.4826 * median(|recent - baseline|)      (the MAD, scaled to estimate a std)
+    drop     = max(min_drop, rel_drop * |baseline|, z * spread)
+
+``patience`` collapsed values in a row ask for a ``rollback``. Median and MAD rather than mean and
+std, because the history must not be dragged down by the few low batches that precede a collapse
+(Hampel's robust location/scale; 1.4826 = 1/Phi^-1(3/4) makes the MAD consistent for a normal
+std). The three terms of ``drop`` each stop a different false alarm: ``z * spread`` ordinary
+batch-to-batch noise, ``rel_drop * |baseline|`` a drop that is small relative to the level,
+``min_drop`` a zero-noise history (all-equal rewards give spread 0).
+
+A collapsed value is kept out of the history, so the baseline remembers the level before the
+collapse; after the rollback the restored policy is measured against it again. A run whose reward
+legitimately settles lower (a harder curriculum) would otherwise roll back forever: after
+``max_rollbacks`` rollbacks for one signal the guard accepts the new level (the history restarts
+from the current value) and says so in the verdict it returns, ``proceed``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping
+
+from armor_core import Verdict, hookimpl
+from armor_plugins.guards._common import check_param, finite_stat
+
+__all__ = ["RewardCollapseGuard"]
+
+NAME = "reward_collapse"
+
+#: 1 / Phi^-1(3/4): the MAD of a normal sample times this estimates its standard deviation
+MAD_TO_STD = 1.4826
+
+
+class _Track:
+    """The history of one signal."""
+
+    def __init__(self, key: str, window: int, warmup: int, patience: int) -> None:
+        self.key, self.window, self.warmup, self.patience = key, window, warmup, patience
+        self.recent: list[float] = []
+        self.low = 0  # collapsed values in a row
+        self.rollbacks = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recent": list(self.recent), "low": self.low, "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.recent = [float(x) for x in state.get("recent", [])][-self.window:]
+        self.low = int(state.get("low", 0))
+        self.rollbacks = int(state.get("rollbacks", 0))
+
+
+class RewardCollapseGuard:
+    """Roll back when the mean reward or the validation accuracy collapses.
+
+    :param window: recent batch rewards kept for the baseline.
+    :param warmup: batch rewards seen before the guard may act.
+    :param patience: collapsed batch rewards in a row before a rollback (one bad batch of hard
+        prompts is not a collapse).
+    :param val_window: recent validation accuracies kept for the baseline.
+    :param val_warmup: validations seen before the guard may act on validation.
+    :param val_patience: collapsed validations in a row before a rollback (a validation runs on the
+        whole held-out set, so one is already a reliable measurement).
+    :param min_drop: the smallest drop below the baseline that counts (reward units).
+    :param rel_drop: drops smaller than this fraction of ``|baseline|`` do not count.
+    :param z: drops smaller than ``z`` robust standard deviations of the history do not count.
+    :param max_rollbacks: rollbacks per signal after which a lower level is accepted.
+    :param reward_key: the statistic read at stage ``reward``.
+    :param val_key: the statistic read at stage ``validation``.
+    """
+
+    def __init__(
+        self,
+        window: int = 20,
+        warmup: int = 10,
+        patience: int = 3,
+        val_window: int = 5,
+        val_warmup: int = 2,
+        val_patience: int = 1,
+        min_drop: float = 0.1,
+        rel_drop: float = 0.3,
+        z: float = 4.0,
+        max_rollbacks: int = 3,
+        reward_key: str = "score/mean",
+        val_key: str = "val/acc_greedy",
+    ) -> None:
+        for name, value in (("window", window), ("warmup", warmup), ("patience", patience),
+                            ("val_window", val_window), ("val_warmup", val_warmup), ("val_patience", val_patience)):
+            check_param(NAME, name, value, ge=1)
+        if warmup > window or val_warmup > val_window:
+            raise ValueError(f"guard {NAME}: warmup={warmup} and val_warmup={val_warmup} cannot exceed window={window} and val_window={val_window} (the history is the window)")
+        check_param(NAME, "min_drop", min_drop, ge=0)
+        check_param(NAME, "rel_drop", rel_drop, ge=0)
+        check_param(NAME, "z", z, ge=0)
+        check_param(NAME, "max_rollbacks", max_rollbacks, ge=1)
+        self.min_drop, self.rel_drop, self.z = float(min_drop), float(rel_drop), float(z)
+        self.max_rollbacks = int(max_rollbacks)
+        self.tracks = {
+            "reward": _Track(str(reward_key), int(window), int(warmup), int(patience)),
+            "validation": _Track(str(val_key), int(val_window), int(val_warmup), int(val_patience)),
+        }
+
+    def limit(self, recent: list[float]) -> tuple[float, float]:
+        """``(baseline, baseline - drop)`` of a history (see the module docstring)."""
+        baseline = statistics.median(recent)
+        spread = MAD_TO_STD * statistics.median(abs(x - baseline) for x in recent)
+        drop = max(self.min_drop, self.rel_drop * abs(baseline), self.z * spread)
+        return baseline, baseline - drop
+
+    def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
+        track = self.tracks.get(stage)
+        if track is None:
+            return Verdict.proceed()
+        x = finite_stat(stats, track.key)
+        if x is None:
+            return Verdict.proceed()
+        if len(track.recent) < track.warmup:
+            track.recent.append(x)
+            return Verdict.proceed()
+        baseline, limit = self.limit(track.recent)
+        if not x < limit:
+            track.low = 0
+            track.recent = (track.recent + [x])[-track.window:]
+            return Verdict.proceed()
+        track.low += 1
+        if track.low < track.patience:
+            return Verdict.proceed()
+        track.low = 0
+        if track.rollbacks >= self.max_rollbacks:
+            track.recent, track.rollbacks = [x], 0
+            return Verdict("proceed", f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new level", signal=x, threshold=limit)
+        track.rollbacks += 1
+        return Verdict(
+            "rollback",
+            f"{track.key} {x:.4g} is below {limit:.4g} (recent median {baseline:.4g}) for {track.patience} {stage} stage(s) in a row",
+            signal=x,
+            threshold=limit,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {stage: t.state_dict() for stage, t in self.tracks.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for stage, t in self.tracks.items():
+            t.load_state_dict(state.get(stage, {}))
+
+
+@hookimpl
+def armor_register_stability_guards(register):
+    register(NAME, RewardCollapseGuard)
