@@ -276,7 +276,7 @@ class Trainer:
             "critic/rewards/mean": (rewards.sum(-1)).mean().item(),
             "response_length/mean": resp_len.mean().item(), "response_length/max": resp_len.max().item(), "response_length/min": resp_len.min().item(),
             "response_length/clip_ratio": (resp_len >= batch["responses"].shape[1]).float().mean().item(),
-            "prompt_length/mean": float(batch["attention_mask"].sum(-1).mean() - resp_len.mean()),
+            "prompt_length/mean": float(batch["attention_mask"].sum(-1).float().mean() - resp_len.mean()),
             "training/epoch": float(self.loader.epoch),
         })
         metrics.update(timer.t)

@@ -28,7 +28,8 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> N
 
     if ray.is_initialized():
         return
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}}
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error",
+                        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return

@@ -23,7 +23,7 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
-from armor_core.workers.common import forward_response_logits, iter_micro_batches, response_log_probs, scalar, seed_everything
+from armor_core.workers.common import quiet_transformers, forward_response_logits, iter_micro_batches, response_log_probs, scalar, seed_everything
 
 __all__ = ["ActorWorker"]
 
@@ -50,6 +50,7 @@ class ActorWorker:
         self.rank, self.world_size = rank, world_size
         cfg = self.cfg
         torch.set_num_threads(max(1, int(cfg.engine.cpus_per_worker)))
+        quiet_transformers()
         seed_everything(cfg.trainer.seed + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
         if world_size > 1:

@@ -12,6 +12,14 @@ import torch
 __all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar"]
 
 
+def quiet_transformers() -> None:
+    """No per-worker progress bars for loading a model: they interleave on the driver's console."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def seed_everything(seed: int, deterministic: bool = True) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -14,7 +14,7 @@ import torch
 
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.protocol import DataProto
-from armor_core.workers.common import iter_micro_batches, scalar, seed_everything
+from armor_core.workers.common import quiet_transformers, iter_micro_batches, scalar, seed_everything
 
 __all__ = ["CriticWorker", "ValueModel"]
 
@@ -43,6 +43,7 @@ class CriticWorker:
         self.cfg: ArmorConfig = from_dict(config)
         cfg = self.cfg
         torch.set_num_threads(max(1, int(cfg.engine.cpus_per_worker)))
+        quiet_transformers()
         seed_everything(cfg.trainer.seed + 7919 + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
         path = resolve_model_path(cfg.model.path)

@@ -56,7 +56,7 @@ class ConsoleTracker:
     def __init__(self, run_dir: str | Path, config: Any = None) -> None:
         from rich.console import Console
 
-        self.console = Console(highlight=False)
+        self.console = Console(highlight=False, soft_wrap=True)
         self.total = getattr(getattr(config, "trainer", None), "total_steps", None)
         self._progress = None
         if self.console.is_terminal and self.total:

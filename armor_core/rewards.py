@@ -1,0 +1,516 @@
+"""Reward routing and scoring on the driver: which domains score a row, with what weight, under what
+time limit, and what happens when a domain fails.
+
+Routing. A row's ``data_source`` picks its domains: ``reward.domain_map[data_source]`` (a domain
+name, or ``{domain: weight}`` to score one row with several domains, e.g. correctness 1.0 plus
+format 0.1), else the domain of the same name. Every source is resolved when the rows are loaded
+(``check_rows``), so a typo fails at start, not at step 500. ``reward.domain_kwargs[domain]`` are
+keyword parameters bound to the domain's function; an unknown one is an error naming the key.
+
+Failures. A domain that raises on a row (or times out) gives that row ``reward.failure_score`` for
+that domain and is counted (``reward/failures``, ``reward/timeouts``); the error and an example row
+are logged once per kind of error, and the run goes on.
+
+Time limits. Verifiers can hang (sympy on ``2^{10^{10}}``, pathological LaTeX). ``signal.alarm``
+works only in the main thread of the main interpreter (not in a trainer thread or a Ray actor's
+call), so the limit is enforced from outside: checks run in worker processes that the driver
+kills and replaces when one check exceeds ``reward.timeout_s``. ``reward.num_workers`` processes
+are used, or, with 0, one helper process started on first use. The exception is a domain whose
+function carries ``armor_inline = True``: its author declares it pure Python, cheap and unable to
+hang (the built-in task's integer check), and it runs in the calling process, because the process
+hop (~0.1 ms a row) costs more than the check itself. The mark is an attribute on the function
+because ``RewardDomain`` has no field for it; a flag in ``reward.domain_kwargs`` would be the
+user's to set, and the default config could not mark ``arithmetic`` with it. (A
+``RewardDomain.inline`` field, if the contract gains one, is honoured too.)
+
+Workers are started with ``spawn`` (safe from a threaded driver, unlike ``fork``; a script that
+builds a RewardManager must guard its entry point with ``if __name__ == "__main__":``, since spawned
+workers import ``__main__`` again). Each domain reaches them pickled by reference, i.e. imported by
+module and name, as a plugin manager would. The clock of a check starts once the worker has
+imported the domain and run its ``fn.armor_warmup()``, if it has one (the math domain imports sympy
+there, ~1 s): otherwise a limit shorter than that import would kill every fresh worker on its first
+row, forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import inspect
+import logging
+import math
+import multiprocessing as mp
+import pickle
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_for_connections
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from armor_core.config import ConfigError, RewardConfig
+from armor_core.interfaces import RewardDomain
+
+__all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "ground_truth_of"]
+
+logger = logging.getLogger(__name__)
+
+#: ``fn.armor_inline = True`` marks a domain function as safe to run in the calling process.
+INLINE_ATTR = "armor_inline"
+#: ``fn.armor_warmup``: a callable a worker runs once before the domain's first timed check.
+WARMUP_ATTR = "armor_warmup"
+_RESERVED_SUBS = ("score", "failures")
+_LOAD_TIMEOUT_S = 120.0  # a fresh worker importing a domain's module (sympy: ~1 s) is not the check
+_START_TIMEOUT_S = 120.0
+_SHOWN_CHARS = 200
+
+
+@dataclass
+class RewardBatch:
+    """The scores of one batch of B rows.
+
+    :param scores: (B,) float32, the weighted sum over each row's domains.
+    :param sub_scores: ``"<domain>/<sub>"`` -> (B,) float32, plus ``"<domain>/score"`` (the
+        domain's own score, ``failure_score`` where it failed). NaN where the row has no such
+        sub-score (not routed to that domain, or the domain failed on it); the metrics are nanmeans.
+    :param metrics: ``reward/mean``; ``reward/failures`` and ``reward/timeouts`` (failed checks in
+        this batch; timeouts are failures too); ``reward/<domain>/<sub>``, ``reward/<domain>/score``,
+        ``reward/<domain>/failures``; ``reward/source/<data_source>/score``.
+    :param errors: per row, what failed (``"math: TimeoutError: ..."``) or None.
+    """
+
+    scores: np.ndarray
+    sub_scores: dict[str, np.ndarray]
+    metrics: dict[str, float]
+    errors: list[str | None] = field(default_factory=list)
+
+
+class _Outcome(NamedTuple):
+    status: str  # "ok" | "error" | "timeout"
+    score: float = 0.0
+    subs: dict | None = None
+    kind: str = ""
+    message: str = ""
+    trace: str = ""
+
+
+@dataclass(frozen=True)
+class _Bound:
+    domain: RewardDomain  # its fn has the configured parameters bound
+    inline: bool
+    spec: bytes | None  # the pickled domain, for worker processes
+
+
+def ground_truth_of(row: Mapping[str, Any]) -> Any:
+    """A row's ground truth: ``ground_truth``, or verl's ``reward_model.ground_truth``; None if absent."""
+    gt = row.get("ground_truth")
+    if gt is None and isinstance(row.get("reward_model"), Mapping):
+        gt = row["reward_model"].get("ground_truth")
+    return None if gt is None or (isinstance(gt, str) and not gt.strip()) else gt
+
+
+def _evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> _Outcome:
+    try:
+        result = domain(prompt, response, ground_truth, extra)
+        score = float(result.score)
+        if not math.isfinite(score):
+            raise ValueError(f"the domain returned a non-finite score {score}")
+        subs = {}
+        for key, value in result.sub_scores.items():
+            if key in _RESERVED_SUBS:
+                raise ValueError(f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it")
+            subs[str(key)] = float(value)
+        return _Outcome("ok", score, subs)
+    except Exception as e:
+        return _Outcome("error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}"[:1000], trace=traceback.format_exc()[-3000:])
+
+
+# -- worker processes -----------------------------------------------------------------------------
+
+
+def _worker_main(conn: Any) -> None:
+    """A worker: receives ``(job, pickled domain, args)``, answers ``("done", job, outcome)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    domains: dict[bytes, RewardDomain] = {}
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job, spec, args = msg
+        domain = domains.get(spec)
+        if domain is None:
+            try:
+                domain = domains[spec] = pickle.loads(spec)
+                warmup = getattr(getattr(domain.fn, "func", domain.fn), WARMUP_ATTR, None)  # fn may be a partial
+                if callable(warmup):
+                    warmup()
+            except Exception as e:
+                conn.send(("done", job, _Outcome("error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}")))
+                continue
+            conn.send(("loaded", job))
+        conn.send(("done", job, _evaluate(domain, *args)))
+
+
+class _Worker:
+    def __init__(self, ctx: Any) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="armor-reward-worker")
+        self.proc.start()
+        child.close()
+        self.started = time.monotonic()
+        self.ready = False
+        self.job: int | None = None
+        self.spec: bytes | None = None
+        self.deadline = math.inf
+        self.loaded: set[bytes] = set()
+
+    def stop(self, kill: bool) -> None:
+        if not kill:
+            try:
+                self.conn.send(None)
+                self.proc.join(1.0)
+            except (OSError, ValueError):
+                pass
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5.0)
+        self.conn.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop(kill=False)
+    workers.clear()
+
+
+class _Pool:
+    """``size`` spawned processes; one check at a time each; a check past ``timeout_s`` kills its worker."""
+
+    def __init__(self, size: int, timeout_s: float) -> None:
+        self._ctx = mp.get_context("spawn")
+        self.timeout_s = timeout_s
+        self._workers = [_Worker(self._ctx) for _ in range(size)]
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+
+    def _replace(self, w: _Worker) -> None:
+        w.stop(kill=True)
+        self._workers[self._workers.index(w)] = _Worker(self._ctx)
+
+    def run(self, jobs: Sequence[tuple[bytes, tuple]]) -> list[_Outcome]:
+        results: list[_Outcome | None] = [None] * len(jobs)
+        queue, remaining = deque(range(len(jobs))), len(jobs)
+        while remaining:
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.ready and w.job is None and queue:
+                    job = queue.popleft()
+                    try:
+                        w.conn.send((job, *jobs[job]))
+                    except (BrokenPipeError, ConnectionResetError):  # died while idle: retry the row on its replacement
+                        queue.appendleft(job)
+                        self._replace(w)
+                        continue
+                    w.job, w.spec = job, jobs[job][0]
+                    w.deadline = now + (self.timeout_s if w.spec in w.loaded else max(_LOAD_TIMEOUT_S, self.timeout_s))
+                elif not w.ready and now - w.started > _START_TIMEOUT_S:
+                    raise RuntimeError(f"a reward worker process did not start within {_START_TIMEOUT_S:.0f} s")
+            waiting = [w for w in self._workers if w.job is not None or not w.ready]
+            deadline = min([w.deadline for w in waiting if w.job is not None] + [now + 1.0])
+            by_conn = {w.conn: w for w in waiting}
+            for conn in wait_for_connections(list(by_conn), max(0.0, deadline - now)):
+                w = by_conn[conn]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):  # the worker died: segfault, out-of-memory kill
+                    w.proc.join(5.0)  # reap it, for its exit code
+                    if not w.ready:
+                        raise RuntimeError(
+                            f"a reward worker process exited at start (exit code {w.proc.exitcode}); its error is printed above. Workers "
+                            "are spawned and import the driver's __main__ module again: guard a script with `if __name__ == '__main__':`"
+                        ) from None
+                    if w.job is not None:
+                        results[w.job] = _Outcome("error", kind="WorkerDied", message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row")
+                        remaining -= 1
+                    self._replace(w)
+                    continue
+                if msg[0] == "ready":
+                    w.ready = True
+                elif msg[0] == "loaded":
+                    w.loaded.add(w.spec)  # type: ignore[arg-type]
+                    w.deadline = time.monotonic() + self.timeout_s
+                elif msg[0] == "done" and msg[1] == w.job:
+                    results[w.job], w.job = msg[2], None
+                    remaining -= 1
+            now = time.monotonic()
+            for w in [w for w in self._workers if w.job is not None and w.deadline < now]:
+                results[w.job] = _Outcome("timeout", kind="timeout", message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed")
+                remaining -= 1
+                self._replace(w)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+# -- the manager ----------------------------------------------------------------------------------
+
+
+class RewardManager:
+    """Routes rows to reward domains and scores batches. Build one per run on the driver; ``close()`` it.
+
+    :param cfg: the ``reward`` section of the run config.
+    :param pm: the plugin manager to find domains in (default: the process-wide one).
+    :raises ConfigError: a domain named in ``domain_map`` or ``domain_kwargs`` is not installed, a
+        weight is not a number, or a parameter is not accepted by its domain.
+    """
+
+    def __init__(self, cfg: RewardConfig, pm: Any = None) -> None:
+        if pm is None:
+            from armor_core.plugins import get_plugin_manager
+
+            pm = get_plugin_manager()
+        self.cfg = cfg
+        self._pm = pm
+        self._known: list[str] = pm.names("reward_domain")
+        self._bound: dict[str, _Bound] = {}
+        self._routes: dict[str, dict[str, float]] = {}
+        self._pool: _Pool | None = None
+        self._lock = threading.RLock()
+        self._logged: set[tuple[str, str]] = set()
+        if not isinstance(cfg.domain_kwargs, Mapping):
+            raise ConfigError(f"reward.domain_kwargs must be a mapping {{domain: {{key: value}}}}, got {cfg.domain_kwargs!r}")
+        for name in cfg.domain_kwargs:
+            self._domain(str(name), where=f"reward.domain_kwargs.{name}")
+        for source in cfg.domain_map:
+            self.domains_for(str(source))
+
+    # -- resolution ---------------------------------------------------------------------------
+
+    def _domain(self, name: str, where: str) -> _Bound:
+        bound = self._bound.get(name)
+        if bound is not None:
+            return bound
+        if name not in self._known:
+            close = difflib.get_close_matches(name, self._known, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown reward domain {name!r}.{hint} Known domains: {', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}")
+        domain: RewardDomain = self._pm.get("reward_domain", name)
+        params = self.cfg.domain_kwargs.get(name) or {}
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"reward.domain_kwargs.{name} must be a mapping of parameters, got {params!r}")
+        params = dict(params)
+        _check_params(name, domain.fn, params)
+        inline = bool(getattr(domain, "inline", False) or getattr(domain.fn, INLINE_ATTR, False))
+        bound_domain = dataclasses.replace(domain, fn=functools.partial(domain.fn, **params)) if params else domain
+        spec = None
+        if not inline:
+            try:
+                spec = pickle.dumps(bound_domain)
+            except Exception as e:
+                raise ConfigError(
+                    f"reward domain {name!r} ({getattr(domain.fn, '__qualname__', domain.fn)!r}) cannot be sent to a reward worker "
+                    f"process: {e}. Register a module-level function (not a lambda or closure), or set "
+                    f"fn.{INLINE_ATTR} = True if it is pure, cheap and cannot hang"
+                ) from e
+        bound = self._bound[name] = _Bound(bound_domain, inline, spec)
+        return bound
+
+    def domain(self, name: str) -> RewardDomain:
+        """The domain ``name`` with its configured parameters bound (ConfigError if not installed)."""
+        return self._domain(name, where="reward domain").domain
+
+    def domains_for(self, data_source: str) -> dict[str, float]:
+        """``{domain: weight}`` for rows of ``data_source``.
+
+        :raises ConfigError: the source maps to no installed domain; the message lists the known ones.
+        """
+        route = self._routes.get(data_source)
+        if route is not None:
+            return route
+        where = f"reward.domain_map.{data_source}"
+        spec = self.cfg.domain_map.get(data_source)
+        if spec is None:
+            if data_source not in self._known:
+                close = difflib.get_close_matches(str(data_source), self._known, n=1, cutoff=0.5)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"data_source {data_source!r} maps to no reward domain (no reward.domain_map entry and no domain of that name).{hint} "
+                    f"Known domains: {', '.join(self._known) or 'none'}. Map it with reward.domain_map.{data_source}=<domain>"
+                )
+            route = {data_source: 1.0}
+        elif isinstance(spec, str):
+            route = {spec: 1.0}
+        elif isinstance(spec, Mapping) and spec:
+            route = {}
+            for name, weight in spec.items():
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                    raise ConfigError(f"{where}.{name}={weight!r}: a weight must be a finite number")
+                route[str(name)] = float(weight)
+        else:
+            raise ConfigError(f"{where}={spec!r}: expected a domain name or a mapping {{domain: weight}}")
+        for name in route:
+            self._domain(name, where)
+        self._routes[data_source] = route
+        return route
+
+    def check_rows(self, rows: Iterable[Mapping[str, Any]], where: str) -> None:
+        """Fail now, naming ``where`` and the row, if a row's source routes nowhere or lacks a required ground truth.
+
+        A row is located by its ``_where`` field (``"train.jsonl:12"``, as the data loader sets it),
+        else its ``_line``, else its 0-based index in ``rows``.
+        """
+        needs_gt: dict[str, str | None] = {}  # data_source -> a domain requiring a ground truth
+        missing: list[str] = []
+        n_missing = 0
+        for i, row in enumerate(rows):
+            source = row.get("data_source")
+            if source is None:
+                raise ConfigError(f"{_locate(row, i, where)}: the row has no 'data_source' field; every row needs one to pick its reward domain")
+            if source not in needs_gt:
+                try:
+                    route = self.domains_for(source)
+                except ConfigError as e:
+                    raise ConfigError(f"{_locate(row, i, where)}: {e}") from None
+                needs_gt[source] = next((d for d in route if self._bound[d].domain.requires_ground_truth), None)
+            domain = needs_gt[source]
+            if domain is not None and ground_truth_of(row) is None:
+                n_missing += 1
+                if len(missing) < 5:
+                    missing.append(f"{_locate(row, i, where)} (data_source {source!r} -> domain {domain!r})")
+        if n_missing:
+            raise ConfigError(
+                f"{where}: {n_missing} row(s) have no ground_truth but their reward domain requires one: {'; '.join(missing)}"
+                f"{' ...' if n_missing > len(missing) else ''}. Add a 'ground_truth' field, or route them to a domain that needs none"
+            )
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], data_sources: Sequence[str],
+              ground_truths: Sequence[Any], extras: Sequence[Mapping[str, Any]] | None = None) -> RewardBatch:
+        """Score B rows; every list has one entry per row (``extras`` may be None)."""
+        n = len(prompts)
+        extras = extras if extras is not None else [{}] * n
+        for name, seq in (("responses", responses), ("data_sources", data_sources), ("ground_truths", ground_truths), ("extras", extras)):
+            if len(seq) != n:
+                raise ValueError(f"RewardManager.score: {name} has {len(seq)} entries but prompts has {n}")
+        with self._lock:
+            checks = [(i, d, w) for i, source in enumerate(data_sources) for d, w in self.domains_for(source).items()]
+            outcomes: list[_Outcome | None] = [None] * len(checks)
+            jobs, job_checks = [], []
+            for c, (i, d, _) in enumerate(checks):
+                bound, args = self._bound[d], (prompts[i], responses[i], ground_truths[i], dict(extras[i] or {}))
+                if bound.inline:
+                    outcomes[c] = _evaluate(bound.domain, *args)
+                else:
+                    jobs.append((bound.spec, args))
+                    job_checks.append(c)
+            if jobs:
+                if self._pool is None:
+                    self._pool = _Pool(max(1, self.cfg.num_workers), self.cfg.timeout_s)
+                for c, outcome in zip(job_checks, self._pool.run(jobs)):
+                    outcomes[c] = outcome
+            return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)  # type: ignore[arg-type]
+
+    def _assemble(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[_Outcome], prompts: Sequence[str],
+                  responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any]) -> RewardBatch:
+        scores = np.zeros(n, dtype=np.float64)
+        subs: dict[str, np.ndarray] = {}
+        errors: list[str | None] = [None] * n
+        failures: Counter[str] = Counter()
+        timeouts = 0
+
+        def column(key: str) -> np.ndarray:
+            return subs.setdefault(key, np.full(n, np.nan, dtype=np.float32))
+
+        for (i, d, weight), out in zip(checks, outcomes):
+            if out.status == "ok":
+                value = out.score
+                for key, sub in (out.subs or {}).items():
+                    column(f"{d}/{key}")[i] = sub
+            else:
+                value = self.cfg.failure_score
+                failures[d] += 1
+                timeouts += out.status == "timeout"
+                errors[i] = f"{errors[i]}; {d}: {out.message}" if errors[i] else f"{d}: {out.message}"
+                self._log_failure(d, out, data_sources[i], prompts[i], responses[i], ground_truths[i])
+            column(f"{d}/score")[i] = value
+            scores[i] += weight * value
+        metrics: dict[str, float] = {"reward/failures": float(sum(failures.values())), "reward/timeouts": float(timeouts)}
+        if n:
+            metrics["reward/mean"] = float(scores.mean())
+        for key, values in subs.items():
+            finite = ~np.isnan(values)
+            if finite.any():  # an all-NaN column has no mean; never put NaN in the metrics
+                metrics[f"reward/{key}"] = float(values[finite].mean())
+        for d in {d for _, d, _ in checks}:
+            metrics[f"reward/{d}/failures"] = float(failures[d])
+        sources = np.asarray(data_sources, dtype=object)
+        for source in set(data_sources):
+            metrics[f"reward/source/{source}/score"] = float(scores[sources == source].mean())
+        return RewardBatch(scores.astype(np.float32), subs, metrics, errors)
+
+    def _log_failure(self, domain: str, out: _Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
+        key = (domain, out.kind)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+
+        def shown(x: Any) -> str:
+            s = repr(x)
+            return s if len(s) <= _SHOWN_CHARS else s[:_SHOWN_CHARS] + "...'"
+
+        example = f"data_source={shown(source)} prompt={shown(prompt)} response={shown(response)} ground_truth={shown(ground_truth)}"
+        note = f"(logged once per kind of error; each failure scores reward.failure_score={self.cfg.failure_score:g} and is counted in reward/failures)"
+        if out.status == "timeout":
+            logger.warning("reward domain %r timed out: %s %s\n  example row: %s", domain, out.message, note, example)
+        else:
+            logger.error("reward domain %r failed on a row: %s %s\n  example row: %s\n%s", domain, out.message, note, example, out.trace)
+
+    def close(self) -> None:
+        """Stop the worker processes (also done when the manager is garbage-collected)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def __enter__(self) -> "RewardManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _locate(row: Mapping[str, Any], index: int, where: str) -> str:
+    if "_where" in row:
+        return str(row["_where"])
+    return f"{where}: line {row['_line']}" if "_line" in row else f"{where}: row {index}"
+
+
+def _check_params(name: str, fn: Any, params: Mapping[str, Any]) -> None:
+    """Every configured parameter must be a keyword the domain's function accepts (after the 4 row arguments)."""
+    if not params:
+        return
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    ps = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps):
+        return
+    accepted = [p.name for p in ps[4:] if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in params:
+        if key not in accepted:
+            close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"reward.domain_kwargs.{name}: unknown parameter {key!r} for reward domain {name!r}.{hint} "
+                              f"It accepts: {', '.join(accepted) or 'no parameters'}")

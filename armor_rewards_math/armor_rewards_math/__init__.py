@@ -1,0 +1,23 @@
+"""armor-rewards-math: verifiable math rewards for ARMOR.
+
+Registers three reward domains (see ``domains.py`` for their parameters and sub-scores):
+
+- ``math``: the final ``\\boxed{}`` answer (or "the answer is ...") checked for mathematical
+  equivalence with math-verify, with anti-hacking rules (hedging, restating the prompt, an optional
+  required format) and an optional DAPO overlong penalty.
+- ``gsm8k``: ``#### 42`` (or boxed, "the answer is", the last number), compared as numbers.
+- ``arithmetic``: the built-in task's exact integer answers.
+"""
+
+from armor_core import RewardDomain, hookimpl
+
+from armor_rewards_math.domains import arithmetic_reward, gsm8k_reward, math_reward
+
+__all__ = ["arithmetic_reward", "gsm8k_reward", "math_reward"]
+
+
+@hookimpl
+def armor_register_reward_domains(register):
+    register("math", RewardDomain(math_reward, requires_ground_truth=True, description="final boxed answer, checked for equivalence (math-verify)"))
+    register("gsm8k", RewardDomain(gsm8k_reward, requires_ground_truth=True, description="GSM8K '#### n' answers, compared as numbers"))
+    register("arithmetic", RewardDomain(arithmetic_reward, requires_ground_truth=True, description="exact integer answer of the built-in arithmetic task"))

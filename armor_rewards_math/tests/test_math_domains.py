@@ -1,0 +1,88 @@
+"""The math, gsm8k and arithmetic domains on whole responses (cases/domains.jsonl), the anti-hacking
+rules among them, and their registration through the plugin hook."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import armor_rewards_math
+from armor_core.plugins import PluginManager
+from armor_rewards_math.domains import arithmetic_reward, gsm8k_reward, math_reward, overlong_penalty
+
+CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "domains.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+FNS = {"math": math_reward, "gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c['domain']}-{i}" for i, c in enumerate(CASES)])
+def test_domain_case(case):
+    result = FNS[case["domain"]](case["prompt"], case["response"], case["ground_truth"], case["extra"], **case["params"])
+    assert result.score == pytest.approx(case["score"]), case["note"]
+    for key, value in case["subs"].items():
+        assert result.sub_scores[key] == pytest.approx(value), key
+
+
+@pytest.fixture(scope="module")
+def pm():
+    manager = PluginManager(load_entrypoints=False)
+    manager.register(armor_rewards_math, name="math")
+    return manager
+
+
+def test_registered_domains(pm):
+    assert pm.names("reward_domain") == ["arithmetic", "gsm8k", "math"]
+    for name in ("arithmetic", "gsm8k", "math"):
+        assert pm.get("reward_domain", name).requires_ground_truth
+    result = pm.get("reward_domain", "math")("q", r"\boxed{2}", "2", {})
+    assert result.score == 1.0
+
+
+def test_math_through_the_reward_manager_under_a_tight_limit(pm):
+    # a fresh worker imports sympy (about 1 s) in math's warm-up, outside the 1 s per-row limit
+    from armor_core.config import RewardConfig
+    from armor_core.rewards import RewardManager
+
+    with RewardManager(RewardConfig(timeout_s=1.0, failure_score=-1.0), pm) as rm:
+        batch = rm.score(["q", "q", "q"], [r"\boxed{\sqrt{8}}", r"\boxed{(x+1)^2}", "#### 3"], ["math", "math", "gsm8k"],
+                         [r"2\sqrt{2}", "x^2+2x+1", "3"], None)
+    assert batch.scores.tolist() == [1.0, 1.0, 1.0]
+    assert batch.metrics["reward/timeouts"] == 0.0
+
+
+def test_only_the_cheap_domains_run_inline():
+    # math may call sympy (can hang): it must go to the RewardManager's killable worker processes
+    assert getattr(arithmetic_reward, "armor_inline", False) and getattr(gsm8k_reward, "armor_inline", False)
+    assert not getattr(math_reward, "armor_inline", False)
+
+
+@pytest.mark.parametrize("length, expected", [(0, 0.0), (80, 0.0), (81, -0.05), (90, -0.5), (100, -1.0), (101, -1.0)])
+def test_overlong_penalty_dapo(length, expected):
+    # L_max = 100, L_cache = 20: (80 - length) / 20 inside the buffer (DAPO eq. 13)
+    assert overlong_penalty(length, 100, 20) == pytest.approx(expected)
+
+
+def test_overlong_in_tokens_needs_the_response_length():
+    with pytest.raises(ValueError, match="response_length"):
+        math_reward("q", r"\boxed{1}", "1", {}, overlong_max_length=10, overlong_buffer=2)
+
+
+def test_gsm8k_rejects_a_non_numeric_ground_truth():
+    with pytest.raises(ValueError, match="not a number; use the 'math' domain"):
+        gsm8k_reward("q", "#### 1", "x+1", {})
+
+
+def test_unknown_answer_format_is_an_error():
+    with pytest.raises(ValueError, match="unknown answer format 'boxd'"):
+        math_reward("q", r"\boxed{1}", "1", {}, require_format="boxd")
+
+
+def test_arithmetic_rejects_a_non_integer_ground_truth():
+    with pytest.raises(ValueError):
+        arithmetic_reward("1+1=", "2", "two", {})
+
+
+def test_every_anti_hacking_rule_has_cases():
+    notes = {k for c in CASES for k, v in c["subs"].items() if v == 1 and k in ("hedged", "restated")}
+    assert notes == {"hedged", "restated"}
+    assert any(c["params"].get("require_format") for c in CASES)
+    assert any("overlong_max_length" in c["params"] for c in CASES)

@@ -1,0 +1,83 @@
+"""Answer extraction (cases/extraction.jsonl) and the exact number parser."""
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from armor_rewards_math.extract import extract_answer, find_boxed, split_alternatives, split_top_level
+from armor_rewards_math.numbers import Num, numbers_equal, parse_number
+
+CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "extraction.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
+def test_extraction(case):
+    ext = extract_answer(case["response"], case["sources"])
+    assert list(ext.values) == case["values"]
+    assert ext.source == case["source"]
+
+
+def test_unknown_source_names_the_known_ones():
+    with pytest.raises(ValueError, match="boxed, hash, answer, last_number"):
+        extract_answer("x", ["boxd"])
+
+
+def test_find_boxed_spans_and_escaped_braces():
+    text = r"a \boxed{\{1\}} b \boxed{x^{2}}"
+    assert [c for _, _, c in find_boxed(text)] == [r"\{1\}", "x^{2}"]
+    assert find_boxed(r"\boxed{1") == []
+
+
+@pytest.mark.parametrize("answer, parts", [
+    ("1 or 2", ["1", "2"]),
+    (r"1 \text{ or } 2", ["1", "2"]),
+    ("3或4", ["3", "4"]),
+    ("x < 1 or x > 3", ["x < 1 or x > 3"]),  # a union of inequalities is one answer
+    ("5", ["5"]),
+])
+def test_split_alternatives(answer, parts):
+    assert split_alternatives(answer) == parts
+
+
+@pytest.mark.parametrize("s, items", [
+    ("1, 2", ["1", "2"]),
+    ("1, (2,3)", ["1", "(2,3)"]),
+    (r"\{1,2\}", [r"\{1,2\}"]),
+    ("x=1 and x=2", ["x=1", "x=2"]),
+])
+def test_split_top_level(s, items):
+    assert split_top_level(s) == items
+
+
+@pytest.mark.parametrize("text, value, exact, percent", [
+    ("1,234", Fraction(1234), True, False),
+    ("$1,234.50", Fraction(2469, 2), False, False),
+    (r"1\,000", Fraction(1000), True, False),
+    ("-3", Fraction(-3), True, False),
+    (".5", Fraction(1, 2), False, False),
+    ("3/4", Fraction(3, 4), True, False),
+    (r"-\frac{1}{2}", Fraction(-1, 2), True, False),
+    (r"\dfrac34", Fraction(3, 4), True, False),
+    (r"50\%", Fraction(50), True, True),
+    ("12 km/h", Fraction(12), True, False),
+    (r"30^\circ", Fraction(30), True, False),
+    ("5元", Fraction(5), True, False),
+    ("5cm", Fraction(5), True, False),
+    ("€5", Fraction(5), True, False),
+])
+def test_parse_number(text, value, exact, percent):
+    assert parse_number(text) == Num(value, exact, percent)
+
+
+@pytest.mark.parametrize("text", ["5x", "3 or 4", "1,23", "2 i", "x", r"\sqrt{2}", "1/0", ""])
+def test_not_a_plain_number(text):
+    assert parse_number(text) is None
+
+
+def test_numbers_equal_tolerance_only_for_decimals():
+    third = Num(Fraction(1, 3))
+    assert numbers_equal(third, Num(Fraction("0.333333"), exact=False))
+    assert not numbers_equal(third, Num(Fraction("0.3333"), exact=False))
+    assert not numbers_equal(Num(Fraction(1000000)), Num(Fraction(1000001)))  # exact: no tolerance at all
