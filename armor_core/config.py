@@ -126,7 +126,7 @@ class RewardConfig:
     domain_map: dict = f(help="Map data_source -> reward domain name or {domain: weight}; unmapped sources use the domain of the same name.", factory=dict)
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
-    num_workers: int = f(0, "Reward scoring processes; 0 scores in the driver process.", ge=0)
+    num_workers: int = f(0, "Processes for reward domains that may hang (math); 0 starts one helper process on first use. Inline domains (arithmetic, gsm8k, refusal, safety) always score in the driver.", ge=0)
     domain_kwargs: dict = f(help="Per-domain keyword arguments: {domain: {key: value}}.", factory=dict)
 
 

@@ -13,6 +13,7 @@ counted in the step's metrics (``guard/<guard>/<action>``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -20,9 +21,22 @@ from typing import Any, Mapping
 
 from armor_core.interfaces import Verdict
 
-__all__ = ["GuardRunner", "SEVERITY", "combine"]
+__all__ = ["GuardRunner", "SEVERITY", "combine", "merge_adjustments"]
 
 SEVERITY = {"proceed": 0, "adjust": 1, "scale": 2, "skip": 3, "rollback": 4}
+
+
+#: when two guards adjust the same coefficient, the more cautious value wins
+_CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_coef": max, "entropy_coeff": max}
+
+
+def merge_adjustments(verdicts: list[Verdict]) -> dict[str, float]:
+    """All guards' adjustments together; conflicts resolved toward the safer value."""
+    merged: dict[str, float] = {}
+    for v in verdicts:
+        for key, value in v.adjustments.items():
+            merged[key] = _CAUTIOUS.get(key, min)(merged[key], value) if key in merged else value
+    return merged
 
 
 def combine(verdicts: list[tuple[str, Verdict]]) -> tuple[str | None, Verdict]:
@@ -68,6 +82,9 @@ class GuardRunner:
             if v.action != "proceed":
                 self._record(step, stage, name, v)
         _, verdict = combine(verdicts)
+        merged = merge_adjustments([v for _, v in verdicts if v.action == "adjust"])
+        if merged and merged != verdict.adjustments:
+            verdict = dataclasses.replace(verdict, adjustments=merged)
         return verdict
 
     def _record(self, step: int, stage: str, name: str, v: Verdict) -> None:

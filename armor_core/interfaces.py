@@ -86,10 +86,14 @@ class RewardDomain:
 
     :param requires_ground_truth: rows routed to this domain must carry a ground truth; a row
         without one is rejected when the dataset is loaded, not at step 500.
+    :param inline: the author declares ``fn`` pure Python, cheap and unable to hang, so it is
+        scored in the calling process; otherwise every check runs in a worker process under
+        ``reward.timeout_s`` (a process can be killed; a thread cannot).
     """
 
     fn: Callable[[str, str, Any, Mapping[str, Any]], "float | RewardResult"]
     requires_ground_truth: bool = True
+    inline: bool = False
     description: str = ""
 
     def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None) -> RewardResult:
@@ -115,9 +119,10 @@ class Verdict:
     """A guard's decision about one stage of one step.
 
     :param action: ``proceed``; ``skip`` the update; ``scale`` the gradients by ``scale``;
-        ``adjust`` coefficients (``adjustments`` maps e.g. ``"lr_scale"`` or ``"kl_coef"`` to new
-        values, the guard keeps them within its configured bounds); ``rollback`` to the last good
-        checkpoint.
+        ``adjust`` coefficients (``adjustments`` maps ``lr``, ``clip_ratio_low``,
+        ``clip_ratio_high``, ``kl_loss_coef`` or ``entropy_coeff`` to its new absolute value, kept
+        by the guard within its configured bounds, applied from the next update on);
+        ``rollback`` to the last good checkpoint.
     """
 
     action: VerdictAction = "proceed"

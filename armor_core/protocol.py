@@ -21,20 +21,15 @@ Semantics, chosen to match torch and numpy where they have an answer:
   Everything else returns a new DataProto and leaves ``self`` alone. A failing in-place operation
   leaves ``self`` unchanged.
 
-Pickling (what Ray does between processes) ships each tensor as a flat uint8 numpy view of its
-bytes. With pickle protocol 5 (Ray's) these travel as out-of-band buffers, written once into
-the object store without going through ``torch.save``; and a slice ships only its own rows,
-where torch would pickle the whole underlying storage. Unpickled tensors always land on the CPU
-(the driver holds no GPU; workers call ``.to(device)``), and are copied out of Ray's read-only
-shared memory so that writing into them is safe. ``save``/``load`` use safetensors and JSON,
-never pickle, so loading a file cannot run code.
+Files and pickling live in ``armor_core.protocol_io``: ``save``/``load`` use safetensors and
+JSON, never pickle, so loading a file cannot run code; pickling (what Ray does between processes)
+ships each tensor's own bytes as one out-of-band buffer and unpickles onto the CPU.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import json
 import math
 import reprlib
 from pathlib import Path
@@ -43,12 +38,12 @@ from typing import Any, Iterator, Mapping, Sequence, Union
 import numpy as np
 import torch
 
+from armor_core import protocol_io
+
 __all__ = ["DataProto"]
 
 Index = Union[int, slice, Sequence[int], Sequence[bool], np.ndarray, torch.Tensor]
 Keys = Union[str, Sequence[str], None]
-_FORMAT = "armor.dataproto/1"
-_JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 class DataProto:
@@ -389,78 +384,18 @@ class DataProto:
         """Write one safetensors file: tensors and numeric non-tensors as safetensors tensors,
         string/object non-tensors and meta_info as JSON. Anything JSON would not give back
         unchanged (a tuple, a numpy scalar, a nested array) is refused, naming where it is."""
-        from safetensors.torch import save_file
-
-        blobs: dict[str, torch.Tensor] = {}
-        manifest: dict[str, Any] = {"format": _FORMAT, "tensors": list(self.tensors), "non_tensors": {}}
-        seen: set[int] = set()
-        for key, t in self.tensors.items():
-            t = t.detach().cpu().contiguous()
-            # safetensors refuses tensors that share storage (views of one batch, one tensor under
-            # two names): give each its own
-            storage = t.untyped_storage()
-            if storage.nbytes() != t.nbytes or storage.data_ptr() in seen:
-                t = t.clone()
-            seen.add(t.untyped_storage().data_ptr())
-            blobs[f"tensor/{key}"] = t
-        for key, arr in self.non_tensors.items():
-            info = {"dtype": arr.dtype.str if arr.dtype != object else "object", "shape": list(arr.shape)}
-            if arr.dtype.kind in "biuf":
-                info["storage"] = "tensor"
-                blobs[f"non_tensor/{key}"] = torch.from_numpy(np.array(arr, order="C", copy=True))
-            else:
-                info["storage"] = "json"
-                values = arr.ravel().tolist() if arr.dtype != object else list(arr.ravel())
-                for row, value in enumerate(values):
-                    _check_json(value, f"non-tensor {key!r} element {row}")
-                blobs[f"non_tensor/{key}"] = _json_blob(values)
-            manifest["non_tensors"][key] = info
-        _check_json(self.meta_info, "meta_info")
-        blobs["meta_info"] = _json_blob(self.meta_info)
-        save_file(blobs, str(path), metadata={"armor": json.dumps(manifest)})
+        protocol_io.save(self, path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "DataProto":
         """Read a file written by ``save``; tensors are placed on ``device``. Never unpickles."""
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            f = safe_open(str(path), framework="pt", device="cpu")
-        except SafetensorError as e:
-            raise ValueError(f"DataProto.load: {path} is not a safetensors file written by DataProto.save ({e})") from None
-        with f:
-            manifest = json.loads((f.metadata() or {}).get("armor", "{}"))
-            if manifest.get("format") != _FORMAT:
-                raise ValueError(f"DataProto.load: {path} has no {_FORMAT!r} manifest; it was not written by DataProto.save")
-            tensors = {k: f.get_tensor(f"tensor/{k}").to(device) for k in manifest["tensors"]}
-            non_tensors = {}
-            for key, info in manifest["non_tensors"].items():
-                blob = f.get_tensor(f"non_tensor/{key}")
-                if info["storage"] == "tensor":
-                    arr = blob.numpy()
-                elif info["dtype"] == "object":
-                    arr = _as_array(json.loads(blob.numpy().tobytes()))
-                else:
-                    arr = np.array(json.loads(blob.numpy().tobytes()), dtype=info["dtype"])
-                non_tensors[key] = arr.astype(info["dtype"], copy=False).reshape(info["shape"])
-            meta_info = json.loads(f.get_tensor("meta_info").numpy().tobytes())
-        return cls(tensors, non_tensors, meta_info)
+        return cls(*protocol_io.load(path, device))
 
     def __getstate__(self) -> dict[str, Any]:
-        # A flat uint8 numpy view works for every dtype (bfloat16 has no numpy twin) and pickles
-        # as one PickleBuffer: out-of-band under protocol 5, and only this tensor's own bytes.
-        tensors = {k: (t.dtype, tuple(t.shape), t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), t.requires_grad)
-                   for k, t in self.tensors.items()}
-        return {"tensors": tensors, "non_tensors": self.non_tensors, "meta_info": self.meta_info}
+        return protocol_io.to_state(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.tensors = {}
-        for key, (dtype, shape, buf, requires_grad) in state["tensors"].items():
-            if not buf.flags.writeable:  # Ray hands out read-only shared memory; a write there would crash
-                buf = buf.copy()
-            self.tensors[key] = torch.from_numpy(buf).view(dtype).reshape(shape).requires_grad_(requires_grad)
-        self.non_tensors = dict(state["non_tensors"])
-        self.meta_info = dict(state["meta_info"])
+        self.tensors, self.non_tensors, self.meta_info = protocol_io.from_state(state)
         self._check("DataProto (unpickled)")
 
     def __copy__(self) -> "DataProto":
@@ -588,24 +523,3 @@ def _merge_meta(items: list[DataProto]) -> dict[str, Any]:
     if any("metrics" in item.meta_info for item in items):
         ref["metrics"] = metrics
     return ref
-
-
-def _check_json(value: Any, where: str) -> None:
-    """Refuse what JSON would not give back unchanged: save() never falls back to pickle."""
-    if type(value) in _JSON_SCALARS:
-        return
-    if type(value) is list:
-        for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]")
-    elif type(value) is dict:
-        for k, v in value.items():
-            if type(k) is not str:
-                raise TypeError(f"DataProto.save: {where} has key {k!r} ({type(k).__name__}); JSON keys must be str")
-            _check_json(v, f"{where}[{k!r}]")
-    else:
-        raise TypeError(f"DataProto.save: {where} is a {type(value).__name__}, which cannot be saved without pickle; "
-                        f"use str, int, float, bool, None, list or dict with str keys (or drop it before saving)")
-
-
-def _json_blob(value: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)

@@ -11,25 +11,15 @@ Failures. A domain that raises on a row (or times out) gives that row ``reward.f
 that domain and is counted (``reward/failures``, ``reward/timeouts``); the error and an example row
 are logged once per kind of error, and the run goes on.
 
-Time limits. Verifiers can hang (sympy on ``2^{10^{10}}``, pathological LaTeX). ``signal.alarm``
-works only in the main thread of the main interpreter (not in a trainer thread or a Ray actor's
-call), so the limit is enforced from outside: checks run in worker processes that the driver
-kills and replaces when one check exceeds ``reward.timeout_s``. ``reward.num_workers`` processes
-are used, or, with 0, one helper process started on first use. The exception is a domain whose
-function carries ``armor_inline = True``: its author declares it pure Python, cheap and unable to
-hang (the built-in task's integer check), and it runs in the calling process, because the process
-hop (~0.1 ms a row) costs more than the check itself. The mark is an attribute on the function
-because ``RewardDomain`` has no field for it; a flag in ``reward.domain_kwargs`` would be the
-user's to set, and the default config could not mark ``arithmetic`` with it. (A
-``RewardDomain.inline`` field, if the contract gains one, is honoured too.)
-
-Workers are started with ``spawn`` (safe from a threaded driver, unlike ``fork``; a script that
-builds a RewardManager must guard its entry point with ``if __name__ == "__main__":``, since spawned
-workers import ``__main__`` again). Each domain reaches them pickled by reference, i.e. imported by
-module and name, as a plugin manager would. The clock of a check starts once the worker has
-imported the domain and run its ``fn.armor_warmup()``, if it has one (the math domain imports sympy
-there, ~1 s): otherwise a limit shorter than that import would kill every fresh worker on its first
-row, forever.
+Time limits. Verifiers can hang, and ``signal.alarm`` works only in the main thread of the main
+interpreter, so checks run in worker processes (``armor_core.reward_pool``) that are killed and
+replaced when one check exceeds ``reward.timeout_s``. ``reward.num_workers`` processes are used,
+or, with 0, one helper process started on first use. The exception is an inline domain: its
+author declares it pure Python, cheap and unable to hang (the built-in task's integer check), and
+it runs in the calling process, because the process hop (~0.1 ms a row) costs more than the check
+itself. A domain is inline when it is registered with ``RewardDomain(..., inline=True)`` or its
+function carries ``armor_inline = True`` (what the math and safety packs set); the mark is the
+author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set.
 """
 
 from __future__ import annotations
@@ -40,22 +30,17 @@ import functools
 import inspect
 import logging
 import math
-import multiprocessing as mp
 import pickle
-import signal
 import threading
-import time
-import traceback
-import weakref
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait as wait_for_connections
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from armor_core.config import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
+from armor_core.reward_pool import WARMUP_ATTR, _evaluate, _Outcome, _Pool
 
 __all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "ground_truth_of"]
 
@@ -63,11 +48,6 @@ logger = logging.getLogger(__name__)
 
 #: ``fn.armor_inline = True`` marks a domain function as safe to run in the calling process.
 INLINE_ATTR = "armor_inline"
-#: ``fn.armor_warmup``: a callable a worker runs once before the domain's first timed check.
-WARMUP_ATTR = "armor_warmup"
-_RESERVED_SUBS = ("score", "failures")
-_LOAD_TIMEOUT_S = 120.0  # a fresh worker importing a domain's module (sympy: ~1 s) is not the check
-_START_TIMEOUT_S = 120.0
 _SHOWN_CHARS = 200
 
 
@@ -91,15 +71,6 @@ class RewardBatch:
     errors: list[str | None] = field(default_factory=list)
 
 
-class _Outcome(NamedTuple):
-    status: str  # "ok" | "error" | "timeout"
-    score: float = 0.0
-    subs: dict | None = None
-    kind: str = ""
-    message: str = ""
-    trace: str = ""
-
-
 @dataclass(frozen=True)
 class _Bound:
     domain: RewardDomain  # its fn has the configured parameters bound
@@ -113,153 +84,6 @@ def ground_truth_of(row: Mapping[str, Any]) -> Any:
     if gt is None and isinstance(row.get("reward_model"), Mapping):
         gt = row["reward_model"].get("ground_truth")
     return None if gt is None or (isinstance(gt, str) and not gt.strip()) else gt
-
-
-def _evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> _Outcome:
-    try:
-        result = domain(prompt, response, ground_truth, extra)
-        score = float(result.score)
-        if not math.isfinite(score):
-            raise ValueError(f"the domain returned a non-finite score {score}")
-        subs = {}
-        for key, value in result.sub_scores.items():
-            if key in _RESERVED_SUBS:
-                raise ValueError(f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it")
-            subs[str(key)] = float(value)
-        return _Outcome("ok", score, subs)
-    except Exception as e:
-        return _Outcome("error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}"[:1000], trace=traceback.format_exc()[-3000:])
-
-
-# -- worker processes -----------------------------------------------------------------------------
-
-
-def _worker_main(conn: Any) -> None:
-    """A worker: receives ``(job, pickled domain, args)``, answers ``("done", job, outcome)``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    domains: dict[bytes, RewardDomain] = {}
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        job, spec, args = msg
-        domain = domains.get(spec)
-        if domain is None:
-            try:
-                domain = domains[spec] = pickle.loads(spec)
-                warmup = getattr(getattr(domain.fn, "func", domain.fn), WARMUP_ATTR, None)  # fn may be a partial
-                if callable(warmup):
-                    warmup()
-            except Exception as e:
-                conn.send(("done", job, _Outcome("error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}")))
-                continue
-            conn.send(("loaded", job))
-        conn.send(("done", job, _evaluate(domain, *args)))
-
-
-class _Worker:
-    def __init__(self, ctx: Any) -> None:
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="armor-reward-worker")
-        self.proc.start()
-        child.close()
-        self.started = time.monotonic()
-        self.ready = False
-        self.job: int | None = None
-        self.spec: bytes | None = None
-        self.deadline = math.inf
-        self.loaded: set[bytes] = set()
-
-    def stop(self, kill: bool) -> None:
-        if not kill:
-            try:
-                self.conn.send(None)
-                self.proc.join(1.0)
-            except (OSError, ValueError):
-                pass
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5.0)
-        self.conn.close()
-
-
-def _stop_all(workers: list[_Worker]) -> None:
-    for w in workers:
-        w.stop(kill=False)
-    workers.clear()
-
-
-class _Pool:
-    """``size`` spawned processes; one check at a time each; a check past ``timeout_s`` kills its worker."""
-
-    def __init__(self, size: int, timeout_s: float) -> None:
-        self._ctx = mp.get_context("spawn")
-        self.timeout_s = timeout_s
-        self._workers = [_Worker(self._ctx) for _ in range(size)]
-        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
-
-    def _replace(self, w: _Worker) -> None:
-        w.stop(kill=True)
-        self._workers[self._workers.index(w)] = _Worker(self._ctx)
-
-    def run(self, jobs: Sequence[tuple[bytes, tuple]]) -> list[_Outcome]:
-        results: list[_Outcome | None] = [None] * len(jobs)
-        queue, remaining = deque(range(len(jobs))), len(jobs)
-        while remaining:
-            now = time.monotonic()
-            for w in list(self._workers):
-                if w.ready and w.job is None and queue:
-                    job = queue.popleft()
-                    try:
-                        w.conn.send((job, *jobs[job]))
-                    except (BrokenPipeError, ConnectionResetError):  # died while idle: retry the row on its replacement
-                        queue.appendleft(job)
-                        self._replace(w)
-                        continue
-                    w.job, w.spec = job, jobs[job][0]
-                    w.deadline = now + (self.timeout_s if w.spec in w.loaded else max(_LOAD_TIMEOUT_S, self.timeout_s))
-                elif not w.ready and now - w.started > _START_TIMEOUT_S:
-                    raise RuntimeError(f"a reward worker process did not start within {_START_TIMEOUT_S:.0f} s")
-            waiting = [w for w in self._workers if w.job is not None or not w.ready]
-            deadline = min([w.deadline for w in waiting if w.job is not None] + [now + 1.0])
-            by_conn = {w.conn: w for w in waiting}
-            for conn in wait_for_connections(list(by_conn), max(0.0, deadline - now)):
-                w = by_conn[conn]
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):  # the worker died: segfault, out-of-memory kill
-                    w.proc.join(5.0)  # reap it, for its exit code
-                    if not w.ready:
-                        raise RuntimeError(
-                            f"a reward worker process exited at start (exit code {w.proc.exitcode}); its error is printed above. Workers "
-                            "are spawned and import the driver's __main__ module again: guard a script with `if __name__ == '__main__':`"
-                        ) from None
-                    if w.job is not None:
-                        results[w.job] = _Outcome("error", kind="WorkerDied", message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row")
-                        remaining -= 1
-                    self._replace(w)
-                    continue
-                if msg[0] == "ready":
-                    w.ready = True
-                elif msg[0] == "loaded":
-                    w.loaded.add(w.spec)  # type: ignore[arg-type]
-                    w.deadline = time.monotonic() + self.timeout_s
-                elif msg[0] == "done" and msg[1] == w.job:
-                    results[w.job], w.job = msg[2], None
-                    remaining -= 1
-            now = time.monotonic()
-            for w in [w for w in self._workers if w.job is not None and w.deadline < now]:
-                results[w.job] = _Outcome("timeout", kind="timeout", message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed")
-                remaining -= 1
-                self._replace(w)
-        return results  # type: ignore[return-value]
-
-    def close(self) -> None:
-        self._finalizer()
 
 
 # -- the manager ----------------------------------------------------------------------------------

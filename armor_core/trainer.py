@@ -157,14 +157,15 @@ class Trainer:
         self._load(path)
         print(f"resumed from {path} at step {self.step}")
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: Path, restore_guards: bool = True) -> None:
         state = self.ckpt.trainer_state(path)
         self.actor.call("load_checkpoint", str(path))
         if self.critic is not None:
             self.critic.call("load_checkpoint", str(path))
         self.step = int(state["step"])
         self.loader.load_state_dict(state["loader"])
-        self.guard.load_state_dict(state.get("guard", {}))
+        if restore_guards:  # on a rollback the guards keep what they learned, e.g. how often they rolled back
+            self.guard.load_state_dict(state.get("guard", {}))
         if self.kl_ctrl is not None and "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.val_history = state.get("val_history", [])
@@ -188,7 +189,10 @@ class Trainer:
 
     def _score(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
         nt = batch.non_tensors
-        out = self.rewards.score(list(nt["raw_prompt"]), self._decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"]))
+        lengths = batch["response_mask"].sum(-1).tolist()
+        # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
+        extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
+        out = self.rewards.score(list(nt["raw_prompt"]), self._decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), extras)
         return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics)
 
     def train_step(self) -> dict[str, float]:
@@ -249,7 +253,8 @@ class Trainer:
             adv, ret = call_with_params(self.estimator.fn, rewards, mask, index, available=available, extra=a.adv_kwargs, where="algorithm.adv_kwargs")
             batch["advantages"], batch["returns"] = adv.float(), ret.float()
         adv_stats = _masked_stats("critic/advantages", adv, mask)
-        verdicts.append(self.guard.observe("advantage", adv_stats, self.step + 1))
+        pre_update = {**adv_stats, **{k: v for k, v in metrics.items() if k.startswith("rollout/")}}
+        verdicts.append(self.guard.observe("advantage", pre_update, self.step + 1))
         metrics.update(adv_stats)
         metrics.update(_masked_stats("critic/returns", ret, mask))
 
@@ -266,7 +271,11 @@ class Trainer:
             with timer("update_weights"):
                 self.actor.call("sync_weights")
         self.step += 1
-        after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith("actor/")}, self.step)
+        after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step)
+        adjustments = {k: v for verdict in (*verdicts, after) for k, v in verdict.adjustments.items()}
+        if adjustments:  # applied from the next update on, identically on every rank
+            self.actor.call("apply_adjustments", adjustments)
+            metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
         if after.action == "rollback" or any(v.action == "rollback" for v in verdicts):
             self._rollback(metrics)
 
@@ -295,7 +304,7 @@ class Trainer:
             print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
             return
         position = self.loader.state_dict()
-        self._load(path)
+        self._load(path, restore_guards=False)
         self.loader.load_state_dict(position)  # roll back the weights, not the data: the offending batches are skipped
         print(f"step {self.step}: rolled back to {path.name}")
 

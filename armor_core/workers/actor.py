@@ -210,10 +210,27 @@ class ActorWorker:
                 self.scheduler.step()
                 add("actor/skipped_updates", 0.0)
         self.global_step = step
-        metrics = {k: sum(v) / len(v) for k, v in sums.items()}
+        # extremes stay extremes: averaging a max over micro-batches would hide the spike a guard watches
+        reduce = {"max": max, "min": min}
+        metrics = {k: reduce[k.rsplit("_", 1)[-1]](v) if k.endswith(("_max", "_min")) else sum(v) / len(v) for k, v in sums.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(self.guard.pop_metrics())
         return metrics
+
+    ADJUSTABLE = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
+
+    def apply_adjustments(self, adjustments: dict[str, float]) -> None:
+        """Coefficients a guard changed (absolute values). ``lr`` is the base rate the schedule scales."""
+        for key, value in adjustments.items():
+            if key not in self.ADJUSTABLE:
+                raise ValueError(f"a guard asked to adjust {key!r}; adjustable: {', '.join(self.ADJUSTABLE)}")
+            if key == "lr":
+                self.scheduler.base_lrs = [float(value)] * len(self.optimizer.param_groups)
+                factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = float(value) * factor
+            else:
+                setattr(self.cfg.actor, key, float(value))
 
     # -- checkpoints ----------------------------------------------------------------------------
 

@@ -63,3 +63,33 @@ def test_custom_guard_plugin_runs_in_order_with_builtins():
         v = runner.observe("grad", {"grad_norm": 3.0}, 1)
         assert (v.action, v.scale) == ("scale", 0.5)
         assert runner.observe("grad", {"grad_norm": float("nan")}, 2).action == "skip"  # nan > 2 is False; non_finite catches it
+
+
+def test_adjustments_of_all_guards_are_merged_cautiously():
+    class Adjusters:
+        @hookimpl
+        def armor_register_stability_guards(self, register):
+            def make(adj):
+                class G:
+                    def __init__(self):
+                        pass
+
+                    def observe(self, stage, stats, step):
+                        return Verdict("adjust", "x", adjustments=dict(adj))
+
+                    def state_dict(self):
+                        return {}
+
+                    def load_state_dict(self, state):
+                        pass
+
+                return G
+
+            register("lower_lr", make({"lr": 1e-5, "kl_loss_coef": 0.01}))
+            register("lower_lr_more", make({"lr": 5e-6, "kl_loss_coef": 0.002, "clip_ratio_high": 0.1}))
+
+    with registered(Adjusters()):
+        runner = GuardRunner([{"name": "lower_lr"}, {"name": "lower_lr_more"}])
+        v = runner.observe("update", {}, 1)
+    assert v.action == "adjust"
+    assert v.adjustments == {"lr": 5e-6, "kl_loss_coef": 0.01, "clip_ratio_high": 0.1}

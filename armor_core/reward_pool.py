@@ -1,0 +1,196 @@
+"""Reward checks in worker processes, under a hard time limit: the pool behind ``RewardManager``.
+
+Verifiers can hang (sympy on ``2^{10^{10}}``, pathological LaTeX). ``signal.alarm`` works only in
+the main thread of the main interpreter (not in a trainer thread or a Ray actor's call), so the
+limit is enforced from outside: a ``_Pool`` runs each check in one of its worker processes and
+kills and replaces a worker whose check exceeds ``timeout_s``; the row gets a ``timeout`` outcome.
+A worker that dies (segfault, out-of-memory kill) gives its row an error outcome and is replaced.
+
+Workers are started with ``spawn`` (safe from a threaded driver, unlike ``fork``; a script that
+builds a RewardManager must guard its entry point with ``if __name__ == "__main__":``, since spawned
+workers import ``__main__`` again). Each domain reaches them pickled by reference, i.e. imported by
+module and name, as a plugin manager would. The clock of a check starts once the worker has
+imported the domain and run its ``fn.armor_warmup()``, if it has one (the math domain imports sympy
+there, ~1 s): otherwise a limit shorter than that import would kill every fresh worker on its first
+row, forever.
+
+``_evaluate`` (one check, its exceptions turned into an outcome) lives here because both sides run
+it: a worker for each job, and the manager in its own process for an inline domain.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import pickle
+import signal
+import time
+import traceback
+import weakref
+from collections import deque
+from multiprocessing.connection import wait as wait_for_connections
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+
+if TYPE_CHECKING:
+    from armor_core.interfaces import RewardDomain
+
+__all__ = ["WARMUP_ATTR"]
+
+#: ``fn.armor_warmup``: a callable a worker runs once before the domain's first timed check.
+WARMUP_ATTR = "armor_warmup"
+_RESERVED_SUBS = ("score", "failures")
+_LOAD_TIMEOUT_S = 120.0  # a fresh worker importing a domain's module (sympy: ~1 s) is not the check
+_START_TIMEOUT_S = 120.0
+
+
+class _Outcome(NamedTuple):
+    status: str  # "ok" | "error" | "timeout"
+    score: float = 0.0
+    subs: dict | None = None
+    kind: str = ""
+    message: str = ""
+    trace: str = ""
+
+
+def _evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> _Outcome:
+    try:
+        result = domain(prompt, response, ground_truth, extra)
+        score = float(result.score)
+        if not math.isfinite(score):
+            raise ValueError(f"the domain returned a non-finite score {score}")
+        subs = {}
+        for key, value in result.sub_scores.items():
+            if key in _RESERVED_SUBS:
+                raise ValueError(f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it")
+            subs[str(key)] = float(value)
+        return _Outcome("ok", score, subs)
+    except Exception as e:
+        return _Outcome("error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}"[:1000], trace=traceback.format_exc()[-3000:])
+
+
+def _worker_main(conn: Any) -> None:
+    """A worker: receives ``(job, pickled domain, args)``, answers ``("done", job, outcome)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    domains: dict[bytes, RewardDomain] = {}
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job, spec, args = msg
+        domain = domains.get(spec)
+        if domain is None:
+            try:
+                domain = domains[spec] = pickle.loads(spec)
+                warmup = getattr(getattr(domain.fn, "func", domain.fn), WARMUP_ATTR, None)  # fn may be a partial
+                if callable(warmup):
+                    warmup()
+            except Exception as e:
+                conn.send(("done", job, _Outcome("error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}")))
+                continue
+            conn.send(("loaded", job))
+        conn.send(("done", job, _evaluate(domain, *args)))
+
+
+class _Worker:
+    def __init__(self, ctx: Any) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="armor-reward-worker")
+        self.proc.start()
+        child.close()
+        self.started = time.monotonic()
+        self.ready = False
+        self.job: int | None = None
+        self.spec: bytes | None = None
+        self.deadline = math.inf
+        self.loaded: set[bytes] = set()
+
+    def stop(self, kill: bool) -> None:
+        if not kill:
+            try:
+                self.conn.send(None)
+                self.proc.join(1.0)
+            except (OSError, ValueError):
+                pass
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5.0)
+        self.conn.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop(kill=False)
+    workers.clear()
+
+
+class _Pool:
+    """``size`` spawned processes; one check at a time each; a check past ``timeout_s`` kills its worker."""
+
+    def __init__(self, size: int, timeout_s: float) -> None:
+        self._ctx = mp.get_context("spawn")
+        self.timeout_s = timeout_s
+        self._workers = [_Worker(self._ctx) for _ in range(size)]
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+
+    def _replace(self, w: _Worker) -> None:
+        w.stop(kill=True)
+        self._workers[self._workers.index(w)] = _Worker(self._ctx)
+
+    def run(self, jobs: Sequence[tuple[bytes, tuple]]) -> list[_Outcome]:
+        results: list[_Outcome | None] = [None] * len(jobs)
+        queue, remaining = deque(range(len(jobs))), len(jobs)
+        while remaining:
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.ready and w.job is None and queue:
+                    job = queue.popleft()
+                    try:
+                        w.conn.send((job, *jobs[job]))
+                    except (BrokenPipeError, ConnectionResetError):  # died while idle: retry the row on its replacement
+                        queue.appendleft(job)
+                        self._replace(w)
+                        continue
+                    w.job, w.spec = job, jobs[job][0]
+                    w.deadline = now + (self.timeout_s if w.spec in w.loaded else max(_LOAD_TIMEOUT_S, self.timeout_s))
+                elif not w.ready and now - w.started > _START_TIMEOUT_S:
+                    raise RuntimeError(f"a reward worker process did not start within {_START_TIMEOUT_S:.0f} s")
+            waiting = [w for w in self._workers if w.job is not None or not w.ready]
+            deadline = min([w.deadline for w in waiting if w.job is not None] + [now + 1.0])
+            by_conn = {w.conn: w for w in waiting}
+            for conn in wait_for_connections(list(by_conn), max(0.0, deadline - now)):
+                w = by_conn[conn]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):  # the worker died: segfault, out-of-memory kill
+                    w.proc.join(5.0)  # reap it, for its exit code
+                    if not w.ready:
+                        raise RuntimeError(
+                            f"a reward worker process exited at start (exit code {w.proc.exitcode}); its error is printed above. Workers "
+                            "are spawned and import the driver's __main__ module again: guard a script with `if __name__ == '__main__':`"
+                        ) from None
+                    if w.job is not None:
+                        results[w.job] = _Outcome("error", kind="WorkerDied", message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row")
+                        remaining -= 1
+                    self._replace(w)
+                    continue
+                if msg[0] == "ready":
+                    w.ready = True
+                elif msg[0] == "loaded":
+                    w.loaded.add(w.spec)  # type: ignore[arg-type]
+                    w.deadline = time.monotonic() + self.timeout_s
+                elif msg[0] == "done" and msg[1] == w.job:
+                    results[w.job], w.job = msg[2], None
+                    remaining -= 1
+            now = time.monotonic()
+            for w in [w for w in self._workers if w.job is not None and w.deadline < now]:
+                results[w.job] = _Outcome("timeout", kind="timeout", message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed")
+                remaining -= 1
+                self._replace(w)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._finalizer()
