@@ -51,7 +51,7 @@ class DataConfig:
     val_size: int = f(500, "Rows generated for the held-out split of a built-in task (never seen in training).", ge=1)
     train_files: list = f(help="JSONL or Parquet files of rows {prompt, data_source, ground_truth, ...}.", factory=list)
     val_files: list = f(help="Held-out JSONL or Parquet files for validation.", factory=list)
-    train_batch_size: int = f(8, "Prompts per step (each is sampled rollout.n times).", ge=1)
+    train_batch_size: int = f(16, "Prompts per step (each is sampled rollout.n times).", ge=1)
     max_prompt_length: int = f(64, "Prompt tokens allowed; see truncation.", ge=1)
     truncation: str = f("drop", "What to do with a longer prompt: drop it (counted) or cut its left part, or error.", choices=["drop", "left", "error"])
     shuffle: bool = f(True, "Shuffle the training rows each epoch (seeded by trainer.seed).")
@@ -73,14 +73,14 @@ class RolloutConfig:
 
 @dataclass
 class ActorConfig:
-    lr: float = f(3e-5, "Learning rate (AdamW).", gt=0.0)
+    lr: float = f(5e-5, "Learning rate (AdamW).", gt=0.0)
     weight_decay: float = f(0.0, "AdamW weight decay.", ge=0.0)
     betas: list = f(help="AdamW betas.", factory=lambda: [0.9, 0.999])
     warmup_steps: int = f(0, "Linear learning-rate warm-up steps.", ge=0)
     lr_schedule: str = f("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine", "linear"])
     grad_clip: float = f(1.0, "Clip the global gradient norm to this value; 0 disables it.", ge=0.0)
     ppo_epochs: int = f(1, "Passes over each batch.", ge=1)
-    ppo_mini_batch_size: int = f(8, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1)
+    ppo_mini_batch_size: int = f(16, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1)
     micro_batch_size: int = f(64, "Rows per forward/backward on one worker (gradient accumulation).", ge=1)
     policy_loss: str = f("ppo_clip", "Policy loss (a registered `policy_loss` plugin).")
     policy_loss_kwargs: dict = f(help="Extra keyword arguments for the policy loss.", factory=dict)
@@ -146,20 +146,20 @@ class GuardConfig:
 class EngineConfig:
     address: Optional[str] = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
     num_cpus: Optional[int] = f(None, "CPUs for a local Ray cluster; default: all.")
-    cpus_per_worker: float = f(1.0, "CPUs reserved for each worker process.", gt=0.0)
+    cpus_per_worker: float = f(2.0, "CPUs reserved for each worker process (its torch thread count).", gt=0.0)
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
     colocate: bool = f(True, "Run rollout, actor and reference in one worker process (saves memory and weight transfers).")
 
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = f(20, "Training steps.", ge=0)
+    total_steps: int = f(250, "Training steps.", ge=0)
     total_epochs: Optional[int] = f(None, "Stop after this many passes over the data, if reached first.")
     seed: int = f(1, "Seed for data order, sampling and initialisation.")
     run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
     save_freq: int = f(0, "Checkpoint every N steps; 0 saves only at the end.", ge=0)
     keep_checkpoints: int = f(2, "Checkpoints kept on disk (oldest removed first).", ge=1)
-    val_freq: int = f(0, "Validate every N steps; 0 validates only before and after training.", ge=0)
+    val_freq: int = f(50, "Validate every N steps; 0 validates only before and after training.", ge=0)
     val_before_train: bool = f(True, "Validate before the first step (the 'before' of the summary).")
     val_sampled: bool = f(False, "Also report sampled (temperature) accuracy in validation, besides greedy.")
     loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"])

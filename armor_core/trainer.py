@@ -397,7 +397,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = Console(highlight=False)
+    c = Console(highlight=False, soft_wrap=True)
     table = Table(title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s")
     table.add_column("")
     table.add_column("before", justify="right")
