@@ -48,7 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse will not take positionals after options (`armor run cfg.yaml --resume actor.lr=1e-5`):
+    # key=value leftovers are config overrides wherever they stand
+    stray = [a for a in extra if "=" not in a or a.startswith("-")]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     if args.version:
         from armor_core import __version__
 

@@ -32,7 +32,7 @@ def test_each_command_has_help(cmd, capsys):
 def test_print_config_applies_overrides(capsys):
     assert main(["run", "--print-config", "actor.lr=7e-6", "rollout.n=3"]) == 0
     out = capsys.readouterr().out
-    assert "lr: 7.0e-06" in out and "n: 3" in out
+    assert "lr: 7.0e-06" in out and "'n': 3" in out  # YAML 1.1 quotes the key n (it reads as a boolean)
 
 
 def test_config_error_is_one_line_with_exit_code_2(capsys):
@@ -50,3 +50,11 @@ def test_unknown_plugin_in_config_is_an_error(capsys):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "armor_core.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("armor ")
+
+
+def test_overrides_may_follow_options(capsys):
+    assert main(["run", "--print-config", "actor.lr=7e-6", "--dry-run", "rollout.top_k=5"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 7.0e-06" in out and "top_k: 5" in out
+    with pytest.raises(SystemExit):
+        main(["plugins", "actor.lr=1"])
