@@ -131,6 +131,8 @@ def load_model(path: str | Path, dtype: str = "float32") -> "PreTrainedModel":
 def build_char_tokenizer(chars: Iterable[str]) -> "PreTrainedTokenizerFast":
     """A character-level tokenizer: one token per character of ``chars``, plus <pad> <eos> <bos> <unk>.
 
+    ``chars`` is any iterable of strings; every distinct character in them becomes one token.
+
     Encoding prepends <bos> (so the first real character has a context token, and HF and vLLM
     tokenise a prompt the same way since both add special tokens by default); characters not in
     ``chars`` become <unk>. Ids: pad 0, eos 1, bos 2, unk 3, then ``chars`` in sorted order.
@@ -140,9 +142,6 @@ def build_char_tokenizer(chars: Iterable[str]) -> "PreTrainedTokenizerFast":
 
     alphabet = sorted(set("".join(chars)))
     specials = list(SPECIAL_TOKENS.values())
-    clash = [c for c in alphabet if c in specials]
-    if clash:
-        raise ValueError(f"build_char_tokenizer: characters {clash} collide with special tokens")
     vocab = {tok: i for i, tok in enumerate(specials + alphabet)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk"]))
     # [\s\S] is any character including newlines ('.' would skip them)

@@ -59,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="rows per step (default: 64)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default: 1e-3)")
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps (default: 20)")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], default="constant", help="after warm-up: constant, or decay to 0 at --steps (default: constant)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: 0)")
     p.add_argument("--eval-every", type=int, default=50, help="evaluate held-out greedy accuracy every N steps (default: 50)")
     p.add_argument("--stop-at-accuracy", type=float, default=None, help="stop at the first evaluation with held-out accuracy >= this (e.g. 0.5)")
@@ -144,7 +145,7 @@ def _encode_pairs(tokenizer: "PreTrainedTokenizerBase", rows: list[dict[str, str
     """Each row as (prompt ids + response ids + EOS, number of prompt tokens)."""
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("armor sft: the tokenizer has no EOS token; the model must learn to stop")
+        raise ValueError("the tokenizer has no EOS token; the model must learn to stop")
     out = []
     for r in rows:
         p = tokenizer(r["prompt"])["input_ids"]
@@ -193,6 +194,22 @@ def evaluate_greedy(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBas
     return correct / max(len(rows), 1)
 
 
+def _lr_factor(warmup: int, schedule: str, total: int):
+    """Multiplier of the peak lr at optimizer step ``s`` (0-based): linear warm-up, then the schedule."""
+    if schedule not in ("constant", "cosine", "linear"):
+        raise ValueError(f"lr_schedule={schedule!r} is not one of 'constant', 'cosine', 'linear'")
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (s - warmup) / (total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+    return factor
+
+
 def run_sft(
     model: "PreTrainedModel",
     tokenizer: "PreTrainedTokenizerBase",
@@ -203,6 +220,7 @@ def run_sft(
     batch_size: int = 64,
     lr: float = 1e-3,
     warmup_steps: int = 20,
+    lr_schedule: str = "constant",
     weight_decay: float = 0.0,
     eval_every: int = 50,
     stop_at_accuracy: float | None = None,
@@ -218,15 +236,17 @@ def run_sft(
     import torch
 
     if not train_rows:
-        raise ValueError("armor sft: no training rows")
+        raise ValueError("no training rows")
+    if not val_rows:
+        raise ValueError("no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is held out)")
     encoded = _encode_pairs(tokenizer, train_rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(warmup_steps, lr_schedule, steps))
     order: list[int] = []
     history: list[tuple[int, float, float | None]] = []
-    acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens) if val_rows else float("nan")
+    acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
     log(f"step 0: held-out greedy accuracy {acc:.3f} on {len(val_rows)} rows")
     t0 = time.perf_counter()
     model.train()
@@ -248,7 +268,7 @@ def run_sft(
         step += 1
         loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
         if step % eval_every == 0 or step == steps:
-            acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens) if val_rows else float("nan")
+            acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
             mean_loss = loss_sum / loss_n
             history.append((step, mean_loss, acc))
             log(f"step {step}/{steps}: loss {mean_loss:.4f}  held-out greedy accuracy {acc:.3f}  lr {sched.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:.1f}s")
@@ -310,7 +330,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / {len(val_rows)} held-out rows from {source}")
     result = run_sft(
         model, tokenizer, train_rows, val_rows,
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
         weight_decay=args.weight_decay, eval_every=args.eval_every, stop_at_accuracy=args.stop_at_accuracy,
         max_new_tokens=args.max_new_tokens, seed=args.seed,
     )
@@ -318,7 +338,7 @@ def _main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    record = {k: v for k, v in vars(args).items() if k != "func"}
+    record = {k: v for k, v in vars(args).items() if k not in ("func", "command", "version")}  # this command's own options
     summary = {"args": record, "parameters": n_params, "steps": result["steps"], "val_accuracy": result["val_accuracy"], "history": result["history"]}
     (out / "armor_sft.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy {result['val_accuracy']:.3f}")

@@ -1,0 +1,235 @@
+"""The ``hf`` rollout backend: sampling with a transformers causal LM, in the worker's own process.
+
+It runs its own decoding loop over the model's forward with a KV cache instead of calling
+``model.generate``: the loop is a few lines, and owning it means the log-probability recorded
+for each token is exactly the one of the distribution it was drawn from, and that none of
+``generate``'s defaults (``generation_config.top_k = 50``, repetition penalties, ...) slips in.
+
+Log-probs: ``rollout_log_probs`` is ``log_softmax(logits / T)`` of the sampled token, *before*
+top-k / top-p truncation, with ``T`` the sampling temperature (1 when it is 0). That is the
+distribution the actor recomputes (``armor_core.workers.common.response_log_probs`` divides by
+the same temperature), so on-policy the PPO ratio starts at 1 up to float noise. With top-k or
+top-p < 1 the tokens were actually drawn from the renormalised truncated distribution; the
+untruncated log-prob is what vLLM reports too. Greedy decoding records the same quantity for the
+argmax token.
+
+Randomness comes from torch's global generator (the trainer seeds it), so a seeded run samples
+the same tokens again on the same hardware.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from armor_core import hookimpl
+
+__all__ = ["HFRollout", "sample_next_token"]
+
+_OVERRIDES = ("temperature", "top_p", "top_k", "max_new_tokens", "greedy", "do_sample", "n")
+# wrappers whose prefixes appear in parameter names sent by a trainer (DDP, torch.compile)
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+def sample_next_token(logits: torch.Tensor, *, greedy: bool, temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose one token per row and return it with its log-prob.
+
+    :param logits: (bs, vocab) next-token logits.
+    :returns: ``tokens`` (bs,) int64 and ``log_probs`` (bs,) float32, where ``log_probs`` is
+        ``log_softmax(logits / T)[token]`` before top-k / top-p truncation (T = 1 when temperature is 0).
+    """
+    logits = logits.float()
+    t = temperature if temperature > 0 else 1.0
+    logp = F.log_softmax(logits / t, dim=-1)
+    if greedy or temperature <= 0:
+        tokens = logits.argmax(dim=-1)
+    else:
+        scaled = logits / t
+        vocab = scaled.shape[-1]
+        if 0 < top_k < vocab:
+            kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if top_p < 1.0:
+            # nucleus (Holtzman et al., 2020): keep the smallest prefix of the sorted distribution
+            # whose mass reaches top_p; a token is dropped when the mass *before* it already does
+            sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+            probs = sorted_logits.softmax(dim=-1)
+            drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+            drop_sorted[:, 0] = False
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scaled = scaled.masked_fill(drop, float("-inf"))
+        tokens = torch.multinomial(scaled.softmax(dim=-1), num_samples=1).squeeze(-1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
+    if not ids:
+        raise ValueError("hf rollout: neither the tokenizer nor the model's generation_config has an EOS token; responses would never end")
+    return sorted(ids)
+
+
+class HFRollout:
+    """Rollout backend ``hf``: ``HFRollout(model, tokenizer, config: RolloutConfig)``.
+
+    ``model`` may be the actor's own module (colocated: weight updates are then already visible
+    and ``update_weights`` copies nothing) or a separate copy (``update_weights`` loads into it).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        if getattr(config, "backend_kwargs", None):
+            raise ValueError(f"rollout.backend_kwargs={dict(config.backend_kwargs)!r}: the hf backend takes no extra arguments")
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, prompts: Any, **overrides: Any) -> Any:
+        """Sample responses for left-padded prompts.
+
+        :param prompts: DataProto with ``input_ids``, ``attention_mask`` and optionally
+            ``position_ids``, each (bs, P).
+        :param overrides: ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``, ``greedy``
+            (argmax decoding), ``do_sample`` (False means greedy), ``n`` (samples per prompt,
+            rows repeated interleaved: a, a, b, b).
+        :returns: DataProto (bs * n rows) with ``prompts`` (bs, P); ``responses`` (bs, R),
+            R = max_new_tokens, right-padded with the pad id; ``response_mask`` (bs, R), 1 up to
+            and including the EOS token; ``input_ids``, ``attention_mask``, ``position_ids``
+            (bs, P + R) of the whole sequence; ``rollout_log_probs`` (bs, R), 0 outside the
+            mask. Non-tensor columns and meta_info are carried over.
+        """
+        from armor_core.protocol import DataProto
+
+        unknown = sorted(set(overrides) - set(_OVERRIDES))
+        if unknown:
+            raise TypeError(f"HFRollout.generate: unknown sampling override(s) {unknown}; accepted: {', '.join(_OVERRIDES)}")
+        cfg = self.config
+        temperature = float(overrides.get("temperature", cfg.temperature))
+        top_p = float(overrides.get("top_p", cfg.top_p))
+        top_k = int(overrides.get("top_k", cfg.top_k))
+        max_new = int(overrides.get("max_new_tokens", cfg.max_new_tokens))
+        greedy = bool(overrides.get("greedy", False)) or overrides.get("do_sample", True) is False or temperature <= 0
+        n = int(overrides.get("n", 1))
+        if max_new < 1 or n < 1:
+            raise ValueError(f"HFRollout.generate: max_new_tokens={max_new} and n={n} must be >= 1")
+        for key in ("input_ids", "attention_mask"):
+            if key not in prompts.tensors:
+                raise KeyError(f"HFRollout.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})")
+        if n > 1:
+            prompts = prompts.repeat(n, interleave=True)
+        input_ids, attention_mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"]
+        position_ids = prompts.tensors.get("position_ids")
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out_device = input_ids.device
+        device = next(self.model.parameters()).device
+        pieces = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, input_ids.shape[0], cfg.micro_batch_size):
+                    sl = slice(start, start + cfg.micro_batch_size)
+                    pieces.append(
+                        self._generate_micro_batch(
+                            input_ids[sl].to(device), attention_mask[sl].to(device), position_ids[sl].to(device),
+                            max_new=max_new, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                        )
+                    )
+        finally:
+            self.model.train(was_training)
+        if pieces:
+            responses, response_mask, log_probs = (torch.cat(parts).to(out_device) for parts in zip(*pieces))
+        else:
+            responses = torch.zeros((0, max_new), dtype=torch.long, device=out_device)
+            response_mask, log_probs = torch.zeros_like(responses), torch.zeros((0, max_new), device=out_device)
+        steps = torch.arange(1, max_new + 1, device=out_device, dtype=position_ids.dtype)
+        last_pos = position_ids[:, -1:] if position_ids.shape[1] else torch.full((responses.shape[0], 1), -1, dtype=position_ids.dtype, device=out_device)
+        tensors = {
+            "prompts": input_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": torch.cat([attention_mask.to(response_mask.dtype), response_mask], dim=1),
+            "position_ids": torch.cat([position_ids, last_pos + steps], dim=1),
+            "rollout_log_probs": log_probs,
+        }
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info))
+
+    def _generate_micro_batch(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, *, max_new: int, greedy: bool,
+                              temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device."""
+        b = ids.shape[0]
+        # left padding shared by every row is dropped: masked positions change nothing but cost compute
+        real_cols = (mask != 0).any(dim=0).nonzero()
+        first = int(real_cols[0]) if len(real_cols) else 0
+        step_ids, attn, step_pos = ids[:, first:], mask[:, first:].long(), pos[:, first:]
+        next_pos = pos[:, -1:] + 1
+        eos = torch.tensor(self.eos_token_ids, device=ids.device)
+        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=ids.device)
+        resp_mask = torch.zeros((b, max_new), dtype=torch.long, device=ids.device)
+        log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=ids.device)
+        done = torch.zeros(b, dtype=torch.bool, device=ids.device)
+        past = None
+        for t in range(max_new):
+            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            tokens, lp = sample_next_token(out.logits[:, -1, :], greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
+            live = ~done
+            responses[:, t] = torch.where(live, tokens, torch.full_like(tokens, self.pad_token_id))
+            resp_mask[:, t] = live.long()
+            log_probs[:, t] = torch.where(live, lp, torch.zeros_like(lp))
+            done = done | (live & torch.isin(tokens, eos))
+            if bool(done.all()):
+                break
+            step_ids = responses[:, t : t + 1]
+            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=attn.device)], dim=1)
+            step_pos = next_pos + t
+        return responses, resp_mask, log_probs
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the policy's new ``(name, tensor)`` pairs (e.g. ``actor.state_dict().items()``).
+
+        Tensors that already are this model's own storage (a colocated actor sharing its module)
+        are skipped, so colocated sync costs no copy. ``module.`` / ``_orig_mod.`` prefixes from
+        DDP or torch.compile are stripped; an unknown name or a shape mismatch is an error.
+        """
+        own = dict(self.model.named_parameters())
+        own.update(dict(self.model.named_buffers()))
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                key = name
+                for prefix in _PREFIXES:
+                    while key.startswith(prefix):
+                        key = key[len(prefix) :]
+                target = own.get(key)
+                if target is None:
+                    close = difflib.get_close_matches(key, list(own), n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    raise KeyError(f"hf rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}")
+                if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
+                    tensor = tensor.full_tensor()
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ValueError(f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {tuple(target.shape)}")
+                if tensor.data_ptr() == target.data_ptr() and tensor.device == target.device:
+                    continue
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+
+@hookimpl
+def armor_register_rollout_backends(register) -> None:
+    register("hf", HFRollout)
