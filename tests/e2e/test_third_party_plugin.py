@@ -19,7 +19,7 @@ def installed_dist(tmp_path):
     pkg.mkdir()
     (tmp_path / "pyproject.toml").write_text(textwrap.dedent(f"""
         [build-system]
-        requires = ["setuptools>=68"]
+        requires = ["setuptools"]
         build-backend = "setuptools.build_meta"
 
         [project]
