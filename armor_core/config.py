@@ -146,7 +146,8 @@ class GuardConfig:
 class EngineConfig:
     address: Optional[str] = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
     num_cpus: Optional[int] = f(None, "CPUs for a local Ray cluster; default: all.")
-    cpus_per_worker: float = f(2.0, "CPUs reserved for each worker process (its torch thread count).", gt=0.0)
+    cpus_per_worker: Optional[float] = f(None, "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the workers.", gt=0.0)
+    isolate: bool = f(True, "ProcessIsolator: pin each worker to cores (and GPUs) of its own and check no two share one (local clusters).")
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
     colocate: bool = f(True, "Run rollout, actor and reference in one worker process (saves memory and weight transfers).")
 
@@ -165,6 +166,7 @@ class TrainerConfig:
     loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
+    faults: list = f(help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout (see armor_core/faults.py).", factory=list)
 
 
 @dataclass
@@ -247,6 +249,12 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}")
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
+    from armor_core.faults import parse_faults
+
+    try:
+        parse_faults(cfg.trainer.faults)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     for i, g in enumerate(cfg.guard.guards):
         if not isinstance(g, (dict, DictConfig)) or "name" not in g:
             raise ConfigError(f"guard.guards[{i}]={g!r}: each guard is {{name: ..., params: {{...}}}}")

@@ -112,6 +112,9 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         self.guard = GuardRunner(cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable)
+        from armor_core.faults import Faults
+
+        self.faults = Faults(cfg.trainer.faults)
         self.kl_ctrl = None
         if cfg.algorithm.use_kl_in_reward:
             from armor_plugins.losses.kl import build_kl_controller
@@ -133,21 +136,34 @@ class Trainer:
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
 
+        from armor_core.isolation import ProcessIsolator, detect_available_cpus
+
         e, a = self.cfg.engine, self.cfg.actor
-        needs_critic = self.estimator.requires_critic
-        n_workers = a.num_workers * (2 if needs_critic else 1)
+        groups = {"actor": a.num_workers, **({"critic": a.num_workers} if self.estimator.requires_critic else {})}
+        n_workers = sum(groups.values())
+        cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
+        self.cfg.engine.cpus_per_worker = cpus  # workers read their thread count from it
+        # isolate before any worker starts: a plan with two workers on one core is an error now, not a slow run later
+        isolator, plan = None, {}
+        if e.isolate and not e.address:
+            isolator = ProcessIsolator(cpus, e.gpus_per_worker, self.cfg.trainer.seed)
+            for asg in isolator.plan(groups):
+                plan.setdefault(asg.group, []).append({"assignment": {"group": asg.group, "rank": asg.rank, "cpus": list(asg.cpus), "gpus": list(asg.gpus), "node": asg.node}})
         t0 = time.perf_counter()
-        init_ray(e.address, e.num_cpus, n_workers * e.cpus_per_worker)
+        init_ray(e.address, e.num_cpus, n_workers * cpus)
         self.startup_s = {"ray_init": time.perf_counter() - t0}
         conf = to_dict(self.cfg)
         t0 = time.perf_counter()
-        self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=e.cpus_per_worker, gpus_per_worker=e.gpus_per_worker,
-                                 name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)})
+        self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
+                                 name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"))
         self.critic = None
-        if needs_critic:
-            self.critic = WorkerGroup(CriticWorker, a.num_workers, cpus_per_worker=e.cpus_per_worker, gpus_per_worker=e.gpus_per_worker,
-                                      name="critic", init_kwargs={"config": conf})
+        if "critic" in groups:
+            self.critic = WorkerGroup(CriticWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
+                                      name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"))
         self.startup_s["workers"] = time.perf_counter() - t0
+        if isolator is not None:
+            records = [r for g in (self.actor, self.critic) if g is not None for r in g.call("isolation_record")]
+            isolator.report(records, self.run_dir, echo=False)
 
     def _resume(self) -> None:
         path = self.ckpt.latest()
@@ -204,13 +220,15 @@ class Trainer:
             prompts = self.loader.next_batch()
             gen_in = prompts.repeat(cfg.rollout.n, interleave=True)
         with timer("gen"):
-            out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]))
+            stale = self.faults.at("stale_rollout", self.step + 1) is not None
+            out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
         batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
         mask = batch["response_mask"].float()
         resp_len = mask.sum(-1)
 
         with timer("reward"):
             scores, reward_metrics = self._score(batch)
+            scores = self._inject_reward_faults(scores)
         metrics.update(reward_metrics)
         last = (resp_len - 1).clamp(min=0).long()
         token_scores = torch.zeros_like(mask)
@@ -266,7 +284,7 @@ class Trainer:
                 with timer("update_critic"):
                     metrics.update(self.critic.dispatch("update_critic", batch, self.step + 1))
             with timer("update_actor"):
-                update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob") if k in batch])
+                update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs") if k in batch])
                 metrics.update(self.actor.dispatch("update_actor", update_in, self.step + 1))
             with timer("update_weights"):
                 self.actor.call("sync_weights")
@@ -296,6 +314,17 @@ class Trainer:
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / step_s
         return metrics
+
+    def _inject_reward_faults(self, scores: torch.Tensor) -> torch.Tensor:
+        step = self.step + 1
+        if self.faults.at("flip_reward", step):
+            scores = 1.0 - scores
+        if self.faults.at("random_reward", step):
+            scores = torch.rand(scores.shape, generator=torch.Generator().manual_seed(step))
+        if self.faults.at("inf_reward", step):
+            scores = scores.clone()
+            scores[0] = float("inf")
+        return scores
 
     def _rollback(self, metrics: dict[str, float]) -> None:
         path = self.ckpt.latest()

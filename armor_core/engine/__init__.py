@@ -61,7 +61,8 @@ def balanced_split(token_counts: np.ndarray, n: int) -> list[np.ndarray]:
 class WorkerGroup:
     """N Ray actors of ``worker_cls`` acting as data-parallel ranks."""
 
-    def __init__(self, worker_cls: type, n: int, *, cpus_per_worker: float, gpus_per_worker: float, name: str, init_kwargs: dict[str, Any]) -> None:
+    def __init__(self, worker_cls: type, n: int, *, cpus_per_worker: float, gpus_per_worker: float, name: str, init_kwargs: dict[str, Any],
+                 rank_kwargs: list[dict[str, Any]] | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -79,7 +80,8 @@ class WorkerGroup:
             opts = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"armor-{name}-{rank}-{os.getpid()}",
                         scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
                         runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(max(1, int(cpus_per_worker)))}})
-            self.workers.append(remote_cls.options(**opts).remote(**init_kwargs, rank=rank, world_size=n))
+            per_rank = rank_kwargs[rank] if rank_kwargs else {}
+            self.workers.append(remote_cls.options(**opts).remote(**init_kwargs, **per_rank, rank=rank, world_size=n))
         # surface construction errors (bad model path, ...) now, naming the worker
         self.call("ping")
 

@@ -23,7 +23,7 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
-from armor_core.workers.common import quiet_transformers, forward_response_logits, iter_micro_batches, response_log_probs, scalar, seed_everything
+from armor_core.workers.common import isolate, quiet_transformers, forward_response_logits, iter_micro_batches, response_log_probs, scalar, seed_everything
 
 __all__ = ["ActorWorker"]
 
@@ -41,7 +41,7 @@ def _lr_lambda(warmup: int, schedule: str, total: int):
 
 
 class ActorWorker:
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None) -> None:
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None, assignment: dict | None = None) -> None:
         from armor_core.guard import GuardRunner
         from armor_core.models import load_model, load_tokenizer, resolve_model_path
         from armor_core.plugins import get_plugin_manager
@@ -49,7 +49,7 @@ class ActorWorker:
         self.cfg: ArmorConfig = from_dict(config)
         self.rank, self.world_size = rank, world_size
         cfg = self.cfg
-        torch.set_num_threads(max(1, int(cfg.engine.cpus_per_worker)))
+        self.isolation = isolate(assignment, cfg, rank)
         quiet_transformers()
         seed_everything(cfg.trainer.seed + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
@@ -82,12 +82,22 @@ class ActorWorker:
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         self.rollout = backend_cls(self.model, self.tokenizer, cfg.rollout)
         self.global_step = 0
+        from collections import deque
+
+        from armor_core.faults import Faults
+
+        self.faults = Faults(cfg.trainer.faults)
+        stale = self.faults.any("stale_rollout")
+        self._snapshots: deque = deque(maxlen=int(stale.value or 4) if stale else 0)
 
     def _init_distributed(self) -> None:
         import torch.distributed as dist
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=self.rank, world_size=self.world_size)
+
+    def isolation_record(self) -> dict:
+        return self.isolation
 
     def ping(self) -> dict:
         import os
@@ -96,7 +106,14 @@ class ActorWorker:
 
     # -- rollout --------------------------------------------------------------------------------
 
-    def generate(self, prompts: DataProto, greedy: bool = False) -> DataProto:
+    def generate(self, prompts: DataProto, greedy: bool = False, stale: bool = False) -> DataProto:
+        if stale and self._snapshots:  # fault injection: sample from old weights, then put the current ones back
+            current = {k: v.clone() for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict(self._snapshots[0])
+            try:
+                return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
+            finally:
+                self.model.load_state_dict(current)
         return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
 
     def sync_weights(self) -> float:
@@ -144,6 +161,29 @@ class ActorWorker:
             dist.all_reduce(counts)
         return float(counts[0]), float(counts[1])
 
+    def _mismatch(self, train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """Mean and max |log pi_train - log pi_rollout| over valid tokens, reduced over ranks."""
+        diff = (train_lp - rollout_lp).abs() * mask
+        total, count, mx = diff.sum().item(), mask.sum().item(), diff.max().item() if diff.numel() else 0.0
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor([total, count], dtype=torch.float64)
+            dist.all_reduce(t)
+            m = torch.tensor([mx], dtype=torch.float64)
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            total, count, mx = float(t[0]), float(t[1]), float(m[0])
+        return {"rollout/logprob_diff_mean": total / max(count, 1.0), "rollout/logprob_diff_max": mx}
+
+    def _global_sum(self, x: float) -> float:
+        if self.world_size == 1:
+            return x
+        import torch.distributed as dist
+
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t[0])
+
     def _agg(self, mat: torch.Tensor, mask: torch.Tensor, n_tok: float, n_seq: float) -> torch.Tensor:
         a = self.cfg.actor
         norm = a.loss_norm_constant if a.loss_norm_constant is not None else float(self.cfg.rollout.max_new_tokens)
@@ -161,6 +201,9 @@ class ActorWorker:
         def add(k: str, v: Any) -> None:
             sums.setdefault(k, []).append(scalar(v))
 
+        if self._snapshots.maxlen:
+            self._snapshots.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        first_forward = True
         loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
         gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000003 + step)
         for _ in range(a.ppo_epochs):
@@ -171,6 +214,7 @@ class ActorWorker:
                 n_tok, n_seq = self._global_counts(mask_all)
                 self.optimizer.zero_grad(set_to_none=True)
                 R = mini["responses"].shape[1]
+                mini_loss = 0.0
                 for sl in iter_micro_batches(len(mini), a.micro_batch_size):
                     mask = mask_all[sl]
                     logits = forward_response_logits(self.train_module, mini["input_ids"][sl].to(self.device), mini["attention_mask"][sl].to(self.device), mini["position_ids"][sl].to(self.device), R)
@@ -178,6 +222,12 @@ class ActorWorker:
                     # exactly on-policy (one update per batch): the old policy *is* this forward, so
                     # the ratio is 1 with the right gradient and the extra forward pass is skipped
                     old = log_prob.detach() if on_policy else mini["old_log_probs"][sl].to(self.device)
+                    if first_forward and "rollout_log_probs" in mini:
+                        # before the first optimizer step these weights are the ones the rollout
+                        # sampled with, so this forward measures the rollout/train mismatch for free
+                        mismatch = self._mismatch(log_prob.detach(), mini["rollout_log_probs"][sl].to(self.device), mask)
+                        for k, v in mismatch.items():
+                            add(k, v)
                     adv = mini["advantages"][sl].to(self.device)
                     loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
                     pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
@@ -191,13 +241,22 @@ class ActorWorker:
                     # DDP averages gradients over ranks; the aggregation already divides by global counts
                     (loss * self.world_size).backward()
                     add("actor/pg_loss", pg_loss)
+                    mini_loss += scalar(pg_loss)
                     add("actor/entropy", ent_loss)
                     for k, v in pm_metrics.items():
                         add(f"actor/{k}", v)
+                if self.faults.at("nan_grad", step):
+                    next(p for p in self.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf"))
                 gn = scalar(grad_norm)
                 add("actor/grad_norm", gn)
-                verdict = self.guard.observe("grad", {"grad_norm": gn, "pg_loss": sums["actor/pg_loss"][-1]}, step)
+                # every rank must reach the same verdict: the norm is already global after DDP's
+                # all-reduce, the loss is made global here (contributions sum to the batch loss)
+                stats = {"grad_norm": gn, "pg_loss": self._global_sum(mini_loss)}
+                if first_forward and "rollout/logprob_diff_mean" in sums:
+                    stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
+                first_forward = False
+                verdict = self.guard.observe("grad", stats, step)
                 if verdict.action in ("skip", "rollback"):
                     self.optimizer.zero_grad(set_to_none=True)
                     add("actor/skipped_updates", 1.0)
@@ -206,7 +265,15 @@ class ActorWorker:
                     for p in self.model.parameters():
                         if p.grad is not None:
                             p.grad.mul_(verdict.scale)
+                lr_fault = self.faults.at("lr_scale", step)
+                if lr_fault:
+                    saved = [g["lr"] for g in self.optimizer.param_groups]
+                    for g in self.optimizer.param_groups:
+                        g["lr"] *= lr_fault.value
                 self.optimizer.step()
+                if lr_fault:
+                    for g, lr in zip(self.optimizer.param_groups, saved):
+                        g["lr"] = lr
                 self.scheduler.step()
                 add("actor/skipped_updates", 0.0)
         self.global_step = step

@@ -12,6 +12,17 @@ import torch
 __all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar"]
 
 
+def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
+    """First thing in a worker: take the cores and GPUs the ProcessIsolator planned for it."""
+    from armor_core.isolation import Assignment, apply_assignment
+
+    if assignment is not None:
+        return apply_assignment(Assignment(assignment["group"], assignment["rank"], tuple(assignment["cpus"]), tuple(assignment["gpus"]), assignment.get("node", "")), cfg.trainer.seed)
+    threads = max(1, int(cfg.engine.cpus_per_worker or 1))
+    torch.set_num_threads(threads)
+    return {"pid": os.getpid(), "rank": rank, "threads": threads, "isolated": False}
+
+
 def quiet_transformers() -> None:
     """No per-worker progress bars for loading a model: they interleave on the driver's console."""
     from transformers.utils import logging as hf_logging

@@ -14,7 +14,7 @@ import torch
 
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.protocol import DataProto
-from armor_core.workers.common import quiet_transformers, iter_micro_batches, scalar, seed_everything
+from armor_core.workers.common import isolate, quiet_transformers, iter_micro_batches, scalar, seed_everything
 
 __all__ = ["CriticWorker", "ValueModel"]
 
@@ -34,7 +34,7 @@ class ValueModel(torch.nn.Module):
 
 
 class CriticWorker:
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, assignment: dict | None = None) -> None:
         from transformers import AutoModel
 
         from armor_core.models import resolve_model_path
@@ -42,7 +42,7 @@ class CriticWorker:
 
         self.cfg: ArmorConfig = from_dict(config)
         cfg = self.cfg
-        torch.set_num_threads(max(1, int(cfg.engine.cpus_per_worker)))
+        self.isolation = isolate(assignment, cfg, rank)
         quiet_transformers()
         seed_everything(cfg.trainer.seed + 7919 + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
@@ -51,6 +51,9 @@ class CriticWorker:
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
         self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
+
+    def isolation_record(self) -> dict:
+        return self.isolation
 
     def ping(self) -> dict:
         import os

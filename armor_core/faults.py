@@ -1,0 +1,60 @@
+"""Fault injection, for proving the StabilityGuard works (``benchmarks/stability.py``) and for tests.
+
+``trainer.faults`` lists faults as ``{kind, steps, value}``; nothing is injected unless a user
+asks. Kinds, and where they strike:
+
+- ``nan_grad`` (actor worker): one gradient element becomes NaN after backward, before clipping.
+- ``lr_scale`` (actor worker): the learning rate is multiplied by ``value`` for these updates.
+- ``flip_reward`` / ``random_reward`` (driver): scores become ``1 - score`` / uniform in [0, 1].
+- ``inf_reward`` (driver): one row's score becomes +Inf.
+- ``stale_rollout`` (actor worker): responses are sampled from the weights of ``value`` steps
+  ago (default 4) while the trainer believes they are on-policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+__all__ = ["FAULT_KINDS", "Faults", "parse_faults"]
+
+FAULT_KINDS = ("nan_grad", "lr_scale", "flip_reward", "random_reward", "inf_reward", "stale_rollout")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    steps: frozenset[int]
+    value: float | None = None
+
+
+def parse_faults(specs: Iterable[Mapping[str, Any]]) -> list[Fault]:
+    out = []
+    for i, spec in enumerate(specs):
+        where = f"trainer.faults[{i}]"
+        if not isinstance(spec, Mapping) or "kind" not in spec or "steps" not in spec:
+            raise ValueError(f"{where}={spec!r}: each fault is {{kind, steps, value}}")
+        extra = set(spec) - {"kind", "steps", "value"}
+        if extra:
+            raise ValueError(f"{where} has unknown keys {sorted(extra)}; allowed: kind, steps, value")
+        if spec["kind"] not in FAULT_KINDS:
+            raise ValueError(f"{where}.kind={spec['kind']!r}; one of {', '.join(FAULT_KINDS)}")
+        steps = spec["steps"]
+        if isinstance(steps, Mapping):  # {from: a, to: b} inclusive
+            steps = range(int(steps["from"]), int(steps["to"]) + 1)
+        out.append(Fault(spec["kind"], frozenset(int(s) for s in steps), None if spec.get("value") is None else float(spec["value"])))
+    return out
+
+
+class Faults:
+    def __init__(self, specs: Iterable[Mapping[str, Any]]) -> None:
+        self.faults = parse_faults(specs)
+
+    def at(self, kind: str, step: int) -> Fault | None:
+        for f in self.faults:
+            if f.kind == kind and step in f.steps:
+                return f
+        return None
+
+    def any(self, kind: str) -> Fault | None:
+        return next((f for f in self.faults if f.kind == kind), None)
