@@ -290,12 +290,7 @@ class Trainer:
                 self.actor.call("sync_weights")
         self.step += 1
         after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step)
-        adjustments = {k: v for verdict in (*verdicts, after) for k, v in verdict.adjustments.items()}
-        if adjustments:  # applied from the next update on, identically on every rank
-            self.actor.call("apply_adjustments", adjustments)
-            metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
-        if after.action == "rollback" or any(v.action == "rollback" for v in verdicts):
-            self._rollback(metrics)
+        self._act_on([*verdicts, after], metrics)
 
         n_tokens = float(batch["attention_mask"].sum())
         metrics.update({
@@ -314,6 +309,17 @@ class Trainer:
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / step_s
         return metrics
+
+    def _act_on(self, verdicts: list, metrics: dict[str, float]) -> None:
+        """Roll back if any guard asked, then apply every adjustment (after: a rollback restores the old optimizer)."""
+        if any(v.action == "rollback" for v in verdicts):
+            self._rollback(metrics)
+        from armor_core.guard import merge_adjustments
+
+        adjustments = merge_adjustments([v for v in verdicts if v.adjustments])
+        if adjustments:  # applied from the next update on, identically on every rank
+            self.actor.call("apply_adjustments", adjustments)
+            metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
 
     def _inject_reward_faults(self, scores: torch.Tensor) -> torch.Tensor:
         step = self.step + 1
@@ -383,7 +389,10 @@ class Trainer:
             while self.step < t.total_steps and (t.total_epochs is None or self.loader.epoch < t.total_epochs):
                 m = self.train_step()
                 if t.val_freq and self.step % t.val_freq == 0 and self.step < t.total_steps:
-                    m.update(self.validate())
+                    val = self.validate()
+                    m.update(val)
+                    self._act_on([self.guard.observe("validation", val, self.step)], m)
+                    m.update(self.guard.pop_metrics())
                 step_metrics.append(m)
                 self.log(m)
                 if t.save_freq and self.step % t.save_freq == 0:

@@ -72,6 +72,11 @@ class RewardCollapseGuard:
     :param rel_drop: drops smaller than this fraction of ``|baseline|`` do not count.
     :param z: drops smaller than ``z`` robust standard deviations of the history do not count.
     :param max_rollbacks: rollbacks per signal after which a lower level is accepted.
+    :param lr: the run's learning rate (``actor.lr``); needed only with ``rollback_lr_factor``.
+    :param rollback_lr_factor: multiply the learning rate by this with every rollback (1 keeps it).
+        Restoring the weights and taking the same steps again usually repeats the collapse; a
+        smaller step is the one change that makes the second attempt different.
+    :param min_lr: the learning rate is never cut below this.
     :param reward_key: the statistic read at stage ``reward``.
     :param val_key: the statistic read at stage ``validation``.
     """
@@ -88,6 +93,9 @@ class RewardCollapseGuard:
         rel_drop: float = 0.3,
         z: float = 4.0,
         max_rollbacks: int = 3,
+        lr: float | None = None,
+        rollback_lr_factor: float = 1.0,
+        min_lr: float = 0.0,
         reward_key: str = "score/mean",
         val_key: str = "val/acc_greedy",
     ) -> None:
@@ -102,6 +110,10 @@ class RewardCollapseGuard:
         check_param(NAME, "max_rollbacks", max_rollbacks, ge=1)
         self.min_drop, self.rel_drop, self.z = float(min_drop), float(rel_drop), float(z)
         self.max_rollbacks = int(max_rollbacks)
+        check_param(NAME, "rollback_lr_factor", rollback_lr_factor, gt=0, le=1)
+        if rollback_lr_factor < 1 and not (lr and lr > 0):
+            raise ValueError(f"guard {NAME}: rollback_lr_factor={rollback_lr_factor} needs lr= (the run's actor.lr) to know what to cut")
+        self.lr, self.rollback_lr_factor, self.min_lr = (float(lr) if lr else None), float(rollback_lr_factor), float(min_lr)
         self.tracks = {
             "reward": _Track(str(reward_key), int(window), int(warmup), int(patience)),
             "validation": _Track(str(val_key), int(val_window), int(val_warmup), int(val_patience)),
@@ -137,19 +149,26 @@ class RewardCollapseGuard:
             track.recent, track.rollbacks = [x], 0
             return Verdict("proceed", f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new level", signal=x, threshold=limit)
         track.rollbacks += 1
+        adjustments = {}
+        if self.lr is not None and self.rollback_lr_factor < 1:
+            self.lr = max(self.min_lr, self.lr * self.rollback_lr_factor)
+            adjustments = {"lr": self.lr}
         return Verdict(
             "rollback",
             f"{track.key} {x:.4g} is below {limit:.4g} (recent median {baseline:.4g}) for {track.patience} {stage} stage(s) in a row",
             signal=x,
             threshold=limit,
+            adjustments=adjustments,
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {stage: t.state_dict() for stage, t in self.tracks.items()}
+        return {**{stage: t.state_dict() for stage, t in self.tracks.items()}, "lr": self.lr}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for stage, t in self.tracks.items():
             t.load_state_dict(state.get(stage, {}))
+        if state.get("lr") is not None:
+            self.lr = float(state["lr"])
 
 
 @hookimpl

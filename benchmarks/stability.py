@@ -1,0 +1,118 @@
+"""The stability benchmark: the built-in recipe under injected faults, guard off and on, same seed.
+
+    python benchmarks/stability.py                 # every scenario (about 15 minutes on 2 cores)
+    python benchmarks/stability.py --only nan_grad --steps 100
+
+Scenarios (``trainer.faults``, see armor_core/faults.py): NaN gradients at a few steps; the learning
+rate x100 for three steps; a poisoned batch (rewards flipped) for ten steps; rollouts from weights
+four steps old for ten steps; Inf in a reward; and a learning rate ten times the default for the
+whole run. Each runs with ``guard.enable=false`` and with the guard stack below, and is compared
+with the clean run. A run that dies (a NaN reaching the sampler) counts as non-finite weights.
+
+Prints: scenario, guard off (held-out greedy accuracy, weights finite), guard on (accuracy, weights
+finite, actions taken), the clean accuracy, and the guard's cost on the clean run's step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+SCENARIOS = {
+    "nan_grad": ["trainer.faults=[{kind: nan_grad, steps: [40, 41, 42, 100]}]"],
+    "lr_x100": ["trainer.faults=[{kind: lr_scale, steps: [60, 61, 62], value: 100}]"],
+    "poisoned_batch": ["trainer.faults=[{kind: flip_reward, steps: {from: 80, to: 89}}]"],
+    "stale_rollout": ["trainer.faults=[{kind: stale_rollout, steps: {from: 70, to: 79}, value: 4}]"],
+    "inf_reward": ["trainer.faults=[{kind: inf_reward, steps: [30, 90]}]"],
+    "lr_x10_run": ["actor.lr=5e-4"],
+}
+
+
+def guard_stack(lr: float) -> str:
+    return ("guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rollout_mismatch, params: {max_diff_mean: 0.05}}, "
+            f"{{name: reward_collapse, params: {{lr: {lr}, rollback_lr_factor: 0.5}}}}]")
+
+
+def run_one(run_dir: Path, overrides: list[str]) -> dict:
+    from safetensors.torch import load_file
+
+    from armor_core.config import load_config
+    from armor_core.trainer import Trainer
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = load_config(None, [*overrides, f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]", "trainer.save_freq=10", "trainer.keep_checkpoints=3"])
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg)
+    out = {"acc": None, "finite": False, "actions": {}, "step_s": None, "error": None}
+    try:
+        summary = trainer.fit()
+        out["acc"] = summary["val_after"]["val/acc_greedy"]
+        out["step_s"] = summary["timing_s_mean"].get("timing_s/step")
+        weights = load_file(str(Path(summary["checkpoint"]) / "model" / "model.safetensors"))
+        import torch
+
+        out["finite"] = all(bool(torch.isfinite(w).all()) for w in weights.values())
+    except Exception as e:  # a run that dies is a result here, not a benchmark failure
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[-1][:80]}"
+    finally:
+        trainer.close()
+    events = run_dir / "guard_events.jsonl"
+    if events.exists():
+        for line in events.read_text().splitlines():
+            e = json.loads(line)
+            key = f"{e['guard']}:{e['action']}"
+            out["actions"][key] = out["actions"].get(key, 0) + 1
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="*", choices=list(SCENARIOS), help="run only these scenarios")
+    p.add_argument("--steps", type=int, default=250, help="training steps per run (default: the built-in recipe's 250)")
+    p.add_argument("--out", default="runs/stability", help="where the runs go")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+
+    import ray
+
+    from armor_core.config import load_config
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=50"]
+    default_lr = load_config(None, []).actor.lr
+    root = Path(args.out)
+    results = {}
+    for guard in ("off", "on"):
+        results[("clean", guard)] = run_one(root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else [guard_stack(default_lr)])])
+        print(f"clean guard {guard}: {results[('clean', guard)]}", file=sys.stderr)
+    for name in args.only or list(SCENARIOS):
+        lr = 5e-4 if name == "lr_x10_run" else default_lr
+        for guard in ("off", "on"):
+            ovr = [*base, *SCENARIOS[name], *(["guard.enable=false"] if guard == "off" else [guard_stack(lr)])]
+            results[(name, guard)] = run_one(root / f"{name}-{guard}", ovr)
+            print(f"{name} guard {guard}: {results[(name, guard)]}", file=sys.stderr)
+    ray.shutdown()
+
+    clean = results[("clean", "on")]["acc"]
+    fmt = lambda r: ("died" if r["error"] else f"{r['acc']:.3f}")  # noqa: E731
+    print(f"\nstability benchmark: built-in recipe, {args.steps} steps, seed 1; clean run accuracy {results[('clean', 'off')]['acc']:.3f} (guard off), {clean:.3f} (guard on)")
+    print(f"{'scenario':16s} {'off: acc':>9s} {'finite':>7s} {'on: acc':>9s} {'finite':>7s} {'within 5 pts':>12s}  actions")
+    for name in args.only or list(SCENARIOS):
+        off, on = results[(name, "off")], results[(name, "on")]
+        ok = on["acc"] is not None and abs(on["acc"] - clean) <= 0.05 and on["finite"]
+        actions = ", ".join(f"{k} x{v}" for k, v in sorted(on["actions"].items())) or "-"
+        print(f"{name:16s} {fmt(off):>9s} {str(off['finite']):>7s} {fmt(on):>9s} {str(on['finite']):>7s} {str(ok):>12s}  {actions}")
+    off_s, on_s = results[("clean", "off")]["step_s"], results[("clean", "on")]["step_s"]
+    print(f"guard cost on the clean run: {off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
