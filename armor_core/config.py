@@ -352,4 +352,11 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
             resolved[key] = pm.get(kind, name, where=key)
         except UnknownPluginError as e:
             raise ConfigError(str(e)) from None
+    # a backend whose engine is an optional install (vllm) says how to install it now, not in a worker
+    check = getattr(resolved["rollout.backend"], "check_available", None)
+    if callable(check):
+        try:
+            check()
+        except ImportError as e:
+            raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: {e}") from None
     return resolved

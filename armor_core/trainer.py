@@ -105,6 +105,10 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
         self.rewards = RewardManager(cfg.reward, self.pm)
         self.train_ds, self.val_ds = prepare_data(cfg, self.pm, self.tokenizer, self.rewards)
+        for ds in (self.train_ds, self.val_ds):
+            if ds is not None and (ds.dropped_too_long or ds.skipped):
+                print(f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped as longer than "
+                      f"data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as invalid")
         self.loader = PromptLoader(self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
         if not resume and self.ckpt.latest() is not None:

@@ -67,3 +67,22 @@ def test_print_round_trip():
     text = to_yaml(cfg)
     assert "lr: 2.0e-05" in text
     assert dataclasses.asdict(cfg) == dataclasses.asdict(load_config(None, []).__class__(**{**cfg.__dict__}))
+
+
+def test_missing_optional_engine_is_a_config_error_before_any_worker():
+    from armor_core import hookimpl
+    from armor_core.config import validate_plugins
+    from armor_core.testing import registered
+
+    class NeedsEngine:
+        @hookimpl
+        def armor_register_rollout_backends(self, register):
+            class Fancy:
+                @classmethod
+                def check_available(cls):
+                    raise ImportError("fancy-engine is not installed: pip install fancy-engine")
+
+            register("fancy", Fancy)
+
+    with registered(NeedsEngine()), pytest.raises(ConfigError, match=r"rollout.backend='fancy': fancy-engine is not installed: pip install fancy-engine"):
+        validate_plugins(load_config(None, ["rollout.backend=fancy"]))
