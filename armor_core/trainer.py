@@ -342,9 +342,12 @@ class Trainer:
         if path is None:
             print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
             return
-        position = self.loader.state_dict()
+        position, step = self.loader.state_dict(), self.step
         self._load(path, restore_guards=False)
-        self.loader.load_state_dict(position)  # roll back the weights, not the data: the offending batches are skipped
+        # roll back the weights, not the data or the clock: the offending batches are skipped and
+        # step numbers stay monotonic in the logs (a rollback is an event at this step)
+        self.loader.load_state_dict(position)
+        self.step = step
         print(f"step {self.step}: rolled back to {path.name}")
 
     # -- validation -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ def run(tmp_path, name, *overrides):
         trainer.fit()
     finally:
         trainer.close()
-    weights = load_file(str(tmp_path / name / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
+    latest = (tmp_path / name / "checkpoints" / "latest").read_text().strip()
+    weights = load_file(str(tmp_path / name / "checkpoints" / latest / "model" / "model.safetensors"))
     return all(torch.isfinite(w).all() for w in weights.values())
 
 
@@ -40,3 +41,15 @@ def test_guard_skips_injected_faults_and_keeps_weights_finite(ray_cluster, tmp_p
     # the same faults unguarded: the NaN gradient reaches the weights and the next rollout dies on it
     with pytest.raises(Exception, match="inf.*nan|nan.*inf"):
         run(tmp_path, "off", "guard.enable=false")
+
+
+def test_repeated_faults_roll_back_and_the_run_goes_on(ray_cluster, tmp_path):
+    faults = "trainer.faults=[{kind: nan_grad, steps: [3, 4]}]"
+    guards = "guard.guards=[{name: non_finite, params: {max_consecutive: 2}}]"
+    assert run(tmp_path, "rb", faults, guards, "trainer.save_freq=1", "trainer.total_steps=5")
+    events = [json.loads(x) for x in (tmp_path / "rb" / "guard_events.jsonl").read_text().splitlines()]
+    assert any(e["action"] == "rollback" and e["step"] == 4 for e in events)
+    rows = [json.loads(x) for x in (tmp_path / "rb" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "critic/score/mean" in r]
+    assert steps == [1, 2, 3, 4, 5]  # the clock does not rewind: the offending batches are skipped
+    assert any(r.get("guard/rollback") == 1.0 for r in rows)
