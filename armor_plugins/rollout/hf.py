@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from armor_core import hookimpl
+from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["HFRollout", "sample_next_token"]
 
-_OVERRIDES = ("temperature", "top_p", "top_k", "max_new_tokens", "greedy", "do_sample", "n")
 # wrappers whose prefixes appear in parameter names sent by a trainer (DDP, torch.compile)
 _PREFIXES = ("module.", "_orig_mod.")
 
@@ -65,18 +65,6 @@ def sample_next_token(logits: torch.Tensor, *, greedy: bool, temperature: float,
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    ids: set[int] = set()
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
-    if not ids:
-        raise ValueError("hf rollout: neither the tokenizer nor the model's generation_config has an EOS token; responses would never end")
-    return sorted(ids)
-
-
 class HFRollout:
     """Rollout backend ``hf``: ``HFRollout(model, tokenizer, config: RolloutConfig)``.
 
@@ -88,7 +76,7 @@ class HFRollout:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         if getattr(config, "backend_kwargs", None):
@@ -110,29 +98,9 @@ class HFRollout:
             (bs, P + R) of the whole sequence; ``rollout_log_probs`` (bs, R), 0 outside the
             mask. Non-tensor columns and meta_info are carried over.
         """
-        from armor_core.protocol import DataProto
-
-        unknown = sorted(set(overrides) - set(_OVERRIDES))
-        if unknown:
-            raise TypeError(f"HFRollout.generate: unknown sampling override(s) {unknown}; accepted: {', '.join(_OVERRIDES)}")
-        cfg = self.config
-        temperature = float(overrides.get("temperature", cfg.temperature))
-        top_p = float(overrides.get("top_p", cfg.top_p))
-        top_k = int(overrides.get("top_k", cfg.top_k))
-        max_new = int(overrides.get("max_new_tokens", cfg.max_new_tokens))
-        greedy = bool(overrides.get("greedy", False)) or overrides.get("do_sample", True) is False or temperature <= 0
-        n = int(overrides.get("n", 1))
-        if max_new < 1 or n < 1:
-            raise ValueError(f"HFRollout.generate: max_new_tokens={max_new} and n={n} must be >= 1")
-        for key in ("input_ids", "attention_mask"):
-            if key not in prompts.tensors:
-                raise KeyError(f"HFRollout.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})")
-        if n > 1:
-            prompts = prompts.repeat(n, interleave=True)
-        input_ids, attention_mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"]
-        position_ids = prompts.tensors.get("position_ids")
-        if position_ids is None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        sp = resolve_sampling("HFRollout", self.config, overrides)
+        cfg, max_new = self.config, sp.max_new
+        prompts, input_ids, attention_mask, position_ids = prepare_prompts("HFRollout", prompts, sp.n)
         out_device = input_ids.device
         device = next(self.model.parameters()).device
         pieces = []
@@ -145,7 +113,7 @@ class HFRollout:
                     pieces.append(
                         self._generate_micro_batch(
                             input_ids[sl].to(device), attention_mask[sl].to(device), position_ids[sl].to(device),
-                            max_new=max_new, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                            max_new=max_new, greedy=sp.greedy, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
                         )
                     )
         finally:
@@ -155,18 +123,7 @@ class HFRollout:
         else:
             responses = torch.zeros((0, max_new), dtype=torch.long, device=out_device)
             response_mask, log_probs = torch.zeros_like(responses), torch.zeros((0, max_new), device=out_device)
-        steps = torch.arange(1, max_new + 1, device=out_device, dtype=position_ids.dtype)
-        last_pos = position_ids[:, -1:] if position_ids.shape[1] else torch.full((responses.shape[0], 1), -1, dtype=position_ids.dtype, device=out_device)
-        tensors = {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([attention_mask.to(response_mask.dtype), response_mask], dim=1),
-            "position_ids": torch.cat([position_ids, last_pos + steps], dim=1),
-            "rollout_log_probs": log_probs,
-        }
-        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info))
+        return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
 
     def _generate_micro_batch(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, *, max_new: int, greedy: bool,
                               temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

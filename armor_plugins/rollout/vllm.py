@@ -65,7 +65,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from armor_core import hookimpl
-from armor_plugins.rollout.hf import _eos_ids
+from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
 
@@ -74,7 +74,6 @@ INSTALL_HINT = (
     "(then `pip uninstall -y torchvision torchaudio torchcodec`: their CUDA builds break `import vllm` there), "
     "`pip install vllm` on a GPU machine"
 )
-_OVERRIDES = ("temperature", "top_p", "top_k", "max_new_tokens", "greedy", "do_sample", "n")
 _PREFIXES = ("module.", "_orig_mod.")  # wrappers whose prefixes appear in names sent by a trainer (DDP, torch.compile)
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _CPU_KV_CACHE_BYTES = 1 << 30
@@ -162,7 +161,7 @@ class VLLMRollout:
 
         self.tokenizer = tokenizer
         self.config = config
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         if os.environ.setdefault(_MP_ENV, "0") != "0":
@@ -238,30 +237,9 @@ class VLLMRollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from armor_core.protocol import DataProto
-
-        unknown = sorted(set(overrides) - set(_OVERRIDES))
-        if unknown:
-            raise TypeError(f"VLLMRollout.generate: unknown sampling override(s) {unknown}; accepted: {', '.join(_OVERRIDES)}")
-        cfg = self.config
-        temperature = float(overrides.get("temperature", cfg.temperature))
-        top_p = float(overrides.get("top_p", cfg.top_p))
-        top_k = int(overrides.get("top_k", cfg.top_k))
-        max_new = int(overrides.get("max_new_tokens", cfg.max_new_tokens))
-        greedy = bool(overrides.get("greedy", False)) or overrides.get("do_sample", True) is False or temperature <= 0
-        n = int(overrides.get("n", 1))
-        if max_new < 1 or n < 1:
-            raise ValueError(f"VLLMRollout.generate: max_new_tokens={max_new} and n={n} must be >= 1")
-        for key in ("input_ids", "attention_mask"):
-            if key not in prompts.tensors:
-                raise KeyError(f"VLLMRollout.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})")
-        if n > 1:
-            prompts = prompts.repeat(n, interleave=True)
-        input_ids, attention_mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"]
-        position_ids = prompts.tensors.get("position_ids")
-        if position_ids is None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out_device = input_ids.device
+        sp = resolve_sampling("VLLMRollout", self.config, overrides)
+        temperature, top_p, top_k, max_new, greedy = sp.temperature, sp.top_p, sp.top_k, sp.max_new, sp.greedy
+        prompts, input_ids, attention_mask, position_ids = prepare_prompts("VLLMRollout", prompts, sp.n)
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
         empty = [i for i, r in enumerate(rows) if not r]
         if empty:
@@ -294,19 +272,7 @@ class VLLMRollout:
             responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             response_mask[i, : len(tokens)] = 1
             log_probs[i, : len(tokens)] = torch.tensor([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)], dtype=torch.float32)
-        responses, response_mask, log_probs = (x.to(out_device) for x in (responses, response_mask, log_probs))
-        steps = torch.arange(1, max_new + 1, device=out_device, dtype=position_ids.dtype)
-        last_pos = position_ids[:, -1:] if position_ids.shape[1] else torch.full((b, 1), -1, dtype=position_ids.dtype, device=out_device)
-        tensors = {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([attention_mask.to(response_mask.dtype), response_mask], dim=1),
-            "position_ids": torch.cat([position_ids, last_pos + steps], dim=1),
-            "rollout_log_probs": log_probs,
-        }
-        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info))
+        return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
 
     def _set_temperature(self, t: float) -> None:
         if t != self._scale_temperature:
