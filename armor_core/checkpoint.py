@@ -51,8 +51,17 @@ class CheckpointManager:
             path = self.root / pointer.read_text().strip()
             if (path / "trainer_state.json").exists():
                 return path
-        done = sorted(p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / "trainer_state.json").exists())
+        done = self.completed()
         return done[-1] if done else None
+
+    def completed(self) -> list[Path]:
+        """Finished checkpoints, oldest first."""
+        return sorted(p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / "trainer_state.json").exists())
+
+    def before(self, step: int) -> Path | None:
+        """The newest finished checkpoint of a step < ``step``."""
+        older = [p for p in self.completed() if int(p.name.split("_")[1]) < step]
+        return older[-1] if older else None
 
     @staticmethod
     def trainer_state(path: Path) -> dict[str, Any]:

@@ -25,6 +25,9 @@ __all__ = ["GuardRunner", "SEVERITY", "combine", "merge_adjustments"]
 
 SEVERITY = {"proceed": 0, "adjust": 1, "scale": 2, "skip": 3, "rollback": 4}
 
+#: stages a guard must ask for by name (in its ``stages`` attribute): each costs something extra
+OPT_IN_STAGES = frozenset({"step"})
+
 
 #: when two guards adjust the same coefficient, the more cautious value wins
 _CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_coef": max, "entropy_coeff": max}
@@ -72,9 +75,20 @@ class GuardRunner:
         self.events_path = Path(run_dir) / "guard_events.jsonl" if run_dir else None
         self.counts: dict[str, float] = {}
 
+    @staticmethod
+    def _sees(guard: Any, stage: str) -> bool:
+        stages = getattr(guard, "stages", None)
+        return stage in stages if stages is not None else stage not in OPT_IN_STAGES
+
+    def watches(self, stage: str) -> bool:
+        """Whether any guard observes ``stage`` (the worker measures ``step`` stats only then)."""
+        return any(self._sees(g, stage) for _, g in self.guards)
+
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         verdicts = []
         for name, guard in self.guards:
+            if not self._sees(guard, stage):
+                continue
             v = guard.observe(stage, stats, step)
             if v is None:
                 v = Verdict.proceed()
@@ -82,6 +96,9 @@ class GuardRunner:
             if v.action != "proceed":
                 self._record(step, stage, name, v)
         _, verdict = combine(verdicts)
+        sinces = [v.since for _, v in verdicts if v.action == "rollback" and v.since is not None]
+        if verdict.action == "rollback" and sinces and min(sinces) != verdict.since:
+            verdict = dataclasses.replace(verdict, since=min(sinces))  # the earliest suspicion wins
         merged = merge_adjustments([v for _, v in verdicts if v.action == "adjust"])
         if merged and merged != verdict.adjustments:
             verdict = dataclasses.replace(verdict, adjustments=merged)
@@ -98,6 +115,8 @@ class GuardRunner:
             event["scale"] = v.scale
         if v.adjustments:
             event["adjustments"] = v.adjustments
+        if v.since is not None:
+            event["since"] = v.since
         self.events_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.events_path, "a") as fh:
             fh.write(json.dumps(event) + "\n")

@@ -123,6 +123,10 @@ class Verdict:
         ``clip_ratio_high``, ``kl_loss_coef`` or ``entropy_coeff`` to its new absolute value, kept
         by the guard within its configured bounds, applied from the next update on);
         ``rollback`` to the last good checkpoint.
+    :param since: for ``rollback``, the first step whose weights the guard suspects (the update
+        that made them); the trainer restores the newest checkpoint saved *before* that step, so a
+        checkpoint written after the damage but before it was noticed is never the one restored.
+        None: the newest checkpoint.
     """
 
     action: VerdictAction = "proceed"
@@ -131,6 +135,7 @@ class Verdict:
     threshold: float | None = None
     scale: float = 1.0
     adjustments: dict[str, float] = field(default_factory=dict)
+    since: int | None = None
 
     @classmethod
     def proceed(cls) -> "Verdict":
@@ -141,9 +146,16 @@ class Verdict:
 class StabilityGuard(Protocol):
     """Built as ``guard_cls(**params)`` from ``guard.guards[i].params``.
 
-    ``observe`` is called for each stage (``rollout``, ``reward``, ``advantage``, ``loss``,
-    ``grad``, ``update``) with that stage's scalar statistics; it must be cheap and deterministic,
-    because every data-parallel rank must reach the same verdict from the same (reduced) statistics.
+    ``observe`` is called for each stage (``reward``, ``advantage``, ``grad``, ``step``,
+    ``update``, ``validation``) with that stage's scalar statistics; it must be cheap and
+    deterministic, because every data-parallel rank must reach the same verdict from the same
+    (reduced) statistics.
+
+    Stage ``step`` comes right after ``optimizer.step`` in each actor worker, with
+    ``update_ratio`` (``||new - old|| / ||old||`` over all parameters), ``update_norm`` and
+    ``param_norm``; ``skip`` there puts the old parameters back. It costs a copy of the
+    parameters per update, so it runs only when some guard lists it in a class attribute
+    ``stages`` (a guard without ``stages`` sees every other stage).
     """
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict: ...

@@ -22,19 +22,25 @@ import sys
 import time
 from pathlib import Path
 
+DEFAULT_LR = 5e-5  # the built-in recipe's actor.lr (main() checks it)
+
 SCENARIOS = {
     "nan_grad": ["trainer.faults=[{kind: nan_grad, steps: [40, 41, 42, 100]}]"],
     "lr_x100": ["trainer.faults=[{kind: lr_scale, steps: [60, 61, 62], value: 100}]"],
     "poisoned_batch": ["trainer.faults=[{kind: flip_reward, steps: {from: 80, to: 89}}]"],
     "stale_rollout": ["trainer.faults=[{kind: stale_rollout, steps: {from: 70, to: 79}, value: 4}]"],
     "inf_reward": ["trainer.faults=[{kind: inf_reward, steps: [30, 90]}]"],
-    "lr_x10_run": ["actor.lr=5e-4"],
+    "lr_x10_run": [f"actor.lr={10 * DEFAULT_LR}"],
 }
 
 
-def guard_stack(lr: float) -> str:
-    return ("guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rollout_mismatch, params: {max_diff_mean: 0.05}}, "
-            f"{{name: reward_collapse, params: {{lr: {lr}, rollback_lr_factor: 0.5}}}}]")
+#: update_size's ceiling: the clean run's largest update_ratio is 1.2e-3 (its first step; it falls to
+#: ~3e-4 by step 40), a run at 10x the learning rate starts at 1.2e-2; measured with
+#: ``armor run actor.lr=... "guard.guards=[{name: update_size}]"`` and the ``actor/update_ratio`` metric
+MAX_UPDATE_RATIO = 2e-3
+
+GUARD_STACK = ("guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rollout_mismatch, params: {max_diff_mean: 0.05}}, "
+               f"{{name: update_size, params: {{max_ratio: {MAX_UPDATE_RATIO}}}}}, {{name: reward_collapse}}]")
 
 
 def run_one(run_dir: Path, overrides: list[str]) -> dict:
@@ -83,17 +89,16 @@ def main() -> int:
     from armor_core.config import load_config
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    assert load_config(None, []).actor.lr == DEFAULT_LR, "the built-in recipe's learning rate changed; update DEFAULT_LR"
     base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=50"]
-    default_lr = load_config(None, []).actor.lr
     root = Path(args.out)
     results = {}
     for guard in ("off", "on"):
-        results[("clean", guard)] = run_one(root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else [guard_stack(default_lr)])])
+        results[("clean", guard)] = run_one(root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])])
         print(f"clean guard {guard}: {results[('clean', guard)]}", file=sys.stderr)
     for name in args.only or list(SCENARIOS):
-        lr = 5e-4 if name == "lr_x10_run" else default_lr
         for guard in ("off", "on"):
-            ovr = [*base, *SCENARIOS[name], *(["guard.enable=false"] if guard == "off" else [guard_stack(lr)])]
+            ovr = [*base, *SCENARIOS[name], *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
             results[(name, guard)] = run_one(root / f"{name}-{guard}", ovr)
             print(f"{name} guard {guard}: {results[(name, guard)]}", file=sys.stderr)
     ray.shutdown()

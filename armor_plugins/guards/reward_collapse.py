@@ -16,6 +16,10 @@ std). The three terms of ``drop`` each stop a different false alarm: ``z * sprea
 batch-to-batch noise, ``rel_drop * |baseline|`` a drop that is small relative to the level,
 ``min_drop`` a zero-noise history (all-equal rewards give spread 0).
 
+A rollback names the first suspected update (``Verdict.since``: the one after the weights that
+produced the last good value), so the trainer restores a checkpoint from before the collapse began,
+not one written while it was already under way.
+
 A collapsed value is kept out of the history, so the baseline remembers the level before the
 collapse; after the rollback the restored policy is measured against it again. A run whose reward
 legitimately settles lower (a harder curriculum) would otherwise roll back forever: after
@@ -42,19 +46,32 @@ MAD_TO_STD = 1.4826
 class _Track:
     """The history of one signal."""
 
-    def __init__(self, key: str, window: int, warmup: int, patience: int) -> None:
+    def __init__(self, key: str, window: int, warmup: int, patience: int, lag: int) -> None:
         self.key, self.window, self.warmup, self.patience = key, window, warmup, patience
+        # a value seen at step s measures the weights of update s - lag (a batch reward is
+        # sampled before its step's update, a validation runs after it)
+        self.lag = lag
+        self.last_good: int | None = None  # step of the last value that was not a collapse
         self.recent: list[float] = []
         self.low = 0  # collapsed values in a row
         self.rollbacks = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent": list(self.recent), "low": self.low, "rollbacks": self.rollbacks}
+        return {"recent": list(self.recent), "low": self.low, "rollbacks": self.rollbacks, "last_good": self.last_good}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.recent = [float(x) for x in state.get("recent", [])][-self.window:]
         self.low = int(state.get("low", 0))
         self.rollbacks = int(state.get("rollbacks", 0))
+        self.last_good = state.get("last_good")
+
+    def accept(self, x: float, step: int) -> None:
+        self.recent = (self.recent + [x])[-self.window:]
+        self.low, self.last_good = 0, step
+
+    def suspect_since(self) -> int | None:
+        """The first update whose weights may be bad: the one after those of the last good value."""
+        return None if self.last_good is None else self.last_good - self.lag + 1
 
 
 class RewardCollapseGuard:
@@ -115,8 +132,8 @@ class RewardCollapseGuard:
             raise ValueError(f"guard {NAME}: rollback_lr_factor={rollback_lr_factor} needs lr= (the run's actor.lr) to know what to cut")
         self.lr, self.rollback_lr_factor, self.min_lr = (float(lr) if lr else None), float(rollback_lr_factor), float(min_lr)
         self.tracks = {
-            "reward": _Track(str(reward_key), int(window), int(warmup), int(patience)),
-            "validation": _Track(str(val_key), int(val_window), int(val_warmup), int(val_patience)),
+            "reward": _Track(str(reward_key), int(window), int(warmup), int(patience), lag=1),
+            "validation": _Track(str(val_key), int(val_window), int(val_warmup), int(val_patience), lag=0),
         }
 
     def limit(self, recent: list[float]) -> tuple[float, float]:
@@ -134,19 +151,18 @@ class RewardCollapseGuard:
         if x is None:
             return Verdict.proceed()
         if len(track.recent) < track.warmup:
-            track.recent.append(x)
+            track.accept(x, step)
             return Verdict.proceed()
         baseline, limit = self.limit(track.recent)
         if not x < limit:
-            track.low = 0
-            track.recent = (track.recent + [x])[-track.window:]
+            track.accept(x, step)
             return Verdict.proceed()
         track.low += 1
         if track.low < track.patience:
             return Verdict.proceed()
         track.low = 0
         if track.rollbacks >= self.max_rollbacks:
-            track.recent, track.rollbacks = [x], 0
+            track.recent, track.rollbacks, track.last_good = [x], 0, step
             return Verdict("proceed", f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new level", signal=x, threshold=limit)
         track.rollbacks += 1
         adjustments = {}
@@ -159,6 +175,7 @@ class RewardCollapseGuard:
             signal=x,
             threshold=limit,
             adjustments=adjustments,
+            since=track.suspect_since(),
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -53,3 +53,23 @@ def test_repeated_faults_roll_back_and_the_run_goes_on(ray_cluster, tmp_path):
     steps = [r["step"] for r in rows if "critic/score/mean" in r]
     assert steps == [1, 2, 3, 4, 5]  # the clock does not rewind: the offending batches are skipped
     assert any(r.get("guard/rollback") == 1.0 for r in rows)
+
+
+def test_update_size_undoes_a_huge_step_and_lowers_a_learning_rate_that_is_too_high(ray_cluster, tmp_path):
+    """lr 10x too high from the start, and x100 more at step 3: the ceiling lowers the rate, the spike is undone."""
+    faults = "trainer.faults=[{kind: lr_scale, steps: [3], value: 100}]"
+    guards = "guard.guards=[{name: non_finite}, {name: update_size, params: {max_ratio: 2e-3, warmup: 1}}]"
+    assert run(tmp_path, "us", faults, guards, "actor.lr=5e-4", "trainer.save_freq=1", "trainer.keep_checkpoints=4")
+    events = [json.loads(x) for x in (tmp_path / "us" / "guard_events.jsonl").read_text().splitlines()]
+    by_step = {e["step"]: e for e in events if e["guard"] == "update_size"}
+    lowered = by_step[1]["adjustments"]["lr"]
+    assert by_step[1]["signal"] > 2e-3 and lowered < 5e-4
+    assert by_step[3]["action"] == "skip"
+    rows = [json.loads(x) for x in (tmp_path / "us" / "metrics.jsonl").read_text().splitlines()]
+    lr = {r["step"]: r["actor/lr"] for r in rows if "actor/lr" in r}
+    assert lr[1] == pytest.approx(lowered) and lr[4] <= lowered  # applied from the next update on
+    ratio = {r["step"]: r["actor/update_ratio"] for r in rows if "actor/update_ratio" in r}
+    assert ratio[3] > 10 * ratio[2]  # the x100 step was measured ...
+    ckpt = tmp_path / "us" / "checkpoints"
+    w2, w3 = (load_file(str(ckpt / f"step_00000{s}" / "model" / "model.safetensors")) for s in (2, 3))
+    assert all(torch.equal(w2[k], w3[k]) for k in w2)  # ... and undone: step 3 left the weights as step 2 made them

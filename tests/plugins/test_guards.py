@@ -17,16 +17,17 @@ from hypothesis import strategies as st
 
 from armor_core.guard import GuardRunner
 from armor_core.testing import registered
-from armor_plugins.guards import entropy, grad_spike, importance_ratio, kl, reward_collapse, rollout_mismatch
+from armor_plugins.guards import entropy, grad_spike, importance_ratio, kl, reward_collapse, rollout_mismatch, update_size
 from armor_plugins.guards.entropy import EntropyGuard
 from armor_plugins.guards.grad_spike import GradSpikeGuard
 from armor_plugins.guards.importance_ratio import ImportanceRatioGuard
 from armor_plugins.guards.kl import KLGuard
 from armor_plugins.guards.reward_collapse import RewardCollapseGuard
 from armor_plugins.guards.rollout_mismatch import RolloutMismatchGuard, compute_tis_weights
+from armor_plugins.guards.update_size import UpdateSizeGuard
 
 MODULES = {"grad_spike": grad_spike, "importance_ratio": importance_ratio, "kl": kl, "entropy": entropy,
-           "reward_collapse": reward_collapse, "rollout_mismatch": rollout_mismatch}
+           "reward_collapse": reward_collapse, "rollout_mismatch": rollout_mismatch, "update_size": update_size}
 
 
 def run(guard, stage, values, key=None, **extra):
@@ -269,6 +270,56 @@ def test_entropy_options():
         ent_guard(floor=1.0, ceiling=0.5)
 
 
+# -- update_size --------------------------------------------------------------------------------
+
+
+def test_update_size_skips_a_spike_against_the_recent_median():
+    g = UpdateSizeGuard(spike_factor=8.0, warmup=3, window=4)
+    ratios = [1e-3, 2e-3, 1.5e-3, 1.1e-2, 1.3e-2, 1e-3, 3e-3]
+    v = run(g, "step", ratios, "update_ratio", lr=1e-4)
+    # after 3 accepted: median 1.5e-3, limit 1.2e-2 -> 1.1e-2 passes (history [1e-3, 2e-3, 1.5e-3, 1.1e-2]),
+    # median then 1.75e-3, limit 1.4e-2 -> 1.3e-2 passes; window 4 keeps [2e-3, 1.5e-3, 1.1e-2, 1.3e-2]
+    assert actions(v) == ["proceed"] * 7
+    g = UpdateSizeGuard(spike_factor=8.0, warmup=3, window=4)
+    v = run(g, "step", [1e-3, 2e-3, 1.5e-3, 1.3e-2, 1.2e-2, 1e-3], "update_ratio", lr=1e-4)
+    # 1.3e-2 > 8 * 1.5e-3 = 1.2e-2: undone and kept out; 1.2e-2 is not > 1.2e-2
+    assert actions(v) == ["proceed", "proceed", "proceed", "skip", "proceed", "proceed"]
+    assert v[3].threshold == pytest.approx(1.2e-2) and v[3].adjustments == {}
+    assert g.recent == [2e-3, 1.5e-3, 1.2e-2, 1e-3]  # the last 4 accepted; the spike is not among them
+
+
+def test_update_size_ceiling_lowers_lr_and_undoes_far_too_large_steps():
+    g = UpdateSizeGuard(max_ratio=2e-3, skip_factor=4.0, lr_factor=0.5, warmup=5)
+    v = g.observe("step", {"update_ratio": 1.2e-2, "lr": 5e-4}, 1)
+    # 1.2e-2 > 4 * 2e-3: undone; lr * min(0.5, 2e-3 / 1.2e-2 = 1/6) = 8.333e-5
+    assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(5e-4 / 6) and v.threshold == pytest.approx(8e-3)
+    assert g.recent == []
+    v = g.observe("step", {"update_ratio": 3e-3, "lr": 8e-5}, 2)
+    # above the ceiling, below 4x: applied, lr * min(0.5, 2/3) = 4e-5
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(4e-5) and g.recent == [3e-3]
+    assert g.observe("step", {"update_ratio": 1.9e-3, "lr": 4e-5}, 3).action == "proceed"
+    g = UpdateSizeGuard(max_ratio=2e-3, min_lr=1e-4)  # the floor: never lowered below min_lr
+    assert g.observe("step", {"update_ratio": 3e-3, "lr": 1.5e-4}, 1).adjustments == {"lr": 1e-4}
+    assert g.observe("step", {"update_ratio": 3e-3, "lr": 1e-4}, 2).adjustments == {}
+    # other stages and non-finite ratios are not this guard's business
+    assert g.observe("grad", {"update_ratio": 1.0}, 3).action == "proceed"
+    assert g.observe("step", {"update_ratio": float("nan"), "lr": 1e-4}, 3).action == "proceed"
+
+
+def test_update_size_is_an_opt_in_stage(tmp_path):
+    """The worker copies the parameters for stage ``step`` only when some guard asks for it."""
+    from armor_core.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    assert not GuardRunner([{"name": "non_finite"}, {"name": "grad_spike"}], pm=pm).watches("step")
+    runner = GuardRunner([{"name": "non_finite"}, {"name": "update_size", "params": {"warmup": 1}}], pm=pm, run_dir=tmp_path)
+    assert runner.watches("step") and runner.watches("grad")
+    runner.observe("step", {"update_ratio": 1e-3, "lr": 1e-4}, 1)
+    assert runner.observe("step", {"update_ratio": 1.0, "lr": 1e-4}, 2).action == "skip"
+    events = [json.loads(x) for x in (tmp_path / "guard_events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["stage"], e["guard"], e["action"]) for e in events] == [(2, "step", "update_size", "skip")]
+
+
 # -- reward_collapse ----------------------------------------------------------------------------
 
 
@@ -283,6 +334,8 @@ def test_reward_collapse_hand_computed():
     assert v[3].signal == 0.1 and v[3].threshold == pytest.approx(0.3535)
     assert g.tracks["reward"].recent == [0.5, 0.52, 0.48, 0.51]  # collapsed values stay out
     assert g.tracks["reward"].rollbacks == 1
+    # the last good reward (step 2) was sampled with the weights of update 1: update 2 is the first suspect
+    assert v[3].since == 2
 
 
 def test_reward_collapse_validation_is_tracked_separately():
@@ -291,6 +344,7 @@ def test_reward_collapse_validation_is_tracked_separately():
     # median 0.61, MAD 0.01 -> drop = max(0.1, 0.183, 0.0593) = 0.183, limit 0.427; val_patience 1
     v = g.observe("validation", {"val/acc_greedy": 0.2}, 3)
     assert v.action == "rollback" and v.threshold == pytest.approx(0.427)
+    assert v.since == 3  # validation 2 measured the weights of update 2, which were still good
     assert g.tracks["reward"].recent == []
     assert g.observe("validation", {"val/acc_greedy": 0.45}, 4).action == "proceed"
 
@@ -401,14 +455,15 @@ ACTIVE = {
     "entropy": dict(floor=0.3, ceiling=3.0, patience=2),
     "reward_collapse": dict(window=6, warmup=3, patience=2, val_warmup=1, z=1.0, rel_drop=0.1, max_rollbacks=2),
     "rollout_mismatch": dict(max_diff_mean=0.2),
+    "update_size": dict(warmup=3, window=5, max_ratio=2e-3),
 }
 CLASSES = {"grad_spike": GradSpikeGuard, "importance_ratio": ImportanceRatioGuard, "kl": KLGuard, "entropy": EntropyGuard,
-           "reward_collapse": RewardCollapseGuard, "rollout_mismatch": RolloutMismatchGuard}
+           "reward_collapse": RewardCollapseGuard, "rollout_mismatch": RolloutMismatchGuard, "update_size": UpdateSizeGuard}
 
 
 def turbulent(seed, n):
     """Deterministic stage/stats sequence with spikes, runaway ratios, KL and entropy excursions, reward drops."""
-    rng = random.Random(seed)
+    rng, step_rng = random.Random(seed), random.Random(seed + 1000)
     out = []
     for step in range(1, n + 1):
         out.append(("reward", {"score/mean": rng.choice([0.6, 0.65, 0.7, 0.1]), "score/min": 0.0, "score/max": 1.0}, step))
@@ -417,6 +472,7 @@ def turbulent(seed, n):
         out.append(("update", {"actor/pg_clipfrac": rng.choice([0.0, 0.3]), "actor/pg_clipfrac_lower": 0.0, "actor/ratio_max": rng.choice([1.5, 20.0]),
                                "actor/ratio_min": 0.5, "actor/kl_loss": rng.choice([0.01, 0.2, 0.8]), "actor/entropy": rng.choice([0.1, 1.0, 5.0]),
                                "rollout/logprob_diff_mean": rng.choice([0.01, 0.5])}, step))
+        out.append(("step", {"update_ratio": step_rng.choice([1e-3, 1.2e-3, 0.9e-3, 3e-3, 0.05]), "lr": 1e-4}, step))
         if step % 4 == 0:
             out.append(("validation", {"val/acc_greedy": rng.choice([0.7, 0.72, 0.2])}, step))
     return out
@@ -453,8 +509,8 @@ def test_each_module_registers_its_own_name_and_runs_in_the_runner(name, tmp_pat
 
 FLOATS = st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), -float("inf")]))
 KEYS = ["grad_norm", "score/mean", "val/acc_greedy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ratio_max", "actor/ratio_min",
-        "actor/kl_loss", "actor/reward_kl", "actor/entropy", "rollout/logprob_diff_mean", "rollout/logprob_diff_max"]
-STAGES = ["reward", "advantage", "grad", "update", "validation"]
+        "actor/kl_loss", "actor/reward_kl", "actor/entropy", "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "update_ratio", "lr"]
+STAGES = ["reward", "advantage", "grad", "step", "update", "validation"]
 
 
 @settings(max_examples=40, deadline=None)
