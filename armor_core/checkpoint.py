@@ -28,8 +28,8 @@ class CheckpointManager:
 
     def save(self, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / f"step_{step:06d}"
-        tmp = self.root / f"step_{step:06d}.tmp"
+        final = self.root / self.name_of(step)
+        tmp = self.root / f"{self.name_of(step)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         write(tmp)
@@ -53,6 +53,10 @@ class CheckpointManager:
                 return path
         done = self.completed()
         return done[-1] if done else None
+
+    @staticmethod
+    def name_of(step: int) -> str:
+        return f"step_{step:06d}"
 
     def completed(self) -> list[Path]:
         """Finished checkpoints, oldest first."""

@@ -42,7 +42,7 @@ from armor_core.config import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.reward_pool import WARMUP_ATTR, _evaluate, _Outcome, _Pool
 
-__all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "ground_truth_of"]
+__all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "accuracy_by_source", "ground_truth_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +312,25 @@ class RewardManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "") -> dict[str, float]:
+    """``{prefix}{source}/acc_{mode}``, ``{prefix}{source}/score_{mode}`` and ``{prefix}acc_{mode}``.
+
+    A row is correct when its score is 1 (to float tolerance): the reward domains' exact-match scale.
+    """
+    import numpy as np
+
+    scores = np.asarray(scores, dtype=np.float64)
+    correct = scores >= 1.0 - 1e-6
+    sources = np.asarray(sources)
+    out: dict[str, float] = {}
+    for src in sorted(set(sources.tolist())):
+        sel = sources == src
+        out[f"{prefix}{src}/acc_{mode}"] = float(correct[sel].mean())
+        out[f"{prefix}{src}/score_{mode}"] = float(scores[sel].mean())
+    out[f"{prefix}acc_{mode}"] = float(correct.mean()) if len(scores) else 0.0
+    return out
 
 
 def _locate(row: Mapping[str, Any], index: int, where: str) -> str:

@@ -1,6 +1,6 @@
 """The stability benchmark: the built-in recipe under injected faults, guard off and on, same seed.
 
-    python benchmarks/stability.py                 # every scenario (about 15 minutes on 2 cores)
+    python benchmarks/stability.py --steps 150     # every scenario and the guard's cost (about 15 minutes on 2 cores)
     python benchmarks/stability.py --only nan_grad --steps 100
 
 Scenarios (``trainer.faults``, see armor_core/faults.py): NaN gradients at a few steps; the learning
@@ -10,7 +10,8 @@ whole run. Each runs with ``guard.enable=false`` and with the guard stack below,
 with the clean run. A run that dies (a NaN reaching the sampler) counts as non-finite weights.
 
 Prints: scenario, guard off (held-out greedy accuracy, weights finite), guard on (accuracy, weights
-finite, actions taken), the clean accuracy, and the guard's cost on the clean run's step time.
+finite, actions taken), the clean accuracy, and the guard's cost on the clean run's step time
+(interleaved off/on pairs, see ``guard_cost``).
 """
 
 from __future__ import annotations
@@ -73,7 +74,30 @@ def run_one(run_dir: Path, overrides: list[str]) -> dict:
             key = f"{e['guard']}:{e['action']}"
             out["actions"][key] = out["actions"].get(key, 0) + 1
     out["wall_s"] = time.perf_counter() - t0
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        steps = [json.loads(line) for line in metrics.read_text().splitlines()]
+        out["step_times"] = [r["timing_s/step"] for r in steps if "timing_s/step" in r]
     return out
+
+
+def guard_cost(root: Path, repeats: int, steps: int) -> tuple[float, float, list[float]]:
+    """Median seconds per step of the clean recipe with the guard off and on, runs interleaved.
+
+    One pair of runs differs by a few percent from noise alone on this machine, so the pairs are
+    repeated off/on/off/on... and each run contributes the median of its steps after a warm-up.
+    """
+    import statistics
+
+    per = {"off": [], "on": []}
+    for i in range(repeats):
+        for guard in ("off", "on"):
+            ovr = [f"trainer.total_steps={steps}", "trainer.val_freq=0", "trainer.val_before_train=false", "data.val_size=16",
+                   *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
+            r = run_one(root / f"cost-{guard}-{i}", ovr)
+            per[guard].append(statistics.median(r["step_times"][5:]))
+    off, on = statistics.median(per["off"]), statistics.median(per["on"])
+    return off, on, [100 * (b - a) / a for a, b in zip(per["off"], per["on"])]
 
 
 def main() -> int:
@@ -82,6 +106,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=250, help="training steps per run (default: the built-in recipe's 250)")
     p.add_argument("--out", default="runs/stability", help="where the runs go")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--cost-repeats", type=int, default=3, help="off/on pairs of clean runs for the guard's cost (0 skips it)")
+    p.add_argument("--cost-steps", type=int, default=60, help="steps per cost run")
     args = p.parse_args()
 
     import ray
@@ -101,6 +127,7 @@ def main() -> int:
             ovr = [*base, *SCENARIOS[name], *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
             results[(name, guard)] = run_one(root / f"{name}-{guard}", ovr)
             print(f"{name} guard {guard}: {results[(name, guard)]}", file=sys.stderr)
+    cost = guard_cost(root, args.cost_repeats, args.cost_steps) if args.cost_repeats else None
     ray.shutdown()
 
     clean = results[("clean", "on")]["acc"]
@@ -112,8 +139,10 @@ def main() -> int:
         ok = on["acc"] is not None and abs(on["acc"] - clean) <= 0.05 and on["finite"]
         actions = ", ".join(f"{k} x{v}" for k, v in sorted(on["actions"].items())) or "-"
         print(f"{name:16s} {fmt(off):>9s} {str(off['finite']):>7s} {fmt(on):>9s} {str(on['finite']):>7s} {str(ok):>12s}  {actions}")
-    off_s, on_s = results[("clean", "off")]["step_s"], results[("clean", "on")]["step_s"]
-    print(f"guard cost on the clean run: {off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%)")
+    if cost:
+        off_s, on_s, pairs = cost
+        print(f"guard cost on the clean recipe ({args.cost_repeats} interleaved off/on pairs of {args.cost_steps} steps, median step time): "
+              f"{off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%; pairs {', '.join(f'{x:+.1f}%' for x in pairs)})")
     if args.json:
         Path(args.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
     return 0

@@ -26,7 +26,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str] = (), sampled: bool = False, max_new_tokens: int | None = None) -> dict[str, float]:
-    import numpy as np
     import torch
 
     from armor_core.config import load_config
@@ -34,7 +33,7 @@ def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str]
     from armor_core.models import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.protocol import DataProto
-    from armor_core.rewards import RewardManager
+    from armor_core.rewards import RewardManager, accuracy_by_source
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
     if max_new_tokens:
@@ -60,14 +59,7 @@ def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str]
             texts = [tok.decode(r[m.bool()].tolist(), skip_special_tokens=True) for r, m in zip(out["responses"], out["response_mask"])]
             nt = prompts.non_tensors
             scored = rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"]))
-            scores = np.asarray(scored.scores, dtype=np.float64)
-            correct = scores >= 1.0 - 1e-6
-            sources = np.asarray(nt["data_source"])
-            for src in sorted(set(sources)):
-                sel = sources == src
-                result[f"{src}/acc_{mode}"] = float(correct[sel].mean())
-                result[f"{src}/score_{mode}"] = float(scores[sel].mean())
-            result[f"acc_{mode}"] = float(correct.mean())
+            result.update(accuracy_by_source(scored.scores, nt["data_source"], mode))
         return result
     finally:
         rewards.close()
