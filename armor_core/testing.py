@@ -31,7 +31,7 @@ import torch
 from armor_core import plugins as _plugins
 from armor_core.interfaces import AdvantageEstimator, PolicyLoss, RewardDomain, RewardResult, call_with_params
 
-__all__ = ["check_advantage_estimator", "check_policy_loss", "check_reward_domain", "isolated_plugin_manager", "registered"]
+__all__ = ["check_advantage_estimator", "check_policy_loss", "check_reward_domain", "isolated_plugin_manager", "registered", "run_ranks"]
 
 
 @contextlib.contextmanager
@@ -114,3 +114,51 @@ def check_reward_domain(domain: RewardDomain, cases: list[tuple[str, str, Any, f
         out = domain(prompt, response, gt, extra or {})
         assert isinstance(out, RewardResult)
         assert abs(out.score - expected) < 1e-6, f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
+
+
+def _rank_entry(rank: int, fn: Any, world: int, port: int, out_dir: str) -> None:
+    import os
+    import traceback
+
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.save(fn(rank, world), os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as fh:
+            fh.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Any, world: int, out_dir: str | Any) -> list[Any]:
+    """Run ``fn(rank, world)`` in ``world`` processes joined in one gloo group; return each rank's result.
+
+    ``fn`` must be importable (a module-level function); its results travel through ``torch.save``
+    files in ``out_dir``. A failing rank's traceback is raised here as an AssertionError, so a
+    data-parallel test reads like a single-process one::
+
+        def _step(rank, world):
+            worker = ActorWorker(config, rank=rank, world_size=world)
+            return worker.update_actor(share[rank], step=1)
+
+        metrics = run_ranks(_step, 2, tmp_path)
+    """
+    import socket
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = Path(out_dir)
+    try:
+        mp.spawn(_rank_entry, args=(fn, world, port, str(out)), nprocs=world, join=True)
+    except Exception:
+        raise AssertionError("a rank failed:\n" + "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))) from None
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -8,13 +8,9 @@ so both skip. The ``step`` stage (update_size) undoes a step on both ranks alike
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
-import pytest
 import torch
-import torch.multiprocessing as mp
+
+from armor_core.testing import run_ranks
 
 LENGTHS = [3, 1, 2, 3]
 P, R = 3, 3
@@ -48,42 +44,22 @@ def make_batch():
     })
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
-    import torch.distributed as dist
+def _four_steps(rank: int, world: int) -> list[dict]:
+    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.parallel import full_model_state
 
-    try:
-        from armor_core.workers.actor import ActorWorker
-        from armor_core.workers.parallel import full_model_state
-
-        batch = make_batch()
-        mine = batch[[rank, rank + 2]]
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        w = ActorWorker(make_config("ddp"), rank=rank, world_size=world)
-        out = []
-        for step in (1, 2, 3, 4):
-            m = w.update_actor(mine, step=step)
-            out.append({"skipped": m["actor/skipped_updates"], "grad_norm": m["actor/grad_norm"],
-                        "params": {k: v.clone() for k, v in full_model_state(w.model).items()}})
-        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as fh:
-            fh.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    mine = make_batch()[[rank, rank + 2]]
+    w = ActorWorker(make_config("ddp"), rank=rank, world_size=world)
+    out = []
+    for step in (1, 2, 3, 4):
+        m = w.update_actor(mine, step=step)
+        out.append({"skipped": m["actor/skipped_updates"], "grad_norm": m["actor/grad_norm"],
+                    "params": {k: v.clone() for k, v in full_model_state(w.model).items()}})
+    return out
 
 
 def test_a_fault_on_one_rank_is_skipped_by_every_rank(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    try:
-        mp.spawn(_rank_main, args=(2, port, str(tmp_path)), nprocs=2, join=True)
-    except Exception:
-        raise AssertionError("a rank failed:\n" + "\n".join(p.read_text() for p in tmp_path.glob("*.err"))) from None
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = run_ranks(_four_steps, 2, tmp_path)
     # step 2: only rank 1 saw the NaN, both report it and both skip; step 3: both undo the x100 step
     assert [s["skipped"] for s in ranks[0]] == [s["skipped"] for s in ranks[1]] == [0.0, 1.0, 1.0, 0.0]
     assert all(torch.isnan(torch.tensor(r[1]["grad_norm"])) for r in ranks)
