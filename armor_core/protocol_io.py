@@ -11,7 +11,8 @@ unchanged (a tuple, a numpy scalar, a nested array) is refused on save, naming w
 
 Pickling (what Ray does between processes) ships each tensor as a flat uint8 numpy view of its
 bytes. With pickle protocol 5 (Ray's) these travel as out-of-band buffers, written once into
-the object store without going through ``torch.save``; and a slice ships only its own rows,
+the object store without going through ``torch.save`` (tensors under ``INLINE_BYTES`` go in-band
+as plain bytes, which is cheaper for Ray at that size); and a slice ships only its own rows,
 where torch would pickle the whole underlying storage. Unpickled tensors always land on the CPU
 (the driver holds no GPU; workers call ``.to(device)``), and are copied out of Ray's read-only
 shared memory so that writing into them is safe.
@@ -114,9 +115,18 @@ def to_state(data: "DataProto") -> dict[str, Any]:
     the tensor's contiguous CPU copy. The dicts of non-tensors and meta_info are shared, not copied."""
     # A flat uint8 numpy view works for every dtype (bfloat16 has no numpy twin) and pickles
     # as one PickleBuffer: out-of-band under protocol 5, and only this tensor's own bytes.
-    tensors = {k: (t.dtype, tuple(t.shape), t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), t.requires_grad)
-               for k, t in data.tensors.items()}
+    tensors = {}
+    for k, t in data.tensors.items():
+        buf = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        # a small tensor travels in-band as bytes: below about this size Ray's bookkeeping for an
+        # out-of-band buffer costs more than the copy (a 128-row rollout batch of 7 small
+        # tensors: 2.3 -> 1.8 ms a Ray call, against 1.6 ms for an empty one)
+        tensors[k] = (t.dtype, tuple(t.shape), buf.tobytes() if buf.nbytes <= INLINE_BYTES else buf, t.requires_grad)
     return {"tensors": tensors, "non_tensors": data.non_tensors, "meta_info": data.meta_info}
+
+
+#: tensors up to this many bytes are pickled in-band (see ``to_state``)
+INLINE_BYTES = 64 * 1024
 
 
 def from_state(state: dict[str, Any]) -> Columns:
@@ -124,7 +134,9 @@ def from_state(state: dict[str, Any]) -> Columns:
     The caller checks the row counts (``DataProto._check``)."""
     tensors = {}
     for key, (dtype, shape, buf, requires_grad) in state["tensors"].items():
-        if not buf.flags.writeable:  # Ray hands out read-only shared memory; a write there would crash
+        if isinstance(buf, bytes):
+            buf = np.frombuffer(bytearray(buf), dtype=np.uint8)  # bytearray: writable
+        elif not buf.flags.writeable:  # Ray hands out read-only shared memory; a write there would crash
             buf = buf.copy()
         tensors[key] = torch.from_numpy(buf).view(dtype).reshape(shape).requires_grad_(requires_grad)
     return tensors, dict(state["non_tensors"]), dict(state["meta_info"])

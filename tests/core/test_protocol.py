@@ -557,26 +557,32 @@ def test_pickle_round_trip(protocol):
 
 
 def test_pickle_sends_tensors_out_of_band_and_only_the_viewed_rows():
-    data = DataProto({"ids": torch.arange(64 * 128).reshape(64, 128), "mask": torch.ones(64, 128, dtype=torch.bool)})
+    from armor_core.protocol_io import INLINE_BYTES
+
+    data = DataProto({"ids": torch.arange(64 * 256).reshape(64, 256), "mask": torch.ones(64, 128, dtype=torch.bool)})
+    assert 64 * 128 <= INLINE_BYTES < 64 * 256 * 8
     buffers: list[pickle.PickleBuffer] = []
     payload = pickle.dumps(data, protocol=5, buffer_callback=buffers.append)
-    assert sorted(memoryview(b).nbytes for b in buffers) == [64 * 128, 64 * 128 * 8]  # the raw bytes, nothing else
-    assert len(payload) < 1000
-    assert torch.equal(pickle.loads(payload, buffers=buffers)["ids"], data["ids"])
+    assert [memoryview(b).nbytes for b in buffers] == [64 * 256 * 8]  # the large tensor's raw bytes, nothing else
+    assert 64 * 128 < len(payload) < 64 * 128 + 1000  # the small one in-band, as its bytes
+    loaded = pickle.loads(payload, buffers=buffers)
+    assert torch.equal(loaded["ids"], data["ids"]) and torch.equal(loaded["mask"], data["mask"])
     # one row of 128 int64 + 128 bool is 1152 bytes; torch would pickle the whole 73,728-byte storages
     assert len(pickle.dumps(data[5])) < 2000 < len(pickle.dumps(dict(data[5].tensors)))
 
 
 def test_unpickled_tensors_are_writable_even_from_read_only_buffers():
-    data = DataProto({"x": torch.zeros(4)})
+    data = DataProto({"x": torch.zeros(4), "big": torch.zeros(4, 8192)})  # in-band and out-of-band
     buffers: list[pickle.PickleBuffer] = []
     payload = pickle.dumps(data, protocol=5, buffer_callback=buffers.append)
     read_only = [memoryview(bytes(b)) for b in buffers]  # what Ray's shared memory looks like
+    assert len(read_only) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when wrapping a non-writable array
         loaded = pickle.loads(payload, buffers=read_only)
     loaded["x"] += 1
-    assert loaded["x"].tolist() == [1, 1, 1, 1]
+    loaded["big"] += 1
+    assert loaded["x"].tolist() == [1, 1, 1, 1] and bool((loaded["big"] == 1).all())
 
 
 def test_copy_shares_columns_and_deepcopy_does_not():
