@@ -93,8 +93,8 @@ class ActorConfig:
     use_kl_loss: bool = f(False, "Add KL(policy || reference) to the loss (GRPO style).")
     kl_loss_coef: float = f(0.001, "Coefficient of the KL loss.", ge=0.0)
     kl_loss_type: str = f("k3", "KL estimator for the KL loss (a registered `kl_estimator` plugin).")
-    num_workers: int = f(1, "Data-parallel actor processes.", ge=1)
-    strategy: str = f("ddp", "Data-parallel strategy.", choices=["ddp", "fsdp2"])
+    num_workers: int = f(1, "Data-parallel actor processes (one update over all of them equals one process on the same batch).", ge=1)
+    strategy: str = f("ddp", "Data-parallel strategy of the actor and critic groups: ddp (every rank holds the whole model) or fsdp2 (fully_shard per decoder layer: parameters, gradients and optimizer state sharded). gloo on CPU, NCCL on GPU.", choices=["ddp", "fsdp2"])
 
 
 @dataclass
@@ -104,6 +104,7 @@ class CriticConfig:
     grad_clip: float = f(1.0, "Critic gradient-norm clip; 0 disables it.", ge=0.0)
     ppo_epochs: int = f(1, "Critic passes over each batch.", ge=1)
     micro_batch_size: int = f(64, "Rows per critic forward/backward.", ge=1)
+    num_workers: Optional[int] = f(None, "Data-parallel critic processes (strategy: actor.strategy); default: actor.num_workers.", ge=1)
 
 
 @dataclass
@@ -166,7 +167,7 @@ class TrainerConfig:
     loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
-    faults: list = f(help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout (see armor_core/faults.py).", factory=list)
+    faults: list = f(help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/faults.py).", factory=list)
 
 
 @dataclass

@@ -3,12 +3,16 @@
 ``trainer.faults`` lists faults as ``{kind, steps, value}``; nothing is injected unless a user
 asks. Kinds, and where they strike:
 
-- ``nan_grad`` (actor worker): one gradient element becomes NaN after backward, before clipping.
+- ``nan_grad`` (actor worker): one gradient element becomes NaN after backward, before clipping;
+  on the rank ``value`` only when given (every rank must still skip together).
 - ``lr_scale`` (actor worker): the learning rate is multiplied by ``value`` for these updates.
 - ``flip_reward`` / ``random_reward`` (driver): scores become ``1 - score`` / uniform in [0, 1].
 - ``inf_reward`` (driver): one row's score becomes +Inf.
 - ``stale_rollout`` (actor worker): responses are sampled from the weights of ``value`` steps
   ago (default 4) while the trainer believes they are on-policy.
+- ``kill_worker`` (actor worker): the actor worker of rank ``value`` (default 0) kills its own
+  process with SIGKILL as its update of these steps begins, as the kernel's OOM killer would; the
+  run must stop with a message naming the worker, keep its last checkpoint, and resume from it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["FAULT_KINDS", "Faults", "parse_faults"]
 
-FAULT_KINDS = ("nan_grad", "lr_scale", "flip_reward", "random_reward", "inf_reward", "stale_rollout")
+FAULT_KINDS = ("nan_grad", "lr_scale", "flip_reward", "random_reward", "inf_reward", "stale_rollout", "kill_worker")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import torch
 
 from armor_core.config import ArmorConfig, to_dict
 from armor_core.data import Dataset, PromptLoader, encode_dataset, load_rows, task_rows
+from armor_core.engine import WorkerDiedError
 from armor_core.interfaces import call_with_params
 
 __all__ = ["Trainer", "prepare_data", "run_training"]
@@ -68,15 +69,43 @@ def prepare_data(cfg: ArmorConfig, pm: Any = None, tokenizer: Any = None, reward
     return train, val
 
 
+class _Stage:
+    worker_s: float | None = None  # seconds the workers report spending inside the call
+
+
 class _Timer:
+    """Seconds per stage of a step. A stage that calls workers sets ``worker_s`` (from
+    ``perf/worker_s`` in what they return); its wall time beyond that (Ray calls, serialisation,
+    dispatch, waiting for the slowest rank) goes to ``timing_s/overhead``, so stages still add up
+    to ``timing_s/step``."""
+
     def __init__(self) -> None:
         self.t: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.t[f"timing_s/{name}"] = self.t.get(f"timing_s/{name}", 0.0) + seconds
 
     @contextmanager
     def __call__(self, name: str):
         t0 = time.perf_counter()
-        yield
-        self.t[f"timing_s/{name}"] = self.t.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+        stage = _Stage()
+        yield stage
+        wall = time.perf_counter() - t0
+        inside = wall if stage.worker_s is None else min(wall, stage.worker_s)
+        self.add(name, inside)
+        if stage.worker_s is not None:
+            self.add("overhead", wall - inside)
+
+
+def _worker_seconds(reported: Any) -> float | None:
+    """The slowest rank's ``perf/worker_s``: a float (one worker), a list (per rank), or None."""
+    if isinstance(reported, (list, tuple)):
+        return max(reported) if reported else None
+    return None if reported is None else float(reported)
+
+
+#: stages that are the engine's own cost, not generation, reward, algorithm or training compute
+ENGINE_STAGES = ("data", "update_weights", "overhead", "other")
 
 
 def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -143,7 +172,7 @@ class Trainer:
         from armor_core.isolation import ProcessIsolator, detect_available_cpus
 
         e, a = self.cfg.engine, self.cfg.actor
-        groups = {"actor": a.num_workers, **({"critic": a.num_workers} if self.estimator.requires_critic else {})}
+        groups = {"actor": a.num_workers, **({"critic": self.cfg.critic.num_workers or a.num_workers} if self.estimator.requires_critic else {})}
         n_workers = sum(groups.values())
         cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
         self.cfg.engine.cpus_per_worker = cpus  # workers read their thread count from it
@@ -162,12 +191,20 @@ class Trainer:
                                  name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"))
         self.critic = None
         if "critic" in groups:
-            self.critic = WorkerGroup(CriticWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
+            self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
                                       name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"))
         self.startup_s["workers"] = time.perf_counter() - t0
+        # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
+        records = [{**place, **rec} for g in (self.actor, self.critic) if g is not None for place, rec in zip(g.placement, g.call("isolation_record"))]
         if isolator is not None:
-            records = [r for g in (self.actor, self.critic) if g is not None for r in g.call("isolation_record")]
             isolator.report(records, self.run_dir, echo=False)
+        else:
+            from armor_core.isolation import write_assignment
+
+            # on a joined cluster the driver cannot know which cores another node's raylet (or the other
+            # raylets on one machine) hands out, so nothing is pinned; workers still run cpus_per_worker threads
+            reason = "joined Ray cluster (engine.address): cores are not pinned" if e.address else "engine.isolate=false"
+            write_assignment(self.run_dir, [{**r, "isolated": False, "reason": reason} for r in records])
 
     def _resume(self) -> None:
         path = self.ckpt.latest()
@@ -223,9 +260,10 @@ class Trainer:
         with timer("data"):
             prompts = self.loader.next_batch()
             gen_in = prompts.repeat(cfg.rollout.n, interleave=True)
-        with timer("gen"):
+        with timer("gen") as stage:
             stale = self.faults.at("stale_rollout", self.step + 1) is not None
             out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
+            stage.worker_s = _worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s"))
         batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
         mask = batch["response_mask"].float()
         resp_len = mask.sum(-1)
@@ -243,16 +281,19 @@ class Trainer:
 
         on_policy = cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
         if not on_policy:
-            with timer("old_log_prob"):
+            with timer("old_log_prob") as stage:
                 old = self.actor.dispatch("compute_log_prob", batch)
+                stage.worker_s = _worker_seconds(old.meta_info.pop("metrics", {}).get("perf/worker_s"))
             batch = batch.union(old.select(tensor_keys=["old_log_probs"]))
             if "rollout_log_probs" in batch:
                 diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask
                 metrics["rollout/logprob_diff_mean"] = (diff.sum() / mask.sum().clamp(min=1)).item()
                 metrics["rollout/logprob_diff_max"] = diff.max().item()
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            with timer("ref"):
-                batch = batch.union(self.actor.dispatch("compute_ref_log_prob", batch))
+            with timer("ref") as stage:
+                ref = self.actor.dispatch("compute_ref_log_prob", batch)
+                stage.worker_s = _worker_seconds(ref.meta_info.pop("metrics", {}).get("perf/worker_s"))
+                batch = batch.union(ref)
         if self.critic is not None:
             with timer("values"):
                 batch = batch.union(self.critic.dispatch("compute_values", batch))
@@ -287,11 +328,18 @@ class Trainer:
             if self.critic is not None:
                 with timer("update_critic"):
                     metrics.update(self.critic.dispatch("update_critic", batch, self.step + 1))
-            with timer("update_actor"):
+            with timer("update_actor") as stage:
                 update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs") if k in batch])
-                metrics.update(self.actor.dispatch("update_actor", update_in, self.step + 1))
-            with timer("update_weights"):
-                self.actor.call("sync_weights")
+                actor_metrics = self.actor.dispatch("update_actor", update_in, self.step + 1)
+                stage.worker_s = _worker_seconds(actor_metrics.pop("perf/worker_s", None))
+                metrics.update(actor_metrics)
+            if getattr(self, "_needs_weight_sync", None) is None:  # asked once: a colocated engine never needs the round trip
+                self._needs_weight_sync = any(self.actor.call("needs_weight_sync"))
+            if self._needs_weight_sync:
+                with timer("update_weights") as stage:
+                    stage.worker_s = _worker_seconds(self.actor.call("sync_weights"))
+            else:
+                timer.add("update_weights", 0.0)
         self.step += 1
         after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step)
         self._act_on([*verdicts, after], metrics)
@@ -310,14 +358,17 @@ class Trainer:
         step_s = time.perf_counter() - t_step
         metrics["timing_s/step"] = step_s
         metrics["timing_s/other"] = step_s - sum(v for k, v in timer.t.items())
+        metrics["perf/engine_overhead_frac"] = sum(metrics.get(f"timing_s/{k}", 0.0) for k in ENGINE_STAGES) / step_s
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / step_s
         return metrics
 
     def _act_on(self, verdicts: list, metrics: dict[str, float]) -> None:
         """Roll back if any guard asked, then apply every adjustment (after: a rollback restores the old optimizer)."""
-        if any(v.action == "rollback" for v in verdicts):
-            self._rollback(metrics)
+        rollbacks = [v for v in verdicts if v.action == "rollback"]
+        if rollbacks:
+            sinces = [v.since for v in rollbacks if v.since is not None]
+            self._rollback(metrics, min(sinces) if sinces else None)
         from armor_core.guard import merge_adjustments
 
         adjustments = merge_adjustments([v for v in verdicts if v.adjustments])
@@ -336,9 +387,15 @@ class Trainer:
             scores[0] = float("inf")
         return scores
 
-    def _rollback(self, metrics: dict[str, float]) -> None:
-        path = self.ckpt.latest()
+    def _rollback(self, metrics: dict[str, float], since: int | None = None) -> None:
+        """Restore the newest checkpoint older than ``since`` (the first suspected update), or the newest."""
+        path = self.ckpt.latest() if since is None else self.ckpt.before(since)
         metrics["guard/rollback"] = 1.0
+        if path is None and since is not None and self.ckpt.latest() is not None:
+            oldest = self.ckpt.completed()[0]
+            print(f"step {self.step}: no checkpoint older than step {since} is kept (trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); "
+                  f"rolling back to the oldest one, {oldest.name}, which may already be affected")
+            path = oldest
         if path is None:
             print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
             return
@@ -356,6 +413,7 @@ class Trainer:
         if self.val_ds is None:
             return {}
         from armor_core.protocol import DataProto
+        from armor_core.rewards import accuracy_by_source
 
         enc = self.val_ds.encoded
         data = DataProto.from_dict(tensors=dict(enc["tensors"]), non_tensors=dict(enc["non_tensors"]))
@@ -368,13 +426,7 @@ class Trainer:
             gen = gen[: len(data)]
             full = data.select(non_tensor_keys=list(data.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
             scores, _ = self._score(full)
-            correct = (scores >= 1.0 - 1e-6).float().numpy()
-            sources = np.asarray(full.non_tensors["data_source"])
-            for src in sorted(set(sources)):
-                sel = sources == src
-                out[f"val/{src}/acc_{mode}"] = float(correct[sel].mean())
-                out[f"val/{src}/score_{mode}"] = float(scores.numpy()[sel].mean())
-            out[f"val/acc_{mode}"] = float(correct.mean())
+            out.update(accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/"))
         out["val/step"] = float(self.step)
         self.val_history.append(out)
         return out
@@ -407,8 +459,14 @@ class Trainer:
             after = self.validate() if self.val_ds is not None else {}
             if after:
                 self.log(after)
-            if not (t.save_freq and self.step % t.save_freq == 0 and self.ckpt.latest() and self.ckpt.latest().name == f"step_{self.step:06d}"):
+            latest = self.ckpt.latest()
+            if latest is None or latest.name != self.ckpt.name_of(self.step):  # the last step is not saved yet
                 self.save_checkpoint()
+        except WorkerDiedError as e:
+            last = self.ckpt.latest()
+            where = (f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
+                     if last else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from step 0.")
+            raise WorkerDiedError(f"step {self.step + 1}: {e} {where}") from e
         finally:
             for tr in self.trackers:
                 tr.close()

@@ -10,6 +10,16 @@ act as data-parallel ranks 0..N-1. The driver talks to the group, not to ranks:
 
 Rollout, actor and reference live in one worker class (``ActorWorker``), so generation and
 training share weights without a transfer; a separate rollout group is a matter of another class.
+
+Placement: one placement-group bundle per rank (``cpus_per_worker`` CPUs, ``gpus_per_worker``
+GPUs), strategy PACK: as few nodes as hold the group, spreading over more when one is too small.
+``placement`` records where each rank landed (node id and IP, pid). The ranks rendezvous at rank
+0's node IP on a port free there (asked on that node), so a group may span machines.
+
+Failures: a call never blocks on a dead rank. Results are awaited with ``ray.wait``, one at a time;
+the first rank that dies (killed, out of memory, crashed) or raises while the others are still
+waiting (they would sit in a collective until gloo's 30-minute timeout) ends the whole group, and
+``WorkerDiedError`` names the group, rank, node, pid and Ray's account of the cause.
 """
 
 from __future__ import annotations
@@ -19,7 +29,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["WorkerGroup", "balanced_split", "init_ray"]
+from armor_core.cli import UserFacingError
+
+__all__ = ["PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
+
+# how long the other ranks get to finish after one rank raised: a healthy group returns in
+# milliseconds, a group stuck in a collective with the failed rank never does
+FAILURE_GRACE_S = 10.0
+
+
+class WorkerDiedError(UserFacingError):
+    """A worker process of a group died or failed while its peers waited; the group has been stopped."""
+
+
+class PlacementError(UserFacingError):
+    """The cluster cannot hold a worker group's placement group."""
 
 
 def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> None:
@@ -62,42 +86,82 @@ class WorkerGroup:
     """N Ray actors of ``worker_cls`` acting as data-parallel ranks."""
 
     def __init__(self, worker_cls: type, n: int, *, cpus_per_worker: float, gpus_per_worker: float, name: str, init_kwargs: dict[str, Any],
-                 rank_kwargs: list[dict[str, Any]] | None = None) -> None:
+                 rank_kwargs: list[dict[str, Any]] | None = None, placement_timeout_s: float = 120.0) -> None:
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.n, self.name = n, name
+        self.n, self.name, self.workers = n, name, []
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         self.pg = placement_group([bundle] * n, strategy="PACK")
-        ray.get(self.pg.ready(), timeout=120)
+        ready, _ = ray.wait([self.pg.ready()], timeout=placement_timeout_s)
+        if not ready:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.pg)
+            raise PlacementError(f"worker group '{name}': {n} workers x {bundle} could not be placed within {placement_timeout_s:.0f} s; the cluster has "
+                                  f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower actor.num_workers / "
+                                  "engine.cpus_per_worker / engine.gpus_per_worker, or add nodes (`ray start --address ...`).")
+        node_of_bundle = placement_group_table(self.pg)["bundles_to_node_id"]
+        ips = {nd["NodeID"]: nd["NodeManagerAddress"] for nd in ray.nodes()}
+        self.placement = [{"group": name, "rank": r, "node_id": node_of_bundle[r], "node_ip": ips.get(node_of_bundle[r], "?")} for r in range(n)]
         env = {}
         if n > 1:
-            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+            # rank 0's node and a port free there: 127.0.0.1 would not reach it from another machine
+            probe = ray.remote(num_cpus=0)(_address_here).options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0))
+            addr, port = ray.get(probe.remote(), timeout=placement_timeout_s)
+            env = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
         remote_cls = ray.remote(worker_cls)
-        self.workers = []
         for rank in range(n):
-            opts = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"armor-{name}-{rank}-{os.getpid()}",
+            opts = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"armor-{name}-{rank}-{os.getpid()}-{id(self)}",
                         scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
                         runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(max(1, int(cpus_per_worker)))}})
             per_rank = rank_kwargs[rank] if rank_kwargs else {}
             self.workers.append(remote_cls.options(**opts).remote(**init_kwargs, **per_rank, rank=rank, world_size=n))
         # surface construction errors (bad model path, ...) now, naming the worker
-        self.call("ping")
+        for rec, info in zip(self.placement, self.call("ping")):
+            rec["pid"] = info.get("pid") if isinstance(info, dict) else None
+
+    def describe(self, rank: int) -> str:
+        rec = self.placement[rank] if rank < len(getattr(self, "placement", [])) else {}
+        return (f"worker group '{self.name}' rank {rank} (pid {rec.get('pid', '?')}, node {rec.get('node_ip', '?')} "
+                f"{str(rec.get('node_id', '?'))[:12]})")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return self._gather(refs, method)
+
+    def _gather(self, refs: list[Any], method: str) -> list[Any]:
+        """Results in rank order; the first rank to die (or fail while the others wait on it) stops the group."""
         import ray
 
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"worker group '{self.name}' lost a worker during {method}: {e}") from e
+        rank_of = {ref: r for r, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self.shutdown()
+                    if getattr(e, "actor_init_failed", False):  # its constructor raised: that error is the story
+                        last = [line for line in str(e).splitlines() if line.strip()][-1].strip()
+                        raise WorkerDiedError(f"{self.describe(rank_of[ref])} failed to start: {last}") from e
+                    raise WorkerDiedError(f"{self.describe(rank_of[ref])} died during {method}: {death_cause(e)}. The group's other "
+                                          f"{self.n - 1} worker(s) were stopped.") from e
+                except ray.exceptions.RayTaskError as e:
+                    if pending:
+                        _, stuck = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
+                        if stuck:  # the others wait on the failed rank in a collective: they never return
+                            self.shutdown()
+                            raise WorkerDiedError(f"{self.describe(rank_of[ref])} failed during {method} while ranks "
+                                                  f"{sorted(rank_of[s] for s in stuck)} waited on it; the group was stopped. "
+                                                  f"The error: {type(e.cause).__name__ if e.cause is not None else 'RayTaskError'}: {e.cause}") from e
+                    raise
+        return ray.get(refs)
 
     def dispatch(self, method: str, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
-        import ray
-
         from armor_core.protocol import DataProto
 
         if self.n == 1:
@@ -105,7 +169,7 @@ class WorkerGroup:
         mask = data["response_mask"] if "response_mask" in data else data["attention_mask"]
         parts = balanced_split(mask.sum(-1).numpy(), self.n)
         refs = [getattr(w, method).remote(data[idx], *args, **kwargs) for w, idx in zip(self.workers, parts)]
-        outs = ray.get(refs)
+        outs = self._gather(refs, method)
         if isinstance(outs[0], DataProto):
             merged = DataProto.concat(outs)
             inverse = np.argsort(np.concatenate(parts))
@@ -116,17 +180,52 @@ class WorkerGroup:
         return outs
 
     def shutdown(self) -> None:
+        """Stop every worker and free the placement group; safe to call twice."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for w in self.workers:
             ray.kill(w)
-        remove_placement_group(self.pg)
+        self.workers = []
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # already removed, or the cluster is gone: nothing left to free
+                pass
+            self.pg = None
+
+
+def death_cause(err: Exception) -> str:
+    """Ray's account of why an actor died, shortened to what a user acts on.
+
+    A process killed by a signal (the kernel's OOM killer and ``kill -9`` both send SIGKILL) or
+    crashed looks the same to Ray: its connection drops. Ray's own memory monitor says so by name.
+    """
+    text = " ".join(str(getattr(err, "error_msg", None) or err).split())
+    exit_type = text.split("Worker exit type:", 1)[1].split()[0] if "Worker exit type:" in text else ""
+    detail = text.split("Worker exit detail:", 1)[1].split(". ")[0].strip() if "Worker exit detail:" in text else ""
+    if "memory monitor" in text or "OutOfMemory" in type(err).__name__:
+        kind = "killed by Ray's memory monitor: the node ran out of memory"
+    elif "connection error" in detail:
+        kind = "its process vanished: killed by a signal (SIGKILL from the kernel's OOM killer or `kill -9`) or crashed (SIGSEGV); check `dmesg` on that node for OOM"
+    elif exit_type == "INTENDED_USER_EXIT" or "ray.kill" in text:
+        kind = "stopped on purpose (ray.kill or exit())"
+    elif "exit code" in text or "exited" in text:
+        kind = "its process exited"
+    else:
+        kind = "died"
+    return kind + (f" [Ray: {exit_type}{': ' + detail if detail else ''}]" if exit_type else "")
+
+
+def _address_here() -> tuple[str, int]:
+    import ray
+
+    return ray.util.get_node_ip_address(), _free_port()
 
 
 def _free_port() -> int:
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))  # free on every interface: peers on other nodes connect to it
         return s.getsockname()[1]

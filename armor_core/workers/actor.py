@@ -5,7 +5,8 @@ its own plugin manager, so every algorithm it runs is looked up by the name in t
 branched on: the policy loss, the loss aggregation, the KL estimator and the guards are all plugins.
 
 Data parallelism: with ``world_size > 1`` the worker joins a torch.distributed group (gloo on CPU,
-NCCL on GPU) and wraps the model in DDP; the loss aggregation contract (sum of micro-batch losses
+NCCL on GPU) and wraps the model in DDP or shards it with FSDP2 (``actor.strategy``, see
+``workers/parallel.py``); the loss aggregation contract (sum of micro-batch losses
 over ranks = full-batch loss, see ``hookspecs.armor_register_loss_aggregations``) is what makes
 N workers equal one worker on the same global batch.
 """
@@ -23,7 +24,7 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
-from armor_core.workers.common import isolate, quiet_transformers, forward_response_logits, iter_micro_batches, response_log_probs, scalar, seed_everything
+from armor_core.workers.common import isolate, quiet_transformers, forward_response_log_probs, iter_micro_batches, scalar, seed_everything
 
 __all__ = ["ActorWorker"]
 
@@ -70,18 +71,22 @@ class ActorWorker:
         self.ref_model = None
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.train_module: torch.nn.Module = self.model
-        if world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        from armor_core.workers.parallel import wrap
 
-            self.train_module = DDP(self.model)
+        # FSDP2 shards self.model in place and a sharded forward is a collective, so the rollout
+        # engine generates from a full copy, refreshed by sync_weights (see workers/parallel.py)
+        self.sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
+        self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
+        self.train_module: torch.nn.Module = wrap(self.model, cfg.actor.strategy, world_size, self.device)
         a = cfg.actor
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
-        self.rollout = backend_cls(self.model, self.tokenizer, cfg.rollout)
+        self.rollout = backend_cls(self.gen_model, self.tokenizer, cfg.rollout)
         self.global_step = 0
+        self.pack: bool | None = None  # train on packed rows (no padding); checked on first use
+        self.positions = [0, 0]  # positions computed, real tokens: for perf/padding_waste
         from collections import deque
 
         from armor_core.faults import Faults
@@ -107,33 +112,85 @@ class ActorWorker:
     # -- rollout --------------------------------------------------------------------------------
 
     def generate(self, prompts: DataProto, greedy: bool = False, stale: bool = False) -> DataProto:
+        t0 = time.perf_counter()
+        out = self._generate(prompts, greedy, stale)
+        # the seconds spent in here: the driver's wall time minus this is Ray and serialisation
+        out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), "perf/worker_s": time.perf_counter() - t0}
+        return out
+
+    def _generate(self, prompts: DataProto, greedy: bool, stale: bool) -> DataProto:
         if stale and self._snapshots:  # fault injection: sample from old weights, then put the current ones back
-            current = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(self._snapshots[0])
+            current = {k: v.clone() for k, v in self.gen_model.state_dict().items()}
+            self.gen_model.load_state_dict(self._snapshots[0])
             try:
                 return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
             finally:
-                self.model.load_state_dict(current)
+                self.gen_model.load_state_dict(current)
         return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
+
+    def needs_weight_sync(self) -> bool:
+        """False when the rollout engine generates from this very module (colocated): sync_weights has nothing to send."""
+        return getattr(self.rollout, "model", None) is not self.model
 
     def sync_weights(self) -> float:
         """Hand the new policy to the rollout engine; returns the seconds it took."""
         t0 = time.perf_counter()
         if getattr(self.rollout, "model", None) is not self.model:  # a colocated engine shares the module
-            self.rollout.update_weights(self.model.state_dict().items())
+            from armor_core.workers.parallel import full_model_state
+
+            # under FSDP2 gathering the full weights is a collective: every rank syncs together
+            self.rollout.update_weights(full_model_state(self.model).items() if self.sharded else self.model.state_dict().items())
         return time.perf_counter() - t0
 
     # -- log-probs ------------------------------------------------------------------------------
+
+    def _forward(self, module: torch.nn.Module, batch: DataProto, sl: slice, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``, computed without
+        the padding (``common.pack_rows``); positions computed and real tokens go to ``self.positions``."""
+        ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
+        if self.pack is None:
+            self.pack = self._packing_is_exact(module, ids, attn, pos, resp)
+        lp, ent, (computed, real) = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, pack=self.pack)
+        self.positions[0] += computed
+        self.positions[1] += real
+        return lp, ent
+
+    @torch.no_grad()
+    def _packing_is_exact(self, module: torch.nn.Module, ids, attn, pos, resp) -> bool:
+        """Once per worker: do packed rows give this model's padded log-probs? A model that ignores
+        position-based sequence boundaries would let packed sequences attend to each other."""
+        was_training = module.training
+        module.eval()
+        try:
+            t = self.cfg.rollout.temperature
+            packed, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, pack=True)
+            padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, pack=False)
+        finally:
+            module.train(was_training)
+        R = resp.shape[1]
+        valid = (attn[:, -R:] * attn[:, -R - 1 : -1]).bool()
+        diff = float((packed - padded)[valid].abs().mean()) if valid.any() else 0.0
+        tolerance = 1e-4 if next(module.parameters()).dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
+        if diff > tolerance:
+            import warnings
+
+            warnings.warn(f"actor rank {self.rank}: packed sequences change this model's log-probs (mean |diff| {diff:.2e} > {tolerance:.0e}); "
+                          "training on padded batches instead", stacklevel=2)
+        return diff <= tolerance
+
+    def _padding_metrics(self) -> dict[str, float]:
+        """``perf/padding_waste``: padded positions computed per real token since the last call."""
+        computed, real = self.positions
+        self.positions = [0, 0]
+        return {"perf/padding_waste": (computed - real) / max(real, 1)}
 
     @torch.no_grad()
     def _log_probs(self, model: torch.nn.Module, data: DataProto, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         was_training = model.training
         model.eval()
-        R = data["responses"].shape[1]
         lps, ents = [], []
         for sl in iter_micro_batches(len(data), self.cfg.actor.micro_batch_size):
-            logits = forward_response_logits(model, data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
-            lp, ent = response_log_probs(logits, data["responses"][sl].to(self.device), self.cfg.rollout.temperature, with_entropy)
+            lp, ent = self._forward(model, data, sl, with_entropy)
             lps.append(lp.cpu())
             if ent is not None:
                 ents.append(ent.cpu())
@@ -141,15 +198,19 @@ class ActorWorker:
         return torch.cat(lps), (torch.cat(ents) if ents else None)
 
     def compute_log_prob(self, data: DataProto) -> DataProto:
+        t0 = time.perf_counter()
         lp, ent = self._log_probs(self.model, data, with_entropy=True)
         mask = data["response_mask"]
-        return DataProto.from_dict(tensors={"old_log_probs": lp * mask, "entropys": ent * mask})
+        return DataProto.from_dict(tensors={"old_log_probs": lp * mask, "entropys": ent * mask},
+                                   meta_info={"metrics": {**self._padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref_model is None:
             raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
+        t0 = time.perf_counter()
         lp, _ = self._log_probs(self.ref_model, data, with_entropy=False)
-        return DataProto.from_dict(tensors={"ref_log_prob": lp * data["response_mask"]})
+        return DataProto.from_dict(tensors={"ref_log_prob": lp * data["response_mask"]},
+                                   meta_info={"metrics": {**self._padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 
     # -- update ---------------------------------------------------------------------------------
 
@@ -175,14 +236,29 @@ class ActorWorker:
             total, count, mx = float(t[0]), float(t[1]), float(m[0])
         return {"rollout/logprob_diff_mean": total / max(count, 1.0), "rollout/logprob_diff_max": mx}
 
-    def _global_sum(self, x: float) -> float:
-        if self.world_size == 1:
-            return x
+    def _agreed_norm(self, norm: float) -> float:
+        """The gradient norm every rank acts on: NaN if any rank's is not finite, else the largest.
+
+        After DDP's all-reduce the gradients should be equal on every rank, but a fault after it
+        (a NaN from a bad kernel, a bit flip) hits one rank only; a rank that skipped alone would
+        leave its weights behind the others' for good. FSDP2's norm is already one global number.
+        """
+        if self.world_size == 1 or self.cfg.actor.strategy == "fsdp2":
+            return norm
         import torch.distributed as dist
 
-        t = torch.tensor([x], dtype=torch.float64)
+        t = torch.tensor([0.0 if math.isfinite(norm) else 1.0, norm if math.isfinite(norm) else 0.0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float("nan") if t[0] > 0 else float(t[1])
+
+    def _global_sums(self, xs: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return xs
+        import torch.distributed as dist
+
+        t = torch.tensor(xs, dtype=torch.float64)
         dist.all_reduce(t)
-        return float(t[0])
+        return t.tolist()
 
     def _agg(self, mat: torch.Tensor, mask: torch.Tensor, n_tok: float, n_seq: float) -> torch.Tensor:
         a = self.cfg.actor
@@ -191,7 +267,16 @@ class ActorWorker:
 
     def update_actor(self, data: DataProto, step: int) -> dict[str, float]:
         """PPO-style update on this rank's share of the batch; returns metrics (means over mini-batches)."""
+        kill = self.faults.at("kill_worker", step)
+        if kill is not None and self.rank == int(kill.value or 0):  # fault injection: die as the OOM killer would
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         cfg, a = self.cfg, self.cfg.actor
+        t_call = time.perf_counter()
+        t_fwd_bwd = t_optim = 0.0
+        self.positions = [0, 0]
         self.train_module.train()
         n_rows = len(data)
         rows_per_mini = max(1, n_rows * a.ppo_mini_batch_size // cfg.data.train_batch_size)
@@ -202,7 +287,7 @@ class ActorWorker:
             sums.setdefault(k, []).append(scalar(v))
 
         if self._snapshots.maxlen:
-            self._snapshots.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+            self._snapshots.append({k: v.detach().clone() for k, v in self.gen_model.state_dict().items()})
         first_forward = True
         loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
         gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000003 + step)
@@ -213,12 +298,13 @@ class ActorWorker:
                 mask_all = mini["response_mask"].to(self.device).float()
                 n_tok, n_seq = self._global_counts(mask_all)
                 self.optimizer.zero_grad(set_to_none=True)
-                R = mini["responses"].shape[1]
-                mini_loss = 0.0
+                # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
+                # mini-batch's value is the sum over micro-batches and ranks, not a mean
+                parts = dict.fromkeys(("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0)
+                t0 = time.perf_counter()
                 for sl in iter_micro_batches(len(mini), a.micro_batch_size):
                     mask = mask_all[sl]
-                    logits = forward_response_logits(self.train_module, mini["input_ids"][sl].to(self.device), mini["attention_mask"][sl].to(self.device), mini["position_ids"][sl].to(self.device), R)
-                    log_prob, entropy = response_log_probs(logits, mini["responses"][sl].to(self.device), cfg.rollout.temperature, with_entropy=True)
+                    log_prob, entropy = self._forward(self.train_module, mini, sl, with_entropy=True)
                     # exactly on-policy (one update per batch): the old policy *is* this forward, so
                     # the ratio is 1 with the right gradient and the extra forward pass is skipped
                     old = log_prob.detach() if on_policy else mini["old_log_probs"][sl].to(self.device)
@@ -237,22 +323,28 @@ class ActorWorker:
                         kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][sl].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
                         kl = self._agg(kl_mat, mask, n_tok, n_seq)
                         loss = loss + a.kl_loss_coef * kl
-                        add("actor/kl_loss", kl)
-                    # DDP averages gradients over ranks; the aggregation already divides by global counts
+                        parts["actor/kl_loss"] += scalar(kl)
+                    # DDP and FSDP2 average gradients over ranks; the aggregation already divides by global counts
                     (loss * self.world_size).backward()
-                    add("actor/pg_loss", pg_loss)
-                    mini_loss += scalar(pg_loss)
-                    add("actor/entropy", ent_loss)
+                    parts["actor/pg_loss"] += scalar(pg_loss)
+                    parts["actor/entropy"] += scalar(ent_loss)
                     for k, v in pm_metrics.items():
                         add(f"actor/{k}", v)
-                if self.faults.at("nan_grad", step):
-                    next(p for p in self.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+                t_fwd_bwd += time.perf_counter() - t0
+                nan_fault = self.faults.at("nan_grad", step)
+                if nan_fault and (nan_fault.value is None or int(nan_fault.value) == self.rank):
+                    g = next(p for p in self.model.parameters() if p.grad is not None).grad
+                    (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
+                t0 = time.perf_counter()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf"))
-                gn = scalar(grad_norm)
+                t_optim += time.perf_counter() - t0  # clipping is part of the optimizer's step
+                gn = self._agreed_norm(scalar(grad_norm))
                 add("actor/grad_norm", gn)
-                # every rank must reach the same verdict: the norm is already global after DDP's
-                # all-reduce, the loss is made global here (contributions sum to the batch loss)
-                stats = {"grad_norm": gn, "pg_loss": self._global_sum(mini_loss)}
+                for k, v in zip(parts, self._global_sums(list(parts.values()))):
+                    add(k, v)
+                # every rank must reach the same verdict from the same numbers: the norm is agreed
+                # above, the loss is global (its contributions summed over micro-batches and ranks)
+                stats = {"grad_norm": gn, "pg_loss": sums["actor/pg_loss"][-1]}
                 if first_forward and "rollout/logprob_diff_mean" in sums:
                     stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
                 first_forward = False
@@ -265,16 +357,30 @@ class ActorWorker:
                     for p in self.model.parameters():
                         if p.grad is not None:
                             p.grad.mul_(verdict.scale)
+                self._apply_worker_adjustments(verdict, add)
                 lr_fault = self.faults.at("lr_scale", step)
                 if lr_fault:
                     saved = [g["lr"] for g in self.optimizer.param_groups]
                     for g in self.optimizer.param_groups:
                         g["lr"] *= lr_fault.value
+                before = self._local_params(clone=True) if self.guard.watches("step") else None
+                t0 = time.perf_counter()
                 self.optimizer.step()
+                t_optim += time.perf_counter() - t0
                 if lr_fault:
                     for g, lr in zip(self.optimizer.param_groups, saved):
                         g["lr"] = lr
                 self.scheduler.step()
+                if before is not None:
+                    stats = self._update_stats(before)
+                    add("actor/update_ratio", stats["update_ratio"])
+                    verdict = self.guard.observe("step", stats, step)
+                    if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
+                        torch._foreach_copy_(self._local_params(), before)
+                        add("actor/skipped_updates", 1.0)
+                        self._apply_worker_adjustments(verdict, add)
+                        continue
+                    self._apply_worker_adjustments(verdict, add)
                 add("actor/skipped_updates", 0.0)
         self.global_step = step
         # extremes stay extremes: averaging a max over micro-batches would hide the spike a guard watches
@@ -282,7 +388,33 @@ class ActorWorker:
         metrics = {k: reduce[k.rsplit("_", 1)[-1]](v) if k.endswith(("_max", "_min")) else sum(v) / len(v) for k, v in sums.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(self.guard.pop_metrics())
+        metrics.update(self._padding_metrics())
+        # seconds inside this call, so the driver can separate Ray and serialisation from the work
+        metrics.update({"perf/actor_fwd_bwd_s": t_fwd_bwd, "perf/actor_optimizer_s": t_optim, "perf/worker_s": time.perf_counter() - t_call})
         return metrics
+
+    def _local_params(self, clone: bool = False) -> list[torch.Tensor]:
+        """This rank's parameter tensors (its shards under FSDP2), optionally copied."""
+        out = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters()]
+        return [t.clone() for t in out] if clone else out
+
+    def _update_stats(self, before: list[torch.Tensor]) -> dict[str, float]:
+        """Size of the update just applied, over all parameters (and all shards): the ``step`` stage's stats."""
+        now = self._local_params()
+        sq = torch.stack([torch.stack(torch._foreach_norm(torch._foreach_sub(now, before))).double().pow(2).sum(),
+                          torch.stack(torch._foreach_norm(before)).double().pow(2).sum()])
+        if self.world_size > 1 and self.cfg.actor.strategy == "fsdp2":  # shards: sum the squares over ranks
+            import torch.distributed as dist
+
+            dist.all_reduce(sq)
+        update, param = sq.sqrt().tolist()
+        return {"update_ratio": update / max(param, 1e-30), "update_norm": update, "param_norm": param, "lr": float(self.scheduler.base_lrs[0])}
+
+    def _apply_worker_adjustments(self, verdict: Any, add: Any) -> None:
+        if verdict.adjustments:  # decided from global statistics, so identical on every rank
+            self.apply_adjustments(verdict.adjustments)
+            for k, v in verdict.adjustments.items():
+                add(f"guard/adjust/{k}", v)
 
     ADJUSTABLE = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
 
@@ -302,34 +434,43 @@ class ActorWorker:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str) -> None:
-        """Model (as a HF directory), optimizer, scheduler, RNG. Rank 0 writes the model."""
+        """Model (as a HF directory), optimizer, scheduler, RNG; resumable on any number of ranks.
+
+        Rank 0 writes the full model and the full optimizer state keyed by parameter name (gathered
+        from the shards under FSDP2, so every rank takes part); each rank writes its RNG state.
+        """
+        from armor_core.workers.parallel import full_model_state, full_optimizer_state
+
         p = Path(path)
+        optim = full_optimizer_state(self.model, self.optimizer)
+        if self.sharded:
+            self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
         if self.rank == 0:
-            self.model.save_pretrained(p / "model", safe_serialization=True)
+            self.gen_model.save_pretrained(p / "model", safe_serialization=True)
             self.tokenizer.save_pretrained(p / "model")
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "global_step": self.global_step}, p / f"actor_state_rank{self.rank}.pt")
-        if self.rank == 0:
+            torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "world_size": self.world_size},
+                       p / "actor_state.pt")
             (p / "guard_worker.json").write_text(__import__("json").dumps(self.guard.state_dict()))
+        torch.save({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}.pt")
 
     def load_checkpoint(self, path: str) -> None:
         from safetensors.torch import load_file
 
+        from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
+
         p = Path(path)
         state = load_file(str(p / "model" / "model.safetensors"))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        missing, unexpected = load_full_model_state(self.model, state)
         if unexpected or [m for m in missing if "lm_head" not in m or not self.model.config.tie_word_embeddings]:
-            if unexpected or missing:
-                raise RuntimeError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        rank_file = p / f"actor_state_rank{self.rank}.pt"
-        if not rank_file.exists():  # resumed on more ranks than saved: optimizer state of rank 0
-            rank_file = p / "actor_state_rank0.pt"
-        st = torch.load(rank_file, weights_only=True)
-        self.optimizer.load_state_dict(st["optimizer"])
+            raise RuntimeError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        st = torch.load(p / "actor_state.pt", weights_only=True)
+        load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
-        torch.set_rng_state(st["torch_rng"])
+        rng_file = p / f"actor_rng_rank{self.rank}.pt"
+        if rng_file.exists():  # resumed on more ranks than saved: the new ranks keep their seeded generator
+            torch.set_rng_state(torch.load(rng_file, weights_only=True)["torch_rng"])
         self.global_step = int(st["global_step"])
         guard_file = p / "guard_worker.json"
         if guard_file.exists():
             self.guard.load_state_dict(__import__("json").loads(guard_file.read_text()))
-        self.sync_weights()
+        self.sync_weights()  # under FSDP2 this also refreshes the full copy the rollout generates from

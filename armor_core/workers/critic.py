@@ -4,6 +4,10 @@ The value model is the policy's backbone (a copy of the same pretrained weights)
 head: ``V(s_t)`` for each response position, read from the hidden state that predicts token t,
 the same positions the actor reads its log-probs from. The head starts at zero so the first
 advantages are the plain returns rather than noise from a random head.
+
+Data parallelism follows the actor (``workers/parallel.py``): ``critic.num_workers`` ranks, DDP or
+FSDP2 as ``actor.strategy`` says, value-loss token/sequence counts summed over ranks and the loss
+scaled by the world size, so N ranks take the same step as one on the same batch.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class ValueModel(torch.nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         hidden = out.last_hidden_state[:, -response_length - 1 : -1, :]
-        return self.value_head(hidden.float()).squeeze(-1)
+        return self.value_head(hidden.float())[..., 0].clone()  # not a view: FSDP2 hooks its backward on the output
 
 
 class CriticWorker:
@@ -40,15 +44,24 @@ class CriticWorker:
         from armor_core.models import resolve_model_path
         from armor_core.plugins import get_plugin_manager
 
+        from armor_core.workers.parallel import wrap
+
         self.cfg: ArmorConfig = from_dict(config)
         cfg = self.cfg
+        self.rank, self.world_size = rank, world_size
         self.isolation = isolate(assignment, cfg, rank)
         quiet_transformers()
         seed_everything(cfg.trainer.seed + 7919 + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
+        if world_size > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
         path = resolve_model_path(cfg.model.path)
         backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=getattr(torch, cfg.model.dtype))
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
+        self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
         self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
 
@@ -58,7 +71,7 @@ class CriticWorker:
     def ping(self) -> dict:
         import os
 
-        return {"pid": os.getpid(), "params": sum(p.numel() for p in self.model.parameters())}
+        return {"rank": self.rank, "pid": os.getpid(), "params": sum(p.numel() for p in self.model.parameters())}
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:
@@ -66,7 +79,7 @@ class CriticWorker:
         R = data["responses"].shape[1]
         vals = []
         for sl in iter_micro_batches(len(data), self.cfg.critic.micro_batch_size):
-            v = self.model(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
+            v = self.train_module(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
             vals.append(v.cpu())
         return DataProto.from_dict(tensors={"values": torch.cat(vals) * data["response_mask"]})
 
@@ -79,16 +92,21 @@ class CriticWorker:
         self.model.train()
         R = data["responses"].shape[1]
         mask_all = data["response_mask"].float()
-        n_tok, n_seq = float(mask_all.sum()), float((mask_all.sum(-1) > 0).sum())
+        counts = torch.tensor([mask_all.sum().item(), (mask_all.sum(-1) > 0).sum().item()], dtype=torch.float64)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts)  # the aggregation divides by the whole batch's counts, on every rank
+        n_tok, n_seq = float(counts[0]), float(counts[1])
         sums: dict[str, list[float]] = {}
         for _ in range(c.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for sl in iter_micro_batches(len(data), c.micro_batch_size):
                 mask = mask_all[sl].to(self.device)
-                vpreds = self.model(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
+                vpreds = self.train_module(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
                 loss_mat, m = compute_value_loss(vpreds, data["values"][sl].to(self.device), data["returns"][sl].to(self.device), mask, c.cliprange_value)
                 loss = self.loss_agg.fn(loss_mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=float(R))
-                loss.backward()
+                (loss * self.world_size).backward()  # DDP and FSDP2 average gradients over ranks
                 sums.setdefault("critic/vf_loss", []).append(scalar(loss))
                 for k, v in m.items():
                     sums.setdefault(f"critic/{k}", []).append(scalar(v))
@@ -99,15 +117,24 @@ class CriticWorker:
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
     def save_checkpoint(self, path: str) -> None:
+        """Rank 0 writes the full value model and optimizer state (by parameter name); any world size resumes them."""
         from safetensors.torch import save_file
 
+        from armor_core.workers.parallel import full_model_state, full_optimizer_state
+
         p = Path(path)
-        save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, str(p / "critic.safetensors"))
-        torch.save({"optimizer": self.optimizer.state_dict()}, p / "critic_state.pt")
+        model, optim = full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
+        if self.rank == 0:
+            save_file({k: v.contiguous() for k, v in model.items()}, str(p / "critic.safetensors"))
+            torch.save({"optimizer": optim}, p / "critic_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
         from safetensors.torch import load_file
 
+        from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
+
         p = Path(path)
-        self.model.load_state_dict(load_file(str(p / "critic.safetensors")))
-        self.optimizer.load_state_dict(torch.load(p / "critic_state.pt", weights_only=True)["optimizer"])
+        missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))
+        if missing or unexpected:
+            raise RuntimeError(f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        load_full_optimizer_state(self.model, self.optimizer, torch.load(p / "critic_state.pt", weights_only=True)["optimizer"])

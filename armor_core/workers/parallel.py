@@ -1,0 +1,134 @@
+"""Data parallelism for the actor and critic workers: DDP or FSDP2, and checkpoints that any world size resumes.
+
+Both strategies keep one contract (``hookspecs.armor_register_loss_aggregations``): each rank's
+micro-batch losses are divided by *global* token/sequence counts, so their sum over ranks is the
+full-batch loss. DDP all-reduces gradients with a mean and FSDP2 reduce-scatters them with a mean
+too, so the workers multiply their loss by ``world_size`` and N ranks take the same step as one
+rank on the same global batch (``tests/core/test_parallel.py`` checks it, for every aggregation mode).
+
+- ``ddp``: every rank holds the whole model and optimizer state; gradients are all-reduced.
+- ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the model's
+  ``_no_split_modules``) and on the root, so parameters, gradients and Adam moments are sharded
+  (DTensors) and a layer's weights are all-gathered only around its forward and backward. A
+  sharded model cannot generate on one rank alone (each forward is a collective, and ranks
+  generate different prompts for different lengths), so the worker keeps a full copy for the
+  rollout engine and refreshes it after every update.
+
+Checkpoints are written in a strategy- and world-size-independent form: the full model state dict
+(a Hugging Face directory) and the full optimizer state keyed by parameter *name*, both gathered
+to rank 0 (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``). Any number
+of ranks, with either strategy, loads them back; each rank's RNG state is kept separately.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["STRATEGIES", "full_model_state", "full_optimizer_state", "load_full_model_state", "load_full_optimizer_state", "shard_units", "wrap"]
+
+STRATEGIES = ("ddp", "fsdp2")
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules FSDP2 shards one by one: those whose class the model lists in ``_no_split_modules``
+    (the decoder layers of every transformers causal LM), searched in submodules too."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    units = [m for m in model.modules() if type(m).__name__ in names]
+    if not units:
+        raise ValueError(f"fsdp2: {type(model).__name__} names no decoder-layer class in _no_split_modules, so there is nothing "
+                         "to shard layer by layer; use actor.strategy=ddp for this model")
+    return units
+
+
+def wrap(model: torch.nn.Module, strategy: str, world_size: int, device: torch.device) -> torch.nn.Module:
+    """The module to train: ``model`` itself (one rank), a DDP wrapper, or ``model`` sharded in place by FSDP2.
+
+    Call it after ``torch.distributed`` is initialised and before building the optimizer (FSDP2
+    replaces the parameters with DTensors).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}; one of {', '.join(STRATEGIES)}")
+    if world_size == 1:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[device.index or 0] if device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # no CPUOffloadPolicy: it needs a backend that reduce-scatters CPU tensors, which gloo does not
+    mesh = init_device_mesh(device.type, (world_size,))
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _options(**kw: Any):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kw)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict as plain CPU tensors on every rank (a collective under FSDP2)."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
+
+
+def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load a full state dict into ``model`` (sharded or not); returns (missing, unexpected) keys."""
+    if not is_sharded(model):
+        res = model.load_state_dict(state, strict=False)
+        return list(res.missing_keys), list(res.unexpected_keys)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    res = set_model_state_dict(model, state, options=_options(full_state_dict=True, strict=False))
+    return list(res.missing_keys), list(res.unexpected_keys)
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state keyed by parameter name, whole (gathered under FSDP2; a collective there).
+
+    Keyed by name rather than by position, so it loads into any world size and either strategy.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if not optimizer.state:  # no step taken yet; the API below would take a zero step to create state (Adam's step count 1)
+        return {"untouched": optimizer.state_dict()}
+    state = get_optimizer_state_dict(model, optimizer, options=_options(full_state_dict=is_sharded(model)))
+    return _to_cpu(state)
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load :func:`full_optimizer_state`'s output; under FSDP2 each rank keeps its own shard of it."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if "untouched" in state:  # hyper-parameters only, indexed by position: the same on any world size
+        optimizer.load_state_dict(state["untouched"])
+        return
+    set_optimizer_state_dict(model, optimizer, state, options=_options(full_state_dict=is_sharded(model)))
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x

@@ -1,0 +1,232 @@
+"""Data parallelism: N workers take the same step as one worker on the same global batch, and
+checkpoints written by N workers resume on M.
+
+One real 2-process gloo group (torch.multiprocessing, no Ray) runs every case, so the group is
+built once: the actor's ``update_actor`` for DDP and FSDP2 under every loss aggregation mode, the
+critic's ``update_critic``, and the N->M checkpoint round trips. Rank 0 also runs the 1-worker
+reference on the whole batch. Responses have uneven lengths, and each rank gets the share that
+``engine.balanced_split`` (what ``WorkerGroup.dispatch`` uses) gives it, so ranks hold different
+token counts: a rank that divided by its own count instead of the global one would fail here.
+
+Adam's first step is nearly ``lr * sign(grad)`` and blind to a uniform scale error (a forgotten
+``* world_size``), so besides the parameters the test compares the gradients themselves (kept on
+the parameters after the update) and the reported gradient norm.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from armor_plugins.losses.aggregation import AGGREGATIONS
+
+MODES = sorted(AGGREGATIONS)
+STRATEGIES = ("ddp", "fsdp2")
+LENGTHS = [5, 1, 3, 5, 2, 4, 1, 4]  # uneven response lengths; 25 tokens cannot split evenly (13/12)
+P, R = 4, 5  # prompt and response widths
+
+
+def make_config(mode: str, strategy: str, **extra: str) -> dict:
+    from armor_core.config import load_config, to_dict
+
+    rows = len(LENGTHS)
+    overrides = [f"actor.loss_agg_mode={mode}", f"actor.strategy={strategy}", f"data.train_batch_size={rows}", f"actor.ppo_mini_batch_size={rows}",
+                 "rollout.n=1", f"rollout.max_new_tokens={R}", "actor.micro_batch_size=2", "critic.micro_batch_size=2", "actor.lr=1e-3",
+                 "critic.lr=1e-3", "actor.grad_clip=1.0", "engine.cpus_per_worker=1", "trainer.loggers=[]",
+                 *[f"{k}={v}" for k, v in extra.items()]]
+    return to_dict(load_config(None, overrides))
+
+
+def make_batch():
+    from armor_core.protocol import DataProto
+
+    g = torch.Generator().manual_seed(0)
+    n = len(LENGTHS)
+    prompts = torch.randint(4, 19, (n, P), generator=g)
+    responses = torch.randint(4, 19, (n, R), generator=g)
+    response_mask = (torch.arange(R).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()
+    responses = responses * response_mask  # pad id 0 after the end
+    attention_mask = torch.cat([torch.ones(n, P, dtype=torch.long), response_mask], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    advantages = torch.randn(n, R, generator=g) * response_mask
+    return DataProto.from_dict(tensors={
+        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask, "position_ids": position_ids,
+        "responses": responses, "response_mask": response_mask, "advantages": advantages,
+        # critic targets: old values and returns
+        "values": torch.randn(n, R, generator=g) * response_mask * 0.1, "returns": torch.randn(n, R, generator=g) * response_mask,
+    })
+
+
+def shares(batch, world: int):
+    from armor_core.engine import balanced_split
+
+    parts = balanced_split(batch["response_mask"].sum(-1).numpy(), world)
+    return [batch[idx] for idx in parts]
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    from armor_core.workers.parallel import full_model_state
+
+    return {k: v.clone() for k, v in full_model_state(model).items()}
+
+
+def full_grads(model) -> dict[str, torch.Tensor]:
+    # collective under FSDP2: every rank must call it, in the same order
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            g = p.grad
+            out[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
+    return out
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+    import torch.distributed as dist
+
+    try:
+        from armor_core.workers.actor import ActorWorker
+        from armor_core.workers.critic import CriticWorker
+        from armor_core.workers.parallel import full_optimizer_state
+
+        batch = make_batch()
+        mine = shares(batch, world)[rank]
+        results: dict = {"ref": {}, "dp": {}, "critic_ref": {}, "critic_dp": {}, "resume": {}, "tokens": [int(s["response_mask"].sum()) for s in shares(batch, world)]}
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        for strategy in STRATEGIES:
+            for mode in MODES:
+                cfg = make_config(mode, strategy)
+                w = ActorWorker(cfg, rank=rank, world_size=world)
+                m = w.update_actor(mine, step=1)
+                results["dp"][strategy, mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                                 "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+            for mode in MODES[:2]:
+                c = CriticWorker(make_config(mode, strategy), rank=rank, world_size=world)
+                c.update_critic(mine, step=1)
+                results["critic_dp"][strategy, mode] = full_state(c.model)
+        if rank == 0:  # the 1-worker references, on the whole batch
+            for mode in MODES:
+                w = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1)
+                m = w.update_actor(batch, step=1)
+                results["ref"][mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                        "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+                # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
+                from armor_core.workers.common import response_log_probs, forward_response_logits
+
+                ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
+                with torch.no_grad():
+                    logits = forward_response_logits(ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R)
+                    _, ent = response_log_probs(logits, batch["responses"], 1.0, True)
+                results["ref"][mode]["entropy_direct"] = float(AGGREGATIONS[mode](ent, batch["response_mask"].float(), global_num_tokens=float(batch["response_mask"].sum()),
+                                                                                      global_num_seqs=float(len(batch)), norm_constant=float(R)))
+            results["init"] = full_state(ActorWorker(make_config(MODES[0], "ddp"), rank=0, world_size=1).model)
+            for mode in MODES[:2]:
+                c = CriticWorker(make_config(mode, "ddp"), rank=0, world_size=1)
+                c.update_critic(batch, step=1)
+                results["critic_ref"][mode] = full_state(c.model)
+
+        # N -> M: 2 ranks save, 1 rank loads; 1 rank saves, 2 ranks load
+        for strategy in STRATEGIES:
+            cfg = make_config("token-mean", strategy)
+            two_dir, one_dir = os.path.join(out_dir, f"two_{strategy}"), os.path.join(out_dir, f"one_{strategy}")
+            os.makedirs(two_dir, exist_ok=True)
+            os.makedirs(one_dir, exist_ok=True)
+            w2 = ActorWorker(cfg, rank=rank, world_size=world)
+            w2.update_actor(mine, step=1)
+            w2.save_checkpoint(two_dir)
+            saved2 = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
+            dist.barrier()
+            if rank == 0:
+                w1 = ActorWorker(cfg, rank=0, world_size=1)
+                w1.load_checkpoint(two_dir)
+                results["resume"][strategy, "2to1"] = (saved2, {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)})
+                w1 = ActorWorker(cfg, rank=0, world_size=1)
+                w1.update_actor(batch, step=1)
+                w1.save_checkpoint(one_dir)
+                saved1 = {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)}
+            dist.barrier()
+            w2 = ActorWorker(cfg, rank=rank, world_size=world)
+            w2.load_checkpoint(one_dir)
+            loaded = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
+            if rank == 0:
+                results["resume"][strategy, "1to2"] = (saved1, loaded)
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as fh:
+            fh.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("parallel")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        mp.spawn(_rank_main, args=(2, port, str(out)), nprocs=2, join=True)
+    except Exception:
+        errs = "\n".join(p.read_text() for p in out.glob("*.err"))
+        raise AssertionError(f"a rank failed:\n{errs}") from None
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def close(got: dict, want: dict, what: str, atol: float = 1e-7) -> None:
+    assert got.keys() == want.keys(), what
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=atol, msg=lambda m, k=k: f"{what}: {k}: {m}")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("mode", MODES)
+def test_two_workers_take_the_same_step_as_one(results, strategy, mode):
+    ref = results[0]["ref"][mode]
+    a, b = results[0]["tokens"]
+    assert a != b  # the ranks' shares hold different token counts
+    moved = [k for k, v in results[0]["init"].items() if not torch.allclose(ref["params"][k], v, rtol=1e-4, atol=1e-6)]
+    assert len(moved) > len(ref["params"]) // 2  # the update changed most tensors well beyond the tolerance below
+    for rank in range(2):
+        got = results[rank]["dp"][strategy, mode]
+        close(got["grads"], ref["grads"], f"{strategy}/{mode} rank {rank} gradients")
+        # Adam's step is lr * g / (|g| + eps): where a gradient is within float noise of zero its
+        # direction, and so that parameter's step (up to lr = 1e-3), is noise. The parameters are
+        # compared tightly where the reference gradient is clearly non-zero (nearly all of them), and
+        # everywhere to lr / 10.
+        n_sure = sum(int((g.abs() > 1e-6).sum()) for g in ref["grads"].values())
+        assert n_sure > 0.9 * sum(g.numel() for g in ref["grads"].values())
+        for k, want in ref["params"].items():
+            sure = ref["grads"][k].abs() > 1e-6
+            torch.testing.assert_close(got["params"][k][sure], want[sure], rtol=1e-5, atol=1e-7, msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}")
+            torch.testing.assert_close(got["params"][k], want, rtol=0, atol=1e-4, msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}")
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+        assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-7)  # each rank reports the global batch's loss
+    assert ref["losses"][1] == pytest.approx(ref["entropy_direct"], rel=1e-5)  # the whole batch's entropy, computed in one piece
+    assert ref["grad_norm"] > 1.0  # so clipping acted, and a per-shard (non-global) norm would have shown
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_critic_workers_take_the_same_step_as_one(results, strategy):
+    for mode in MODES[:2]:
+        close(results[0]["critic_dp"][strategy, mode], results[0]["critic_ref"][mode], f"critic {strategy}/{mode}")
+
+
+def _flat_optim(state: dict) -> dict[str, torch.Tensor]:
+    return {f"{p}.{k}": torch.as_tensor(v) for p, st in state["state"].items() for k, v in st.items()}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("direction", ["2to1", "1to2"])
+def test_checkpoint_resumes_on_another_world_size(results, strategy, direction):
+    saved, loaded = results[0]["resume"][strategy, direction]
+    close(loaded["params"], saved["params"], f"{strategy} {direction} parameters")
+    want = _flat_optim(saved["optim"])
+    assert any(k.endswith("exp_avg_sq") for k in want) and all(float(v) == 1.0 for k, v in want.items() if k.endswith(".step"))
+    close(_flat_optim(loaded["optim"]), want, f"{strategy} {direction} optimizer state")
