@@ -197,7 +197,7 @@ class Trainer:
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
         records = [{**place, **rec} for g in (self.actor, self.critic) if g is not None for place, rec in zip(g.placement, g.call("isolation_record"))]
         if isolator is not None:
-            isolator.report(records, self.run_dir, echo=False)
+            isolator.report(records, self.run_dir)  # printed, and saved as isolation.json
         else:
             from armor_core.isolation import write_assignment
 

@@ -136,12 +136,14 @@ class WorkerGroup:
         import ray
 
         rank_of = {ref: r for r, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            # one rank alone: ray.get raises for a dead actor as soon as Ray knows, no wait needed
+            done, pending = ray.wait(pending, num_returns=1) if len(pending) > 1 else (pending, [])
             for ref in done:
                 try:
-                    ray.get(ref)
+                    results[rank_of[ref]] = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
                     self.shutdown()
                     if getattr(e, "actor_init_failed", False):  # its constructor raised: that error is the story
@@ -158,7 +160,7 @@ class WorkerGroup:
                                                   f"{sorted(rank_of[s] for s in stuck)} waited on it; the group was stopped. "
                                                   f"The error: {type(e.cause).__name__ if e.cause is not None else 'RayTaskError'}: {e.cause}") from e
                     raise
-        return ray.get(refs)
+        return [results[r] for r in range(len(refs))]
 
     def dispatch(self, method: str, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
