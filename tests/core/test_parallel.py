@@ -15,13 +15,13 @@ the parameters after the update) and the reported gradient norm.
 
 from __future__ import annotations
 
+import functools
 import os
-import socket
-import traceback
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from armor_core.testing import run_ranks
 
 from armor_plugins.losses.aggregation import AGGREGATIONS
 
@@ -85,98 +85,80 @@ def full_grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+def _all_cases(rank: int, world: int, out_dir: str) -> dict:
     import torch.distributed as dist
 
-    try:
-        from armor_core.workers.actor import ActorWorker
-        from armor_core.workers.critic import CriticWorker
-        from armor_core.workers.parallel import full_optimizer_state
+    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.parallel import full_optimizer_state
 
-        batch = make_batch()
-        mine = shares(batch, world)[rank]
-        results: dict = {"ref": {}, "dp": {}, "critic_ref": {}, "critic_dp": {}, "resume": {}, "tokens": [int(s["response_mask"].sum()) for s in shares(batch, world)]}
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        for strategy in STRATEGIES:
-            for mode in MODES:
-                cfg = make_config(mode, strategy)
-                w = ActorWorker(cfg, rank=rank, world_size=world)
-                m = w.update_actor(mine, step=1)
-                results["dp"][strategy, mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                                 "losses": (m["actor/pg_loss"], m["actor/entropy"])}
-            for mode in MODES[:2]:
-                c = CriticWorker(make_config(mode, strategy), rank=rank, world_size=world)
-                c.update_critic(mine, step=1)
-                results["critic_dp"][strategy, mode] = full_state(c.model)
-        if rank == 0:  # the 1-worker references, on the whole batch
-            for mode in MODES:
-                w = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1)
-                m = w.update_actor(batch, step=1)
-                results["ref"][mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                        "losses": (m["actor/pg_loss"], m["actor/entropy"])}
-                # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
-                from armor_core.workers.common import response_log_probs, forward_response_logits
+    batch = make_batch()
+    mine = shares(batch, world)[rank]
+    results: dict = {"ref": {}, "dp": {}, "critic_ref": {}, "critic_dp": {}, "resume": {}, "tokens": [int(s["response_mask"].sum()) for s in shares(batch, world)]}
+    for strategy in STRATEGIES:
+        for mode in MODES:
+            cfg = make_config(mode, strategy)
+            w = ActorWorker(cfg, rank=rank, world_size=world)
+            m = w.update_actor(mine, step=1)
+            results["dp"][strategy, mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                             "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+        for mode in MODES[:2]:
+            c = CriticWorker(make_config(mode, strategy), rank=rank, world_size=world)
+            c.update_critic(mine, step=1)
+            results["critic_dp"][strategy, mode] = full_state(c.model)
+    if rank == 0:  # the 1-worker references, on the whole batch
+        for mode in MODES:
+            w = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1)
+            m = w.update_actor(batch, step=1)
+            results["ref"][mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                    "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+            # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
+            from armor_core.workers.common import response_log_probs, forward_response_logits
 
-                ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
-                with torch.no_grad():
-                    logits = forward_response_logits(ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R)
-                    _, ent = response_log_probs(logits, batch["responses"], 1.0, True)
-                results["ref"][mode]["entropy_direct"] = float(AGGREGATIONS[mode](ent, batch["response_mask"].float(), global_num_tokens=float(batch["response_mask"].sum()),
-                                                                                      global_num_seqs=float(len(batch)), norm_constant=float(R)))
-            results["init"] = full_state(ActorWorker(make_config(MODES[0], "ddp"), rank=0, world_size=1).model)
-            for mode in MODES[:2]:
-                c = CriticWorker(make_config(mode, "ddp"), rank=0, world_size=1)
-                c.update_critic(batch, step=1)
-                results["critic_ref"][mode] = full_state(c.model)
+            ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
+            with torch.no_grad():
+                logits = forward_response_logits(ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R)
+                _, ent = response_log_probs(logits, batch["responses"], 1.0, True)
+            results["ref"][mode]["entropy_direct"] = float(AGGREGATIONS[mode](ent, batch["response_mask"].float(), global_num_tokens=float(batch["response_mask"].sum()),
+                                                                                  global_num_seqs=float(len(batch)), norm_constant=float(R)))
+        results["init"] = full_state(ActorWorker(make_config(MODES[0], "ddp"), rank=0, world_size=1).model)
+        for mode in MODES[:2]:
+            c = CriticWorker(make_config(mode, "ddp"), rank=0, world_size=1)
+            c.update_critic(batch, step=1)
+            results["critic_ref"][mode] = full_state(c.model)
 
-        # N -> M: 2 ranks save, 1 rank loads; 1 rank saves, 2 ranks load
-        for strategy in STRATEGIES:
-            cfg = make_config("token-mean", strategy)
-            two_dir, one_dir = os.path.join(out_dir, f"two_{strategy}"), os.path.join(out_dir, f"one_{strategy}")
-            os.makedirs(two_dir, exist_ok=True)
-            os.makedirs(one_dir, exist_ok=True)
-            w2 = ActorWorker(cfg, rank=rank, world_size=world)
-            w2.update_actor(mine, step=1)
-            w2.save_checkpoint(two_dir)
-            saved2 = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
-            dist.barrier()
-            if rank == 0:
-                w1 = ActorWorker(cfg, rank=0, world_size=1)
-                w1.load_checkpoint(two_dir)
-                results["resume"][strategy, "2to1"] = (saved2, {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)})
-                w1 = ActorWorker(cfg, rank=0, world_size=1)
-                w1.update_actor(batch, step=1)
-                w1.save_checkpoint(one_dir)
-                saved1 = {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)}
-            dist.barrier()
-            w2 = ActorWorker(cfg, rank=rank, world_size=world)
-            w2.load_checkpoint(one_dir)
-            loaded = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
-            if rank == 0:
-                results["resume"][strategy, "1to2"] = (saved1, loaded)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as fh:
-            fh.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    # N -> M: 2 ranks save, 1 rank loads; 1 rank saves, 2 ranks load
+    for strategy in STRATEGIES:
+        cfg = make_config("token-mean", strategy)
+        two_dir, one_dir = os.path.join(out_dir, f"two_{strategy}"), os.path.join(out_dir, f"one_{strategy}")
+        os.makedirs(two_dir, exist_ok=True)
+        os.makedirs(one_dir, exist_ok=True)
+        w2 = ActorWorker(cfg, rank=rank, world_size=world)
+        w2.update_actor(mine, step=1)
+        w2.save_checkpoint(two_dir)
+        saved2 = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
+        dist.barrier()
+        if rank == 0:
+            w1 = ActorWorker(cfg, rank=0, world_size=1)
+            w1.load_checkpoint(two_dir)
+            results["resume"][strategy, "2to1"] = (saved2, {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)})
+            w1 = ActorWorker(cfg, rank=0, world_size=1)
+            w1.update_actor(batch, step=1)
+            w1.save_checkpoint(one_dir)
+            saved1 = {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)}
+        dist.barrier()
+        w2 = ActorWorker(cfg, rank=rank, world_size=world)
+        w2.load_checkpoint(one_dir)
+        loaded = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
+        if rank == 0:
+            results["resume"][strategy, "1to2"] = (saved1, loaded)
+    return results
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("parallel")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    try:
-        mp.spawn(_rank_main, args=(2, port, str(out)), nprocs=2, join=True)
-    except Exception:
-        errs = "\n".join(p.read_text() for p in out.glob("*.err"))
-        raise AssertionError(f"a rank failed:\n{errs}") from None
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return run_ranks(functools.partial(_all_cases, out_dir=str(out)), 2, out)
 
 
 def close(got: dict, want: dict, what: str, atol: float = 1e-7) -> None:
