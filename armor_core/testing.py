@@ -31,7 +31,8 @@ import torch
 from armor_core import plugins as _plugins
 from armor_core.interfaces import AdvantageEstimator, PolicyLoss, RewardDomain, RewardResult, call_with_params
 
-__all__ = ["check_advantage_estimator", "check_policy_loss", "check_reward_domain", "isolated_plugin_manager", "registered", "run_ranks"]
+__all__ = ["check_advantage_estimator", "check_policy_loss", "check_reward_domain", "isolated_plugin_manager", "left_padded_batch", "registered",
+           "run_ranks"]
 
 
 @contextlib.contextmanager
@@ -162,3 +163,17 @@ def run_ranks(fn: Any, world: int, out_dir: str | Any) -> list[Any]:
     except Exception:
         raise AssertionError("a rank failed:\n" + "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))) from None
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def left_padded_batch(ids: list[list[int]], pad: int = 0) -> Any:
+    """A rollout backend's input: the token-id rows left-padded with ``pad`` to one width, with
+    ``attention_mask`` and ``position_ids`` (0 on padding), a ``uid`` per row and a ``meta_info``
+    entry that a backend must carry over."""
+    from armor_core.protocol import DataProto
+
+    width = max(len(r) for r in ids)
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
+                               non_tensors={"uid": [f"p{i}" for i in range(len(ids))]}, meta_info={"note": "kept"})

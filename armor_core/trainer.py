@@ -194,6 +194,7 @@ class Trainer:
             self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
                                       name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"))
         self.startup_s["workers"] = time.perf_counter() - t0
+        self.needs_weight_sync = any(self.actor.call("needs_weight_sync"))  # a colocated engine shares the actor's module
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
         records = [{**place, **rec} for g in (self.actor, self.critic) if g is not None for place, rec in zip(g.placement, g.call("isolation_record"))]
         if isolator is not None:
@@ -333,9 +334,7 @@ class Trainer:
                 actor_metrics = self.actor.dispatch("update_actor", update_in, self.step + 1)
                 stage.worker_s = _worker_seconds(actor_metrics.pop("perf/worker_s", None))
                 metrics.update(actor_metrics)
-            if getattr(self, "_needs_weight_sync", None) is None:  # asked once: a colocated engine never needs the round trip
-                self._needs_weight_sync = any(self.actor.call("needs_weight_sync"))
-            if self._needs_weight_sync:
+            if self.needs_weight_sync:
                 with timer("update_weights") as stage:
                     stage.worker_s = _worker_seconds(self.actor.call("sync_weights"))
             else:

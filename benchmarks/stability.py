@@ -54,11 +54,10 @@ def run_one(run_dir: Path, overrides: list[str]) -> dict:
     cfg = load_config(None, [*overrides, f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]", "trainer.save_freq=10", "trainer.keep_checkpoints=3"])
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
-    out = {"acc": None, "finite": False, "actions": {}, "step_s": None, "error": None}
+    out = {"acc": None, "finite": False, "actions": {}, "error": None}
     try:
         summary = trainer.fit()
         out["acc"] = summary["val_after"]["val/acc_greedy"]
-        out["step_s"] = summary["timing_s_mean"].get("timing_s/step")
         weights = load_file(str(Path(summary["checkpoint"]) / "model" / "model.safetensors"))
         import torch
 

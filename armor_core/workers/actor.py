@@ -62,6 +62,7 @@ class ActorWorker:
         self.loss_agg = pm.get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
         self.kl_loss = pm.get("kl_estimator", cfg.actor.kl_loss_type, where="actor.kl_loss_type") if cfg.actor.use_kl_loss else None
         self.guard = GuardRunner(cfg.guard.guards, pm, run_dir, enable=cfg.guard.enable)
+        self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
         path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path)
@@ -363,7 +364,7 @@ class ActorWorker:
                     saved = [g["lr"] for g in self.optimizer.param_groups]
                     for g in self.optimizer.param_groups:
                         g["lr"] *= lr_fault.value
-                before = self._local_params(clone=True) if self.guard.watches("step") else None
+                before = self._local_params(clone=True) if self.watch_step else None
                 t0 = time.perf_counter()
                 self.optimizer.step()
                 t_optim += time.perf_counter() - t0
@@ -375,12 +376,11 @@ class ActorWorker:
                     stats = self._update_stats(before)
                     add("actor/update_ratio", stats["update_ratio"])
                     verdict = self.guard.observe("step", stats, step)
+                    self._apply_worker_adjustments(verdict, add)
                     if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
                         torch._foreach_copy_(self._local_params(), before)
                         add("actor/skipped_updates", 1.0)
-                        self._apply_worker_adjustments(verdict, add)
                         continue
-                    self._apply_worker_adjustments(verdict, add)
                 add("actor/skipped_updates", 0.0)
         self.global_step = step
         # extremes stay extremes: averaging a max over micro-batches would hide the spike a guard watches

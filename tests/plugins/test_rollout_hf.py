@@ -13,6 +13,7 @@ from armor_core.config import RolloutConfig
 from armor_core.interfaces import RolloutBackend
 from armor_core.models import build_char_tokenizer, build_tiny_model, encode_prompts
 from armor_core.protocol import DataProto
+from armor_core.testing import left_padded_batch
 from armor_core.testing import registered
 from armor_plugins.rollout.hf import HFRollout, sample_next_token
 
@@ -50,15 +51,6 @@ class CountingLM(torch.nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=(past_key_values or 0) + 1)
 
 
-def _batch(ids: list[list[int]], pad: int = 0) -> DataProto:
-    width = max(len(r) for r in ids)
-    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
-                               non_tensors={"uid": [f"p{i}" for i in range(len(ids))]}, meta_info={"note": "kept"})
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer("0123456789+=")
@@ -91,7 +83,7 @@ def test_registered_and_follows_the_protocol(model, tok):
 def test_responses_stop_at_eos_and_are_masked_after_it():
     lm = CountingLM(vocab=10, eos=1)
     roll = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8))
-    out = roll.generate(_batch([[3, 5], [7], [4, 9]]), greedy=True)
+    out = roll.generate(left_padded_batch([[3, 5], [7], [4, 9]]), greedy=True)
     # 5 -> 6 7 8 9 0 1(eos); 7 -> 8 9 0 1(eos); 9 -> 0 1(eos)
     assert out["responses"].tolist() == [[6, 7, 8, 9, 0, 1, 0, 0], [8, 9, 0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]]
     assert out["response_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
@@ -112,7 +104,7 @@ def test_responses_stop_at_eos_and_are_masked_after_it():
 
 def test_positions_continue_after_the_prompt_during_decoding():
     lm = CountingLM()
-    HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=3)).generate(_batch([[4, 5], [6]]), greedy=True)
+    HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=3)).generate(left_padded_batch([[4, 5], [6]]), greedy=True)
     assert lm.calls[0]["position_ids"].tolist() == [[0, 1], [0, 0]]
     assert lm.calls[1]["position_ids"].tolist() == [[2], [1]]
     assert lm.calls[2]["position_ids"].tolist() == [[3], [2]]
@@ -121,7 +113,7 @@ def test_positions_continue_after_the_prompt_during_decoding():
 
 def test_shared_left_padding_is_trimmed_before_the_forward():
     lm = CountingLM()
-    batch = _batch([[4, 5], [6]])
+    batch = left_padded_batch([[4, 5], [6]])
     padded = DataProto.from_dict(tensors={k: torch.cat([torch.zeros(2, 3, dtype=torch.long), v], dim=1) for k, v in batch.tensors.items()})
     out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=2)).generate(padded, greedy=True)
     assert lm.calls[0]["shape"] == (2, 2)
@@ -132,7 +124,7 @@ def test_micro_batches_and_train_mode_is_restored():
     lm = CountingLM()
     lm.train()
     roll = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=2, micro_batch_size=2))
-    out = roll.generate(_batch([[3], [4], [5], [6], [7]]), greedy=True)
+    out = roll.generate(left_padded_batch([[3], [4], [5], [6], [7]]), greedy=True)
     assert [c["shape"][0] for c in lm.calls if c["shape"][1] == 1 and c["position_ids"][0, 0] == 0] == [2, 2, 1]
     assert all(c["training"] is False for c in lm.calls)
     assert lm.training is True
@@ -141,7 +133,7 @@ def test_micro_batches_and_train_mode_is_restored():
 
 def test_n_repeats_prompts_interleaved():
     lm = CountingLM()
-    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=1)).generate(_batch([[3], [6]]), greedy=True, n=2)
+    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=1)).generate(left_padded_batch([[3], [6]]), greedy=True, n=2)
     assert out["responses"][:, 0].tolist() == [4, 4, 7, 7]
     assert out.non_tensors["uid"].tolist() == ["p0", "p0", "p1", "p1"]
 
@@ -149,7 +141,7 @@ def test_n_repeats_prompts_interleaved():
 def test_unknown_override_and_missing_tensors():
     roll = HFRollout(CountingLM(), SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg())
     with pytest.raises(TypeError, match="unknown sampling override.*'temp'"):
-        roll.generate(_batch([[3]]), temp=0.5)
+        roll.generate(left_padded_batch([[3]]), temp=0.5)
     with pytest.raises(KeyError, match="attention_mask"):
         roll.generate(DataProto.from_dict(tensors={"input_ids": torch.ones(1, 2, dtype=torch.long)}))
 

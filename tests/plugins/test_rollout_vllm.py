@@ -24,19 +24,11 @@ from armor_core.config import RolloutConfig
 from armor_core.interfaces import RolloutBackend
 from armor_core.models import build_char_tokenizer, build_tiny_model, encode_prompts, load_model, load_tokenizer
 from armor_core.protocol import DataProto
+from armor_core.testing import left_padded_batch
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.rollout.vllm import VLLMNotInstalledError, VLLMRollout
 
 MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-
-
-def _batch(ids: list[list[int]], pad: int = 0) -> DataProto:
-    width = max(len(r) for r in ids)
-    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
-                               non_tensors={"uid": [f"p{i}" for i in range(len(ids))]}, meta_info={"note": "kept"})
 
 
 # -- a scripted stand-in for vllm -------------------------------------------------------------------
@@ -176,7 +168,7 @@ def test_the_multiprocess_engine_is_refused(fake_vllm, tiny, monkeypatch):
 
 def test_output_layout_eos_masking_and_log_probs(fake_vllm, tiny):
     roll = _fake(tiny, max_new_tokens=6)
-    out = roll.generate(_batch([[2, 5, 6], [2, 7]]), greedy=True)
+    out = roll.generate(left_padded_batch([[2, 5, 6], [2, 7]]), greedy=True)
     # 6 -> 7 8 9 0 1(eos); 7 -> 8 9 0 1(eos); padding never reaches the engine
     assert out["responses"].tolist() == [[7, 8, 9, 0, 1, 0], [8, 9, 0, 1, 0, 0]]
     assert out["response_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]]
@@ -188,12 +180,12 @@ def test_output_layout_eos_masking_and_log_probs(fake_vllm, tiny):
     assert torch.allclose(out["rollout_log_probs"], torch.tensor(expected_lp))
     assert out.non_tensors["uid"].tolist() == ["p0", "p1"] and out.meta_info["note"] == "kept"
     # max_new_tokens caps a response that never meets EOS: 2 -> 3 4 5
-    capped = roll.generate(_batch([[2]]), greedy=True, max_new_tokens=3)
+    capped = roll.generate(left_padded_batch([[2]]), greedy=True, max_new_tokens=3)
     assert capped["responses"].tolist() == [[3, 4, 5]] and capped["response_mask"].tolist() == [[1, 1, 1]]
 
 
 def test_n_repeats_rows_interleaved(fake_vllm, tiny):
-    out = _fake(tiny).generate(_batch([[5], [7]]), greedy=True, n=2)
+    out = _fake(tiny).generate(left_padded_batch([[5], [7]]), greedy=True, n=2)
     assert out["responses"][:, 0].tolist() == [6, 6, 8, 8]
     assert out.non_tensors["uid"].tolist() == ["p0", "p0", "p1", "p1"]
 
@@ -201,7 +193,7 @@ def test_n_repeats_rows_interleaved(fake_vllm, tiny):
 def test_bad_calls_are_errors(fake_vllm, tiny):
     roll = _fake(tiny)
     with pytest.raises(TypeError, match="unknown sampling override"):
-        roll.generate(_batch([[5]]), temprature=0.5)
+        roll.generate(left_padded_batch([[5]]), temprature=0.5)
     empty = DataProto.from_dict(tensors={"input_ids": torch.tensor([[0, 0], [3, 4]]), "attention_mask": torch.tensor([[0, 0], [1, 1]])})
     with pytest.raises(ValueError, match=r"rows \[0\] have no unmasked token"):
         roll.generate(empty)
@@ -210,22 +202,22 @@ def test_bad_calls_are_errors(fake_vllm, tiny):
 def test_temperature_is_folded_into_the_logit_scale(fake_vllm, tiny, monkeypatch):
     roll = _fake(tiny, temperature=0.8)
     calls = roll.llm.calls
-    roll.generate(_batch([[5]]))
-    roll.generate(_batch([[5]]), temperature=0.5)
-    roll.generate(_batch([[5]]), greedy=True)
-    roll.generate(_batch([[5]]), temperature=1.0)
+    roll.generate(left_padded_batch([[5]]))
+    roll.generate(left_padded_batch([[5]]), temperature=0.5)
+    roll.generate(left_padded_batch([[5]]), greedy=True)
+    roll.generate(left_padded_batch([[5]]), temperature=1.0)
     # vLLM samples at temperature 1 from logits * (1 / T); greedy keeps the configured T for the log-probs
     assert [c[1:] for c in calls if c[0] == "generate"] == [(1.0, 1.25), (1.0, 2.0), (0.0, 1.25), (1.0, 1.0)]
     # a model's own logit scale (e.g. Cohere's) is kept and divided by T
     monkeypatch.setattr(FakeLLM, "base_scale", 3.0)
     roll = _fake(tiny)
-    roll.generate(_batch([[5]]), temperature=0.5)
+    roll.generate(left_padded_batch([[5]]), temperature=0.5)
     assert roll.llm.calls[-1] == ("generate", 1.0, 6.0)
     # no logits_processor: vLLM's own temperature, and a warning that the log-probs are then at T=1
     monkeypatch.setattr(FakeLLM, "base_scale", None)
     with pytest.warns(UserWarning, match="log_softmax\\(logits\\) at T=1"):
         roll = _fake(tiny)
-    roll.generate(_batch([[5]]), temperature=0.5)
+    roll.generate(left_padded_batch([[5]]), temperature=0.5)
     assert roll.llm.calls[-1] == ("generate", 0.5, None)
 
 
@@ -253,16 +245,16 @@ def test_the_engine_sleeps_between_generations_where_it_can(fake_vllm, tiny, lev
     n = len(tiny[0].state_dict())
     calls = roll.llm.calls
     del calls[:]
-    roll.generate(_batch([[5]]))  # the first generation: the engine is awake
+    roll.generate(left_padded_batch([[5]]))  # the first generation: the engine is awake
     assert calls[1:] == [("sleep", level)]
     del calls[:]
     roll.update_weights(tiny[0].state_dict().items())  # only the weights wake to be reloaded
     assert calls == [("wake_up", ["weights"]), ("reload", n), ("reset_prefix_cache",)]
     del calls[:]
-    roll.generate(_batch([[5]]))
+    roll.generate(left_padded_batch([[5]]))
     assert [c[0] for c in calls] == ["wake_up", "generate", "sleep"] and calls[0] == ("wake_up", ["kv_cache"])
     del calls[:]
-    roll.generate(_batch([[5]]))  # no update in between (e.g. validation before training)
+    roll.generate(left_padded_batch([[5]]))  # no update in between (e.g. validation before training)
     expected = [("wake_up", ["weights", "kv_cache"])]
     if level == 2:  # the weights were discarded: they come back from the model the backend was built with
         expected += [("reload", n), ("reset_prefix_cache",)]
@@ -272,7 +264,7 @@ def test_the_engine_sleeps_between_generations_where_it_can(fake_vllm, tiny, lev
 def test_an_incomplete_update_after_a_level_2_sleep_restores_the_rest_first(fake_vllm, tiny):
     fake_vllm.cpu, fake_vllm.sleep = False, True
     roll = _fake(tiny, backend_kwargs={"sleep_level": 2})
-    roll.generate(_batch([[5]]))
+    roll.generate(left_padded_batch([[5]]))
     calls = roll.llm.calls
     del calls[:]
     roll.update_weights([("model.norm.weight", torch.full((64,), 7.0))])
@@ -432,7 +424,7 @@ def test_tied_embeddings_follow_updates_too(engine, tmp_path):
     assert model.lm_head.weight is model.model.embed_tokens.weight
     cfg = RolloutConfig(max_new_tokens=6, backend_kwargs={"kv_cache_memory_bytes": 16 << 20})
     roll = VLLMRollout(model, TOK, cfg)
-    prompts = _batch([[2, 4 + i % 10, 5 + (i * 3) % 9] for i in range(12)])
+    prompts = left_padded_batch([[2, 4 + i % 10, 5 + (i * 3) % 9] for i in range(12)])
     before = roll.generate(prompts, greedy=True)["responses"]
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
