@@ -90,6 +90,7 @@ class ActorConfig:
     loss_agg_mode: str = f("token-mean", "Loss aggregation (a registered `loss_aggregation` plugin).")
     loss_norm_constant: Optional[float] = f(None, "Constant normaliser for seq-mean-token-sum-norm; default: rollout.max_new_tokens.")
     entropy_coeff: float = f(0.0, "Entropy bonus coefficient.", ge=0.0)
+    skip_zero_advantage: bool = f(True, "Do not forward rows whose advantages are all 0 (e.g. GRPO groups that all scored the same) when that cannot change the gradient: no entropy bonus, no KL loss, a policy loss that is 0 at advantage 0. Their share of actor/entropy is estimated from the rollout log-probs.")
     use_kl_loss: bool = f(False, "Add KL(policy || reference) to the loss (GRPO style).")
     kl_loss_coef: float = f(0.001, "Coefficient of the KL loss.", ge=0.0)
     kl_loss_type: str = f("k3", "KL estimator for the KL loss (a registered `kl_estimator` plugin).")

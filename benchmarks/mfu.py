@@ -10,9 +10,13 @@ Achieved: ``ActorWorker.update_actor`` itself (the packed forward, the GRPO loss
 AdamW step: the code a real run executes, not a toy loop) on a ~10M-parameter Qwen2 built from
 config with the built-in character tokenizer, on a GRPO batch of 16 prompts x 8 samples: built-in
 arithmetic prompts and random responses whose lengths are uniform in [R/2, R]. Model FLOPs =
-6 x parameters x real tokens (forward and backward; attention's own FLOPs are left out, as usual),
-divided by the median update time after warm-up. Also printed: ``perf/padding_waste``
-(padded positions computed per real token) of those updates, packed and unpacked.
+6 x parameters x tokens (forward and backward; attention's own FLOPs are left out, as usual),
+divided by the median update time after warm-up, for each training-forward layout: ``grouped``
+(each shared prompt once, the default), ``packed`` (padding removed) and ``padded``. Two rates:
+*hardware* counts the tokens the layout must compute (a shared prompt once), which is the MFU;
+*effective* counts every row's tokens (prompt copies too), the work a trainer without prompt sharing
+does for the same update. Also printed: ``perf/padding_waste`` (padded positions computed per
+needed token) of those updates.
 """
 
 from __future__ import annotations
@@ -97,24 +101,25 @@ def main() -> None:
         params = sum(p.numel() for p in worker.model.parameters())
         real_tokens = int(batch["attention_mask"].sum())
         rows = []
-        for pack in (True, False):
-            worker.pack = pack
-            times, waste = [], []
+        for layouts in (("grouped", "packed"), ("packed",), ()):
+            worker.layouts = layouts
+            times, waste, sharing = [], [], []
             for step in range(a.warmup + a.steps):
                 t0 = time.perf_counter()
                 m = worker.update_actor(batch, step + 1)
                 times.append(time.perf_counter() - t0)
                 waste.append(m["perf/padding_waste"])
+                sharing.append(m["perf/prompt_sharing"])
             step_s = statistics.median(times[a.warmup:])
-            rows.append((pack, step_s, 6 * params * real_tokens / step_s, statistics.median(waste)))
+            needed = real_tokens * (1 - statistics.median(sharing))
+            rows.append((layouts[0] if layouts else "padded", step_s, 6 * params * needed / step_s, 6 * params * real_tokens / step_s, statistics.median(waste)))
 
     print(f"threads {a.threads}; float32 matmul peak ({a.mm_size}x{a.mm_size} torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s")
     print(f"model: Qwen2 hidden {a.hidden}, {a.layers} layers, {params / 1e6:.2f}M parameters; batch: 128 rows, "
           f"{real_tokens} real tokens (prompts 7, responses {a.response_length // 2}-{a.response_length})")
-    print(f"\n{'training forward':18} {'s/update':>9} {'model GFLOP/s':>14} {'% of peak':>10} {'padding waste':>14}")
-    for pack, step_s, flops, waste in rows:
-        print(f"{'packed' if pack else 'padded':18} {step_s:9.3f} {flops / 1e9:14.1f} {100 * flops / peak:9.1f}% {100 * waste:13.1f}%")
-
+    print(f"\n{'training forward':18} {'s/update':>9} {'hardware GFLOP/s':>17} {'% of peak':>10} {'effective GFLOP/s':>18} {'padding waste':>14}")
+    for kind, step_s, flops, effective, waste in rows:
+        print(f"{kind:18} {step_s:9.3f} {flops / 1e9:17.1f} {100 * flops / peak:9.1f}% {effective / 1e9:18.1f} {100 * waste:13.1f}%")
 
 if __name__ == "__main__":
     main()

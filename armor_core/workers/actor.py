@@ -24,7 +24,8 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
-from armor_core.workers.common import isolate, quiet_transformers, forward_response_log_probs, iter_micro_batches, scalar, seed_everything
+from armor_core.workers.common import (LAYOUTS, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows, quiet_transformers,
+                                      scalar, seed_everything)
 
 __all__ = ["ActorWorker"]
 
@@ -39,6 +40,14 @@ def _lr_lambda(warmup: int, schedule: str, total: int):
         return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
 
     return fn
+
+
+def _adamw(model: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
+    """AdamW, fused (one kernel for all parameters; ~5x faster than the per-tensor loop torch
+    defaults to on CPU) where torch supports it, else its multi-tensor ``foreach`` form."""
+    params = list(model.parameters())
+    plain = all(type(p) is torch.nn.Parameter and p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, **kwargs, **({"fused": True} if plain else {"foreach": True}))
 
 
 class ActorWorker:
@@ -80,14 +89,17 @@ class ActorWorker:
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
         self.train_module: torch.nn.Module = wrap(self.model, cfg.actor.strategy, world_size, self.device)
         a = cfg.actor
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+        self.optimizer = _adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+        self.zero_adv_inert = self._zero_advantage_is_inert()
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         self.rollout = backend_cls(self.gen_model, self.tokenizer, cfg.rollout)
         self.global_step = 0
-        self.pack: bool | None = None  # train on packed rows (no padding); checked on first use
-        self.positions = [0, 0]  # positions computed, real tokens: for perf/padding_waste
+        # forward layouts without padding (common.LAYOUTS), each checked against the padded forward on first use
+        self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(self.model))
+        self.checked: set[str] = set()
+        self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see _padding_metrics
         from collections import deque
 
         from armor_core.faults import Faults
@@ -145,45 +157,53 @@ class ActorWorker:
 
     # -- log-probs ------------------------------------------------------------------------------
 
-    def _forward(self, module: torch.nn.Module, batch: DataProto, sl: slice, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``, computed without
-        the padding (``common.pack_rows``); positions computed and real tokens go to ``self.positions``."""
+        the padding and with each shared prompt once (``common.layout_rows``); what was computed goes
+        to ``self.positions``."""
         ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-        if self.pack is None:
-            self.pack = self._packing_is_exact(module, ids, attn, pos, resp)
-        lp, ent, (computed, real) = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, pack=self.pack)
-        self.positions[0] += computed
-        self.positions[1] += real
+        packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts)
+        while packed is not None and packed.kind not in self.checked:
+            if self._layout_is_exact(module, packed, ids, attn, pos, resp):
+                self.checked.add(packed.kind)
+            else:
+                self.layouts = tuple(k for k in self.layouts if k != packed.kind)
+                packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts)
+        lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, self.layouts, packed)
+        for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
+            self.positions[i] += n
         return lp, ent
 
     @torch.no_grad()
-    def _packing_is_exact(self, module: torch.nn.Module, ids, attn, pos, resp) -> bool:
-        """Once per worker: do packed rows give this model's padded log-probs? A model that ignores
-        position-based sequence boundaries would let packed sequences attend to each other."""
+    def _layout_is_exact(self, module: torch.nn.Module, packed, ids, attn, pos, resp) -> bool:
+        """Once per worker and layout: does it give this model's padded log-probs? A model that
+        ignores position-based sequence boundaries (``packed``) or a custom 4D mask (``grouped``)
+        would let sequences attend to each other."""
         was_training = module.training
         module.eval()
         try:
             t = self.cfg.rollout.temperature
-            packed, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, pack=True)
-            padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, pack=False)
+            laid_out, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, packed=packed)
+            padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, layouts=())
         finally:
             module.train(was_training)
         R = resp.shape[1]
         valid = (attn[:, -R:] * attn[:, -R - 1 : -1]).bool()
-        diff = float((packed - padded)[valid].abs().mean()) if valid.any() else 0.0
+        diff = float((laid_out - padded)[valid].abs().mean()) if valid.any() else 0.0
         tolerance = 1e-4 if next(module.parameters()).dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
         if diff > tolerance:
             import warnings
 
-            warnings.warn(f"actor rank {self.rank}: packed sequences change this model's log-probs (mean |diff| {diff:.2e} > {tolerance:.0e}); "
-                          "training on padded batches instead", stacklevel=2)
+            warnings.warn(f"actor rank {self.rank}: the {packed.kind} layout changes this model's log-probs (mean |diff| {diff:.2e} > {tolerance:.0e}); "
+                          "not using it", stacklevel=2)
         return diff <= tolerance
 
     def _padding_metrics(self) -> dict[str, float]:
-        """``perf/padding_waste``: padded positions computed per real token since the last call."""
-        computed, real = self.positions
-        self.positions = [0, 0]
-        return {"perf/padding_waste": (computed - real) / max(real, 1)}
+        """``perf/padding_waste``: padded positions computed per needed token since the last call;
+        ``perf/prompt_sharing``: the share of the batch's tokens not recomputed thanks to shared prompts."""
+        computed, needed, batch = self.positions
+        self.positions = [0, 0, 0]
+        return {"perf/padding_waste": (computed - needed) / max(needed, 1), "perf/prompt_sharing": 1.0 - needed / max(batch, 1)}
 
     @torch.no_grad()
     def _log_probs(self, model: torch.nn.Module, data: DataProto, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -266,6 +286,45 @@ class ActorWorker:
         norm = a.loss_norm_constant if a.loss_norm_constant is not None else float(self.cfg.rollout.max_new_tokens)
         return self.loss_agg.fn(mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=norm)
 
+    def _zero_advantage_is_inert(self) -> bool:
+        """Whether the policy loss is 0, with gradient 0, wherever the advantage is 0 (tried once,
+        on random log-probs both on and off policy): then such rows need no forward."""
+        a = self.cfg.actor
+        g = torch.Generator().manual_seed(0)
+        log_prob = (torch.randn(4, 5, generator=g) - 2).requires_grad_(True)
+        old = torch.cat([log_prob.detach()[:2], log_prob.detach()[2:] + 0.3 * torch.randn(2, 5, generator=g)])
+        params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
+        try:
+            loss_mat, _ = call_with_params(self.policy_loss.fn, log_prob, old, torch.zeros(4, 5), torch.ones(4, 5), available=params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
+            (grad,) = torch.autograd.grad(loss_mat.sum(), log_prob, allow_unused=True)
+        except Exception:  # noqa: BLE001 - a loss that cannot take this probe is simply not skipped
+            return False
+        return bool((loss_mat == 0).all()) and (grad is None or bool((grad == 0).all()))
+
+    def _rows_with_gradient(self, mini: DataProto, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rows to forward, rows left out or None). A row whose every advantage is 0 adds exactly
+        nothing to the gradient when no other loss term reads it (``actor.skip_zero_advantage``); its
+        tokens still count in the aggregation's global denominators, so the update is unchanged."""
+        a = self.cfg.actor
+        everything = torch.arange(len(mini))
+        if not (a.skip_zero_advantage and self.zero_adv_inert and a.entropy_coeff == 0 and self.kl_loss is None and "rollout_log_probs" in mini):
+            return everything, None
+        live = ((mini["advantages"].to(self.device) != 0) & mask.bool()).any(-1).cpu()
+        return everything[live], everything[~live]
+
+    def _micro_batches(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """(row indices, weight) per micro-batch. Every rank must run as many forward/backward passes
+        as the others (DDP and FSDP2 communicate in them), so a rank with fewer rows adds stand-ins:
+        one row at weight 0."""
+        micro = [(rows[sl], 1.0) for sl in iter_micro_batches(len(rows), self.cfg.actor.micro_batch_size)]
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            n = torch.tensor([len(micro)])
+            dist.all_reduce(n, op=dist.ReduceOp.MAX)
+            micro += [(torch.zeros(1, dtype=torch.long), 0.0)] * (int(n) - len(micro))
+        return micro
+
     def update_actor(self, data: DataProto, step: int) -> dict[str, float]:
         """PPO-style update on this rank's share of the batch; returns metrics (means over mini-batches)."""
         kill = self.faults.at("kill_worker", step)
@@ -277,7 +336,7 @@ class ActorWorker:
         cfg, a = self.cfg, self.cfg.actor
         t_call = time.perf_counter()
         t_fwd_bwd = t_optim = 0.0
-        self.positions = [0, 0]
+        self.positions = [0, 0, 0]
         self.train_module.train()
         n_rows = len(data)
         rows_per_mini = max(1, n_rows * a.ppo_mini_batch_size // cfg.data.train_batch_size)
@@ -302,35 +361,45 @@ class ActorWorker:
                 # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
                 # mini-batch's value is the sum over micro-batches and ranks, not a mean
                 parts = dict.fromkeys(("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0)
+                rows, skipped = self._rows_with_gradient(mini, mask_all)
+                if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
+                    parts["actor/entropy"] += scalar(self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq))
+                    add("actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
                 t0 = time.perf_counter()
-                for sl in iter_micro_batches(len(mini), a.micro_batch_size):
-                    mask = mask_all[sl]
-                    log_prob, entropy = self._forward(self.train_module, mini, sl, with_entropy=True)
+                micro = self._micro_batches(rows)
+                for idx, weight in micro:
+                    mask = mask_all[idx]
+                    log_prob, entropy = self._forward(self.train_module, mini, idx, with_entropy=True)
                     # exactly on-policy (one update per batch): the old policy *is* this forward, so
                     # the ratio is 1 with the right gradient and the extra forward pass is skipped
-                    old = log_prob.detach() if on_policy else mini["old_log_probs"][sl].to(self.device)
+                    old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
                     if first_forward and "rollout_log_probs" in mini:
                         # before the first optimizer step these weights are the ones the rollout
                         # sampled with, so this forward measures the rollout/train mismatch for free
-                        mismatch = self._mismatch(log_prob.detach(), mini["rollout_log_probs"][sl].to(self.device), mask)
+                        mismatch = self._mismatch(log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight)
                         for k, v in mismatch.items():
                             add(k, v)
-                    adv = mini["advantages"][sl].to(self.device)
+                    adv = mini["advantages"][idx].to(self.device)
                     loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
                     pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
                     ent_loss = self._agg(entropy, mask, n_tok, n_seq)
                     loss = pg_loss - a.entropy_coeff * ent_loss
                     if self.kl_loss is not None:
-                        kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][sl].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
+                        kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][idx].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
                         kl = self._agg(kl_mat, mask, n_tok, n_seq)
                         loss = loss + a.kl_loss_coef * kl
-                        parts["actor/kl_loss"] += scalar(kl)
+                        parts["actor/kl_loss"] += weight * scalar(kl)
                     # DDP and FSDP2 average gradients over ranks; the aggregation already divides by global counts
-                    (loss * self.world_size).backward()
+                    (loss * (self.world_size * weight)).backward()
+                    if not weight:  # a stand-in that keeps this rank in step with the others' collectives
+                        continue
                     parts["actor/pg_loss"] += scalar(pg_loss)
                     parts["actor/entropy"] += scalar(ent_loss)
                     for k, v in pm_metrics.items():
                         add(f"actor/{k}", v)
+                if not micro:  # no row (on any rank) had a gradient: it is 0, and Adam's step still moves the weights
+                    for p in self.model.parameters():
+                        p.grad = torch.zeros_like(p)
                 t_fwd_bwd += time.perf_counter() - t0
                 nan_fault = self.faults.at("nan_grad", step)
                 if nan_fault and (nan_fault.value is None or int(nan_fault.value) == self.rank):

@@ -20,8 +20,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar", "PackedRows", "pack_rows", "packed_response_log_probs",
-           "forward_response_log_probs"]
+__all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar", "PackedRows", "pack_rows", "pack_groups",
+           "packed_response_log_probs", "layout_rows", "LayoutStats", "grouped_mask_supported", "forward_response_log_probs"]
 
 
 def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
@@ -85,7 +85,10 @@ class PackedRows:
     pad is a one-token sequence of its own). ``predict_index``: flat indices into the (k * width)
     packed positions whose logits predict a response token; ``response_index``: flat indices into
     the (bs * R) response grid of those tokens, in the same order. ``real_tokens`` counts the
-    batch's real (attended) tokens; ``computed`` is k * width.
+    tokens the layout must compute (a shared prompt once); ``computed`` is k * width;
+    ``batch_tokens`` counts the padded batch's real (attended) tokens, shared prompts every time.
+    ``kind`` is ``"packed"`` (``pack_rows``: attention follows from the positions, ``attention_mask``
+    is None) or ``"grouped"`` (``pack_groups``: a (k, 1, width, width) boolean mask, True = attend).
     """
 
     input_ids: torch.Tensor
@@ -94,6 +97,9 @@ class PackedRows:
     response_index: torch.Tensor
     real_tokens: int
     computed: int
+    batch_tokens: int = 0
+    kind: str = "packed"
+    attention_mask: torch.Tensor | None = None
 
 
 def _balance(lengths: list[int], k: int) -> tuple[int, list[int], list[int], int]:
@@ -146,7 +152,88 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     return PackedRows(
         input_ids=packed_ids.view(k, width), position_ids=packed_pos.view(k, width),
         predict_index=dest[is_resp] - 1, response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
-        real_tokens=total, computed=k * width,
+        real_tokens=total, computed=k * width, batch_tokens=total,
+    )
+
+
+def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, capacity: int,
+                pad_id: int = 0, max_segment: int = 0) -> PackedRows | None:
+    """Pack rows that share a prompt as one segment: the prompt once, then each row's response.
+
+    GRPO-style batches repeat every prompt ``n`` times. A response attends to its prompt and to its
+    own earlier tokens only, so the prompt's hidden states are the same in every copy: computed once
+    per segment, with a mask that lets each response see the prompt and itself, the forward gives
+    every row's log-probs, and the backward sums the prompt's gradient over the responses, as the
+    ``n`` copies would. Segments are spread over rows of about ``capacity`` tokens like ``pack_rows``.
+
+    :param max_segment: refuse (None) when a segment would be longer than this (0: no limit); the
+        mask is dense, so attention in a segment costs its length squared.
+    :returns: the layout (``kind="grouped"``), or None when it cannot be exact (see ``pack_rows``)
+        or no two rows share a prompt.
+    """
+    mask = attention_mask.bool()
+    bs, T = mask.shape
+    start = T - response_length
+    if bs < 2 or start <= 0:
+        return None
+    rank_in_row = mask.long().cumsum(-1) - 1
+    rows, cols = mask.nonzero(as_tuple=True)
+    within = rank_in_row[rows, cols]
+    if not torch.equal(position_ids[rows, cols].long(), within):
+        return None
+    # rows with the same prompt tokens (positions are then the same too, checked above)
+    prompt_key = torch.where(mask[:, :start], input_ids[:, :start], -1)
+    _, group = torch.unique(prompt_key, dim=0, return_inverse=True)
+    n_groups = int(group.max()) + 1
+    if n_groups == bs:
+        return None
+    prompt_len = mask[:, :start].sum(-1)
+    resp_len = mask[:, start:].sum(-1)
+    first_row = torch.full((n_groups,), bs, dtype=torch.long, device=mask.device).scatter_reduce(0, group, torch.arange(bs, device=mask.device), "amin")
+    g_prompt = prompt_len[first_row]
+    g_resp = torch.zeros(n_groups, dtype=torch.long, device=mask.device).index_add_(0, group, resp_len)
+    seg_len = g_prompt + g_resp
+    if max_segment and int(seg_len.max()) > max_segment:
+        return None
+    # each row's responses start after the earlier rows' of its group
+    by_group = torch.sort(group, stable=True).indices
+    before = torch.cumsum(resp_len[by_group], 0) - resp_len[by_group]
+    group_base = torch.zeros(n_groups, dtype=torch.long, device=mask.device).scatter_reduce(0, group[by_group], before, "amin", include_self=False)
+    resp_offset = torch.empty(bs, dtype=torch.long, device=mask.device)
+    resp_offset[by_group] = before - group_base[group[by_group]]
+
+    lengths = seg_len.tolist()
+    total = int(seg_len.sum())
+    k0 = max(1, min(n_groups, -(-total // max(int(capacity), 1))))
+    k, row_of, offset, width = min((_balance(lengths, k) for k in range(k0, min(n_groups, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
+    seg_start = torch.tensor(row_of, device=mask.device) * width + torch.tensor(offset, device=mask.device)
+
+    is_prompt = cols < start
+    keep = ~is_prompt | (rows == first_row[group[rows]])  # a group's prompt comes from its first row
+    rows, cols, within, is_prompt = rows[keep], cols[keep], within[keep], is_prompt[keep]
+    g = group[rows]
+    dest = seg_start[g] + torch.where(is_prompt, within, g_prompt[g] + resp_offset[rows] + within - prompt_len[rows])
+    n = k * width
+    packed_ids = torch.full((n,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
+    packed_pos = torch.zeros(n, dtype=position_ids.dtype, device=position_ids.device)
+    packed_ids[dest] = input_ids[rows, cols]
+    packed_pos[dest] = position_ids[rows, cols]
+    # who may attend to whom: same segment, key in the prompt or in the query's own response, not later
+    unique = torch.arange(n, device=mask.device) + bs + n_groups  # pads: a segment and an owner of their own
+    segment, owner = unique.clone(), unique.clone()
+    segment[dest] = g
+    owner[dest] = torch.where(is_prompt, -1, rows)
+    segment, owner, pos = segment.view(k, width), owner.view(k, width), packed_pos.view(k, width)
+    attend = ((segment[:, :, None] == segment[:, None, :]) & ((owner[:, None, :] == -1) | (owner[:, :, None] == owner[:, None, :]))
+              & (pos[:, None, :] <= pos[:, :, None]))
+    # a response token is predicted by its row's previous token: the prompt's last for the first one
+    is_resp = ~is_prompt & (within > 0)
+    first_resp = within == prompt_len[rows]
+    predict = torch.where(first_resp, seg_start[g] + g_prompt[g] - 1, dest - 1)
+    return PackedRows(
+        input_ids=packed_ids.view(k, width), position_ids=packed_pos.view(k, width),
+        predict_index=predict[is_resp], response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
+        real_tokens=total, computed=n, batch_tokens=int(mask.sum()), kind="grouped", attention_mask=attend.unsqueeze(1),
     )
 
 
@@ -154,7 +241,7 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRows, respon
                               with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_log_probs`` of a packed batch, scattered back to ``responses``' (bs, R) grid (0 where not computed)."""
     device = packed.input_ids.device
-    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask, use_cache=False)
     logits = out.logits.reshape(-1, out.logits.shape[-1])[packed.predict_index.to(device)]
     resp_index = packed.response_index.to(device)
     targets = responses.reshape(-1)[resp_index]
@@ -173,28 +260,70 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRows, respon
 PACK_FACTOR = 4
 #: ... and at least this many tokens, so that short sequences still fill rows of useful size
 PACK_MIN_TOKENS = 64
+#: the longest shared-prompt segment (``pack_groups``): its dense mask and attention grow with the
+#: square of its length, so longer groups (long responses) are packed per row instead
+GROUP_MAX_TOKENS = 2048
+#: layouts in the order they are tried: the first that applies to a micro-batch is used
+LAYOUTS = ("grouped", "packed")
+
+
+def grouped_mask_supported(model: torch.nn.Module) -> bool:
+    """Whether ``model`` takes ``pack_groups``' boolean 4D mask as it is: transformers passes a 4D
+    mask through unchanged, and SDPA reads a boolean one as True = attend (eager attention adds the
+    mask instead, flash attention takes none)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    return getattr(config, "_attn_implementation", None) == "sdpa"
+
+
+@dataclass(frozen=True)
+class LayoutStats:
+    """What one forward computed: ``kind`` (``grouped``, ``packed`` or ``padded``), positions
+    ``computed``, the ``needed`` tokens of that layout (real tokens, a shared prompt once), and the
+    padded batch's real tokens ``batch`` (every prompt copy counted)."""
+
+    kind: str
+    computed: int
+    needed: int
+    batch: int
+
+
+def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int,
+                layouts: Any = LAYOUTS) -> PackedRows | None:
+    """The first of ``layouts`` that lays out this micro-batch exactly, or None for the padded forward."""
+    longest = int(attention_mask.sum(-1).max()) if len(attention_mask) else 0
+    capacity = max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
+    for kind in layouts:
+        if kind == "grouped":
+            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, capacity, max_segment=GROUP_MAX_TOKENS)
+        elif kind == "packed":
+            packed = pack_rows(input_ids, attention_mask, position_ids, response_length, capacity)
+        else:
+            raise ValueError(f"unknown layout {kind!r}; known: {', '.join(LAYOUTS)}")
+        if packed is not None:
+            return packed
+    return None
 
 
 def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                               responses: torch.Tensor, temperature: float, with_entropy: bool, pack: bool = True
-                               ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int]]:
-    """Response log-probs (and entropy), (bs, R), of one micro-batch, padding removed when ``pack``.
+                               responses: torch.Tensor, temperature: float, with_entropy: bool, layouts: Any = LAYOUTS,
+                               packed: PackedRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
+    """Response log-probs (and entropy), (bs, R), of one micro-batch, padding removed when one of
+    ``layouts`` applies (``layout_rows``; ``packed`` is such a layout already made).
 
-    :returns: ``(log_probs, entropy, (positions computed, real tokens))``. Packed, response
-        positions outside the attention mask are 0; padded (``pack=False``, or rows that cannot be
-        packed exactly, see ``pack_rows``), they hold whatever the model computed there.
+    :returns: ``(log_probs, entropy, LayoutStats)``. Packed or grouped, response positions outside
+        the attention mask are 0; padded (``layouts=()``, or no layout applies), they hold whatever
+        the model computed there.
     """
     R = responses.shape[1]
-    packed = None
-    if pack:
-        longest = int(attention_mask.sum(-1).max()) if len(attention_mask) else 0
-        packed = pack_rows(input_ids, attention_mask, position_ids, R, max(PACK_MIN_TOKENS, PACK_FACTOR * longest))
+    if packed is None and layouts:
+        packed = layout_rows(input_ids, attention_mask, position_ids, R, layouts)
     if packed is None:
         logits = forward_response_logits(model, input_ids, attention_mask, position_ids, R)
         lp, ent = response_log_probs(logits, responses, temperature, with_entropy)
-        return lp, ent, (attention_mask.numel(), int(attention_mask.sum()))
+        real = int(attention_mask.sum())
+        return lp, ent, LayoutStats("padded", attention_mask.numel(), real, real)
     lp, ent = packed_response_log_probs(model, packed, responses, temperature, with_entropy)
-    return lp, ent, (packed.computed, packed.real_tokens)
+    return lp, ent, LayoutStats(packed.kind, packed.computed, packed.real_tokens, packed.batch_tokens)
 
 
 def iter_micro_batches(n: int, size: int) -> Iterator[slice]:

@@ -62,6 +62,23 @@ def make_batch():
     })
 
 
+def with_silent_rows(batch, world: int):
+    """``batch`` with rollout log-probs, and advantage 0 on every row of the last rank's share."""
+    out = batch.select(tensor_keys=list(batch.tensors))
+    out["rollout_log_probs"] = -torch.rand(out["response_mask"].shape, generator=torch.Generator().manual_seed(1)) * out["response_mask"]
+    silent = torch.as_tensor(balanced_split_rows(out, world)[-1])
+    adv = out["advantages"].clone()
+    adv[silent] = 0.0
+    out["advantages"] = adv
+    return out
+
+
+def balanced_split_rows(batch, world: int):
+    from armor_core.engine import balanced_split
+
+    return balanced_split(batch["response_mask"].sum(-1).numpy(), world)
+
+
 def shares(batch, world: int):
     from armor_core.engine import balanced_split
 
@@ -95,6 +112,18 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
     batch = make_batch()
     mine = shares(batch, world)[rank]
     results: dict = {"ref": {}, "dp": {}, "critic_ref": {}, "critic_dp": {}, "resume": {}, "tokens": [int(s["response_mask"].sum()) for s in shares(batch, world)]}
+    # rows with advantage 0 are not forwarded (actor.skip_zero_advantage): rank 1 has none left, and
+    # must still take part in every collective of rank 0's micro-batches
+    skip_batch = with_silent_rows(batch, world)
+    for strategy in STRATEGIES:
+        w = ActorWorker(make_config("token-mean", strategy), rank=rank, world_size=world)
+        m = w.update_actor(shares(skip_batch, world)[rank], step=1)
+        results["dp"][strategy, "skip"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                           "losses": (m["actor/pg_loss"],), "zero_adv_rows": m["actor/zero_adv_rows"]}
+    if rank == 0:
+        w = ActorWorker(make_config("token-mean", "ddp", **{"actor.skip_zero_advantage": "false"}), rank=0, world_size=1)
+        m = w.update_actor(skip_batch, step=1)
+        results["ref"]["skip"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"], "losses": (m["actor/pg_loss"],)}
     for strategy in STRATEGIES:
         for mode in MODES:
             cfg = make_config(mode, strategy)
@@ -192,6 +221,19 @@ def test_two_workers_take_the_same_step_as_one(results, strategy, mode):
         assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-7)  # each rank reports the global batch's loss
     assert ref["losses"][1] == pytest.approx(ref["entropy_direct"], rel=1e-5)  # the whole batch's entropy, computed in one piece
     assert ref["grad_norm"] > 1.0  # so clipping acted, and a per-shard (non-global) norm would have shown
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_skipping_zero_advantage_rows_keeps_ranks_in_step(results, strategy):
+    """Rank 1's rows all have advantage 0, so it forwards nothing of its own and runs stand-ins
+    while rank 0 trains; the step is the one-worker step computed without skipping."""
+    ref = results[0]["ref"]["skip"]
+    assert results[1]["dp"][strategy, "skip"]["zero_adv_rows"] == 1.0 > results[0]["dp"][strategy, "skip"]["zero_adv_rows"]
+    for rank in range(2):
+        got = results[rank]["dp"][strategy, "skip"]
+        close(got["grads"], ref["grads"], f"{strategy} skip rank {rank} gradients")
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+        assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
