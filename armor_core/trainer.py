@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,14 @@ def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str,
     return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
 
 
+@dataclass
+class _Queued:
+    """The next step's prompts (repeated ``rollout.n`` times) and its generation, already sent (or None: send it)."""
+
+    gen_in: Any
+    pending: Any
+
+
 class Trainer:
     def __init__(self, cfg: ArmorConfig, resume: bool = False) -> None:
         from armor_core.checkpoint import CheckpointManager
@@ -194,6 +203,7 @@ class Trainer:
             self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
                                       name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"))
         self.startup_s["workers"] = time.perf_counter() - t0
+        self._queued: _Queued | None = None  # the next step's generation, when already sent (overlap_generation)
         self.needs_weight_sync = any(self.actor.call("needs_weight_sync"))  # a colocated engine shares the actor's module
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
         records = [{**place, **rec} for g in (self.actor, self.critic) if g is not None for place, rec in zip(g.placement, g.call("isolation_record"))]
@@ -258,13 +268,16 @@ class Trainer:
         timer = _Timer()
         metrics: dict[str, float] = {}
         t_step = time.perf_counter()
+        queued, self._queued = self._queued, None
         with timer("data"):
-            prompts = self.loader.next_batch()
-            gen_in = prompts.repeat(cfg.rollout.n, interleave=True)
+            gen_in = queued.gen_in if queued is not None else self.loader.next_batch().repeat(cfg.rollout.n, interleave=True)
         with timer("gen") as stage:
-            stale = self.faults.at("stale_rollout", self.step + 1) is not None
-            out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
+            t_wait = time.perf_counter()
+            pending = queued.pending if queued is not None and queued.pending is not None else self._submit_generate(gen_in, self.step + 1)
+            out = pending.result()
             stage.worker_s = _worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s"))
+            if queued is not None and queued.pending is not None and stage.worker_s is not None:  # ran during the last step
+                metrics["perf/gen_overlapped_s"] = max(0.0, stage.worker_s - (time.perf_counter() - t_wait))
         batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
         mask = batch["response_mask"].float()
         resp_len = mask.sum(-1)
@@ -331,12 +344,15 @@ class Trainer:
                     metrics.update(self.critic.dispatch("update_critic", batch, self.step + 1))
             with timer("update_actor") as stage:
                 update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs") if k in batch])
-                actor_metrics = self.actor.dispatch("update_actor", update_in, self.step + 1)
+                update = self.actor.submit("update_actor", update_in, self.step + 1)
+                sync = self.actor.submit_call("sync_weights") if self.needs_weight_sync else None
+                self._queue_next_generation()
+                actor_metrics = update.result()
                 stage.worker_s = _worker_seconds(actor_metrics.pop("perf/worker_s", None))
                 metrics.update(actor_metrics)
-            if self.needs_weight_sync:
+            if sync is not None:
                 with timer("update_weights") as stage:
-                    stage.worker_s = _worker_seconds(self.actor.call("sync_weights"))
+                    stage.worker_s = _worker_seconds(sync.result())
             else:
                 timer.add("update_weights", 0.0)
         self.step += 1
@@ -361,6 +377,26 @@ class Trainer:
         metrics["perf/total_num_tokens"] = n_tokens
         metrics["perf/throughput"] = n_tokens / step_s
         return metrics
+
+    def _submit_generate(self, gen_in: Any, step: int) -> Any:
+        stale = self.faults.at("stale_rollout", step) is not None
+        return self.actor.submit("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
+
+    def _queue_next_generation(self) -> None:
+        """With ``trainer.overlap_generation``: send the next step's generation now, behind this
+        step's update. The worker runs the same calls in the same order as without (update, then
+        generate), so samples, RNG and weights are unchanged; what goes is the idle time between them.
+
+        Not before a step after which the driver calls the workers for something else (validation,
+        a checkpoint, whose RNG state must be the one before this generation), after the last step,
+        or when the next batch would start an epoch that ``trainer.total_epochs`` forbids.
+        """
+        t, step = self.cfg.trainer, self.step + 1  # the step being updated now
+        if (not t.overlap_generation or step >= t.total_steps or (t.val_freq and step % t.val_freq == 0) or (t.save_freq and step % t.save_freq == 0)
+                or (t.total_epochs is not None and self.loader.position + self.loader.batch_size > self.loader.n)):
+            return
+        gen_in = self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
+        self._queued = _Queued(gen_in, self._submit_generate(gen_in, step + 1))
 
     def _act_on(self, verdicts: list, metrics: dict[str, float]) -> None:
         """Roll back if any guard asked, then apply every adjustment (after: a rollback restores the old optimizer)."""
@@ -399,6 +435,8 @@ class Trainer:
             print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
             return
         position, step = self.loader.state_dict(), self.step
+        if self._queued is not None:  # generated by the weights just discarded: its prompts are sampled again
+            self._queued = _Queued(self._queued.gen_in, None)
         self._load(path, restore_guards=False)
         # roll back the weights, not the data or the clock: the offending batches are skipped and
         # step numbers stay monotonic in the logs (a rollback is an event at this step)

@@ -78,7 +78,7 @@ class PeakRSS:
         self.thread.join()
 
 
-def armor_config(steps: int, run_dir: str):
+def armor_config(steps: int, run_dir: str, val_freq: int = 0):
     from armor_core.config import load_config
 
     s = SETTINGS
@@ -89,7 +89,7 @@ def armor_config(steps: int, run_dir: str):
         f"actor.clip_ratio_low={s['clip_eps']}", f"actor.clip_ratio_high={s['clip_eps']}", f"actor.grad_clip={s['grad_clip']}",
         "actor.use_kl_loss=false", "actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std=true",
         "rollout.top_k=0", "rollout.top_p=1.0", "actor.lr_schedule=constant", "actor.warmup_steps=0", "actor.weight_decay=0.0",
-        "actor.ppo_epochs=1", f"trainer.total_steps={steps}", "trainer.val_freq=0", f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]",
+        "actor.ppo_epochs=1", f"actor.micro_batch_size={s['prompts_per_step'] * s['group_size']}", f"trainer.total_steps={steps}", f"trainer.val_freq={val_freq}", f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]",
     ])
 
 
@@ -118,7 +118,9 @@ def run_armor(steps: int, eval_every: int) -> dict:
     from armor_core.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp, PeakRSS() as mem:
-        trainer = Trainer(armor_config(steps, str(Path(tmp) / "run")))
+        # val_freq tells the trainer where the evaluations fall, so it does not queue a generation
+        # before one (trainer.overlap_generation): that generation's time would leave the clock
+        trainer = Trainer(armor_config(steps, str(Path(tmp) / "run"), val_freq=eval_every))
         try:
             evals = [(0, trainer.validate()["val/acc_greedy"], 0.0)]
             clock, step_s, tokens, breakdown = 0.0, [], [], []

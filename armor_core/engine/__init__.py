@@ -31,7 +31,7 @@ import numpy as np
 
 from armor_core.cli import UserFacingError
 
-__all__ = ["PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
+__all__ = ["Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
 
 # how long the other ranks get to finish after one rank raised: a healthy group returns in
 # milliseconds, a group stuck in a collective with the failed rank never does
@@ -82,6 +82,32 @@ def balanced_split(token_counts: np.ndarray, n: int) -> list[np.ndarray]:
     return [np.sort(np.array(g, dtype=np.int64)) for g in groups]
 
 
+class Pending:
+    """Calls sent to a group whose results are not gathered yet (``WorkerGroup.submit`` / ``submit_call``)."""
+
+    def __init__(self, group: "WorkerGroup", method: str, refs: list[Any], parts: list[np.ndarray] | None) -> None:
+        self.group, self.method, self.refs, self.parts = group, method, refs, parts
+
+    def result(self) -> Any:
+        """``call``'s list (no ``parts``), or ``dispatch``'s merge: DataProtos concatenated in the
+        original row order, metric dicts averaged over ranks."""
+        from armor_core.protocol import DataProto
+
+        outs = self.group._gather(self.refs, self.method)
+        if self.parts is None:
+            return outs
+        if len(outs) == 1:
+            return outs[0]
+        if isinstance(outs[0], DataProto):
+            merged = DataProto.concat(outs)
+            inverse = np.argsort(np.concatenate(self.parts))
+            return merged[inverse]
+        if isinstance(outs[0], dict):
+            keys = set().union(*outs)
+            return {k: float(np.mean([o[k] for o in outs if k in o])) for k in keys}
+        return outs
+
+
 class WorkerGroup:
     """N Ray actors of ``worker_cls`` acting as data-parallel ranks."""
 
@@ -128,8 +154,12 @@ class WorkerGroup:
                 f"{str(rec.get('node_id', '?'))[:12]})")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        return self._gather(refs, method)
+        return self.submit_call(method, *args, **kwargs).result()
+
+    def submit_call(self, method: str, *args: Any, **kwargs: Any) -> "Pending":
+        """``call`` without waiting: each rank queues the method behind the ones sent before (a Ray
+        actor runs its calls one at a time, in order); ``.result()`` gathers, as ``call`` returns."""
+        return Pending(self, method, [getattr(w, method).remote(*args, **kwargs) for w in self.workers], None)
 
     def _gather(self, refs: list[Any], method: str) -> list[Any]:
         """Results in rank order; the first rank to die (or fail while the others wait on it) stops the group."""
@@ -164,22 +194,15 @@ class WorkerGroup:
 
     def dispatch(self, method: str, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
-        from armor_core.protocol import DataProto
+        return self.submit(method, data, *args, **kwargs).result()
 
+    def submit(self, method: str, data: Any, *args: Any, **kwargs: Any) -> "Pending":
+        """``dispatch`` without waiting (see ``submit_call``); ``.result()`` is what ``dispatch`` returns."""
         if self.n == 1:
-            return self.call(method, data, *args, **kwargs)[0]
+            return Pending(self, method, [getattr(self.workers[0], method).remote(data, *args, **kwargs)], [np.arange(len(data))])
         mask = data["response_mask"] if "response_mask" in data else data["attention_mask"]
         parts = balanced_split(mask.sum(-1).numpy(), self.n)
-        refs = [getattr(w, method).remote(data[idx], *args, **kwargs) for w, idx in zip(self.workers, parts)]
-        outs = self._gather(refs, method)
-        if isinstance(outs[0], DataProto):
-            merged = DataProto.concat(outs)
-            inverse = np.argsort(np.concatenate(parts))
-            return merged[inverse]
-        if isinstance(outs[0], dict):
-            keys = set().union(*outs)
-            return {k: float(np.mean([o[k] for o in outs if k in o])) for k in keys}
-        return outs
+        return Pending(self, method, [getattr(w, method).remote(data[idx], *args, **kwargs) for w, idx in zip(self.workers, parts)], parts)
 
     def shutdown(self) -> None:
         """Stop every worker and free the placement group; safe to call twice."""
