@@ -14,12 +14,26 @@ untruncated log-prob is what vLLM reports too. Greedy decoding records the same 
 argmax token.
 
 Randomness comes from torch's global generator (the trainer seeds it), so a seeded run samples
-the same tokens again on the same hardware.
+the same tokens again on the same hardware. Since rows that have finished stop drawing (below),
+a seed gives other tokens than it did before this backend dropped finished rows; the
+distribution they are drawn from is the same.
+
+Two savings matter on RL batches, where each prompt is repeated ``n`` times and most responses
+end well before ``max_new_tokens``. Shared prefill: rows with the same prompt (tokens, mask and
+positions, in any order) go through the prompt pass once, and its KV cache and last logits are
+copied to each of them; with ``n = 8`` the prompt pass costs an eighth. Compaction: once a
+quarter of the decoding batch has finished, the finished rows' cache, mask and positions are
+dropped, so later steps compute only live rows. Both select cache rows with
+``Cache.reorder_cache`` (beam search's selection, an ``index_select``: 2-3x faster on CPU than
+the advanced indexing of ``batch_select_indices``); a model whose cache has no such method gets
+every row prefilled and kept to the end. Neither changes what a row computes, beyond the float
+noise of another batch size, so greedy decoding gives the same tokens.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 from typing import Any, Iterable
 
 import torch
@@ -32,6 +46,10 @@ __all__ = ["HFRollout", "sample_next_token"]
 
 # wrappers whose prefixes appear in parameter names sent by a trainer (DDP, torch.compile)
 _PREFIXES = ("module.", "_orig_mod.")
+# finished rows leave the decoding batch once this share of it has finished. Selecting the live
+# rows of the cache costs about what one decoding step saves on 5-7 rows; measured on
+# builtin:arithmetic-tiny, 16 prompts x 8, 2 CPU cores: 0.1-0.3 equally fast, 0.05 and 0.4 slower
+_COMPACT_AT = 0.25
 
 
 def sample_next_token(logits: torch.Tensor, *, greedy: bool, temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,13 +60,13 @@ def sample_next_token(logits: torch.Tensor, *, greedy: bool, temperature: float,
         ``log_softmax(logits / T)[token]`` before top-k / top-p truncation (T = 1 when temperature is 0).
     """
     logits = logits.float()
-    t = temperature if temperature > 0 else 1.0
-    logp = F.log_softmax(logits / t, dim=-1)
+    scaled = logits / (temperature if temperature > 0 else 1.0)
+    logp = F.log_softmax(scaled, dim=-1)
     if greedy or temperature <= 0:
         tokens = logits.argmax(dim=-1)
     else:
-        scaled = logits / t
         vocab = scaled.shape[-1]
+        truncated = 0 < top_k < vocab or top_p < 1.0
         if 0 < top_k < vocab:
             kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -61,7 +79,8 @@ def sample_next_token(logits: torch.Tensor, *, greedy: bool, temperature: float,
             drop_sorted[:, 0] = False
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             scaled = scaled.masked_fill(drop, float("-inf"))
-        tokens = torch.multinomial(scaled.softmax(dim=-1), num_samples=1).squeeze(-1)
+        probs = scaled.softmax(dim=-1) if truncated else logp.exp()  # untruncated: the softmax is already at hand
+        tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -79,6 +98,10 @@ class HFRollout:
         self.eos_token_ids = eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        # only the last position's logits are used: transformers' causal LMs can skip the rest,
+        # which in the prompt pass of a large-vocabulary model is most of the memory
+        accepts = inspect.signature(model.forward).parameters
+        self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         if getattr(config, "backend_kwargs", None):
             raise ValueError(f"rollout.backend_kwargs={dict(config.backend_kwargs)!r}: the hf backend takes no extra arguments")
 
@@ -128,33 +151,64 @@ class HFRollout:
     def _generate_micro_batch(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, *, max_new: int, greedy: bool,
                               temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device."""
-        b = ids.shape[0]
+        b, device = ids.shape[0], ids.device
         # left padding shared by every row is dropped: masked positions change nothing but cost compute
         real_cols = (mask != 0).any(dim=0).nonzero()
         first = int(real_cols[0]) if len(real_cols) else 0
-        step_ids, attn, step_pos = ids[:, first:], mask[:, first:].long(), pos[:, first:]
+        ids, mask, pos = ids[:, first:], mask[:, first:].long(), pos[:, first:]
+        prompt_len = ids.shape[1]
+        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=device)
+        resp_mask = torch.zeros((b, max_new), dtype=torch.long, device=device)
+        log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=device)
+        # every step's mask is a prefix of this one, so it is never grown by concatenation
+        attn = torch.cat([mask, torch.ones((b, max_new), dtype=mask.dtype, device=device)], dim=1)
         next_pos = pos[:, -1:] + 1
-        eos = torch.tensor(self.eos_token_ids, device=ids.device)
-        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long, device=ids.device)
-        resp_mask = torch.zeros((b, max_new), dtype=torch.long, device=ids.device)
-        log_probs = torch.zeros((b, max_new), dtype=torch.float32, device=ids.device)
-        done = torch.zeros(b, dtype=torch.bool, device=ids.device)
-        past = None
+
+        past, logits = self._shared_prefill(ids, mask, pos)
+        can_select = hasattr(past, "reorder_cache")
+        # a lookup table costs one indexing op per step; torch.isin costs several
+        is_eos = torch.zeros(max(logits.shape[-1], max(self.eos_token_ids) + 1), dtype=torch.bool, device=device)
+        is_eos[self.eos_token_ids] = True
+        rows = torch.arange(b, device=device)  # the output row of each row of the decoding batch
+        live = torch.ones(b, dtype=torch.bool, device=device)
         for t in range(max_new):
-            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            tokens, lp = sample_next_token(out.logits[:, -1, :], greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
-            live = ~done
-            responses[:, t] = torch.where(live, tokens, torch.full_like(tokens, self.pad_token_id))
-            resp_mask[:, t] = live.long()
-            log_probs[:, t] = torch.where(live, lp, torch.zeros_like(lp))
-            done = done | (live & torch.isin(tokens, eos))
-            if bool(done.all()):
+            tokens, lp = sample_next_token(logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
+            tokens = torch.where(live, tokens, self.pad_token_id)
+            responses[rows, t] = tokens
+            resp_mask[rows, t] = live.long()
+            log_probs[rows, t] = torch.where(live, lp, 0.0)
+            live = live & ~is_eos[tokens]
+            n_live = int(live.sum())
+            if n_live == 0 or t == max_new - 1:
                 break
-            step_ids = responses[:, t : t + 1]
-            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=attn.device)], dim=1)
-            step_pos = next_pos + t
+            if can_select and len(rows) - n_live >= max(1.0, _COMPACT_AT * len(rows)):
+                keep = live.nonzero().squeeze(-1)
+                past.reorder_cache(keep)
+                rows, live, tokens, attn, next_pos = rows[keep], live[keep], tokens[keep], attn[keep], next_pos[keep]
+            past, logits = self._forward(tokens.unsqueeze(-1), attn[:, : prompt_len + t + 1], next_pos + t, past)
         return responses, resp_mask, log_probs
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """The prompt pass, run once per distinct prompt, its cache and last logits copied to every row.
+
+        :param ids, mask, pos: (b, P) prompt tokens, attention mask and positions, rows in any order.
+        :returns: ``(past_key_values, logits)`` with logits (b, vocab), both in the rows' order. A
+            model whose cache cannot select batch rows gets every row.
+        """
+        # a row is another's prompt when tokens, mask and positions all agree (positions may be given)
+        distinct, inverse = torch.unique(torch.cat([ids, mask, pos], dim=1), dim=0, return_inverse=True)
+        if len(distinct) < len(ids):
+            p = ids.shape[1]
+            past, logits = self._forward(distinct[:, :p], distinct[:, p : 2 * p], distinct[:, 2 * p :])
+            if hasattr(past, "reorder_cache"):
+                past.reorder_cache(inverse)
+                return past, logits.index_select(0, inverse)
+        return self._forward(ids, mask, pos)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any = None) -> tuple[Any, torch.Tensor]:
+        """One cached forward: ``(past_key_values, logits of the last position (b, vocab))``."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True, **self._forward_kwargs)
+        return out.past_key_values, out.logits[:, -1, :]
 
     # -- weights --------------------------------------------------------------------------------
 
