@@ -10,7 +10,10 @@ subprocess of its own (so peak memory is each one's own), on the same work: the 
 decay, grad-norm clip 1.0, PPO clip 0.2, no KL (TRL ``beta=0``), temperature 1.0, no top-k/top-p,
 at most 8 new tokens, group-std-normalised advantages, token-mean loss aggregation over the batch
 (TRL ``loss_type="dapo"``, ARMOR ``token-mean``). TRL's reward function *is* ARMOR's ``arithmetic``
-reward domain. Data order differs (each trainer shuffles with its own sampler).
+reward domain. Both see the same prompts at every step: TRL gets the train rows in the order
+ARMOR's loader draws them, with its own shuffling off (``shuffle_dataset=False``). The
+micro-batch is the whole batch on both (TRL ``per_device_train_batch_size=128``,
+``gradient_accumulation_steps=1``; ARMOR ``actor.micro_batch_size=128``).
 
 Both are evaluated by the same code: greedy decoding of the 500 held-out prompts with ARMOR's
 ``hf`` rollout and scoring by the ``arithmetic`` reward domain (what ``Trainer.validate`` does), every
@@ -172,7 +175,15 @@ def run_trl(steps: int, eval_every: int) -> dict:
                 out.append(float(getattr(r, "score", r)))
             return out
 
-        rows = HFDataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in train.rows])
+        # ARMOR's data order: the batches its loader draws, one after another
+        from armor_core.data import PromptLoader
+
+        loader = PromptLoader(train.encoded, s["prompts_per_step"], shuffle=True, seed=s["seed"])
+        ordered = []
+        for _ in range(steps):
+            nt = loader.next_batch().non_tensors
+            ordered += [{"prompt": p, "ground_truth": gt} for p, gt in zip(nt["raw_prompt"], nt["ground_truth"])]
+        rows = HFDataset.from_list(ordered)
         model = load_model(path, "float32")
         args = GRPOConfig(
             output_dir=str(Path(tmp) / "trl"), max_steps=steps, per_device_train_batch_size=s["prompts_per_step"] * s["group_size"],
@@ -181,7 +192,7 @@ def run_trl(steps: int, eval_every: int) -> dict:
             max_grad_norm=s["grad_clip"], temperature=s["temperature"], top_p=1.0, top_k=0, max_completion_length=s["max_new_tokens"],
             beta=s["kl_beta"], epsilon=s["clip_eps"], loss_type="dapo", scale_rewards="group", use_cpu=True, bf16=False, fp16=False,
             report_to="none", logging_steps=1, save_strategy="no", seed=s["seed"], data_seed=s["seed"], dataloader_num_workers=0,
-            disable_tqdm=True, log_completions=False, remove_unused_columns=False,
+            disable_tqdm=True, log_completions=False, remove_unused_columns=False, shuffle_dataset=False,
         )
 
         class Clock(TrainerCallback):

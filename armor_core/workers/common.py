@@ -166,6 +166,8 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     every row's log-probs, and the backward sums the prompt's gradient over the responses, as the
     ``n`` copies would. Segments are spread over rows of about ``capacity`` tokens like ``pack_rows``.
 
+    :param capacity: about how many tokens per packed row; 0 chooses ``PACK_FACTOR`` times the longest
+        segment, up to ``max_segment`` (``GROUP_MAX_TOKENS`` if that is 0).
     :param max_segment: refuse (None) when a segment would be longer than this (0: no limit); the
         mask is dense, so attention in a segment costs its length squared.
     :returns: the layout (``kind="grouped"``), or None when it cannot be exact (see ``pack_rows``)
@@ -204,6 +206,8 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
 
     lengths = seg_len.tolist()
     total = int(seg_len.sum())
+    if capacity <= 0:  # rows of a few segments each, as pack_rows' rows hold a few sequences
+        capacity = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
     k0 = max(1, min(n_groups, -(-total // max(int(capacity), 1))))
     k, row_of, offset, width = min((_balance(lengths, k) for k in range(k0, min(n_groups, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
     seg_start = torch.tensor(row_of, device=mask.device) * width + torch.tensor(offset, device=mask.device)
@@ -294,7 +298,7 @@ def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     capacity = max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
     for kind in layouts:
         if kind == "grouped":
-            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, capacity, max_segment=GROUP_MAX_TOKENS)
+            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, 0, max_segment=GROUP_MAX_TOKENS)
         elif kind == "packed":
             packed = pack_rows(input_ids, attention_mask, position_ids, response_length, capacity)
         else:
