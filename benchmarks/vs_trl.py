@@ -1,6 +1,6 @@
 """ARMOR against TRL's GRPOTrainer on the default job, side by side on this machine.
 
-    python benchmarks/vs_trl.py --trl-python /work/trl-venv/bin/python [--steps 150] [--eval-every 25] [--target 0.65]
+    python benchmarks/vs_trl.py --trl-python /work/trl-venv/bin/python [--steps 150] [--eval-every 25] [--target 0.65] [--seeds 1 2 3]
 
 One invocation runs ``armor``'s trainer and TRL's ``GRPOTrainer`` one after the other, each in a
 subprocess of its own (so peak memory is each one's own), on the same work: the built-in model
@@ -275,27 +275,59 @@ def main() -> None:
     ap.add_argument("--side", choices=["armor", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1], help="one pair of runs per seed (data order, sampling, the TRL/ARMOR seed)")
+    ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        SETTINGS["seed"] = a.seed
         result = (run_armor if a.side == "armor" else run_trl)(a.steps, a.eval_every)
         Path(a.out).write_text(json.dumps(result))
         return
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for side, python in (("armor", sys.executable), ("trl", a.trl_python)):
-            out = Path(tmp) / f"{side}.json"
-            print(f"running {side} ({python}) ...", flush=True)
-            t0 = time.perf_counter()
-            proc = subprocess.run([python, __file__, "--side", side, "--out", str(out), "--steps", str(a.steps), "--eval-every", str(a.eval_every)],
-                                  capture_output=True, text=True)
-            if proc.returncode:
-                sys.exit(f"{side} run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-            results[side] = json.loads(out.read_text())
-            print(f"  {side} done in {time.perf_counter() - t0:.0f} s", flush=True)
-    print_table(results, a)
+    runs = []
+    for seed in a.seeds:
+        SETTINGS["seed"] = seed
+        results = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for side, python in (("armor", sys.executable), ("trl", a.trl_python)):
+                out = Path(tmp) / f"{side}.json"
+                print(f"seed {seed}: running {side} ({python}) ...", flush=True)
+                t0 = time.perf_counter()
+                proc = subprocess.run([python, __file__, "--side", side, "--out", str(out), "--steps", str(a.steps), "--eval-every", str(a.eval_every),
+                                       "--seed", str(seed)], capture_output=True, text=True)
+                if proc.returncode:
+                    sys.exit(f"{side} run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+                results[side] = json.loads(out.read_text())
+                print(f"  {side} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        print_table(results, a)
+        runs.append({"seed": seed, "results": results})
+    if len(runs) > 1:
+        print_over_seeds(runs, a)
     if a.json:
-        Path(a.json).write_text(json.dumps({"settings": SETTINGS, "args": vars(a), "results": results}))
+        Path(a.json).write_text(json.dumps({"settings": SETTINGS, "args": vars(a), "runs": runs}))
+
+
+def print_over_seeds(runs: list[dict], a) -> None:
+    """Medians over seeds: a single run's time to target moves by a whole evaluation interval with
+    the luck of the sampling, in both trainers, so one seed's ratio is a noisy number."""
+    import numpy as np
+
+    print(f"\nover {len(runs)} seeds ({', '.join(str(r['seed']) for r in runs)}):")
+    print(f"{'seed':>6} {'s/step ARMOR':>13} {'s/step TRL':>11} {'to target ARMOR':>16} {'to target TRL':>14} {'ratio':>7} {'final acc ARMOR':>16} {'final acc TRL':>14}")
+    ratios, step_ratios, finals = [], [], []
+    for r in runs:
+        arm, trl = (summarise(r["results"][k], a.warmup, a.target) for k in ("armor", "trl"))
+        ratio = trl["to_target_s"] / arm["to_target_s"] if arm["to_target_s"] and trl["to_target_s"] else None
+        ratios.append(ratio)
+        step_ratios.append(trl["s_per_step"] / arm["s_per_step"])
+        finals.append(arm["acc_end"] - trl["acc_end"])
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        print(f"{r['seed']:>6} {arm['s_per_step']:13.3f} {trl['s_per_step']:11.3f} {fmt(arm['to_target_s'], '16.1f')} {fmt(trl['to_target_s'], '14.1f')} "
+              f"{fmt(ratio, '6.2f')}x {arm['acc_end']:16.3f} {trl['acc_end']:14.3f}")
+    reached = [x for x in ratios if x is not None]
+    print(f"median: seconds per step {np.median(step_ratios):.2f}x faster; train seconds to accuracy >= {a.target} "
+          f"{np.median(reached) if reached else float('nan'):.2f}x faster ({len(reached)} of {len(ratios)} seeds reached it on both); "
+          f"final accuracy ARMOR - TRL {np.median(finals):+.3f}")
 
 
 def print_table(results: dict, a) -> None:
