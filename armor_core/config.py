@@ -168,7 +168,7 @@ class TrainerConfig:
     loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
-    overlap_generation: bool = f(True, "Queue the next step's generation right behind this step's update, so Ray's round trips and the driver's bookkeeping overlap with the workers' compute. The workers run the same calls in the same order, so results are unchanged. Not done before a validation, a checkpoint, or the last step.")
+    overlap_generation: bool = f(True, "Generate the next step's rollout in the same worker call as this step's update: one Ray round trip a step instead of two, and no idle worker while the driver reads the update's result. The workers run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a validation, a checkpoint, or the last step.")
     faults: list = f(help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/faults.py).", factory=list)
 
 

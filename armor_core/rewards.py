@@ -254,7 +254,9 @@ class RewardManager:
         timeouts = 0
 
         def column(key: str) -> np.ndarray:
-            return subs.setdefault(key, np.full(n, np.nan, dtype=np.float32))
+            if key not in subs:  # not setdefault: that would build a fresh array for every row
+                subs[key] = np.full(n, np.nan, dtype=np.float32)
+            return subs[key]
 
         for (i, d, weight), out in zip(checks, outcomes):
             if out.status == "ok":

@@ -119,10 +119,10 @@ def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str,
 
 @dataclass
 class _Queued:
-    """The next step's prompts (repeated ``rollout.n`` times) and its generation, already sent (or None: send it)."""
+    """The next step's prompts (repeated ``rollout.n`` times) and their rollout, already generated (or None: generate it)."""
 
     gen_in: Any
-    pending: Any
+    out: Any
 
 
 class Trainer:
@@ -272,13 +272,14 @@ class Trainer:
         queued, self._queued = self._queued, None
         with timer("data"):
             gen_in = queued.gen_in if queued is not None else self.loader.next_batch().repeat(cfg.rollout.n, interleave=True)
-        with timer("gen") as stage:
-            t_wait = time.perf_counter()
-            pending = queued.pending if queued is not None and queued.pending is not None else self._submit_generate(gen_in, self.step + 1)
-            out = pending.result()
-            stage.worker_s = _worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s"))
-            if queued is not None and queued.pending is not None and stage.worker_s is not None:  # ran during the last step
-                metrics["perf/gen_overlapped_s"] = max(0.0, stage.worker_s - (time.perf_counter() - t_wait))
+        if queued is not None and queued.out is not None:  # generated at the end of the last step's call, and timed there
+            out = queued.out
+            timer.add("gen", 0.0)
+        else:
+            with timer("gen") as stage:
+                stale = self.faults.at("stale_rollout", self.step + 1) is not None
+                out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
+                stage.worker_s = _worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s"))
         batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
         mask = batch["response_mask"].float()
         resp_len = mask.sum(-1)
@@ -343,19 +344,20 @@ class Trainer:
             if self.critic is not None:
                 with timer("update_critic"):
                     metrics.update(self.critic.dispatch("update_critic", batch, self.step + 1))
-            with timer("update_actor") as stage:
-                update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs") if k in batch])
-                update = self.actor.submit("update_actor", update_in, self.step + 1)
-                sync = self.actor.submit_call("sync_weights") if self.needs_weight_sync else None
-                self._queue_next_generation()
-                actor_metrics = update.result()
-                stage.worker_s = _worker_seconds(actor_metrics.pop("perf/worker_s", None))
-                metrics.update(actor_metrics)
-            if sync is not None:
-                with timer("update_weights") as stage:
-                    stage.worker_s = _worker_seconds(sync.result())
+            update_in = batch.select(tensor_keys=[k for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs") if k in batch])
+            next_in = self._next_generation_input()
+            if next_in is not None:
+                metrics.update(self._update_then_generate(update_in, next_in, timer))
             else:
-                timer.add("update_weights", 0.0)
+                with timer("update_actor") as stage:
+                    actor_metrics = self.actor.dispatch("update_actor", update_in, self.step + 1)
+                    stage.worker_s = _worker_seconds(actor_metrics.pop("perf/worker_s", None))
+                    metrics.update(actor_metrics)
+                if self.needs_weight_sync:
+                    with timer("update_weights") as stage:
+                        stage.worker_s = _worker_seconds(self.actor.call("sync_weights"))
+                else:
+                    timer.add("update_weights", 0.0)
         self.step += 1
         after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step)
         self._act_on([*verdicts, after], metrics)
@@ -379,25 +381,42 @@ class Trainer:
         metrics["perf/throughput"] = n_tokens / step_s
         return metrics
 
-    def _submit_generate(self, gen_in: Any, step: int) -> Any:
-        stale = self.faults.at("stale_rollout", step) is not None
-        return self.actor.submit("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
+    def _next_generation_input(self) -> Any:
+        """With ``trainer.overlap_generation``: the next step's prompts (repeated ``rollout.n``
+        times), to be generated in the same worker call as this step's update; else None.
 
-    def _queue_next_generation(self) -> None:
-        """With ``trainer.overlap_generation``: send the next step's generation now, behind this
-        step's update. The worker runs the same calls in the same order as without (update, then
-        generate), so samples, RNG and weights are unchanged; what goes is the idle time between them.
-
-        Not before a step after which the driver calls the workers for something else (validation,
-        a checkpoint, whose RNG state must be the one before this generation), after the last step,
-        or when the next batch would start an epoch that ``trainer.total_epochs`` forbids.
+        The workers then run the same work in the same order as with two calls (update, sync,
+        generate), so samples, RNG and weights are unchanged; what goes is a Ray round trip and the
+        workers' idle time while the driver handles the update's result. Not before a step after
+        which the driver calls the workers for something else (validation; a checkpoint, whose RNG
+        state must be the one before this generation), after the last step, or when the next batch
+        would start an epoch that ``trainer.total_epochs`` forbids.
         """
         t, step = self.cfg.trainer, self.step + 1  # the step being updated now
         if (not t.overlap_generation or step >= t.total_steps or (t.val_freq and step % t.val_freq == 0) or (t.save_freq and step % t.save_freq == 0)
                 or (t.total_epochs is not None and self.loader.position + self.loader.batch_size > self.loader.n)):
-            return
-        gen_in = self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
-        self._queued = _Queued(gen_in, self._submit_generate(gen_in, step + 1))
+            return None
+        return self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
+
+    def _update_then_generate(self, update_in: Any, next_in: Any, timer: "_Timer") -> dict[str, float]:
+        """One worker call: this step's update and the next step's generation (``_next_generation_input``).
+        The generation's seconds count in this step's ``timing_s/gen``: each step's timings hold the
+        work done during it, so they still add up to ``timing_s/step``."""
+        stale = self.faults.at("stale_rollout", self.step + 2) is not None
+        t0 = time.perf_counter()
+        metrics, out = self.actor.submit_pair("update_then_generate", update_in, next_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]),
+                                              self.step + 1, stale=stale).result()
+        wall = time.perf_counter() - t0
+        update_s = _worker_seconds(metrics.pop("perf/worker_s", None)) or 0.0
+        sync_s = metrics.pop("perf/sync_s", 0.0)
+        gen_s = _worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s")) or 0.0
+        timer.add("update_actor", update_s)
+        timer.add("update_weights", sync_s)
+        timer.add("gen", gen_s)
+        timer.add("overhead", max(0.0, wall - update_s - sync_s - gen_s))
+        self._queued = _Queued(next_in, out)
+        metrics["perf/next_generated"] = 1.0  # this step's call also generated the next step's rollout
+        return metrics
 
     def _act_on(self, verdicts: list, metrics: dict[str, float]) -> None:
         """Roll back if any guard asked, then apply every adjustment (after: a rollback restores the old optimizer)."""

@@ -83,29 +83,44 @@ def balanced_split(token_counts: np.ndarray, n: int) -> list[np.ndarray]:
 
 
 class Pending:
-    """Calls sent to a group whose results are not gathered yet (``WorkerGroup.submit`` / ``submit_call``)."""
+    """Calls sent to a group whose results are not gathered yet (``WorkerGroup.submit``,
+    ``submit_call``, ``submit_pair``). ``parts``: for each DataProto the call split over the
+    ranks, the row indices of each rank's share (None: ``call``, results returned as a list)."""
 
-    def __init__(self, group: "WorkerGroup", method: str, refs: list[Any], parts: list[np.ndarray] | None) -> None:
+    def __init__(self, group: "WorkerGroup", method: str, refs: list[Any], parts: list[list[np.ndarray]] | None) -> None:
         self.group, self.method, self.refs, self.parts = group, method, refs, parts
 
     def result(self) -> Any:
-        """``call``'s list (no ``parts``), or ``dispatch``'s merge: DataProtos concatenated in the
-        original row order, metric dicts averaged over ranks."""
-        from armor_core.protocol import DataProto
-
+        """``call``'s list; ``dispatch``'s merge (DataProtos concatenated in the original row order,
+        metric dicts averaged over ranks); ``submit_pair``'s pair of merges."""
         outs = self.group._gather(self.refs, self.method)
         if self.parts is None:
             return outs
-        if len(outs) == 1:
-            return outs[0]
-        if isinstance(outs[0], DataProto):
-            merged = DataProto.concat(outs)
-            inverse = np.argsort(np.concatenate(self.parts))
-            return merged[inverse]
-        if isinstance(outs[0], dict):
-            keys = set().union(*outs)
-            return {k: float(np.mean([o[k] for o in outs if k in o])) for k in keys}
-        return outs
+        if len(self.parts) == 1:
+            return _merge(outs, self.parts[0])
+        return tuple(_merge([o[i] for o in outs], parts) for i, parts in enumerate(self.parts))
+
+
+def _merge(outs: list[Any], parts: list[np.ndarray]) -> Any:
+    from armor_core.protocol import DataProto
+
+    if len(outs) == 1:
+        return outs[0]
+    if isinstance(outs[0], DataProto):
+        merged = DataProto.concat(outs)
+        return merged[np.argsort(np.concatenate(parts))]
+    if isinstance(outs[0], dict):
+        keys = set().union(*outs)
+        return {k: float(np.mean([o[k] for o in outs if k in o])) for k in keys}
+    return outs
+
+
+def _shares(data: Any, n: int) -> list[np.ndarray]:
+    """Each rank's rows of ``data``, balanced by valid tokens (responses once there are any)."""
+    if n == 1:
+        return [np.arange(len(data))]
+    mask = data["response_mask"] if "response_mask" in data else data["attention_mask"]
+    return balanced_split(mask.sum(-1).numpy(), n)
 
 
 class WorkerGroup:
@@ -196,13 +211,19 @@ class WorkerGroup:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
         return self.submit(method, data, *args, **kwargs).result()
 
-    def submit(self, method: str, data: Any, *args: Any, **kwargs: Any) -> "Pending":
+    def submit(self, method: str, data: Any, *args: Any, **kwargs: Any) -> Pending:
         """``dispatch`` without waiting (see ``submit_call``); ``.result()`` is what ``dispatch`` returns."""
-        if self.n == 1:
-            return Pending(self, method, [getattr(self.workers[0], method).remote(data, *args, **kwargs)], [np.arange(len(data))])
-        mask = data["response_mask"] if "response_mask" in data else data["attention_mask"]
-        parts = balanced_split(mask.sum(-1).numpy(), self.n)
-        return Pending(self, method, [getattr(w, method).remote(data[idx], *args, **kwargs) for w, idx in zip(self.workers, parts)], parts)
+        parts = _shares(data, self.n)
+        rows = [data if self.n == 1 else data[idx] for idx in parts]
+        return Pending(self, method, [getattr(w, method).remote(d, *args, **kwargs) for w, d in zip(self.workers, rows)], [parts])
+
+    def submit_pair(self, method: str, first: Any, second: Any, *args: Any, **kwargs: Any) -> Pending:
+        """``method(first_share, second_share, *args)`` on every rank, each DataProto split over the
+        ranks on its own; the method returns a pair, and ``.result()`` merges each half as ``dispatch`` would."""
+        parts = [_shares(first, self.n), _shares(second, self.n)]
+        pick = lambda data, idx: data if self.n == 1 else data[idx]  # noqa: E731
+        refs = [getattr(w, method).remote(pick(first, a), pick(second, b), *args, **kwargs) for w, a, b in zip(self.workers, *parts)]
+        return Pending(self, method, refs, parts)
 
     def shutdown(self) -> None:
         """Stop every worker and free the placement group; safe to call twice."""

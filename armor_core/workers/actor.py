@@ -462,6 +462,14 @@ class ActorWorker:
         metrics.update({"perf/actor_fwd_bwd_s": t_fwd_bwd, "perf/actor_optimizer_s": t_optim, "perf/worker_s": time.perf_counter() - t_call})
         return metrics
 
+    def update_then_generate(self, data: DataProto, prompts: DataProto, step: int, stale: bool = False) -> tuple[dict[str, float], DataProto]:
+        """``update_actor(data, step)``, the weight sync if the rollout engine needs one, then
+        ``generate(prompts)`` for the next step: the calls the driver would make one after the other,
+        in one Ray round trip. ``perf/sync_s`` in the metrics is the sync's seconds."""
+        metrics = self.update_actor(data, step)
+        metrics["perf/sync_s"] = self.sync_weights() if self.needs_weight_sync() else 0.0
+        return metrics, self.generate(prompts, stale=stale)
+
     def _local_params(self, clone: bool = False) -> list[torch.Tensor]:
         """This rank's parameter tensors (its shards under FSDP2), optionally copied."""
         out = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters()]

@@ -65,11 +65,11 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     # prompts are kept (the loader has moved past them), its samples are not
     from armor_core.trainer import _Queued
 
-    trainer._queued = _Queued(gen_in="next prompts", pending="samples of the discarded weights")
+    trainer._queued = _Queued(gen_in="next prompts", out="samples of the discarded weights")
     metrics = {}
     trainer._rollback(metrics, since=60)
     assert loaded == ["step_000050", ("loader", {"pos": 64})] and metrics["guard/rollback"] == 1.0
-    assert trainer._queued == _Queued(gen_in="next prompts", pending=None)
+    assert trainer._queued == _Queued(gen_in="next prompts", out=None)
     assert trainer.step == 64  # the clock and the data position do not rewind
     loaded.clear()
     trainer._rollback(metrics)  # no suspicion named: the newest

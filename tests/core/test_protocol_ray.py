@@ -42,3 +42,35 @@ def test_round_trip_through_an_actor_that_modifies_the_batch(ray_cluster):
     assert out.meta_info == {"temperature": 0.7, "metrics": {"rows": 4, "device": "cpu"}}
     assert torch.all(data["log_probs"] == -0.5)  # the driver's batch is untouched
     out["values"] += 1  # and what comes back is writable too
+
+
+def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(ray_cluster):
+    """``WorkerGroup.submit_pair``: what one update-then-generate call does with two ranks. Each
+    batch is split by its own token counts, each rank returns (metrics, rows), and the pair comes
+    back as one metrics dict (mean over ranks) and one batch in the original row order."""
+    import os
+
+    from armor_core.engine import WorkerGroup
+
+    class Peer:
+        def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+            self.rank = rank
+
+        def ping(self) -> dict:
+            return {"pid": os.getpid()}
+
+        def pair(self, first: DataProto, second: DataProto, step: int, scale: float = 1.0) -> tuple[dict, DataProto]:
+            second["seen_by"] = torch.full((len(second),), self.rank)
+            second["doubled"] = second["input_ids"] * 2 * scale
+            return {"rows": float(len(first)), "step": float(step), "first_tokens": float(first["response_mask"].sum())}, second
+
+    group = WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={})
+    try:
+        first = DataProto.from_dict(tensors={"response_mask": (torch.arange(6)[None, :] < torch.tensor([6, 1, 5, 2, 4, 3])[:, None]).long()})
+        second = DataProto.from_dict(tensors={"input_ids": torch.arange(8)[:, None].repeat(1, 3), "attention_mask": torch.ones(8, 3, dtype=torch.long)})
+        metrics, out = group.submit_pair("pair", first, second, 7, scale=0.5).result()
+    finally:
+        group.shutdown()
+    assert metrics == {"rows": 3.0, "step": 7.0, "first_tokens": 10.5}  # 21 tokens split 10/11 or 11/10, averaged
+    assert torch.equal(out["input_ids"], second["input_ids"]) and torch.equal(out["doubled"], second["input_ids"].float())
+    assert sorted(out["seen_by"].tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]

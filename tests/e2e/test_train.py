@@ -73,19 +73,19 @@ def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
 
 
 def test_same_seed_same_metrics(ray_cluster, tmp_path):
-    """Seeded runs repeat exactly, and queueing the next generation behind the update
-    (trainer.overlap_generation, on by default) changes nothing but the clock."""
+    """Seeded runs repeat exactly, and generating the next step's rollout in the update's worker
+    call (trainer.overlap_generation, on by default) changes nothing but the clock."""
     _, a = run(tmp_path, "trainer.total_steps=3", name="a")
     _, b = run(tmp_path, "trainer.total_steps=3", name="b")
     _, c = run(tmp_path, "trainer.total_steps=3", "trainer.seed=2", name="c")
     _, d = run(tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", name="d")
-    clock = ("timing_s/", "perf/throughput", "perf/engine_overhead_frac", "perf/actor_fwd_bwd_s", "perf/actor_optimizer_s", "perf/gen_overlapped_s")  # wall-clock metrics
+    clock = ("timing_s/", "perf/throughput", "perf/engine_overhead_frac", "perf/actor_fwd_bwd_s", "perf/actor_optimizer_s", "perf/next_generated")  # wall-clock metrics, and how they were cut
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(clock)} for r in rows]  # noqa: E731
     assert strip(a) == strip(b)
     assert strip(a) != strip(c)
     assert strip(a) == strip(d)
-    # steps 2 and 3 were generated while the driver waited for the update before them
-    assert all("perf/gen_overlapped_s" in r for r in a[1:]) and not any("perf/gen_overlapped_s" in r for r in [a[0], *d])
+    # steps 2 and 3 were generated in the update calls of steps 1 and 2 (not 3: the last step)
+    assert [r.get("perf/next_generated") for r in a] == [1.0, 1.0, None] and not any("perf/next_generated" in r for r in d)
     weights = [(tmp_path / n / "checkpoints" / "step_000003" / "model" / "model.safetensors").read_bytes() for n in "ad"]
     assert weights[0] == weights[1]
 
