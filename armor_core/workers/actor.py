@@ -24,7 +24,7 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
-from armor_core.workers.common import (LAYOUTS, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows, quiet_transformers,
+from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows, quiet_transformers,
                                       scalar, seed_everything)
 
 __all__ = ["ActorWorker"]
@@ -99,6 +99,7 @@ class ActorWorker:
         # forward layouts without padding (common.LAYOUTS), each checked against the padded forward on first use
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(self.model))
         self.checked: set[str] = set()
+        self.attention_weight = attention_weight_of(self.model)  # for choosing between layouts by cost
         self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see _padding_metrics
         from collections import deque
 
@@ -162,13 +163,13 @@ class ActorWorker:
         the padding and with each shared prompt once (``common.layout_rows``); what was computed goes
         to ``self.positions``."""
         ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-        packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts)
+        packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
         while packed is not None and packed.kind not in self.checked:
             if self._layout_is_exact(module, packed, ids, attn, pos, resp):
                 self.checked.add(packed.kind)
             else:
                 self.layouts = tuple(k for k in self.layouts if k != packed.kind)
-                packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts)
+                packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
         lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, self.layouts, packed)
         for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
             self.positions[i] += n

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 __all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar", "PackedRows", "pack_rows", "pack_groups",
-           "packed_response_log_probs", "layout_rows", "LayoutStats", "grouped_mask_supported", "forward_response_log_probs"]
+           "packed_response_log_probs", "layout_rows", "LayoutStats", "grouped_mask_supported", "attention_weight_of", "forward_response_log_probs"]
 
 
 def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
@@ -157,7 +157,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
 
 
 def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, capacity: int,
-                pad_id: int = 0, max_segment: int = 0) -> PackedRows | None:
+                pad_id: int = 0, max_segment: int = 0, attention_weight: float = 0.0) -> PackedRows | None:
     """Pack rows that share a prompt as one segment: the prompt once, then each row's response.
 
     GRPO-style batches repeat every prompt ``n`` times. A response attends to its prompt and to its
@@ -166,12 +166,16 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     every row's log-probs, and the backward sums the prompt's gradient over the responses, as the
     ``n`` copies would. Segments are spread over rows of about ``capacity`` tokens like ``pack_rows``.
 
-    :param capacity: about how many tokens per packed row; 0 chooses ``PACK_FACTOR`` times the longest
-        segment, up to ``max_segment`` (``GROUP_MAX_TOKENS`` if that is 0).
+    :param capacity: about how many tokens per packed row; 0 chooses the row count by cost (below).
     :param max_segment: refuse (None) when a segment would be longer than this (0: no limit); the
         mask is dense, so attention in a segment costs its length squared.
-    :returns: the layout (``kind="grouped"``), or None when it cannot be exact (see ``pack_rows``)
-        or no two rows share a prompt.
+    :param attention_weight: the cost of one attended (query, key) pair relative to one token's
+        linear layers (``attention_weight_of``). With capacity 0, the row count is the one with the
+        least estimated cost (positions computed + weight x attended pairs), and the layout is
+        refused (None) when ``pack_rows`` would cost less: sharing a short prompt among long
+        responses saves fewer tokens than the wider rows cost in attention.
+    :returns: the layout (``kind="grouped"``), or None when it cannot be exact (see ``pack_rows``),
+        no two rows share a prompt, or (see ``attention_weight``) it would not pay.
     """
     mask = attention_mask.bool()
     bs, T = mask.shape
@@ -206,10 +210,21 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
 
     lengths = seg_len.tolist()
     total = int(seg_len.sum())
-    if capacity <= 0:  # rows of a few segments each, as pack_rows' rows hold a few sequences
-        capacity = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
-    k0 = max(1, min(n_groups, -(-total // max(int(capacity), 1))))
-    k, row_of, offset, width = min((_balance(lengths, k) for k in range(k0, min(n_groups, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
+    cost = lambda lay: lay[0] * lay[3] * (1.0 + attention_weight * lay[3])  # noqa: E731 - positions, and pairs in k rows of width w
+    if capacity > 0:
+        k0 = max(1, min(n_groups, -(-total // int(capacity))))
+        k, row_of, offset, width = min((_balance(lengths, k) for k in range(k0, min(n_groups, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
+    else:  # row counts from one row per PACK_FACTOR segments' worth of tokens up to one row per segment
+        widest = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
+        k0 = max(1, min(n_groups, -(-total // widest)))
+        counts = sorted({min(n_groups, max(k0, round(k0 * f))) for f in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)} | {n_groups})
+        k, row_of, offset, width = min((_balance(lengths, k) for k in counts), key=cost)
+        # pack_rows' rows, as layout_rows asks for them: ceil(tokens / capacity) rows of about equal width
+        row_lengths = mask.sum(-1)
+        tokens = int(row_lengths.sum())
+        packed_width = tokens / -(-tokens // max(PACK_MIN_TOKENS, PACK_FACTOR * int(row_lengths.max())))
+        if cost((k, None, None, width)) >= tokens * (1.0 + attention_weight * packed_width):
+            return None
     seg_start = torch.tensor(row_of, device=mask.device) * width + torch.tensor(offset, device=mask.device)
 
     is_prompt = cols < start
@@ -291,14 +306,31 @@ class LayoutStats:
     batch: int
 
 
+#: masked attention runs at about half the FLOP rate of the linear layers on CPU (measured with
+#: benchmarks/mfu.py), so an attended pair costs twice its FLOPs in ``attention_weight_of``
+ATTENTION_PENALTY = 2.0
+
+
+def attention_weight_of(model: torch.nn.Module) -> float:
+    """The cost of one attended (query, key) pair relative to one token through the linear layers:
+    ~4 x hidden FLOPs per pair and layer (scores and values) against ~2 x parameters per token."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    params = sum(p.numel() for p in model.parameters())
+    if not hidden or not layers or not params:
+        return 0.0
+    return ATTENTION_PENALTY * 4 * hidden * layers / (2 * params)
+
+
 def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int,
-                layouts: Any = LAYOUTS) -> PackedRows | None:
-    """The first of ``layouts`` that lays out this micro-batch exactly, or None for the padded forward."""
+                layouts: Any = LAYOUTS, attention_weight: float = 0.0) -> PackedRows | None:
+    """The first of ``layouts`` that lays out this micro-batch exactly (and, for ``grouped``, pays:
+    see ``pack_groups``' ``attention_weight``), or None for the padded forward."""
     longest = int(attention_mask.sum(-1).max()) if len(attention_mask) else 0
     capacity = max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
     for kind in layouts:
         if kind == "grouped":
-            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, 0, max_segment=GROUP_MAX_TOKENS)
+            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, 0, max_segment=GROUP_MAX_TOKENS, attention_weight=attention_weight)
         elif kind == "packed":
             packed = pack_rows(input_ids, attention_mask, position_ids, response_length, capacity)
         else:

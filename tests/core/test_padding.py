@@ -175,6 +175,16 @@ def test_grouped_layout_masks_other_responses_and_places_each_prompt_once():
     assert pack_groups(ids, attn, pos, R, capacity=64, max_segment=8) is None
     assert layout_rows(ids, attn, pos, R).kind == "grouped"
     assert layout_rows(ids, attn, pos, R, layouts=("packed",)).kind == "packed"
+    cheap, dear = pack_groups(ids, attn, pos, R, 0, attention_weight=0.0), pack_groups(ids, attn, pos, R, 0, attention_weight=0.1)
+    assert dear.input_ids.shape[1] < cheap.input_ids.shape[1]  # dearer attention: narrower rows
+    # 2-token prompts shared by 8 responses of 20: a segment (162 tokens) is far wider than a packed
+    # row of a few sequences (88), and saves only 14 tokens in 176. With attention of some cost, the
+    # cost model refuses the grouped layout and packed rows are used
+    ids, attn, pos, resp = _batch([2] * 16, [20] * 16, P=2, R=20)
+    ids[:8, :2], ids[8:, :2] = ids[0, :2], ids[8, :2]
+    assert pack_groups(ids, attn, pos, 20, 0, attention_weight=0.0) is not None
+    assert pack_groups(ids, attn, pos, 20, 0, attention_weight=0.05) is None
+    assert layout_rows(ids, attn, pos, 20, attention_weight=0.05).kind == "packed"
 
 
 def valid_count(attn, R):
@@ -271,8 +281,10 @@ def test_rows_with_zero_advantage_are_not_forwarded_and_the_update_is_unchanged(
     (a1, a2, ga, pa), (b1, b2, gb, pb) = runs[False], runs[True]
     for x, y in zip(ga, gb):
         assert (x - y).abs().max() <= 1e-5 * max(1.0, float(x.abs().max()))
+    # Adam's step is lr * m / (sqrt(v) + eps): where a gradient is within float noise of zero, its
+    # direction (so up to lr of that parameter's step) is noise; compare to a tenth of lr
     for x, y in zip(pa, pb):
-        assert (x - y).abs().max() <= 1e-6
+        assert (x - y).abs().max() <= 0.1 * cfg.actor.lr
     assert b1["actor/pg_loss"] == pytest.approx(a1["actor/pg_loss"], abs=1e-6)
     assert b1["actor/zero_adv_rows"] == pytest.approx(len(adv[::3]) / len(adv)) and "actor/zero_adv_rows" not in a1
     assert b2["actor/zero_adv_rows"] == 1.0 and b2["actor/grad_norm"] == 0.0 == a2["actor/grad_norm"]
