@@ -170,7 +170,7 @@ class ActorWorker:
             else:
                 self.layouts = tuple(k for k in self.layouts if k != packed.kind)
                 packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
-        lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, self.layouts, packed)
+        lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, layouts=(), packed=packed)  # None: padded
         for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
             self.positions[i] += n
         return lp, ent

@@ -1,4 +1,4 @@
-"""Pieces shared by the actor and critic workers: seeding, log-probs from logits, batching, packing.
+"""Pieces shared by the actor and critic workers: seeding, log-probs from logits, batching, layouts.
 
 Padding removal (``pack_rows`` / ``packed_response_log_probs``): a batch row is a left-padded
 prompt followed by a right-padded response, so a plain forward computes every pad position. Packed,
@@ -7,6 +7,11 @@ sequence with its own positions 0..n-1; transformers reads a position that does 
 previous one as the start of a new sequence and masks attention block-diagonally
 (``transformers.masking_utils.find_packed_sequence_indices``), so each token sees exactly what it saw
 padded. Capacity bounds the attention cost: packed attention is quadratic in the packed row's length.
+
+Prompt sharing (``pack_groups``): rows that repeat a prompt (GRPO's ``rollout.n`` samples) are laid
+out as one segment, the prompt once and then each response, with a boolean 4D mask that lets each
+response attend to the prompt and to itself. ``layout_rows`` picks the layout per micro-batch
+(``LAYOUTS`` in order, the grouped one only where its estimated cost is lower).
 """
 
 from __future__ import annotations
