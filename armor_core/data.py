@@ -145,10 +145,15 @@ class PromptLoader:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
 
+    @property
+    def next_starts_epoch(self) -> bool:
+        """Whether ``next_batch`` will start a new epoch (the rest of this one is a ragged tail, dropped)."""
+        return self.position + self.batch_size > self.n
+
     def next_batch(self):
         from armor_core.protocol import DataProto
 
-        if self.position + self.batch_size > self.n:  # drop the ragged tail, start a new epoch
+        if self.next_starts_epoch:  # drop the ragged tail, start a new epoch
             self.epoch += 1
             self.position = 0
             self._order = self._make_order()

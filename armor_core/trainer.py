@@ -394,7 +394,7 @@ class Trainer:
         """
         t, step = self.cfg.trainer, self.step + 1  # the step being updated now
         if (not t.overlap_generation or step >= t.total_steps or (t.val_freq and step % t.val_freq == 0) or (t.save_freq and step % t.save_freq == 0)
-                or (t.total_epochs is not None and self.loader.position + self.loader.batch_size > self.loader.n)):
+                or (t.total_epochs is not None and self.loader.next_starts_epoch)):
             return None
         return self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
 

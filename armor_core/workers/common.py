@@ -120,6 +120,24 @@ def _balance(lengths: list[int], k: int) -> tuple[int, list[int], list[int], int
     return k, row_of, offset, max(max(load for load, _ in heap), 1)
 
 
+#: packed row length, in units of the longest sequence: LPT leaves at most about one sequence of
+#: padding per row, so rows of 4+ sequences waste <= ~25% in the worst case (~2% measured on the
+#: default run), while attention, quadratic in the row length, costs ~4x the padded batch's
+PACK_FACTOR = 4
+#: ... and at least this many tokens, so that short sequences still fill rows of useful size
+PACK_MIN_TOKENS = 64
+#: the longest shared-prompt segment (``pack_groups``): its dense mask and attention grow with the
+#: square of its length, so longer groups (long responses) are packed per row instead
+GROUP_MAX_TOKENS = 2048
+
+
+def packed_capacity(attention_mask: torch.Tensor) -> int:
+    """The packed row length ``layout_rows`` asks ``pack_rows`` for: ``PACK_FACTOR`` times the
+    micro-batch's longest sequence, at least ``PACK_MIN_TOKENS``."""
+    longest = int(attention_mask.sum(-1).max()) if len(attention_mask) else 0
+    return max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
+
+
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, capacity: int,
               pad_id: int = 0) -> PackedRows | None:
     """Pack the attended tokens of each row end to end into rows of about ``capacity`` tokens.
@@ -161,24 +179,23 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     )
 
 
-def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, capacity: int,
-                pad_id: int = 0, max_segment: int = 0, attention_weight: float = 0.0) -> PackedRows | None:
+def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, pad_id: int = 0,
+                max_segment: int = GROUP_MAX_TOKENS, attention_weight: float = 0.0) -> PackedRows | None:
     """Pack rows that share a prompt as one segment: the prompt once, then each row's response.
 
     GRPO-style batches repeat every prompt ``n`` times. A response attends to its prompt and to its
     own earlier tokens only, so the prompt's hidden states are the same in every copy: computed once
     per segment, with a mask that lets each response see the prompt and itself, the forward gives
     every row's log-probs, and the backward sums the prompt's gradient over the responses, as the
-    ``n`` copies would. Segments are spread over rows of about ``capacity`` tokens like ``pack_rows``.
+    ``n`` copies would. Segments are spread over packed rows as ``pack_rows`` spreads sequences.
 
-    :param capacity: about how many tokens per packed row; 0 chooses the row count by cost (below).
     :param max_segment: refuse (None) when a segment would be longer than this (0: no limit); the
         mask is dense, so attention in a segment costs its length squared.
     :param attention_weight: the cost of one attended (query, key) pair relative to one token's
-        linear layers (``attention_weight_of``). With capacity 0, the row count is the one with the
-        least estimated cost (positions computed + weight x attended pairs), and the layout is
-        refused (None) when ``pack_rows`` would cost less: sharing a short prompt among long
-        responses saves fewer tokens than the wider rows cost in attention.
+        linear layers (``attention_weight_of``). The row count is the one with the least estimated
+        cost (positions computed + weight x attended pairs), and the layout is refused (None) when
+        ``pack_rows`` would cost less: sharing a short prompt among long responses saves fewer
+        tokens than the wider rows cost in attention.
     :returns: the layout (``kind="grouped"``), or None when it cannot be exact (see ``pack_rows``),
         no two rows share a prompt, or (see ``attention_weight``) it would not pay.
     """
@@ -215,21 +232,19 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
 
     lengths = seg_len.tolist()
     total = int(seg_len.sum())
-    cost = lambda lay: lay[0] * lay[3] * (1.0 + attention_weight * lay[3])  # noqa: E731 - positions, and pairs in k rows of width w
-    if capacity > 0:
-        k0 = max(1, min(n_groups, -(-total // int(capacity))))
-        k, row_of, offset, width = min((_balance(lengths, k) for k in range(k0, min(n_groups, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
-    else:  # row counts from one row per PACK_FACTOR segments' worth of tokens up to one row per segment
-        widest = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
-        k0 = max(1, min(n_groups, -(-total // widest)))
-        counts = sorted({min(n_groups, max(k0, round(k0 * f))) for f in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)} | {n_groups})
-        k, row_of, offset, width = min((_balance(lengths, k) for k in counts), key=cost)
-        # pack_rows' rows, as layout_rows asks for them: ceil(tokens / capacity) rows of about equal width
-        row_lengths = mask.sum(-1)
-        tokens = int(row_lengths.sum())
-        packed_width = tokens / -(-tokens // max(PACK_MIN_TOKENS, PACK_FACTOR * int(row_lengths.max())))
-        if cost((k, None, None, width)) >= tokens * (1.0 + attention_weight * packed_width):
-            return None
+    def cost(rows: int, width: float) -> float:  # positions computed, plus attended pairs: rows x width^2
+        return rows * width * (1.0 + attention_weight * width)
+
+    # row counts from one row per PACK_FACTOR segments' worth of tokens up to one row per segment
+    widest = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
+    k0 = max(1, min(n_groups, -(-total // widest)))
+    counts = sorted({min(n_groups, max(k0, round(k0 * f))) for f in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)} | {n_groups})
+    k, row_of, offset, width = min((_balance(lengths, k) for k in counts), key=lambda lay: cost(lay[0], lay[3]))
+    # pack_rows' layout of the same rows: ceil(tokens / capacity) rows of about equal width
+    tokens = int(mask.sum())
+    packed_rows = -(-tokens // packed_capacity(attention_mask))
+    if cost(k, width) >= cost(packed_rows, tokens / packed_rows):
+        return None
     seg_start = torch.tensor(row_of, device=mask.device) * width + torch.tensor(offset, device=mask.device)
 
     is_prompt = cols < start
@@ -278,15 +293,6 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRows, respon
     return grid(lp), (grid(ent) if ent is not None else None)
 
 
-#: packed row length, in units of the longest sequence: LPT leaves at most about one sequence of
-#: padding per row, so rows of 4+ sequences waste <= ~25% in the worst case (~2% measured on the
-#: default run), while attention, quadratic in the row length, costs ~4x the padded batch's
-PACK_FACTOR = 4
-#: ... and at least this many tokens, so that short sequences still fill rows of useful size
-PACK_MIN_TOKENS = 64
-#: the longest shared-prompt segment (``pack_groups``): its dense mask and attention grow with the
-#: square of its length, so longer groups (long responses) are packed per row instead
-GROUP_MAX_TOKENS = 2048
 #: layouts in the order they are tried: the first that applies to a micro-batch is used
 LAYOUTS = ("grouped", "packed")
 
@@ -295,8 +301,12 @@ def grouped_mask_supported(model: torch.nn.Module) -> bool:
     """Whether ``model`` takes ``pack_groups``' boolean 4D mask as it is: transformers passes a 4D
     mask through unchanged, and SDPA reads a boolean one as True = attend (eager attention adds the
     mask instead, flash attention takes none)."""
-    config = getattr(getattr(model, "module", model), "config", None)
-    return getattr(config, "_attn_implementation", None) == "sdpa"
+    return getattr(_config(model), "_attn_implementation", None) == "sdpa"
+
+
+def _config(model: torch.nn.Module) -> Any:
+    """The transformers config of ``model``, or of the module a DDP wrapper holds (None if neither has one)."""
+    return getattr(getattr(model, "module", model), "config", None)
 
 
 @dataclass(frozen=True)
@@ -319,7 +329,7 @@ ATTENTION_PENALTY = 2.0
 def attention_weight_of(model: torch.nn.Module) -> float:
     """The cost of one attended (query, key) pair relative to one token through the linear layers:
     ~4 x hidden FLOPs per pair and layer (scores and values) against ~2 x parameters per token."""
-    config = getattr(getattr(model, "module", model), "config", None)
+    config = _config(model)
     hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
     params = sum(p.numel() for p in model.parameters())
     if not hidden or not layers or not params:
@@ -331,13 +341,11 @@ def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
                 layouts: Any = LAYOUTS, attention_weight: float = 0.0) -> PackedRows | None:
     """The first of ``layouts`` that lays out this micro-batch exactly (and, for ``grouped``, pays:
     see ``pack_groups``' ``attention_weight``), or None for the padded forward."""
-    longest = int(attention_mask.sum(-1).max()) if len(attention_mask) else 0
-    capacity = max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
     for kind in layouts:
         if kind == "grouped":
-            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, 0, max_segment=GROUP_MAX_TOKENS, attention_weight=attention_weight)
+            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, attention_weight=attention_weight)
         elif kind == "packed":
-            packed = pack_rows(input_ids, attention_mask, position_ids, response_length, capacity)
+            packed = pack_rows(input_ids, attention_mask, position_ids, response_length, packed_capacity(attention_mask))
         else:
             raise ValueError(f"unknown layout {kind!r}; known: {', '.join(LAYOUTS)}")
         if packed is not None:

@@ -102,6 +102,7 @@ class HFRollout:
         # which in the prompt pass of a large-vocabulary model is most of the memory
         accepts = inspect.signature(model.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+        self._cache_selects: bool | None = None  # can this model's cache select batch rows? known after its first forward
         if getattr(config, "backend_kwargs", None):
             raise ValueError(f"rollout.backend_kwargs={dict(config.backend_kwargs)!r}: the hf backend takes no extra arguments")
 
@@ -165,7 +166,7 @@ class HFRollout:
         next_pos = pos[:, -1:] + 1
 
         past, logits = self._shared_prefill(ids, mask, pos)
-        can_select = hasattr(past, "reorder_cache")
+        can_select = self._cache_selects
         # a lookup table costs one indexing op per step; torch.isin costs several
         is_eos = torch.zeros(max(logits.shape[-1], max(self.eos_token_ids) + 1), dtype=torch.bool, device=device)
         is_eos[self.eos_token_ids] = True
@@ -196,18 +197,21 @@ class HFRollout:
             model whose cache cannot select batch rows gets every row.
         """
         # a row is another's prompt when tokens, mask and positions all agree (positions may be given)
-        distinct, inverse = torch.unique(torch.cat([ids, mask, pos], dim=1), dim=0, return_inverse=True)
-        if len(distinct) < len(ids):
-            p = ids.shape[1]
-            past, logits = self._forward(distinct[:, :p], distinct[:, p : 2 * p], distinct[:, 2 * p :])
-            if hasattr(past, "reorder_cache"):
-                past.reorder_cache(inverse)
-                return past, logits.index_select(0, inverse)
+        if self._cache_selects is not False:  # a cache that cannot select rows would have to be prefilled again, whole
+            distinct, inverse = torch.unique(torch.cat([ids, mask, pos], dim=1), dim=0, return_inverse=True)
+            if len(distinct) < len(ids):
+                p = ids.shape[1]
+                past, logits = self._forward(distinct[:, :p], distinct[:, p : 2 * p], distinct[:, 2 * p :])
+                if self._cache_selects:
+                    past.reorder_cache(inverse)
+                    return past, logits.index_select(0, inverse)
         return self._forward(ids, mask, pos)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any = None) -> tuple[Any, torch.Tensor]:
         """One cached forward: ``(past_key_values, logits of the last position (b, vocab))``."""
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True, **self._forward_kwargs)
+        if self._cache_selects is None:
+            self._cache_selects = hasattr(out.past_key_values, "reorder_cache")
         return out.past_key_values, out.logits[:, -1, :]
 
     # -- weights --------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def test_rows_with_gapped_positions_fall_back_to_padded_forward(model):
         lp, _, stats = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False)
         lp0, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False, layouts=())
     assert stats.kind == "padded" and stats.computed == attn.numel() and torch.equal(lp, lp0)
-    assert pack_groups(ids, attn, pos, resp.shape[1], 64) is None
+    assert pack_groups(ids, attn, pos, resp.shape[1]) is None
 
 
 def _grouped_batch(seed=0):
@@ -157,7 +157,7 @@ def test_grouped_log_probs_entropy_and_gradients_equal_padded(arch):
 def test_grouped_layout_masks_other_responses_and_places_each_prompt_once():
     ids, attn, pos, resp = _grouped_batch()
     R = resp.shape[1]
-    g = pack_groups(ids, attn, pos, R, capacity=64)
+    g = pack_groups(ids, attn, pos, R)
     assert g.attention_mask.shape == (g.input_ids.shape[0], 1, g.input_ids.shape[1], g.input_ids.shape[1])
     mask = g.attention_mask[:, 0]
     assert bool(mask.diagonal(dim1=1, dim2=2).all())  # every position, pads too, sees itself: no all-masked row
@@ -171,19 +171,19 @@ def test_grouped_layout_masks_other_responses_and_places_each_prompt_once():
     assert not bool((mask & same_pos).any())
     # distinct prompts, none shared: no grouped layout; a segment over max_segment: none either
     distinct_ids, a2, p2, r2 = _batch(*CASES["mixed"])
-    assert pack_groups(distinct_ids, a2, p2, r2.shape[1], 64) is None
-    assert pack_groups(ids, attn, pos, R, capacity=64, max_segment=8) is None
+    assert pack_groups(distinct_ids, a2, p2, r2.shape[1]) is None
+    assert pack_groups(ids, attn, pos, R, max_segment=8) is None
     assert layout_rows(ids, attn, pos, R).kind == "grouped"
     assert layout_rows(ids, attn, pos, R, layouts=("packed",)).kind == "packed"
-    cheap, dear = pack_groups(ids, attn, pos, R, 0, attention_weight=0.0), pack_groups(ids, attn, pos, R, 0, attention_weight=0.1)
+    cheap, dear = pack_groups(ids, attn, pos, R, attention_weight=0.0), pack_groups(ids, attn, pos, R, attention_weight=0.1)
     assert dear.input_ids.shape[1] < cheap.input_ids.shape[1]  # dearer attention: narrower rows
     # 2-token prompts shared by 8 responses of 20: a segment (162 tokens) is far wider than a packed
     # row of a few sequences (88), and saves only 14 tokens in 176. With attention of some cost, the
     # cost model refuses the grouped layout and packed rows are used
     ids, attn, pos, resp = _batch([2] * 16, [20] * 16, P=2, R=20)
     ids[:8, :2], ids[8:, :2] = ids[0, :2], ids[8, :2]
-    assert pack_groups(ids, attn, pos, 20, 0, attention_weight=0.0) is not None
-    assert pack_groups(ids, attn, pos, 20, 0, attention_weight=0.05) is None
+    assert pack_groups(ids, attn, pos, 20, attention_weight=0.0) is not None
+    assert pack_groups(ids, attn, pos, 20, attention_weight=0.05) is None
     assert layout_rows(ids, attn, pos, 20, attention_weight=0.05).kind == "packed"
 
 
