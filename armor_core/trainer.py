@@ -106,7 +106,7 @@ def _worker_seconds(reported: Any) -> float | None:
 
 
 #: stages that are the engine's own cost, not generation, reward, algorithm or training compute
-ENGINE_STAGES = ("data", "update_weights", "overhead", "other")
+ENGINE_STAGES = ("data", "update_weights", "overhead", "log", "other")
 
 
 def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -164,6 +164,7 @@ class Trainer:
             a = cfg.algorithm
             self.kl_ctrl = build_kl_controller(a.kl_ctrl_type, a.kl_coef, a.kl_target, a.kl_horizon)
         self.trackers = [self.pm.get("metric_tracker", name)(self.run_dir, cfg) for name in cfg.trainer.loggers]
+        self._log_s = 0.0  # seconds the trackers spent since the last step began
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.val_history: list[dict[str, float]] = []
@@ -268,7 +269,11 @@ class Trainer:
         cfg = self.cfg
         timer = _Timer()
         metrics: dict[str, float] = {}
-        t_step = time.perf_counter()
+        # the trackers' time on the metrics logged since the last step (a step's metrics are
+        # logged after it ends): engine time every step costs, so it is part of the step
+        timer.add("log", self._log_s)
+        t_step = time.perf_counter() - self._log_s
+        self._log_s = 0.0
         queued, self._queued = self._queued, None
         with timer("data"):
             gen_in = queued.gen_in if queued is not None else self.loader.next_batch().repeat(cfg.rollout.n, interleave=True)
@@ -491,8 +496,10 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
 
     def log(self, metrics: dict[str, float]) -> None:
+        t0 = time.perf_counter()
         for t in self.trackers:
             t.log(metrics, self.step)
+        self._log_s += time.perf_counter() - t0  # charged to the next step (see train_step)
 
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer

@@ -130,6 +130,7 @@ def run_armor(steps: int, eval_every: int) -> dict:
             for step in range(1, steps + 1):
                 t0 = time.perf_counter()
                 m = trainer.train_step()
+                trainer.log(m)  # metrics.jsonl, as TRL logs every step (logging_steps=1)
                 dt = time.perf_counter() - t0
                 clock += dt
                 step_s.append(dt)

@@ -50,6 +50,10 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
     for r in steps:
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "critic/advantages/mean", "response_length/mean", "timing_s/gen", "timing_s/update_actor"):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r.get(key))
+        stages = sum(v for k, v in r.items() if k.startswith("timing_s/") and k != "timing_s/step")
+        assert stages == pytest.approx(r["timing_s/step"], rel=1e-9) and r["timing_s/other"] >= 0
+    # step 2 carries the trackers' time on step 1's metrics (and on the validation before training)
+    assert steps[1]["timing_s/log"] > 0
     if "algorithm.adv_estimator=gae" in overrides:
         assert all(math.isfinite(r["critic/vf_loss"]) for r in steps)
     if "actor.use_kl_loss=true" in overrides:
