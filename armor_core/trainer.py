@@ -168,9 +168,17 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.val_history: list[dict[str, float]] = []
-        self._start_workers()
-        if resume:
-            self._resume()
+        # the driver's tensors are small; its extra torch threads would only spin on the workers'
+        # cores. Set back by close(), or here if starting fails.
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(cfg.engine.driver_threads)
+        try:
+            self._start_workers()
+            if resume:
+                self._resume()
+        except BaseException:
+            torch.set_num_threads(self._threads_before)
+            raise
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -198,11 +206,12 @@ class Trainer:
         conf = to_dict(self.cfg)
         t0 = time.perf_counter()
         self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                 name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"))
+                                 name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"),
+                                 channel=e.direct_channel)
         self.critic = None
         if "critic" in groups:
             self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                      name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"))
+                                      name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"), channel=e.direct_channel)
         self.startup_s["workers"] = time.perf_counter() - t0
         self._queued: _Queued | None = None  # the next step's generation, when already sent (overlap_generation)
         self.needs_weight_sync = any(self.actor.call("needs_weight_sync"))  # a colocated engine shares the actor's module
@@ -558,6 +567,7 @@ class Trainer:
         for g in (self.actor, self.critic):
             if g is not None:
                 g.shutdown()
+        torch.set_num_threads(self._threads_before)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

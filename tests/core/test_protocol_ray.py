@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from armor_core import DataProto
@@ -44,7 +45,8 @@ def test_round_trip_through_an_actor_that_modifies_the_batch(ray_cluster):
     out["values"] += 1  # and what comes back is writable too
 
 
-def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(ray_cluster):
+@pytest.mark.parametrize("channel", [True, False], ids=["channel", "ray_calls"])
+def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(ray_cluster, channel):
     """``WorkerGroup.submit_pair``: what one update-then-generate call does with two ranks. Each
     batch is split by its own token counts, each rank returns (metrics, rows), and the pair comes
     back as one metrics dict (mean over ranks) and one batch in the original row order."""
@@ -64,13 +66,17 @@ def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(r
             second["doubled"] = second["input_ids"] * 2 * scale
             return {"rows": float(len(first)), "step": float(step), "first_tokens": float(first["response_mask"].sum())}, second
 
-    group = WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={})
+    group = WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={}, channel=channel)
     try:
         first = DataProto.from_dict(tensors={"response_mask": (torch.arange(6)[None, :] < torch.tensor([6, 1, 5, 2, 4, 3])[:, None]).long()})
         second = DataProto.from_dict(tensors={"input_ids": torch.arange(8)[:, None].repeat(1, 3), "attention_mask": torch.ones(8, 3, dtype=torch.long)})
+        earlier = group.submit_pair("pair", first, second, 6)
         metrics, out = group.submit_pair("pair", first, second, 7, scale=0.5).result()
+        assert earlier.result()[0]["step"] == 6.0  # gathered after a later call: its replies were kept
+        assert (len(group.conns) == 2) == channel
     finally:
         group.shutdown()
     assert metrics == {"rows": 3.0, "step": 7.0, "first_tokens": 10.5}  # 21 tokens split 10/11 or 11/10, averaged
     assert torch.equal(out["input_ids"], second["input_ids"]) and torch.equal(out["doubled"], second["input_ids"].float())
     assert sorted(out["seen_by"].tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]
+    out["doubled"] += 1  # what comes back is writable

@@ -77,12 +77,13 @@ def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
 
 
 def test_same_seed_same_metrics(ray_cluster, tmp_path):
-    """Seeded runs repeat exactly, and generating the next step's rollout in the update's worker
-    call (trainer.overlap_generation, on by default) changes nothing but the clock."""
+    """Seeded runs repeat exactly, and neither generating the next step's rollout in the update's
+    worker call (trainer.overlap_generation, on by default) nor calling the workers through Ray's
+    task path instead of the direct channel (engine.direct_channel) changes anything but the clock."""
     _, a = run(tmp_path, "trainer.total_steps=3", name="a")
     _, b = run(tmp_path, "trainer.total_steps=3", name="b")
     _, c = run(tmp_path, "trainer.total_steps=3", "trainer.seed=2", name="c")
-    _, d = run(tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", name="d")
+    _, d = run(tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", "engine.direct_channel=false", name="d")
     clock = ("timing_s/", "perf/throughput", "perf/engine_overhead_frac", "perf/actor_fwd_bwd_s", "perf/actor_optimizer_s", "perf/next_generated")  # wall-clock metrics, and how they were cut
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(clock)} for r in rows]  # noqa: E731
     assert strip(a) == strip(b)

@@ -19,7 +19,13 @@ from armor_core.engine import WorkerDiedError, WorkerGroup
 from armor_core.trainer import Trainer
 
 
-def _group(ray_cluster, behaviour):
+@pytest.fixture(params=[True, False], ids=["channel", "ray_calls"])
+def channel(request):
+    """Every group test runs with calls over the direct channel (the default) and through Ray's task path."""
+    return request.param
+
+
+def _group(ray_cluster, behaviour, channel=True):
     class Peer:
         def __init__(self, rank: int = 0, world_size: int = 1) -> None:
             self.rank = rank
@@ -31,10 +37,13 @@ def _group(ray_cluster, behaviour):
             behaviour(self.rank)
             return self.rank
 
-    return WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={})
+        def step_if(self, value: int) -> int:
+            return self.rank + value
+
+    return WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={}, channel=channel)
 
 
-def test_a_killed_rank_stops_the_group_within_seconds_and_is_named(ray_cluster):
+def test_a_killed_rank_stops_the_group_within_seconds_and_is_named(ray_cluster, channel):
     def _die_or_wait(rank: int) -> None:
         import signal
 
@@ -42,7 +51,7 @@ def test_a_killed_rank_stops_the_group_within_seconds_and_is_named(ray_cluster):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(600)  # rank 0: as if blocked in an all-reduce with rank 1
 
-    group = _group(ray_cluster, _die_or_wait)
+    group = _group(ray_cluster, _die_or_wait, channel)
     pid = group.placement[1]["pid"]
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError) as err:
@@ -54,30 +63,34 @@ def test_a_killed_rank_stops_the_group_within_seconds_and_is_named(ray_cluster):
     assert group.workers == [] and group.pg is None  # rank 0 (stuck) was stopped too
 
 
-def test_a_rank_that_raises_while_its_peers_wait_stops_the_group(ray_cluster, monkeypatch):
+def test_a_rank_that_raises_while_its_peers_wait_stops_the_group(ray_cluster, monkeypatch, channel):
     def _raise_or_wait(rank: int) -> None:
         if rank == 1:
             raise ValueError("bad shard")
         time.sleep(600)
 
     monkeypatch.setattr("armor_core.engine.FAILURE_GRACE_S", 1.0)
-    group = _group(ray_cluster, _raise_or_wait)
+    group = _group(ray_cluster, _raise_or_wait, channel)
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError, match=r"rank 1 .* failed during step while ranks \[0\] waited on it.*ValueError: bad shard"):
         group.call("step")
     assert time.monotonic() - t0 < 10
 
 
-def test_a_rank_that_raises_alone_keeps_its_error(ray_cluster):
+def test_a_rank_that_raises_alone_keeps_its_error(ray_cluster, channel):
     def _raise_alone(rank: int) -> None:
         if rank == 1:
             raise ValueError("bad shard")
 
-    group = _group(ray_cluster, _raise_alone)
+    group = _group(ray_cluster, _raise_alone, channel)
     try:
-        with pytest.raises(ValueError, match="bad shard"):
+        with pytest.raises(ValueError, match="bad shard") as err:
             group.call("step")
+        if channel:  # raised as itself, with where it happened and the worker's traceback
+            note = "\n".join(getattr(err.value, "__notes__", []))
+            assert "raised in worker group 'peers' rank 1" in note and "during step" in note and "_raise_alone" in note
         assert group.call("ping")  # the group is still usable: nothing hung, nothing was stopped
+        assert group.call("step_if", 0) == [0, 1]  # and the next call's replies are this call's
     finally:
         group.shutdown()
 
