@@ -23,6 +23,7 @@ worker's traceback as a note. A dead worker closes its socket; the group then as
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
 import threading
@@ -68,7 +69,17 @@ def open_channel(worker: Any, authkey: bytes) -> tuple[str, int]:
 
 
 def connect(address: tuple[str, int], authkey: bytes) -> Connection:
-    return Client(address, authkey=authkey)
+    return _no_delay(Client(address, authkey=authkey))
+
+
+def _no_delay(conn: Connection) -> Connection:
+    """Send each write at once. With Nagle's algorithm a message's second write (a buffer after
+    its header) waited for the peer's delayed ACK: 4-5 ms on one call in six, measured."""
+    import socket
+
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:  # a duplicate descriptor: the option is the socket's
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
 
 
 def _cuda_device() -> int | None:
@@ -96,7 +107,7 @@ def _serve(worker: Any, listener: Listener, device: int | None) -> None:
 
         torch.cuda.set_device(device)
     try:
-        conn = listener.accept()
+        conn = _no_delay(listener.accept())
     finally:
         listener.close()
     with conn:
