@@ -240,6 +240,8 @@ class WorkerGroup:
                     got, ok, value = recv(conn)
                 except (EOFError, OSError):
                     self._raise_dead(rank, method)
+                except Exception as e:  # read whole but would not unpickle here (a class the driver lacks)
+                    got, ok, value = seq, False, (RuntimeError(f"its reply to {method} could not be unpickled in the driver: {e!r}"), "")
                 if got != seq:  # the reply to an earlier call, not gathered yet: kept for its result()
                     self._early.setdefault(got, {})[rank] = (ok, value)
                     pending[conn] = rank

@@ -12,7 +12,8 @@ same guarantee a Ray actor gives. Every call goes through the channel from then 
 worker's methods never run on two threads at once.
 
 Wire format: ``multiprocessing.connection`` messages (length-framed, HMAC-authenticated with a
-random per-group key). A message is a pickle (protocol 5) and its out-of-band buffers, each sent
+random per-group key). A message is a pickle (cloudpickle, as Ray's calls: a function defined in a
+test or a notebook travels too; protocol 5) and its out-of-band buffers, each sent
 as it is (a DataProto's large tensors are not copied into the pickle). Replies carry the
 request's sequence number, so a reply left unread (a call interrupted in the driver) is skipped.
 
@@ -31,13 +32,15 @@ import traceback
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from ray import cloudpickle
+
 __all__ = ["connect", "open_channel", "recv", "send"]
 
 
 def send(conn: Connection, obj: Any) -> None:
     """One message: a header (buffer count and sizes) with the pickle, then each buffer as it is."""
     buffers: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    head = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     views = [b.raw() for b in buffers]
     conn.send_bytes(struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + head)
     for v in views:
@@ -95,7 +98,7 @@ def _cuda_device() -> int | None:
 def _portable(e: BaseException) -> BaseException:
     """``e`` if it survives pickling (the driver raises it as itself), else a RuntimeError naming it."""
     try:
-        pickle.loads(pickle.dumps(e))
+        pickle.loads(cloudpickle.dumps(e))
         return e
     except Exception:
         return RuntimeError(f"{type(e).__name__}: {e}")
@@ -114,8 +117,8 @@ def _serve(worker: Any, listener: Listener, device: int | None) -> None:
         while True:
             try:
                 seq, method, args, kwargs = recv(conn)
-            except (EOFError, OSError):  # the driver closed the channel or went away
-                return
+            except Exception:  # the driver closed the channel, went away, or broke off mid-message:
+                return  # closing our end tells it this worker can take no more calls
             try:
                 reply = (seq, True, getattr(worker, method)(*args, **kwargs))
             except BaseException as e:  # noqa: BLE001 - every failure goes back to the driver

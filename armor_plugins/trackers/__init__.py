@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -33,29 +34,48 @@ class JsonlTracker:
 
 class TensorBoardTracker:
     """Scalars under ``<run_dir>/tensorboard``: one event per step holding all its scalars,
-    written by a background thread and flushed every ``FLUSH_S`` seconds and on close.
+    written in the caller's thread and flushed every ``FLUSH_S`` seconds and on close.
 
-    One event per step, not one per scalar: torch's ``SummaryWriter.add_scalar`` queues an event
-    per scalar into a 10-slot queue, so a step's ~60 metrics plus a flush held the driver ~4.5 ms,
-    longer than the engine's whole per-step overhead.
+    torch's ``SummaryWriter.add_scalar`` queues an event per scalar into a 10-slot queue for a
+    writer thread, and a flush waits for it: a step's ~60 metrics held the driver ~4.5 ms. One
+    event written here costs ~0.3 ms, and no thread competes with the driver for the GIL or with
+    the workers for the cores (a background writer cost the driver ~0.5 ms a step more, measured).
     """
 
     FLUSH_S = 5.0
+    _opened = itertools.count()  # two trackers in one process and second get files of their own
 
     def __init__(self, run_dir: str | Path, config: Any = None) -> None:
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        import os
+        import socket
 
-        self.writer = EventFileWriter(str(Path(run_dir) / "tensorboard"), max_queue_size=100, flush_secs=self.FLUSH_S)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        folder = Path(run_dir) / "tensorboard"
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(self._opened)}"
+        self._records = RecordWriter(open(folder / name, "wb"))
+        self._records.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self._flush()
+
+    def _flush(self) -> None:
+        self._records.flush()
+        self._flushed = time.monotonic()
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
-        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+        self._records.write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)).SerializeToString())
+        if time.monotonic() - self._flushed >= self.FLUSH_S:
+            self._flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if not self._records.closed:
+            self._flush()
+            self._records.close()
 
 
 class ConsoleTracker:

@@ -40,6 +40,9 @@ def _group(ray_cluster, behaviour, channel=True):
         def step_if(self, value: int) -> int:
             return self.rank + value
 
+        def run(self, fn):
+            return fn(self.rank)
+
     return WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={}, channel=channel)
 
 
@@ -91,6 +94,28 @@ def test_a_rank_that_raises_alone_keeps_its_error(ray_cluster, channel):
             assert "raised in worker group 'peers' rank 1" in note and "during step" in note and "_raise_alone" in note
         assert group.call("ping")  # the group is still usable: nothing hung, nothing was stopped
         assert group.call("step_if", 0) == [0, 1]  # and the next call's replies are this call's
+    finally:
+        group.shutdown()
+
+
+def test_functions_travel_and_a_reply_the_driver_cannot_read_is_an_error_not_a_hang(ray_cluster, channel):
+    driver = os.getpid()
+
+    def rebuild(value):
+        if os.getpid() == driver:
+            raise ImportError("no such class in the driver")
+        return value
+
+    class Unreadable:
+        def __reduce__(self):
+            return rebuild, (1,)
+
+    group = _group(ray_cluster, lambda rank: None, channel)
+    try:
+        assert group.call("run", lambda rank: rank * 10) == [0, 10]  # a local function, pickled by value as Ray does
+        with pytest.raises(Exception, match="no such class in the driver"):
+            group.call("run", lambda rank: Unreadable())
+        assert group.call("run", lambda rank: rank + 1) == [1, 2]  # still in step: nothing hung
     finally:
         group.shutdown()
 
