@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from armor_core.config import load_config
 from armor_core.trainer import Trainer
@@ -25,11 +26,14 @@ SMALL = [
 
 def run(tmp_path, *overrides, resume=False, name="run"):
     cfg = load_config(None, [*SMALL, f"trainer.run_dir={tmp_path / name}", *overrides])
+    threads = torch.get_num_threads()
     trainer = Trainer(cfg, resume=resume)
     try:
+        assert torch.get_num_threads() == cfg.engine.driver_threads  # the driver's torch stays off the workers' cores
         summary = trainer.fit()
     finally:
         trainer.close()
+    assert torch.get_num_threads() == threads  # and the caller's setting is back
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return summary, [r for r in rows if "actor/pg_loss" in r]
 
