@@ -20,7 +20,8 @@ Calls: once a group is up, every call goes over a direct socket to each rank (``
 a Ray actor call costs 3-4 ms a round trip on a busy 2-core machine, the socket ~0.5 ms. Ray
 still places, starts, watches and stops the workers. ``channel=False`` keeps Ray's task path.
 
-Failures: a call never blocks on a dead rank. Results are awaited with ``ray.wait``, one at a time;
+Failures: a call never blocks on a dead rank. Results are awaited one at a time (``ray.wait``, or
+a wait on the channels' sockets, where a dead rank's socket closes);
 the first rank that dies (killed, out of memory, crashed) or raises while the others are still
 waiting (they would sit in a collective until gloo's 30-minute timeout) ends the whole group, and
 ``WorkerDiedError`` names the group, rank, node, pid and Ray's account of the cause.
@@ -201,12 +202,15 @@ class WorkerGroup:
         """``method(*rank_args[r], **kwargs)`` on each rank r, over the channel when it is open."""
         if not self.conns:
             return Pending(self, method, [getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, rank_args)], parts)
-        from armor_core.engine.channel import send
+        from armor_core.engine.channel import encode, write
 
+        # every rank's request pickled before any is sent: one that cannot be pickled must not leave
+        # the others running the method alone (waiting in its collectives for a rank that never got it)
+        messages = [encode((self._seq + 1, method, a, kwargs)) for a in rank_args]
         self._seq += 1
-        for rank, (conn, a) in enumerate(zip(self.conns, rank_args)):
+        for rank, (conn, message) in enumerate(zip(self.conns, messages)):
             try:
-                send(conn, (self._seq, method, a, kwargs))
+                write(conn, message)
             except OSError:  # its end of the socket is gone: the process died
                 self._raise_dead(rank, method)
         return Pending(self, method, self._seq, parts)

@@ -34,17 +34,27 @@ from typing import Any
 
 from ray import cloudpickle
 
-__all__ = ["connect", "open_channel", "recv", "send"]
+__all__ = ["connect", "encode", "open_channel", "recv", "send", "write"]
 
 
-def send(conn: Connection, obj: Any) -> None:
-    """One message: a header (buffer count and sizes) with the pickle, then each buffer as it is."""
+def encode(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """``obj`` as one message: a header (buffer count and sizes) with the pickle, and the
+    out-of-band buffers (a DataProto's large tensors), to be written as they are."""
     buffers: list[pickle.PickleBuffer] = []
     head = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     views = [b.raw() for b in buffers]
-    conn.send_bytes(struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + head)
+    return struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + head, views
+
+
+def write(conn: Connection, message: tuple[bytes, list[memoryview]]) -> None:
+    first, views = message
+    conn.send_bytes(first)
     for v in views:
         conn.send_bytes(v)
+
+
+def send(conn: Connection, obj: Any) -> None:
+    write(conn, encode(obj))
 
 
 def recv(conn: Connection) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -116,6 +117,10 @@ def test_functions_travel_and_a_reply_the_driver_cannot_read_is_an_error_not_a_h
         with pytest.raises(Exception, match="no such class in the driver"):
             group.call("run", lambda rank: Unreadable())
         assert group.call("run", lambda rank: rank + 1) == [1, 2]  # still in step: nothing hung
+        lock = threading.Lock()
+        with pytest.raises(TypeError, match="lock"):  # cannot be sent: no rank gets the call
+            group.call("run", lambda rank: lock)
+        assert group.call("run", lambda rank: rank + 2) == [2, 3]
     finally:
         group.shutdown()
 
