@@ -36,7 +36,7 @@ import numpy as np
 
 from armor_core.cli import UserFacingError
 
-__all__ = ["Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
+__all__ = ["ChannelError", "Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
 
 # how long the other ranks get to finish after one rank raised: a healthy group returns in
 # milliseconds, a group stuck in a collective with the failed rank never does
@@ -45,6 +45,10 @@ FAILURE_GRACE_S = 10.0
 
 class WorkerDiedError(UserFacingError):
     """A worker process of a group died or failed while its peers waited; the group has been stopped."""
+
+
+class ChannelError(UserFacingError):
+    """The driver could not open the direct channel (``channel.py``) to a worker."""
 
 
 class PlacementError(UserFacingError):
@@ -183,7 +187,13 @@ class WorkerGroup:
 
         key = os.urandom(32)
         addresses = ray.get([w.__ray_call__.remote(open_channel, key) for w in self.workers], timeout=timeout_s)
-        self.conns = [connect(tuple(a), key) for a in addresses]
+        for rank, address in enumerate(addresses):
+            try:
+                self.conns.append(connect(tuple(address), key))
+            except OSError as e:
+                self.shutdown()
+                raise ChannelError(f"{self.describe(rank)} listens at {address[0]}:{address[1]} for the driver's calls, but the driver could not connect: "
+                                   f"{e}. A firewall between the nodes? engine.direct_channel=false calls the workers through Ray only.") from e
 
     def describe(self, rank: int) -> str:
         rec = self.placement[rank] if rank < len(getattr(self, "placement", [])) else {}

@@ -125,6 +125,18 @@ def test_functions_travel_and_a_reply_the_driver_cannot_read_is_an_error_not_a_h
         group.shutdown()
 
 
+def test_a_channel_the_driver_cannot_reach_is_a_clear_error(ray_cluster, monkeypatch):
+    from armor_core.engine import ChannelError
+
+    def refused(address, authkey):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr("armor_core.engine.channel.connect", refused)
+    with pytest.raises(ChannelError, match=r"worker group 'peers' rank 0 .* listens at .*:\d+ for the driver's calls, but the driver could not connect: "
+                                           r".*Connection refused.*engine.direct_channel=false"):
+        _group(ray_cluster, lambda rank: None)
+
+
 SMALL = [
     "data.train_size=64", "data.val_size=4", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
     "rollout.max_new_tokens=4", "trainer.total_steps=3", "trainer.save_freq=1", "trainer.loggers=[jsonl]",
