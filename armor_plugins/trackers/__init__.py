@@ -38,12 +38,12 @@ class TensorBoardTracker:
 
     torch's ``SummaryWriter.add_scalar`` queues an event per scalar into a 10-slot queue for a
     writer thread, and a flush waits for it: a step's ~60 metrics held the driver ~4.5 ms. One
-    event written here costs ~0.3 ms, and no thread competes with the driver for the GIL or with
+    event written here costs ~0.5 ms, and no thread competes with the driver for the GIL or with
     the workers for the cores (a background writer cost the driver ~0.5 ms a step more, measured).
     """
 
     FLUSH_S = 5.0
-    _opened = itertools.count()  # two trackers in one process and second get files of their own
+    _opened = itertools.count()  # trackers opened in one process within a second get files of their own
 
     def __init__(self, run_dir: str | Path, config: Any = None) -> None:
         import os
