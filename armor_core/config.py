@@ -153,7 +153,7 @@ class EngineConfig:
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
     colocate: bool = f(True, "Run rollout, actor and reference in one worker process (saves memory and weight transfers).")
     driver_threads: int = f(1, "Torch threads in the driver process (the trainer loop: rewards, advantages, metrics). Its tensors are small; more threads would spin on cores the workers own, slowing them (as verl's driver, a 1-CPU Ray actor, runs with one).", ge=1)
-    direct_channel: bool = f(True, "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (~0.5 ms instead of 3-4 ms a round trip on a 2-core CPU machine). Ray still places, starts, watches and stops the workers.")
+    direct_channel: bool = f(True, "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (~0.5 ms instead of 3-4.5 ms a round trip between steps on a 2-core CPU machine). Ray still places, starts, watches and stops the workers.")
 
 
 @dataclass

@@ -17,7 +17,7 @@ GPUs), strategy PACK: as few nodes as hold the group, spreading over more when o
 0's node IP on a port free there (asked on that node), so a group may span machines.
 
 Calls: once a group is up, every call goes over a direct socket to each rank (``channel.py``):
-a Ray actor call costs 3-4 ms a round trip on a busy 2-core machine, the socket ~0.5 ms. Ray
+a Ray actor call costs 3-4.5 ms a round trip between steps on a 2-core machine, the socket ~0.5 ms. Ray
 still places, starts, watches and stops the workers. ``channel=False`` keeps Ray's task path.
 
 Failures: a call never blocks on a dead rank. Results are awaited one at a time (``ray.wait``, or
