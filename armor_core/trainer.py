@@ -400,7 +400,7 @@ class Trainer:
         times), to be generated in the same worker call as this step's update; else None.
 
         The workers then run the same work in the same order as with two calls (update, sync,
-        generate), so samples, RNG and weights are unchanged; what goes is a Ray round trip and the
+        generate), so samples, RNG and weights are unchanged; what goes is a round trip and the
         workers' idle time while the driver handles the update's result. Not before a step after
         which the driver calls the workers for something else (validation; a checkpoint, whose RNG
         state must be the one before this generation), after the last step, or when the next batch

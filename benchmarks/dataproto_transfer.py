@@ -1,6 +1,7 @@
-"""How fast a DataProto travels to a Ray actor and back, against a plain dict of torch tensors.
+"""How fast a DataProto travels to a Ray actor and back, against a plain dict of torch tensors,
+and over a worker group's direct channel (``armor_core/engine/channel.py``).
 
-    python benchmarks/dataproto_transfer.py [--rows 256] [--seq 2048] [--runs 20]
+    python benchmarks/dataproto_transfer.py [--rows 256] [--seq 2048] [--runs 20] [--idle-ms 0]
 
 The batch is what a rollout step moves: int64 ``input_ids``, float32 ``log_probs`` and a bool
 ``mask`` of shape (rows, seq), plus one string per row. Each "ray" variant is sent to an actor
@@ -14,6 +15,11 @@ DataProto only the viewed rows. "payload MB" is what protocol-5 pickling produce
 With RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1, Ray uses its own opt-in tensor serializer for the
 dict rows (it leaves received tensors read-only and warns that writing to them is undefined;
 DataProto copies them instead); the payload column does not reflect that serializer.
+
+The "channel" rows make the same round trip through a one-worker ``WorkerGroup``'s direct socket.
+``--idle-ms`` has the worker sleep that long before it answers, as a training step computes between
+calls; the sleep is taken out of the times shown. Between steps the threads that carry a call have
+gone idle and must be woken, which is what makes a Ray call costlier there than back to back.
 """
 
 from __future__ import annotations
@@ -78,26 +84,39 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--idle-ms", type=float, default=0.0, help="the worker sleeps this long before answering (taken out of the times)")
     args = parser.parse_args()
+    idle_s = args.idle_ms / 1000
 
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
-    @ray.remote(num_cpus=0)
+    from armor_core.engine import WorkerGroup
+
     class Echo:
-        def echo(self, obj: Any) -> Any:
+        def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+            pass
+
+        def ping(self) -> dict:
+            return {}
+
+        def echo(self, obj: Any, idle_s: float = 0.0) -> Any:
+            time.sleep(idle_s)
             return obj
 
-    actor = Echo.remote()
+    actor = ray.remote(num_cpus=0)(Echo).remote()
     ray.get(actor.echo.remote(None))  # the actor process is up before anything is timed
+    group = WorkerGroup(Echo, 1, cpus_per_worker=0.01, gpus_per_worker=0, name="echo", init_kwargs={})  # channel on
 
     data, plain = make_batch(args.rows, args.seq)
     part = args.rows // 8
     plain_slice = {k: v[:part] for k, v in plain.items()}
     cases = [
         ("nothing (Ray call overhead)", "ray", None),
+        ("nothing (channel overhead)", "channel", None),
         ("DataProto", "ray", data),
+        ("DataProto", "channel", data),
         ("dict of torch tensors", "ray", plain),
         (f"DataProto[:{part}] (slice)", "ray", data[:part]),
         (f"dict of tensor[:{part}] views", "ray", plain_slice),
@@ -107,18 +126,22 @@ def main() -> None:
     fns = {}
     for name, path, obj in cases:
         if path == "ray":
-            fns[name, path] = lambda obj=obj: ray.get(actor.echo.remote(obj))
+            fns[name, path] = lambda obj=obj: ray.get(actor.echo.remote(obj, idle_s))
+        elif path == "channel":
+            fns[name, path] = lambda obj=obj: group.call("echo", obj, idle_s)
         else:
             fns[name, path] = lambda obj=obj: pickle_round_trip(obj)
     medians = median_ms(fns, args.runs, args.warmup)
     print(f"batch {args.rows} x {args.seq}: int64 input_ids + float32 log_probs + bool mask + {args.rows} strings; "
-          f"median of {args.runs} runs after {args.warmup} warm-up")
-    print(f"{'variant':30} {'path':6} {'payload MB':>10} {'round trip ms':>14} {'MB/s':>7}")
+          f"median of {args.runs} runs after {args.warmup} warm-up; the worker idles {args.idle_ms:g} ms before answering (not counted)")
+    print(f"{'variant':30} {'path':7} {'payload MB':>10} {'round trip ms':>14} {'MB/s':>7}")
     for name, path, obj in cases:
-        ms, mb = medians[name, path], payload_bytes(obj) / 1e6
-        # a Ray round trip moves the payload twice (there and back), a pickle round trip once
-        moved = 2 * mb if path == "ray" else mb
-        print(f"{name:30} {path:6} {mb:10.2f} {ms:14.1f} {moved / (ms / 1000):7.0f}")
+        remote = path in ("ray", "channel")
+        ms, mb = medians[name, path] - (args.idle_ms if remote else 0.0), payload_bytes(obj) / 1e6
+        # a remote round trip moves the payload twice (there and back), a pickle round trip once
+        moved = 2 * mb if remote else mb
+        print(f"{name:30} {path:7} {mb:10.2f} {ms:14.2f} {moved / (ms / 1000):7.0f}")
+    group.shutdown()
     ray.shutdown()
 
 

@@ -1,9 +1,10 @@
 """A direct socket from the driver to each worker, for the calls a run makes every step.
 
-A Ray actor call's round trip costs ~1.2 ms back to back, ~2.9 ms when both ends were idle for
-the step before, ~4.5 ms with a 90 KB batch each way (2-core CPU, measured): the request and the
-reply each hop through several threads that must be woken. On a 0.1 s step that was most of the
-engine's overhead. Over a plain socket the idle round trip with the 90 KB batches costs ~0.5 ms.
+Between steps, when the threads that carry a call have gone idle, a Ray actor call's round trip
+took 2.6 ms empty and 4.6 ms with a 128-row DataProto each way on a 2-core CPU machine; this
+channel took 0.8 and 2.0 ms (``benchmarks/dataproto_transfer.py --rows 128 --seq 24 --idle-ms 65``).
+A Ray call's request and reply each hop through several threads that must be woken; on a 0.1 s
+step that was most of the engine's overhead.
 
 Ray still places, starts, watches and stops the workers. Once a group is up, ``open_channel``
 runs inside each actor (through Ray's ``__ray_call__``) and starts a thread that accepts one

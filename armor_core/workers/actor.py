@@ -170,7 +170,7 @@ class ActorWorker:
             else:
                 self.layouts = tuple(k for k in self.layouts if k != packed.kind)
                 packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
-        lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, layouts=(), packed=packed)  # None: padded
+        lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, packed)  # None: padded
         for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
             self.positions[i] += n
         return lp, ent
@@ -185,7 +185,7 @@ class ActorWorker:
         try:
             t = self.cfg.rollout.temperature
             laid_out, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, packed=packed)
-            padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, layouts=())
+            padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False)
         finally:
             module.train(was_training)
         R = resp.shape[1]
@@ -466,7 +466,7 @@ class ActorWorker:
     def update_then_generate(self, data: DataProto, prompts: DataProto, step: int, stale: bool = False) -> tuple[dict[str, float], DataProto]:
         """``update_actor(data, step)``, the weight sync if the rollout engine needs one, then
         ``generate(prompts)`` for the next step: the calls the driver would make one after the other,
-        in one Ray round trip. ``perf/sync_s`` in the metrics is the sync's seconds."""
+        in one round trip. ``perf/sync_s`` in the metrics is the sync's seconds."""
         metrics = self.update_actor(data, step)
         metrics["perf/sync_s"] = self.sync_weights() if self.needs_weight_sync() else 0.0
         return metrics, self.generate(prompts, stale=stale)

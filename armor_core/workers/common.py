@@ -354,20 +354,16 @@ def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
 
 
 def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                               responses: torch.Tensor, temperature: float, with_entropy: bool, layouts: Any = LAYOUTS,
-                               packed: PackedRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
-    """Response log-probs (and entropy), (bs, R), of one micro-batch, padding removed when one of
-    ``layouts`` applies (``layout_rows``; ``packed`` is such a layout already made).
+                               responses: torch.Tensor, temperature: float, with_entropy: bool, packed: PackedRows | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
+    """Response log-probs (and entropy), (bs, R), of one micro-batch: computed in the layout
+    ``packed`` (``layout_rows``), or padded when it is None.
 
     :returns: ``(log_probs, entropy, LayoutStats)``. Packed or grouped, response positions outside
-        the attention mask are 0; padded (``layouts=()``, or no layout applies), they hold whatever
-        the model computed there.
+        the attention mask are 0; padded, they hold whatever the model computed there.
     """
-    R = responses.shape[1]
-    if packed is None and layouts:
-        packed = layout_rows(input_ids, attention_mask, position_ids, R, layouts)
     if packed is None:
-        logits = forward_response_logits(model, input_ids, attention_mask, position_ids, R)
+        logits = forward_response_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
         lp, ent = response_log_probs(logits, responses, temperature, with_entropy)
         real = int(attention_mask.sum())
         return lp, ent, LayoutStats("padded", attention_mask.numel(), real, real)

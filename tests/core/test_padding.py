@@ -58,7 +58,7 @@ def test_packed_log_probs_entropy_and_gradients_equal_padded(case, arch):
 
     def run(layouts):
         model.zero_grad()
-        lp, ent, stats = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, True, layouts=layouts)
+        lp, ent, stats = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, True, layout_rows(ids, attn, pos, R, layouts))
         ((lp * weights * valid).sum() + (ent * valid).sum()).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], stats.computed, stats.needed
 
@@ -74,11 +74,11 @@ def test_packed_log_probs_entropy_and_gradients_equal_padded(case, arch):
 
 
 def test_packed_log_probs_match_the_plain_padded_functions(model):
-    """forward_response_log_probs(layouts=()) is exactly the old path: logits slice + response_log_probs."""
+    """forward_response_log_probs without a layout is exactly the old path: logits slice + response_log_probs."""
     ids, attn, pos, resp = _batch(*CASES["mixed"])
     with torch.no_grad():
         lp_ref, _ = response_log_probs(forward_response_logits(model, ids, attn, pos, resp.shape[1]), resp, 1.0, False)
-        lp, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False, layouts=())
+        lp, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False)
     assert torch.equal(lp, lp_ref)
 
 
@@ -103,8 +103,8 @@ def test_rows_with_gapped_positions_fall_back_to_padded_forward(model):
     pos[0, -2:] += 5  # a jump inside one row: packed, transformers would read it as a new sequence
     assert pack_rows(ids, attn, pos, resp.shape[1], 64) is None
     with torch.no_grad():
-        lp, _, stats = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False)
-        lp0, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False, layouts=())
+        lp, _, stats = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False, layout_rows(ids, attn, pos, resp.shape[1]))
+        lp0, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False)
     assert stats.kind == "padded" and stats.computed == attn.numel() and torch.equal(lp, lp0)
     assert pack_groups(ids, attn, pos, resp.shape[1]) is None
 
@@ -133,7 +133,7 @@ def test_grouped_log_probs_entropy_and_gradients_equal_padded(arch):
 
     def run(layouts):
         model.zero_grad()
-        lp, ent, stats = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, True, layouts=layouts)
+        lp, ent, stats = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, True, layout_rows(ids, attn, pos, R, layouts))
         ((lp * weights * valid).sum() + (ent * valid).sum()).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], stats
 
