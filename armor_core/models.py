@@ -205,7 +205,7 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads or num_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=config_overrides.pop("tie_word_embeddings", False),  # untied unless asked: vLLM reloads tied weights wrongly
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         bos_token_id=bos_token_id,

@@ -32,7 +32,7 @@ from armor_core import plugins as _plugins
 from armor_core.interfaces import AdvantageEstimator, PolicyLoss, RewardDomain, RewardResult, call_with_params
 
 __all__ = ["check_advantage_estimator", "check_policy_loss", "check_reward_domain", "isolated_plugin_manager", "left_padded_batch", "registered",
-           "run_ranks"]
+           "rollout_batch", "run_ranks", "shared_prompt_batch"]
 
 
 @contextlib.contextmanager
@@ -177,3 +177,34 @@ def left_padded_batch(ids: list[list[int]], pad: int = 0) -> Any:
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
                                non_tensors={"uid": [f"p{i}" for i in range(len(ids))]}, meta_info={"note": "kept"})
+
+
+def rollout_batch(prompt_lens: list[int], resp_lens: list[int], P: int = 6, R: int = 5, vocab: int = 23, seed: int = 0,
+                  pad: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random batch laid out like the rollout's output: prompts left-padded to ``P`` tokens, then
+    responses right-padded to ``R``. Returns ``(input_ids, attention_mask, position_ids, responses)``;
+    positions after a short response keep counting, as the rollout writes them."""
+    g = torch.Generator().manual_seed(seed)
+    bs = len(prompt_lens)
+    ids = torch.randint(3, vocab, (bs, P + R), generator=g)
+    attn = torch.zeros(bs, P + R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
+        attn[i, P - p : P] = 1
+        attn[i, P : P + r] = 1
+    ids = torch.where(attn.bool(), ids, torch.full_like(ids, pad))
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    pos[:, P:] = pos[:, P - 1 : P] + torch.arange(1, R + 1)
+    return ids, attn, pos, ids[:, P:].clone()
+
+
+def shared_prompt_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A :func:`rollout_batch` of 12 rows where four prompts repeat 2-4 times each, in shuffled
+    order (as GRPO's groups after a shuffle), with responses of mixed lengths, one of them empty."""
+    prompt_of = [0, 1, 0, 2, 3, 1, 0, 2, 3, 3, 0, 1]
+    prompt_lens = [6, 3, 1, 5]
+    resp_lens = [5, 1, 3, 0, 5, 2, 4, 5, 1, 3, 2, 4]
+    ids, attn, pos, resp = rollout_batch([prompt_lens[g] for g in prompt_of], resp_lens, seed=seed)
+    first = {g: prompt_of.index(g) for g in set(prompt_of)}
+    for i, g in enumerate(prompt_of):
+        ids[i, :6] = ids[first[g], :6]
+    return ids, attn, pos, resp

@@ -25,6 +25,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from armor_core.workers.lm_head import HeadRequest, response_head_request
+
 __all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar", "PackedRows", "pack_rows", "pack_groups",
            "packed_response_log_probs", "layout_rows", "LayoutStats", "grouped_mask_supported", "attention_weight_of", "forward_response_log_probs"]
 
@@ -277,20 +279,34 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
 
 
 def packed_response_log_probs(model: torch.nn.Module, packed: PackedRows, responses: torch.Tensor, temperature: float,
-                              with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                              with_entropy: bool, chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_log_probs`` of a packed batch, scattered back to ``responses``' (bs, R) grid (0 where not computed)."""
     device = packed.input_ids.device
-    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask, use_cache=False)
-    logits = out.logits.reshape(-1, out.logits.shape[-1])[packed.predict_index.to(device)]
     resp_index = packed.response_index.to(device)
     targets = responses.reshape(-1)[resp_index]
-    lp, ent = response_log_probs(logits.unsqueeze(0), targets.unsqueeze(0), temperature, with_entropy)
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask)
+    lp, ent = _head_log_probs(model, inputs, packed.predict_index.to(device), targets, temperature, with_entropy, chunk_tokens)
     bs, R = responses.shape
 
     def grid(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(bs * R, dtype=x.dtype, device=device).index_copy(0, resp_index, x.squeeze(0)).view(bs, R)
+        return torch.zeros(bs * R, dtype=x.dtype, device=device).index_copy(0, resp_index, x).view(bs, R)
 
     return grid(lp), (grid(ent) if ent is not None else None)
+
+
+def _head_log_probs(model: torch.nn.Module, inputs: dict[str, Any], index: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy), (N,), of ``targets`` predicted at the flat positions ``index`` of the
+    model's (rows x sequence) output: through its ``ResponseHead`` in blocks of ``chunk_tokens``
+    tokens (``lm_head.py``), or from the full logits when ``chunk_tokens`` is 0."""
+    if chunk_tokens:
+        request = HeadRequest(index, targets, temperature, chunk_tokens, with_entropy)
+        with response_head_request(model, request):
+            out = model(**inputs, use_cache=False).logits[0]
+        return out[:, 0], (out[:, 1] if with_entropy else None)
+    logits = model(**inputs, use_cache=False).logits
+    lp, ent = response_log_probs(logits.reshape(-1, logits.shape[-1])[index].unsqueeze(0), targets.unsqueeze(0), temperature, with_entropy)
+    return lp.squeeze(0), (ent.squeeze(0) if ent is not None else None)
 
 
 #: layouts in the order they are tried: the first that applies to a micro-batch is used
@@ -354,20 +370,31 @@ def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
 
 
 def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                               responses: torch.Tensor, temperature: float, with_entropy: bool, packed: PackedRows | None = None
-                               ) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
+                               responses: torch.Tensor, temperature: float, with_entropy: bool, packed: PackedRows | None = None,
+                               chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
     """Response log-probs (and entropy), (bs, R), of one micro-batch: computed in the layout
     ``packed`` (``layout_rows``), or padded when it is None.
 
+    :param chunk_tokens: > 0: through the model's ``ResponseHead`` (``lm_head.install_response_head``)
+        in blocks of this many tokens, never holding the (tokens, vocabulary) logits; 0: from the
+        model's full logits (the plain path).
     :returns: ``(log_probs, entropy, LayoutStats)``. Packed or grouped, response positions outside
         the attention mask are 0; padded, they hold whatever the model computed there.
     """
-    if packed is None:
+    if packed is None and not chunk_tokens:
         logits = forward_response_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
         lp, ent = response_log_probs(logits, responses, temperature, with_entropy)
         real = int(attention_mask.sum())
         return lp, ent, LayoutStats("padded", attention_mask.numel(), real, real)
-    lp, ent = packed_response_log_probs(model, packed, responses, temperature, with_entropy)
+    if packed is None:
+        bs, T = input_ids.shape
+        R = responses.shape[1]
+        index = (torch.arange(bs, device=input_ids.device)[:, None] * T + torch.arange(T - R - 1, T - 1, device=input_ids.device)).reshape(-1)
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        lp, ent = _head_log_probs(model, inputs, index, responses.reshape(-1), temperature, with_entropy, chunk_tokens)
+        real = int(attention_mask.sum())
+        return lp.view(bs, R), (ent.view(bs, R) if ent is not None else None), LayoutStats("padded", attention_mask.numel(), real, real)
+    lp, ent = packed_response_log_probs(model, packed, responses, temperature, with_entropy, chunk_tokens)
     return lp, ent, LayoutStats(packed.kind, packed.computed, packed.real_tokens, packed.batch_tokens)
 
 

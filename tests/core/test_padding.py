@@ -11,25 +11,10 @@ import pytest
 import torch
 
 from armor_core.models import build_tiny_model
+from armor_core.testing import rollout_batch as _batch, shared_prompt_batch as _grouped_batch
 from armor_core.workers.common import forward_response_log_probs, forward_response_logits, layout_rows, pack_groups, pack_rows, response_log_probs
 
-PAD = 0
-
-
-def _batch(prompt_lens, resp_lens, P=6, R=5, vocab=23, seed=0):
-    """Left-padded prompts + right-padded responses, laid out like the rollout's output."""
-    g = torch.Generator().manual_seed(seed)
-    bs = len(prompt_lens)
-    ids = torch.randint(3, vocab, (bs, P + R), generator=g)
-    attn = torch.zeros(bs, P + R, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
-        attn[i, P - p : P] = 1
-        attn[i, P : P + r] = 1
-    ids = torch.where(attn.bool(), ids, torch.full_like(ids, PAD))
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    # positions after a short response keep counting, as the rollout writes them
-    pos[:, P:] = pos[:, P - 1 : P] + torch.arange(1, R + 1)
-    return ids, attn, pos, ids[:, P:].clone()
+PAD = 0  # rollout_batch's pad id
 
 
 def _model(arch: str = "qwen2"):
@@ -107,18 +92,6 @@ def test_rows_with_gapped_positions_fall_back_to_padded_forward(model):
         lp0, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False)
     assert stats.kind == "padded" and stats.computed == attn.numel() and torch.equal(lp, lp0)
     assert pack_groups(ids, attn, pos, resp.shape[1]) is None
-
-
-def _grouped_batch(seed=0):
-    """Four prompts, each repeated 2-4 times in shuffled order, responses of mixed lengths (some empty)."""
-    prompt_of = [0, 1, 0, 2, 3, 1, 0, 2, 3, 3, 0, 1]
-    prompt_lens = [6, 3, 1, 5]
-    resp_lens = [5, 1, 3, 0, 5, 2, 4, 5, 1, 3, 2, 4]
-    ids, attn, pos, resp = _batch([prompt_lens[g] for g in prompt_of], resp_lens, seed=seed)
-    first = {g: prompt_of.index(g) for g in set(prompt_of)}
-    for i, g in enumerate(prompt_of):
-        ids[i, :6] = ids[first[g], :6]
-    return ids, attn, pos, resp
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "deepseek_v3"])
