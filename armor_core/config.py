@@ -39,7 +39,7 @@ def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None
 class ModelConfig:
     path: str = f("builtin:arithmetic-tiny", "Local Hugging Face causal-LM directory, or 'builtin:arithmetic-tiny' for the model shipped with ARMOR. Nothing is downloaded.")
     tokenizer_path: Optional[str] = f(None, "Tokenizer directory when it differs from model.path.")
-    dtype: str = f("float32", "Parameter dtype for training.", choices=["float32", "bfloat16", "float16"])
+    dtype: str = f("float32", "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls (autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.", choices=["float32", "bfloat16"])
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
 
 
@@ -81,7 +81,10 @@ class ActorConfig:
     grad_clip: float = f(1.0, "Clip the global gradient norm to this value; 0 disables it.", ge=0.0)
     ppo_epochs: int = f(1, "Passes over each batch.", ge=1)
     ppo_mini_batch_size: int = f(16, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1)
-    micro_batch_size: int = f(64, "Rows per forward/backward on one worker (gradient accumulation).", ge=1)
+    micro_batch_size: int = f(64, "Rows per forward/backward on one worker (gradient accumulation); see max_tokens_per_micro_batch.", ge=1)
+    max_tokens_per_micro_batch: Optional[int] = f(None, "Form micro-batches by real token count (prompt + response) instead of rows: consecutive rows while their tokens fit in this budget (verl's dynamic batch size); micro_batch_size is then not used. Applies to the update and the log-prob passes. The loss and gradients are those of any other split (the aggregation divides by global counts). Must hold the longest possible row: data.max_prompt_length + rollout.max_new_tokens.", ge=1)
+    logprob_chunk_tokens: int = f(1024, "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the model's full logits (the plain path).", ge=0)
+    offload: bool = f(False, "FSDP2 CPU offload (GPU runs, actor.strategy=fsdp2): parameter, gradient and optimizer-state shards live in CPU memory and are copied to the GPU around each use; the optimizer steps on the CPU.")
     policy_loss: str = f("ppo_clip", "Policy loss (a registered `policy_loss` plugin).")
     policy_loss_kwargs: dict = f(help="Extra keyword arguments for the policy loss.", factory=dict)
     clip_ratio_low: float = f(0.2, "PPO clip range below 1 (eps_low).", ge=0.0)
@@ -105,6 +108,7 @@ class CriticConfig:
     grad_clip: float = f(1.0, "Critic gradient-norm clip; 0 disables it.", ge=0.0)
     ppo_epochs: int = f(1, "Critic passes over each batch.", ge=1)
     micro_batch_size: int = f(64, "Rows per critic forward/backward.", ge=1)
+    max_tokens_per_micro_batch: Optional[int] = f(None, "Critic micro-batches by real token count, as actor.max_tokens_per_micro_batch; default: the actor's.", ge=1)
     num_workers: Optional[int] = f(None, "Data-parallel critic processes (strategy: actor.strategy); default: actor.num_workers.", ge=1)
 
 
@@ -252,6 +256,15 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         raise ConfigError(f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds data.train_batch_size={cfg.data.train_batch_size}")
     if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
         raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}")
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    for key, budget in (("actor.max_tokens_per_micro_batch", cfg.actor.max_tokens_per_micro_batch), ("critic.max_tokens_per_micro_batch", cfg.critic.max_tokens_per_micro_batch)):
+        if budget is not None and budget < longest:
+            raise ConfigError(f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + rollout.max_new_tokens = "
+                              f"{cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} tokens; set it to at least {longest}")
+    if cfg.actor.offload and (cfg.trainer.device != "cuda" or cfg.actor.strategy != "fsdp2"):
+        raise ConfigError(f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and {cfg.actor.strategy!r}): "
+                          "it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU run they are in CPU memory already, "
+                          "and gloo cannot reduce-scatter the offloaded gradients. Set actor.offload=false")
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
     from armor_core.faults import parse_faults

@@ -24,8 +24,11 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
-from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows, quiet_transformers,
-                                      scalar, seed_everything)
+from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows,
+                                      micro_batches,
+                                      quiet_transformers, scalar, seed_everything)
+from armor_core.workers.lm_head import install_response_head
+from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["ActorWorker"]
 
@@ -63,7 +66,8 @@ class ActorWorker:
         quiet_transformers()
         seed_everything(cfg.trainer.seed + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
-        if world_size > 1:
+        self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
+        if world_size > 1 or cfg.actor.offload:  # offload shards with FSDP2 even on one rank
             self._init_distributed()
 
         pm = get_plugin_manager()
@@ -75,20 +79,27 @@ class ActorWorker:
 
         path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path)
-        self.model = load_model(path, cfg.model.dtype).to(self.device)
+        self.model = load_model(path, "float32").to(self.device)  # master weights: float32 whatever model.dtype computes in
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        a = cfg.actor
+        self.chunk_tokens = a.logprob_chunk_tokens
+        why = install_response_head(self.model) if self.chunk_tokens else None  # before the copies below, so they have it too
+        if why:
+            import warnings
+
+            warnings.warn(f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits", stacklevel=2)
+            self.chunk_tokens = 0
         self.ref_model = None
-        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # never trained: held in the compute dtype, half the memory in bf16
+            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype).eval().requires_grad_(False)
         from armor_core.workers.parallel import wrap
 
         # FSDP2 shards self.model in place and a sharded forward is a collective, so the rollout
         # engine generates from a full copy, refreshed by sync_weights (see workers/parallel.py)
-        self.sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
+        self.sharded = a.strategy == "fsdp2" and (world_size > 1 or a.offload)
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
-        self.train_module: torch.nn.Module = wrap(self.model, cfg.actor.strategy, world_size, self.device)
-        a = cfg.actor
+        self.train_module: torch.nn.Module = wrap(self.model, a.strategy, world_size, self.device, self.compute_dtype, a.offload)
         self.optimizer = _adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
         self.zero_adv_inert = self._zero_advantage_is_inert()
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
@@ -100,6 +111,8 @@ class ActorWorker:
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(self.model))
         self.checked: set[str] = set()
         self.attention_weight = attention_weight_of(self.model)  # for choosing between layouts by cost
+        # one rank and DDP compute in model.dtype under autocast; FSDP2 casts through its MixedPrecisionPolicy
+        self.autocast = lambda enabled=not self.sharded: autocast(self.device, self.compute_dtype, enabled)
         self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see _padding_metrics
         from collections import deque
 
@@ -113,7 +126,13 @@ class ActorWorker:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=self.rank, world_size=self.world_size)
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.world_size == 1:  # a group of one (FSDP2 offload on one GPU): no launcher set MASTER_ADDR/PORT
+                from armor_core.engine import _free_port
+
+                dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+            else:
+                dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
 
     def isolation_record(self) -> dict:
         return self.isolation
@@ -137,10 +156,12 @@ class ActorWorker:
             current = {k: v.clone() for k, v in self.gen_model.state_dict().items()}
             self.gen_model.load_state_dict(self._snapshots[0])
             try:
-                return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
+                with self.autocast(True):
+                    return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
             finally:
                 self.gen_model.load_state_dict(current)
-        return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
+        with self.autocast(True):  # the full copy a sharded worker generates from is float32 too
+            return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
 
     def needs_weight_sync(self) -> bool:
         """False when the rollout engine generates from this very module (colocated): sync_weights has nothing to send."""
@@ -170,7 +191,8 @@ class ActorWorker:
             else:
                 self.layouts = tuple(k for k in self.layouts if k != packed.kind)
                 packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
-        lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, packed)  # None: padded
+        with self.autocast():
+            lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, packed, self.chunk_tokens)
         for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
             self.positions[i] += n
         return lp, ent
@@ -184,14 +206,15 @@ class ActorWorker:
         module.eval()
         try:
             t = self.cfg.rollout.temperature
-            laid_out, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, packed=packed)
-            padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False)
+            with self.autocast():
+                laid_out, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, packed, self.chunk_tokens)
+                padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, None, self.chunk_tokens)
         finally:
             module.train(was_training)
         R = resp.shape[1]
         valid = (attn[:, -R:] * attn[:, -R - 1 : -1]).bool()
         diff = float((laid_out - padded)[valid].abs().mean()) if valid.any() else 0.0
-        tolerance = 1e-4 if next(module.parameters()).dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
+        tolerance = 1e-4 if self.compute_dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
         if diff > tolerance:
             import warnings
 
@@ -211,8 +234,8 @@ class ActorWorker:
         was_training = model.training
         model.eval()
         lps, ents = [], []
-        for sl in iter_micro_batches(len(data), self.cfg.actor.micro_batch_size):
-            lp, ent = self._forward(model, data, sl, with_entropy)
+        for rows in self._split(data["attention_mask"]):
+            lp, ent = self._forward(model, data, rows, with_entropy)
             lps.append(lp.cpu())
             if ent is not None:
                 ents.append(ent.cpu())
@@ -313,11 +336,16 @@ class ActorWorker:
         live = ((mini["advantages"].to(self.device) != 0) & mask.bool()).any(-1).cpu()
         return everything[live], everything[~live]
 
-    def _micro_batches(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-        """(row indices, weight) per micro-batch. Every rank must run as many forward/backward passes
+    def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Row positions of each micro-batch: ``actor.micro_batch_size`` rows, or by real tokens (``actor.max_tokens_per_micro_batch``)."""
+        a = self.cfg.actor
+        return micro_batches(attention_mask.sum(-1), a.micro_batch_size, a.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch")
+
+    def _micro_batches(self, rows: torch.Tensor, mini_mask: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """(row indices, weight) per micro-batch of ``rows`` (``mini_mask``: the mini-batch's attention mask). Every rank must run as many forward/backward passes
         as the others (DDP and FSDP2 communicate in them), so a rank with fewer rows adds stand-ins:
         one row at weight 0."""
-        micro = [(rows[sl], 1.0) for sl in iter_micro_batches(len(rows), self.cfg.actor.micro_batch_size)]
+        micro = [(rows[i], 1.0) for i in self._split(mini_mask[rows])]
         if self.world_size > 1:
             import torch.distributed as dist
 
@@ -367,7 +395,7 @@ class ActorWorker:
                     parts["actor/entropy"] += scalar(self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq))
                     add("actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
                 t0 = time.perf_counter()
-                micro = self._micro_batches(rows)
+                micro = self._micro_batches(rows, mini["attention_mask"])
                 for idx, weight in micro:
                     mask = mask_all[idx]
                     log_prob, entropy = self._forward(self.train_module, mini, idx, with_entropy=True)

@@ -28,7 +28,7 @@ import torch
 from armor_core.workers.lm_head import HeadRequest, response_head_request
 
 __all__ = ["seed_everything", "response_log_probs", "iter_micro_batches", "scalar", "PackedRows", "pack_rows", "pack_groups",
-           "packed_response_log_probs", "layout_rows", "LayoutStats", "grouped_mask_supported", "attention_weight_of", "forward_response_log_probs"]
+           "packed_response_log_probs", "layout_rows", "micro_batches", "LayoutStats", "grouped_mask_supported", "attention_weight_of", "forward_response_log_probs"]
 
 
 def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
@@ -401,6 +401,34 @@ def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, 
 def iter_micro_batches(n: int, size: int) -> Iterator[slice]:
     for start in range(0, n, size):
         yield slice(start, min(start + size, n))
+
+
+def micro_batches(lengths: torch.Tensor, rows: int, max_tokens: int | None = None, key: str = "max_tokens_per_micro_batch") -> list[torch.Tensor]:
+    """Positions (into ``lengths``, the real tokens of each row) of each micro-batch: ``rows`` rows
+    at a time, or with ``max_tokens``, consecutive rows while their tokens fit in it.
+
+    Consecutive, not sorted by length: a GRPO group's rows stay together, so the grouped layout
+    can still share their prompt. The result of the update does not depend on the split (the loss
+    aggregation divides by global counts), only its peak memory does.
+
+    :raises ValueError: a row longer than ``max_tokens``, naming ``key``, the row and the smallest budget that works.
+    """
+    if not max_tokens:
+        return [torch.arange(s.start, s.stop) for s in iter_micro_batches(len(lengths), rows)]
+    counts = [int(n) for n in lengths.tolist()]
+    longest = max(counts, default=0)
+    if longest > max_tokens:
+        raise ValueError(f"{key}={max_tokens} cannot hold row {counts.index(longest)} of this batch, which has {longest} tokens (prompt + response); "
+                         f"set it to at least {longest}")
+    out, start, used = [], 0, 0
+    for i, n in enumerate(counts):
+        if used + n > max_tokens:
+            out.append(torch.arange(start, i))
+            start, used = i, 0
+        used += n
+    if start < len(counts):
+        out.append(torch.arange(start, len(counts)))
+    return out
 
 
 def scalar(x: Any) -> float:

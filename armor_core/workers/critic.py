@@ -18,7 +18,8 @@ import torch
 
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.protocol import DataProto
-from armor_core.workers.common import isolate, quiet_transformers, iter_micro_batches, scalar, seed_everything
+from armor_core.workers.common import isolate, micro_batches, quiet_transformers, scalar, seed_everything
+from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["CriticWorker", "ValueModel"]
 
@@ -53,15 +54,18 @@ class CriticWorker:
         quiet_transformers()
         seed_everything(cfg.trainer.seed + 7919 + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
+        self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
         if world_size > 1:
             import torch.distributed as dist
 
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
         path = resolve_model_path(cfg.model.path)
-        backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=getattr(torch, cfg.model.dtype))
+        backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)  # master weights, as the actor's
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
-        self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device)
+        self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device, self.compute_dtype)
+        sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
+        self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
         self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
 
@@ -78,10 +82,20 @@ class CriticWorker:
         self.model.eval()
         R = data["responses"].shape[1]
         vals = []
-        for sl in iter_micro_batches(len(data), self.cfg.critic.micro_batch_size):
-            v = self.train_module(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
-            vals.append(v.cpu())
+        for sl in self._split(data["attention_mask"]):
+            vals.append(self._values(data, sl, R).cpu())
         return DataProto.from_dict(tensors={"values": torch.cat(vals) * data["response_mask"]})
+
+    def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        c = self.cfg.critic
+        budget, key = ((c.max_tokens_per_micro_batch, "critic.max_tokens_per_micro_batch") if c.max_tokens_per_micro_batch
+                       else (self.cfg.actor.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch"))
+        return micro_batches(attention_mask.sum(-1), c.micro_batch_size, budget, key)
+
+    def _values(self, data: DataProto, rows: torch.Tensor, response_length: int) -> torch.Tensor:
+        """V(s_t), (rows, R) float32, for ``rows`` of ``data``."""
+        with self.autocast():
+            return self.train_module(*(data[k][rows].to(self.device) for k in ("input_ids", "attention_mask", "position_ids")), response_length).float()
 
     def update_critic(self, data: DataProto, step: int) -> dict[str, float]:
         # the clipped value loss is standard-library math shipped with armor-rl, not an algorithm
@@ -101,9 +115,9 @@ class CriticWorker:
         sums: dict[str, list[float]] = {}
         for _ in range(c.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for sl in iter_micro_batches(len(data), c.micro_batch_size):
+            for sl in self._split(data["attention_mask"]):
                 mask = mask_all[sl].to(self.device)
-                vpreds = self.train_module(data["input_ids"][sl].to(self.device), data["attention_mask"][sl].to(self.device), data["position_ids"][sl].to(self.device), R)
+                vpreds = self._values(data, sl, R)
                 loss_mat, m = compute_value_loss(vpreds, data["values"][sl].to(self.device), data["returns"][sl].to(self.device), mask, c.cliprange_value)
                 loss = self.loss_agg.fn(loss_mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=float(R))
                 (loss * self.world_size).backward()  # DDP and FSDP2 average gradients over ranks

@@ -6,12 +6,12 @@ and autograd keeps about five of its size alive (logits, their temperature-scale
 softmax x logits, the logits' gradient): 4 x 4096 tokens would need ~50 GB before the model.
 
 Here the LM head runs in chunks of ``chunk`` tokens. Forward keeps, per token, only its log-prob,
-``log Z`` and (for the entropy) ``E_p[z]``; backward recomputes each chunk's logits from the saved
+``log Z`` and the entropy; backward recomputes each chunk's logits from the saved
 hidden states and applies the closed-form gradient (``z`` = logits / temperature, ``p`` = softmax(z),
 ``y`` = the sampled token)::
 
     d log p_y / dz = onehot(y) - p
-    d H / dz       = -p * (z - E_p[z])            (H = log Z - E_p[z])
+    d H / dz       = -p * (log p + H)             (H = -sum p log p)
 
 so neither pass holds more than a (chunk, V) block or two. The matmuls run in the compute dtype
 (the autocast dtype under autocast, else the hidden states' dtype); softmax, log-probs, entropy and
@@ -55,26 +55,27 @@ class _ChunkedLogProbs(torch.autograd.Function):
         b = bias.to(compute_dtype) if bias is not None else None
         log_prob = torch.empty(n, dtype=torch.float32, device=hidden.device)
         log_z = torch.empty_like(log_prob)
-        mean_z = torch.empty_like(log_prob) if with_entropy else None
+        entropy = torch.zeros_like(log_prob)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
                 z = _scaled_logits(hidden[s:e], w, b, temperature)
                 lz = torch.logsumexp(z, dim=-1)
                 log_z[s:e] = lz
-                log_prob[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lz
+                log_p = z.sub_(lz[:, None])
+                log_prob[s:e] = log_p.gather(-1, targets[s:e, None]).squeeze(-1)
                 if with_entropy:
-                    p = z.sub(lz[:, None]).exp_()
-                    mean_z[s:e] = torch.einsum("nv,nv->n", p, z)  # a batched dot: no third (n, V) tensor
-                del z
-        ctx.save_for_backward(hidden, weight, bias, targets, log_z, mean_z)
+                    # -sum p log p: every term >= 0, so no cancellation (log Z - E_p[z] loses digits when
+                    # the distribution is peaked); einsum is a batched dot, no third (n, V) tensor
+                    entropy[s:e] = torch.einsum("nv,nv->n", log_p.exp(), log_p).neg_()
+                del z, log_p
+        ctx.save_for_backward(hidden, weight, bias, targets, log_z, entropy if with_entropy else None)
         ctx.temperature, ctx.chunk, ctx.compute_dtype = temperature, chunk, compute_dtype
-        entropy = log_z - mean_z if with_entropy else torch.zeros_like(log_prob)
         return log_prob, entropy
 
     @staticmethod
     def backward(ctx, grad_lp, grad_ent):
-        hidden, weight, bias, targets, log_z, mean_z = ctx.saved_tensors
+        hidden, weight, bias, targets, log_z, entropy = ctx.saved_tensors
         t, chunk, cd = ctx.temperature, ctx.chunk, ctx.compute_dtype
         w = weight.to(cd)
         b = bias.to(cd) if bias is not None else None
@@ -85,13 +86,13 @@ class _ChunkedLogProbs(torch.autograd.Function):
             for s in range(0, hidden.shape[0], chunk):
                 e = min(s + chunk, hidden.shape[0])
                 g_lp = grad_lp[s:e, None].float()
-                z = _scaled_logits(hidden[s:e], w, b, t)
-                p = z.sub(log_z[s:e, None]).exp_()
-                if mean_z is not None:  # dz = g_lp (onehot - p) - g_ent p (z - E_p[z]) = g_lp onehot - p (g_lp + g_ent (z - E_p[z]))
-                    dz = p.mul_(z.sub_(mean_z[s:e, None]).mul_(grad_ent[s:e, None].float()).add_(g_lp)).neg_()
+                log_p = _scaled_logits(hidden[s:e], w, b, t).sub_(log_z[s:e, None])
+                p = log_p.exp()
+                if entropy is not None:  # dz = g_lp (onehot - p) - g_ent p (log p + H) = g_lp onehot - p (g_lp + g_ent (log p + H))
+                    dz = p.mul_(log_p.add_(entropy[s:e, None]).mul_(grad_ent[s:e, None].float()).add_(g_lp)).neg_()
                 else:
                     dz = p.mul_(-g_lp)
-                del z
+                del log_p
                 dz.scatter_add_(-1, targets[s:e, None], g_lp)
                 if t != 1.0:
                     dz.div_(t)

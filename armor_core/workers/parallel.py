@@ -44,28 +44,39 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
-def wrap(model: torch.nn.Module, strategy: str, world_size: int, device: torch.device) -> torch.nn.Module:
+def wrap(model: torch.nn.Module, strategy: str, world_size: int, device: torch.device, compute_dtype: torch.dtype = torch.float32,
+         offload: bool = False) -> torch.nn.Module:
     """The module to train: ``model`` itself (one rank), a DDP wrapper, or ``model`` sharded in place by FSDP2.
+
+    :param compute_dtype: below float32, FSDP2 gathers the (float32) parameters in this dtype for
+        forward and backward and reduces gradients in float32 (``MixedPrecisionPolicy``); one rank
+        and DDP get it from autocast instead (``precision.autocast``).
+    :param offload: FSDP2 only (even on one rank): shards live in CPU memory (``CPUOffloadPolicy``).
 
     Call it after ``torch.distributed`` is initialised and before building the optimizer (FSDP2
     replaces the parameters with DTensors).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; one of {', '.join(STRATEGIES)}")
-    if world_size == 1:
+    if offload and strategy != "fsdp2":
+        raise ValueError(f"offload needs strategy=fsdp2, not {strategy!r}")
+    if world_size == 1 and not offload:
         return model
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(model, device_ids=[device.index or 0] if device.type == "cuda" else None)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    # no CPUOffloadPolicy: it needs a backend that reduce-scatters CPU tensors, which gloo does not
-    mesh = init_device_mesh(device.type, (world_size,))
+    kwargs: dict[str, Any] = {"mesh": init_device_mesh(device.type, (world_size,))}
+    if compute_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    if offload:  # it needs a backend that reduce-scatters CPU tensors, which gloo does not: GPU runs only (config checks)
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 

@@ -28,6 +28,7 @@ from armor_plugins.losses.aggregation import AGGREGATIONS
 MODES = sorted(AGGREGATIONS)
 STRATEGIES = ("ddp", "fsdp2")
 LENGTHS = [5, 1, 3, 5, 2, 4, 1, 4]  # uneven response lengths; 25 tokens cannot split evenly (13/12)
+BUDGET = 11  # actor.max_tokens_per_micro_batch in the token-budget cases: one or two rows a micro-batch
 P, R = 4, 5  # prompt and response widths
 
 
@@ -37,7 +38,8 @@ def make_config(mode: str, strategy: str, **extra: str) -> dict:
     rows = len(LENGTHS)
     overrides = [f"actor.loss_agg_mode={mode}", f"actor.strategy={strategy}", f"data.train_batch_size={rows}", f"actor.ppo_mini_batch_size={rows}",
                  "rollout.n=1", f"rollout.max_new_tokens={R}", "actor.micro_batch_size=2", "critic.micro_batch_size=2", "actor.lr=1e-3",
-                 "critic.lr=1e-3", "actor.grad_clip=1.0", "engine.cpus_per_worker=1", "trainer.loggers=[]",
+                 "critic.lr=1e-3", "actor.grad_clip=1.0", "engine.cpus_per_worker=1", "trainer.loggers=[]", f"data.max_prompt_length={P}",
+                 "actor.logprob_chunk_tokens=3",  # blocks of the chunked LM head cross rows; the 1-worker references take the full logits
                  *[f"{k}={v}" for k, v in extra.items()]]
     return to_dict(load_config(None, overrides))
 
@@ -131,23 +133,28 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
             m = w.update_actor(mine, step=1)
             results["dp"][strategy, mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
                                              "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+            # micro-batches by token budget (rows hold 5-9 tokens): another split, the same step
+            w = ActorWorker(make_config(mode, strategy, **{"actor.max_tokens_per_micro_batch": str(BUDGET)}), rank=rank, world_size=world)
+            m = w.update_actor(mine, step=1)
+            results["dp"][strategy, mode, "budget"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                                       "losses": (m["actor/pg_loss"], m["actor/entropy"])}
         for mode in MODES[:2]:
             c = CriticWorker(make_config(mode, strategy), rank=rank, world_size=world)
             c.update_critic(mine, step=1)
             results["critic_dp"][strategy, mode] = full_state(c.model)
     if rank == 0:  # the 1-worker references, on the whole batch
         for mode in MODES:
-            w = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1)
+            w = ActorWorker(make_config(mode, "ddp", **{"actor.logprob_chunk_tokens": "0"}), rank=0, world_size=1)
             m = w.update_actor(batch, step=1)
             results["ref"][mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
                                     "losses": (m["actor/pg_loss"], m["actor/entropy"])}
             # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
-            from armor_core.workers.common import response_log_probs, forward_response_logits
+            from armor_core.workers.common import forward_response_logits
 
             ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
-            with torch.no_grad():
-                logits = forward_response_logits(ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R)
-                _, ent = response_log_probs(logits, batch["responses"], 1.0, True)
+            with torch.no_grad():  # in float64: the truth both ways of computing the entropy are rounded from
+                logits = forward_response_logits(ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R).double()
+                ent = -(logits.log_softmax(-1).exp() * logits.log_softmax(-1)).sum(-1)
             results["ref"][mode]["entropy_direct"] = float(AGGREGATIONS[mode](ent, batch["response_mask"].float(), global_num_tokens=float(batch["response_mask"].sum()),
                                                                                   global_num_seqs=float(len(batch)), norm_constant=float(R)))
         results["init"] = full_state(ActorWorker(make_config(MODES[0], "ddp"), rank=0, world_size=1).model)
@@ -196,16 +203,19 @@ def close(got: dict, want: dict, what: str, atol: float = 1e-7) -> None:
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=atol, msg=lambda m, k=k: f"{what}: {k}: {m}")
 
 
+@pytest.mark.parametrize("budget", [False, True], ids=["rows", "token_budget"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("mode", MODES)
-def test_two_workers_take_the_same_step_as_one(results, strategy, mode):
+def test_two_workers_take_the_same_step_as_one(results, strategy, mode, budget):
+    """Two ranks with the chunked LM head (and, with ``budget``, micro-batches by token count) take
+    the 1-worker step computed from the full logits in micro-batches of 2 rows."""
     ref = results[0]["ref"][mode]
     a, b = results[0]["tokens"]
     assert a != b  # the ranks' shares hold different token counts
     moved = [k for k, v in results[0]["init"].items() if not torch.allclose(ref["params"][k], v, rtol=1e-4, atol=1e-6)]
     assert len(moved) > len(ref["params"]) // 2  # the update changed most tensors well beyond the tolerance below
     for rank in range(2):
-        got = results[rank]["dp"][strategy, mode]
+        got = results[rank]["dp"][(strategy, mode, "budget") if budget else (strategy, mode)]
         close(got["grads"], ref["grads"], f"{strategy}/{mode} rank {rank} gradients")
         # Adam's step is lr * g / (|g| + eps): where a gradient is within float noise of zero its
         # direction, and so that parameter's step (up to lr = 1e-3), is noise. The parameters are
