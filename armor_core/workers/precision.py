@@ -26,7 +26,7 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     if dtype == torch.float32:
         return dtype
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"model.dtype={name}: this GPU ({torch.cuda.get_device_name(device)}) does not support bfloat16 "
+        raise ValueError(f"model.dtype={name}: this GPU does not support bfloat16 "
                          "(it needs compute capability 8.0+, e.g. A100, H100); use model.dtype=float32")
     try:
         x = torch.ones(4, 4, device=device, requires_grad=True)
