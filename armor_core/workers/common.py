@@ -433,3 +433,24 @@ def micro_batches(lengths: torch.Tensor, rows: int, max_tokens: int | None = Non
 
 def scalar(x: Any) -> float:
     return float(x.detach().float().item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """This process's memory high-water marks: ``perf/max_rss_gb`` (host, since the process began)
+    and, on a GPU, ``perf/max_memory_allocated_gb`` / ``perf/max_memory_reserved_gb`` (the torch
+    allocator's peaks since the last :func:`reset_memory_peaks`) and ``perf/gpu_memory_used_gb``
+    (the whole device now, other allocators such as a sleeping vLLM engine's included)."""
+    import resource
+
+    out = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        out.update({"perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+                    "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9,
+                    "perf/gpu_memory_used_gb": (total - free) / 1e9})
+    return out
+
+
+def reset_memory_peaks(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

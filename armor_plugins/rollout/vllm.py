@@ -95,6 +95,15 @@ def _import_vllm() -> Any:
     return vllm
 
 
+def _engine_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the engine computes in: the autocast dtype when the backend is built under autocast
+    (the actor keeps float32 master weights and computes in ``model.dtype``), else the weights' dtype."""
+    device_type = next(model.parameters()).device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return next(model.parameters()).dtype
+
+
 def _model_dir(model: Any) -> str:
     path = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
     if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
@@ -179,7 +188,7 @@ class VLLMRollout:
             raise ValueError(f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself")
         engine_kwargs: dict[str, Any] = {
             "model": kwargs.pop("model", None) or _model_dir(model),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "dtype": str(_engine_dtype(model)).removeprefix("torch."),
             "seed": 0,
             "skip_tokenizer_init": True,  # prompts go in as token ids and responses come out as ids
             "generation_config": "vllm",  # no defaults from generation_config.json (top_k=50, penalties, ...)

@@ -138,6 +138,14 @@ def test_engine_arguments_on_cpu_and_gpu(fake_vllm, tiny):
     assert _fake(tiny, backend_kwargs={"enable_sleep_mode": False}).sleep_level == 0
 
 
+def test_the_engine_computes_in_the_autocast_dtype_it_is_built_under(fake_vllm, tiny):
+    """The actor keeps float32 master weights and builds the backend under autocast to model.dtype."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        roll = _fake(tiny)
+    assert roll.llm.kwargs["dtype"] == "bfloat16"
+    assert next(tiny[0].parameters()).dtype == torch.float32
+
+
 @pytest.mark.parametrize(
     "backend_kwargs, gpu, match",
     [
@@ -410,6 +418,33 @@ def test_after_an_update_greedy_output_follows_the_new_weights(engine):
     finally:
         engine.roll.update_weights(original.items())
     assert torch.equal(engine.roll.generate(engine.prompts, greedy=True)["responses"], before["prompts"]["responses"])
+
+
+def test_a_lora_policy_reaches_the_engine_as_merged_adapted_layers_only(engine):
+    """What the actor sends with LoRA: the adapted layers' merged weights, under the base names."""
+    from armor_core.workers.lora import MergedView, apply_lora, merged_weights
+
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    before = engine.roll.generate(engine.prompts, greedy=True)
+    policy = apply_lora(copy.deepcopy(engine.model), 8, 16.0, 0.0, "all-linear", seed=0)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:  # B starts at 0: give the adapters something to say
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    sent = merged_weights(policy)
+    view = MergedView(policy).state_dict()
+    assert set(view) == set(original)  # the engine's names: no peft prefixes, no adapter tensors
+    assert set(sent) < set(original) and not any("embed" in k or "norm" in k or "lm_head" in k for k in sent)
+    try:
+        engine.roll.update_weights(sent.items())
+        hf = HFRollout(policy, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)
+        out = engine.roll.generate(engine.prompts, greedy=True)
+        assert torch.equal(out["responses"], hf["responses"])
+        assert (out["rollout_log_probs"] - hf["rollout_log_probs"]).abs().max().item() < 1e-4
+        assert not torch.equal(hf["responses"], before["responses"])
+    finally:
+        engine.roll.update_weights(original.items())
 
 
 def test_tied_embeddings_follow_updates_too(engine, tmp_path):
