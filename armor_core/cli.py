@@ -22,6 +22,7 @@ _COMMAND_MODULES = [
     "armor_core.commands.run",
     "armor_core.commands.plugins",
     "armor_core.commands.eval",
+    "armor_core.commands.export",
     "armor_core.sft",
     "armor_core.reward_cli",
 ]

@@ -41,6 +41,10 @@ class ModelConfig:
     tokenizer_path: Optional[str] = f(None, "Tokenizer directory when it differs from model.path.")
     dtype: str = f("float32", "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls (autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.", choices=["float32", "bfloat16"])
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
+    lora_rank: int = f(0, "LoRA rank of the actor's adapters (peft); 0 trains every weight. With LoRA only the adapters train and sit in the optimizer, the reference policy is the model with its adapters switched off (no second copy), and checkpoints hold the adapter.", ge=0)
+    lora_alpha: float = f(16.0, "LoRA scaling numerator: adapters add (lora_alpha / lora_rank) * B A.", gt=0.0)
+    lora_dropout: float = f(0.0, "Dropout on the adapters' input during training.", ge=0.0, lt=1.0)
+    lora_target_modules: Any = f("all-linear", "Modules that get adapters: 'all-linear' (every linear layer of the decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].")
 
 
 @dataclass
@@ -83,7 +87,7 @@ class ActorConfig:
     ppo_mini_batch_size: int = f(16, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1)
     micro_batch_size: int = f(64, "Rows per forward/backward on one worker (gradient accumulation); see max_tokens_per_micro_batch.", ge=1)
     max_tokens_per_micro_batch: Optional[int] = f(None, "Form micro-batches by real token count (prompt + response) instead of rows: consecutive rows while their tokens fit in this budget (verl's dynamic batch size); micro_batch_size is then not used. Applies to the update and the log-prob passes. The loss and gradients are those of any other split (the aggregation divides by global counts). Must hold the longest possible row: data.max_prompt_length + rollout.max_new_tokens.", ge=1)
-    logprob_chunk_tokens: int = f(1024, "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the model's full logits (the plain path).", ge=0)
+    logprob_chunk_tokens: int = f(512, "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the model's full logits (the plain path).", ge=0)
     offload: bool = f(False, "FSDP2 CPU offload (GPU runs, actor.strategy=fsdp2): parameter, gradient and optimizer-state shards live in CPU memory and are copied to the GPU around each use; the optimizer steps on the CPU.")
     policy_loss: str = f("ppo_clip", "Policy loss (a registered `policy_loss` plugin).")
     policy_loss_kwargs: dict = f(help="Extra keyword arguments for the policy loss.", factory=dict)
@@ -265,6 +269,9 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         raise ConfigError(f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and {cfg.actor.strategy!r}): "
                           "it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU run they are in CPU memory already, "
                           "and gloo cannot reduce-scatter the offloaded gradients. Set actor.offload=false")
+    targets = cfg.model.lora_target_modules
+    if not (targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets))):
+        raise ConfigError(f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
     from armor_core.faults import parse_faults

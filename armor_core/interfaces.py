@@ -174,6 +174,12 @@ class RolloutBackend(Protocol):
     (bs, response_length, right-padded) and ``rollout_log_probs`` (bs, response_length), the
     sampler's own log-probabilities of the sampled tokens. ``update_weights`` receives
     ``(name, tensor)`` pairs of the new policy.
+
+    A backend that generates by running the very module it is given sets the class attribute
+    ``shares_module = True``. Any other backend holds weights of its own: with LoRA
+    (``model.lora_rank > 0``) it is given a view of the base model whose ``state_dict`` has the
+    base model's names with the adapters merged in, and ``update_weights`` then receives only the
+    adapted layers' merged weights (nothing else changes).
     """
 
     def generate(self, prompts: "DataProto", **sampling_overrides: Any) -> "DataProto": ...

@@ -78,7 +78,7 @@ def resolve_model_path(path: str | Path, *, need_config: bool = True, need_token
         )
     if not p.is_dir():
         raise ModelPathError(f"model path {text!r} is a file; expected a directory holding config.json, the weights and the tokenizer")
-    if need_config and not (p / "config.json").is_file():
+    if need_config and not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
         raise ModelPathError(f"model directory {text!r} has no config.json; expected a directory written by save_pretrained()")
     if need_tokenizer and not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise ModelPathError(
@@ -125,7 +125,30 @@ def load_model(path: str | Path, dtype: str = "float32") -> "PreTrainedModel":
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {_DTYPES}")
     directory = resolve_model_path(path, need_tokenizer=False)
+    if (directory / "adapter_config.json").is_file():
+        return load_adapter_merged(directory, dtype)
     return AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, dtype), local_files_only=True)
+
+
+def load_adapter_merged(directory: Path, dtype: str = "float32") -> "PreTrainedModel":
+    """A LoRA adapter directory (peft's format, e.g. a LoRA run's ``checkpoints/step_N/adapter``)
+    merged into its base model: a plain causal LM. The base is the adapter's
+    ``base_model_name_or_path``, which must be a local directory."""
+    import json
+
+    from peft import PeftModel
+
+    base_path = json.loads((directory / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base_path:
+        raise ModelPathError(f"adapter {directory}: adapter_config.json names no base_model_name_or_path; set it to the base model's directory")
+    try:
+        base = load_model(base_path, dtype)
+    except ModelPathError as e:
+        raise ModelPathError(f"adapter {directory}: its base model cannot be loaded ({e}); "
+                             "set base_model_name_or_path in its adapter_config.json to the base model's directory") from None
+    merged = PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
+    merged.name_or_path = str(base_path)  # what a rollout engine loads from: the base directory, weights sent after
+    return merged
 
 
 def build_char_tokenizer(chars: Iterable[str]) -> "PreTrainedTokenizerFast":

@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random model (heads of 32 dims)")
     parser.add_argument("--layers", type=int, default=4, help="layers of the random model")
     parser.add_argument("--model", default=None, help="a local model directory or builtin:NAME instead of the random model")
+    parser.add_argument("--lora-rank", type=int, default=0, help="also time the LoRA sync: the adapted layers' merged weights (W + BA) of a rank-R adapter")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -84,9 +85,25 @@ def main() -> None:
             t0 = time.perf_counter()
             vllm_backend.update_weights(model.state_dict().items())
             sync_s.append(time.perf_counter() - t0)
+        lora = ""
+        if args.lora_rank:
+            import copy
+
+            from armor_core.workers.lora import apply_lora, merged_weights
+
+            policy = apply_lora(copy.deepcopy(model), args.lora_rank, 2.0 * args.lora_rank, 0.0, "all-linear", seed=0)
+            lora_s = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                sent = merged_weights(policy)  # what the actor sends with LoRA, merge included
+                vllm_backend.update_weights(sent.items())
+                lora_s.append(time.perf_counter() - t0)
+            vllm_backend.update_weights(model.state_dict().items())
+            share = sum(v.numel() for v in sent.values()) / params
+            lora += f", LoRA r={args.lora_rank} sync (merged adapted layers, {share:.0%} of the weights) {statistics.median(lora_s) * 1000:.0f} ms"
         print(f"model: {path if args.model else 'random qwen2'} ({params / 1e6:.2f}M parameters, {model.dtype}), "
               f"{args.threads} threads, torch {torch.__version__}; vLLM engine start {start_s:.1f} s, "
-              f"weight sync (update_weights) {statistics.median(sync_s) * 1000:.0f} ms")
+              f"weight sync (update_weights) {statistics.median(sync_s) * 1000:.0f} ms{lora}")
         print(f"{'batch':>5} {'new tok':>7} | {'hf tok/s':>9} {'vllm tok/s':>10} {'speed-up':>8} | {'hf s/call':>9} {'vllm s/call':>11}")
         for new_tokens in args.new_tokens:
             for batch in args.batch:

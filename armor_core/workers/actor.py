@@ -25,9 +25,10 @@ from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
 from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows,
-                                      micro_batches,
-                                      quiet_transformers, scalar, seed_everything)
+                                      memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks, scalar, seed_everything)
 from armor_core.workers.lm_head import install_response_head
+from armor_core.workers.lora import (ADAPTER_DIR, MergedView, adapters_off, apply_lora, check_resume, load_adapter_state, merged_weights,
+                                    save_adapter)
 from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["ActorWorker"]
@@ -48,7 +49,7 @@ def _lr_lambda(warmup: int, schedule: str, total: int):
 def _adamw(model: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
     """AdamW, fused (one kernel for all parameters; ~5x faster than the per-tensor loop torch
     defaults to on CPU) where torch supports it, else its multi-tensor ``foreach`` form."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # with LoRA, the adapters only
     plain = all(type(p) is torch.nn.Parameter and p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, **kwargs, **({"fused": True} if plain else {"foreach": True}))
 
@@ -79,9 +80,14 @@ class ActorWorker:
 
         path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path)
-        self.model = load_model(path, "float32").to(self.device)  # master weights: float32 whatever model.dtype computes in
+        self.model = load_model(path, "float32")  # master weights: float32 whatever model.dtype computes in
         if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # frozen inputs under LoRA
+        m = cfg.model
+        self.lora = bool(m.lora_rank)
+        if self.lora:
+            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, cfg.trainer.seed)
+        self.model = self.model.to(self.device)
         a = cfg.actor
         self.chunk_tokens = a.logprob_chunk_tokens
         why = install_response_head(self.model) if self.chunk_tokens else None  # before the copies below, so they have it too
@@ -91,7 +97,8 @@ class ActorWorker:
             warnings.warn(f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits", stacklevel=2)
             self.chunk_tokens = 0
         self.ref_model = None
-        if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # never trained: held in the compute dtype, half the memory in bf16
+        if (a.use_kl_loss or cfg.algorithm.use_kl_in_reward) and not self.lora:  # with LoRA: the adapters switched off
+            # never trained: held in the compute dtype, half the memory in bf16
             self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype).eval().requires_grad_(False)
         from armor_core.workers.parallel import wrap
 
@@ -105,7 +112,10 @@ class ActorWorker:
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
-        self.rollout = backend_cls(self.gen_model, self.tokenizer, cfg.rollout)
+        # an engine with its own weights (vllm) takes the compute dtype and, with LoRA, the base model's names, adapters merged
+        source = MergedView(self.gen_model) if self.lora and not getattr(backend_cls, "shares_module", False) else self.gen_model
+        with autocast(self.device, self.compute_dtype):
+            self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
         self.global_step = 0
         # forward layouts without padding (common.LAYOUTS), each checked against the padded forward on first use
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(self.model))
@@ -174,7 +184,14 @@ class ActorWorker:
             from armor_core.workers.parallel import full_model_state
 
             # under FSDP2 gathering the full weights is a collective: every rank syncs together
-            self.rollout.update_weights(full_model_state(self.model).items() if self.sharded else self.model.state_dict().items())
+            state = full_model_state(self.model) if self.sharded else self.model.state_dict()
+            if not self.lora:
+                self.rollout.update_weights(state.items())
+            else:
+                if self.sharded:
+                    self.gen_model.load_state_dict(state)  # the full copy an hf rollout generates from
+                if getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
+                    self.rollout.update_weights(merged_weights(self.gen_model).items())
         return time.perf_counter() - t0
 
     # -- log-probs ------------------------------------------------------------------------------
@@ -250,10 +267,14 @@ class ActorWorker:
                                    meta_info={"metrics": {**self._padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        if self.ref_model is None:
-            raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
         t0 = time.perf_counter()
-        lp, _ = self._log_probs(self.ref_model, data, with_entropy=False)
+        if self.lora:  # the reference policy is the base model: the same module with its adapters off
+            with adapters_off(self.model):
+                lp, _ = self._log_probs(self.model, data, with_entropy=False)
+        elif self.ref_model is None:
+            raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
+        else:
+            lp, _ = self._log_probs(self.ref_model, data, with_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": lp * data["response_mask"]},
                                    meta_info={"metrics": {**self._padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 
@@ -364,6 +385,7 @@ class ActorWorker:
             os.kill(os.getpid(), signal.SIGKILL)
         cfg, a = self.cfg, self.cfg.actor
         t_call = time.perf_counter()
+        reset_memory_peaks(self.device)
         t_fwd_bwd = t_optim = 0.0
         self.positions = [0, 0, 0]
         self.train_module.train()
@@ -488,6 +510,7 @@ class ActorWorker:
         metrics.update(self.guard.pop_metrics())
         metrics.update(self._padding_metrics())
         # seconds inside this call, so the driver can separate Ray and serialisation from the work
+        metrics.update(memory_metrics(self.device))
         metrics.update({"perf/actor_fwd_bwd_s": t_fwd_bwd, "perf/actor_optimizer_s": t_optim, "perf/worker_s": time.perf_counter() - t_call})
         return metrics
 
@@ -501,7 +524,7 @@ class ActorWorker:
 
     def _local_params(self, clone: bool = False) -> list[torch.Tensor]:
         """This rank's parameter tensors (its shards under FSDP2), optionally copied."""
-        out = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters()]
+        out = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters() if p.requires_grad]
         return [t.clone() for t in out] if clone else out
 
     def _update_stats(self, before: list[torch.Tensor]) -> dict[str, float]:
@@ -552,8 +575,12 @@ class ActorWorker:
         if self.sharded:
             self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
         if self.rank == 0:
-            self.gen_model.save_pretrained(p / "model", safe_serialization=True)
-            self.tokenizer.save_pretrained(p / "model")
+            out = p / (ADAPTER_DIR if self.lora else "model")  # with LoRA the adapter alone, in peft's format
+            if self.lora:
+                save_adapter(self.gen_model, out)
+            else:
+                self.gen_model.save_pretrained(out, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
             torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "world_size": self.world_size},
                        p / "actor_state.pt")
             (p / "guard_worker.json").write_text(__import__("json").dumps(self.guard.state_dict()))
@@ -565,9 +592,14 @@ class ActorWorker:
         from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
 
         p = Path(path)
-        state = load_file(str(p / "model" / "model.safetensors"))
-        missing, unexpected = load_full_model_state(self.model, state)
-        if unexpected or [m for m in missing if "lm_head" not in m or not self.model.config.tie_word_embeddings]:
+        check_resume(p / ADAPTER_DIR, self.cfg.model, self.model if self.lora else None, p)
+        if self.lora:
+            missing, unexpected = load_full_model_state(self.model, load_adapter_state(p / ADAPTER_DIR))
+            missing = [k for k in missing if ".lora_" in k]  # the frozen base comes from model.path, not the checkpoint
+        else:
+            missing, unexpected = load_full_model_state(self.model, load_file(str(p / "model" / "model.safetensors")))
+            missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
+        if unexpected or missing:
             raise RuntimeError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
         st = torch.load(p / "actor_state.pt", weights_only=True)
         load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])

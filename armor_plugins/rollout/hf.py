@@ -91,6 +91,8 @@ class HFRollout:
     and ``update_weights`` copies nothing) or a separate copy (``update_weights`` loads into it).
     """
 
+    shares_module = True  # generates by running the module it is given: a LoRA actor hands over its peft model
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -100,7 +102,8 @@ class HFRollout:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         # only the last position's logits are used: transformers' causal LMs can skip the rest,
         # which in the prompt pass of a large-vocabulary model is most of the memory
-        accepts = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes keywords through
+        accepts = inspect.signature(base.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         self._cache_selects: bool | None = None  # can this model's cache select batch rows? known after its first forward
         if getattr(config, "backend_kwargs", None):

@@ -30,6 +30,7 @@ STRATEGIES = ("ddp", "fsdp2")
 LENGTHS = [5, 1, 3, 5, 2, 4, 1, 4]  # uneven response lengths; 25 tokens cannot split evenly (13/12)
 BUDGET = 11  # actor.max_tokens_per_micro_batch in the token-budget cases: one or two rows a micro-batch
 P, R = 4, 5  # prompt and response widths
+LORA = {"model.lora_rank": "4", "model.lora_alpha": "8"}
 
 
 def make_config(mode: str, strategy: str, **extra: str) -> dict:
@@ -143,6 +144,11 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
         m = w.update_actor(mine, step=1)
         results["dp"][strategy, "bf16"] = {"grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
                                            "dtypes": {p.dtype for p in w.model.parameters()} | {v.dtype for st in w.optimizer.state.values() for v in st.values() if v.dim()}}
+        # LoRA: only the adapters train, sharded with their layers under FSDP2
+        w = ActorWorker(make_config("seq-mean-token-sum", strategy, **LORA), rank=rank, world_size=world)
+        m = w.update_actor(mine, step=1)
+        results["dp"][strategy, "lora"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                           "losses": (m["actor/pg_loss"], m["actor/entropy"])}
         for mode in MODES[:2]:
             c = CriticWorker(make_config(mode, strategy), rank=rank, world_size=world)
             c.update_critic(mine, step=1)
@@ -163,6 +169,11 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
             results["ref"][mode]["entropy_direct"] = float(AGGREGATIONS[mode](ent, batch["response_mask"].float(), global_num_tokens=float(batch["response_mask"].sum()),
                                                                                   global_num_seqs=float(len(batch)), norm_constant=float(R)))
         results["init"] = full_state(ActorWorker(make_config(MODES[0], "ddp"), rank=0, world_size=1).model)
+        w = ActorWorker(make_config("seq-mean-token-sum", "ddp", **LORA, **{"actor.logprob_chunk_tokens": "0"}), rank=0, world_size=1)
+        results["lora_init"] = full_state(w.model)
+        m = w.update_actor(batch, step=1)
+        results["ref"]["lora"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
+                                  "losses": (m["actor/pg_loss"], m["actor/entropy"])}
         for mode in MODES[:2]:
             c = CriticWorker(make_config(mode, "ddp"), rank=0, world_size=1)
             c.update_critic(batch, step=1)
@@ -193,6 +204,18 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
         loaded = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
         if rank == 0:
             results["resume"][strategy, "1to2"] = (saved1, loaded)
+        # LoRA: rank 0 writes the adapter (peft format) gathered from the shards
+        lora_cfg, lora_dir = make_config("token-mean", strategy, **LORA), os.path.join(out_dir, f"lora_{strategy}")
+        os.makedirs(lora_dir, exist_ok=True)
+        w2 = ActorWorker(lora_cfg, rank=rank, world_size=world)
+        w2.update_actor(mine, step=1)
+        w2.save_checkpoint(lora_dir)
+        saved = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
+        dist.barrier()
+        if rank == 0:
+            w1 = ActorWorker(lora_cfg, rank=0, world_size=1)
+            w1.load_checkpoint(lora_dir)
+            results["resume"][strategy, "lora_2to1"] = (saved, {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)})
     return results
 
 
@@ -250,6 +273,22 @@ def test_bf16_mixed_precision_keeps_float32_state_and_the_float32_step_to_bf16_r
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_workers_take_the_same_lora_step_as_one(results, strategy):
+    """With LoRA only adapter tensors have gradients and move, and two ranks take one rank's step."""
+    ref, init = results[0]["ref"]["lora"], results[0]["lora_init"]
+    assert ref["grads"] and all(".lora_" in k for k in ref["grads"])  # the frozen base has no gradient at all
+    moved = {k for k, v in init.items() if not torch.equal(ref["params"][k], v)}
+    assert moved and all(".lora_B." in k for k in moved)  # B starts at 0, so the first step moves B alone
+    assert len(moved) == len([k for k in init if ".lora_B." in k])
+    for rank in range(2):
+        got = results[rank]["dp"][strategy, "lora"]
+        close(got["grads"], ref["grads"], f"{strategy}/lora rank {rank} gradients")
+        close(got["params"], ref["params"], f"{strategy}/lora rank {rank} parameters", atol=1e-4)  # lr / 10: Adam's step where a gradient is ~0 is noise
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+        assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_skipping_zero_advantage_rows_keeps_ranks_in_step(results, strategy):
     """Rank 1's rows all have advantage 0, so it forwards nothing of its own and runs stand-ins
     while rank 0 trains; the step is the one-worker step computed without skipping."""
@@ -273,7 +312,7 @@ def _flat_optim(state: dict) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("direction", ["2to1", "1to2"])
+@pytest.mark.parametrize("direction", ["2to1", "1to2", "lora_2to1"])
 def test_checkpoint_resumes_on_another_world_size(results, strategy, direction):
     saved, loaded = results[0]["resume"][strategy, direction]
     close(loaded["params"], saved["params"], f"{strategy} {direction} parameters")

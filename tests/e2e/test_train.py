@@ -80,6 +80,19 @@ def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
     assert state["loader"]["position"] == 16  # 4 steps x 4 prompts: the resumed run went on through the data
 
 
+def test_a_lora_run_checkpoints_its_adapter_and_resumes_only_as_lora(ray_cluster, tmp_path):
+    lora = ("model.lora_rank=8", "actor.lr=2e-3", "actor.use_kl_loss=true", "trainer.save_freq=1")
+    run(tmp_path, *lora, name="l")
+    ckpt = tmp_path / "l" / "checkpoints" / "step_000002"
+    assert (ckpt / "adapter" / "adapter_model.safetensors").exists() and not (ckpt / "model").exists()
+    with pytest.raises(ValueError, match=r"holds a LoRA adapter \(rank 8\), but model.lora_rank=0"):
+        run(tmp_path, "trainer.save_freq=1", "trainer.total_steps=3", resume=True, name="l")
+    summary, steps = run(tmp_path, *lora, "trainer.total_steps=3", resume=True, name="l")
+    assert [r["step"] for r in steps] == [1, 2, 3] and summary["checkpoint"].endswith("step_000003")
+    assert all(r["actor/kl_loss"] >= 0 and math.isfinite(r["actor/grad_norm"]) for r in steps)
+    assert steps[-1]["actor/kl_loss"] > 0  # the adapters moved the policy away from the base (the reference)
+
+
 def test_same_seed_same_metrics(ray_cluster, tmp_path):
     """Seeded runs repeat exactly, and neither generating the next step's rollout in the update's
     worker call (trainer.overlap_generation, on by default) nor calling the workers through Ray's

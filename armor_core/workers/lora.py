@@ -1,0 +1,174 @@
+"""LoRA for the actor (``model.lora_rank > 0``), built with peft.
+
+Only the adapters train: the base weights stay frozen and outside the optimizer. The reference
+policy is the same model with its adapters switched off (:func:`adapters_off`), so no second copy
+is built. A rollout engine that holds its own weights (vLLM) receives the adapted layers' merged
+weights under the base model's names (:func:`merged_weights`), nothing else: embeddings, norms and
+the head never change. Checkpoints hold the adapter in peft's own format (``adapter/``, loadable
+with ``peft.PeftModel.from_pretrained``); :func:`load_adapter_state` reads it back for a resume.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+ADAPTER = "default"  # peft's name for the one adapter a model has
+ADAPTER_DIR = "adapter"
+
+
+def _linear_names(model: torch.nn.Module) -> list[str]:
+    """Short names (last component) of the model's linear layers, its output head left out."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head})
+
+
+def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """Each target must name at least one module, and every module it names must be one peft wraps."""
+    from transformers.pytorch_utils import Conv1D
+
+    wrappable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, Conv1D)
+    modules = dict(model.named_modules())
+    for target in targets:
+        hits = [m for name, m in modules.items() if name == target or name.endswith("." + target)]
+        if not hits:
+            raise ValueError(f"model.lora_target_modules: {target!r} matches no module of {type(model).__name__}; "
+                             f"its linear layers are {_linear_names(model)} (or use 'all-linear')")
+        bad = sorted({type(m).__name__ for m in hits if not isinstance(m, wrappable)})
+        if bad:
+            raise ValueError(f"model.lora_target_modules: {target!r} is a {', '.join(bad)}, a layer type LoRA (peft) cannot wrap; "
+                             f"target linear layers instead: {_linear_names(model)}")
+
+
+def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, targets: Any, seed: int) -> torch.nn.Module:
+    """``model`` with LoRA adapters (a ``peft.PeftModel``); only the adapters require grad.
+
+    The adapters are initialised from ``seed`` alone (B = 0, so the model starts as the base), so
+    every data-parallel rank builds the same ones whatever its own RNG state.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if targets != "all-linear":
+        targets = [targets] if isinstance(targets, str) else list(targets)
+        _check_targets(model, targets)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
+
+
+def peft_model_of(module: torch.nn.Module) -> Any:
+    """The ``PeftModel`` inside ``module`` (a DDP wrapper keeps it in ``.module``), or None."""
+    from peft import PeftModel
+
+    inner = getattr(module, "module", module)
+    return inner if isinstance(inner, PeftModel) else None
+
+
+@contextmanager
+def adapters_off(module: torch.nn.Module) -> Iterator[None]:
+    """Within this block ``module`` computes as its base model (the reference policy)."""
+    with peft_model_of(module).disable_adapter():
+        yield
+
+
+def trainable_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _base_name(name: str) -> str:
+    """A peft parameter name as the base model names it: ``base_model.model.`` and ``.base_layer`` dropped."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+@torch.no_grad()
+def merged_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weight of every adapted layer with its adapter merged in (W + scale * B A), under the
+    base model's parameter names: what changes in the policy when the adapters train."""
+    from peft.tuners.lora import LoraLayer
+
+    out = {}
+    for name, m in peft_model_of(module).named_modules():
+        if isinstance(m, LoraLayer) and ADAPTER in m.lora_A:
+            base = m.get_base_layer()
+            out[_base_name(f"{name}.weight")] = (base.weight + m.get_delta_weight(ADAPTER).to(base.weight.dtype)).detach()
+    return out
+
+
+class MergedView:
+    """What a rollout engine holding its own weights sees of a LoRA model: the base model (its
+    config, name, generation config, parameters' device and dtype) whose ``state_dict`` has the
+    base names with the adapters merged in."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._peft = peft_model_of(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._peft.get_base_model(), name)
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self._peft.get_base_model().parameters()
+
+    @torch.no_grad()
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        merged = merged_weights(self._peft)
+        out = {}
+        for k, v in self._peft.state_dict().items():
+            if ".lora_" in k:
+                continue
+            name = _base_name(k)
+            out[name] = merged.get(name, v)
+        return out
+
+
+def save_adapter(module: torch.nn.Module, directory: Path) -> None:
+    """The adapter in peft's format (``adapter_config.json``, ``adapter_model.safetensors``)."""
+    peft_model_of(module).save_pretrained(str(directory), safe_serialization=True)
+
+
+def adapter_settings(directory: Path) -> dict[str, Any]:
+    """rank, alpha and target modules of a saved adapter (empty when ``directory`` holds none)."""
+    f = Path(directory) / "adapter_config.json"
+    if not f.exists():
+        return {}
+    c = json.loads(f.read_text())
+    targets = c.get("target_modules")
+    return {"lora_rank": c.get("r"), "lora_alpha": c.get("lora_alpha"),
+            "lora_target_modules": sorted(targets) if isinstance(targets, list) else targets}
+
+
+def load_adapter_state(directory: Path) -> dict[str, torch.Tensor]:
+    """A saved adapter's tensors under the names the live ``PeftModel`` gives them (peft drops the
+    adapter's name when saving: ``lora_A.weight`` is ``lora_A.default.weight`` in the model)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(directory) / "adapter_model.safetensors"))
+    return {k.replace(".lora_A.weight", f".lora_A.{ADAPTER}.weight").replace(".lora_B.weight", f".lora_B.{ADAPTER}.weight"): v for k, v in state.items()}
+
+
+def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None, checkpoint: Path) -> None:
+    """A checkpoint resumes only into a run with the same LoRA settings: say which one differs.
+
+    :param module: the live actor model (its ``PeftModel`` gives the target modules as resolved,
+        e.g. what 'all-linear' became), or None without LoRA.
+    """
+    saved = adapter_settings(directory)
+    if not saved and model_cfg.lora_rank:
+        raise ValueError(f"checkpoint {checkpoint} holds a full model (no {ADAPTER_DIR}/), but model.lora_rank={model_cfg.lora_rank}: "
+                         "resume with model.lora_rank=0, or start a new run_dir for the LoRA run")
+    if saved and not model_cfg.lora_rank:
+        raise ValueError(f"checkpoint {checkpoint} holds a LoRA adapter (rank {saved['lora_rank']}), but model.lora_rank=0: "
+                         f"resume with model.lora_rank={saved['lora_rank']}")
+    if not saved:
+        return
+    live = peft_model_of(module).peft_config[ADAPTER].target_modules
+    mine = {"lora_rank": model_cfg.lora_rank, "lora_alpha": float(model_cfg.lora_alpha), "lora_target_modules": sorted(live)}
+    saved["lora_alpha"] = float(saved["lora_alpha"])
+    for key, value in mine.items():
+        if saved[key] != value:
+            raise ValueError(f"checkpoint {checkpoint} was trained with model.{key}={saved[key]}, this run has model.{key}={value}: "
+                             f"resume with model.{key}={saved[key]}")
