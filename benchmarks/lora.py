@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full-lr", type=float, default=5e-5)
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=32.0)
-    p.add_argument("--lora-lr", type=float, default=2e-3)
+    p.add_argument("--lora-lr", type=float, default=5e-4)
     p.add_argument("--kl", action="store_true", help="add a KL loss (a reference policy) to both runs")
     p.add_argument("--keep", metavar="DIR", help="keep the runs under DIR")
     p.add_argument("overrides", nargs="*", help="further config overrides for both runs")

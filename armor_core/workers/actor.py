@@ -25,7 +25,7 @@ from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
 from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows,
-                                      memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks, scalar, seed_everything)
+                                      build_on_one_thread, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks, scalar, seed_everything)
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.lora import (ADAPTER_DIR, MergedView, adapters_off, apply_lora, check_resume, load_adapter_state, merged_weights,
                                     save_adapter)
@@ -64,6 +64,7 @@ class ActorWorker:
         self.rank, self.world_size = rank, world_size
         cfg = self.cfg
         self.isolation = isolate(assignment, cfg, rank)
+        built = build_on_one_thread()
         quiet_transformers()
         seed_everything(cfg.trainer.seed + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
@@ -131,6 +132,7 @@ class ActorWorker:
         self.faults = Faults(cfg.trainer.faults)
         stale = self.faults.any("stale_rollout")
         self._snapshots: deque = deque(maxlen=int(stale.value or 4) if stale else 0)
+        built()
 
     def _init_distributed(self) -> None:
         import torch.distributed as dist

@@ -18,7 +18,7 @@ import torch
 
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.protocol import DataProto
-from armor_core.workers.common import isolate, micro_batches, quiet_transformers, scalar, seed_everything
+from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, scalar, seed_everything
 from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["CriticWorker", "ValueModel"]
@@ -51,6 +51,7 @@ class CriticWorker:
         cfg = self.cfg
         self.rank, self.world_size = rank, world_size
         self.isolation = isolate(assignment, cfg, rank)
+        built = build_on_one_thread()
         quiet_transformers()
         seed_everything(cfg.trainer.seed + 7919 + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
@@ -68,6 +69,7 @@ class CriticWorker:
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
         self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
+        built()
 
     def isolation_record(self) -> dict:
         return self.isolation
