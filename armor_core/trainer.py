@@ -176,7 +176,12 @@ class Trainer:
             self._start_workers()
             if resume:
                 self._resume()
-        except BaseException:
+        except BaseException:  # e.g. a checkpoint that does not fit this config: free the workers' cores before saying why
+            for group in (getattr(self, "actor", None), getattr(self, "critic", None)):
+                if group is not None:
+                    group.shutdown()
+            for tracker in self.trackers:
+                tracker.close()
             torch.set_num_threads(self._threads_before)
             raise
 

@@ -22,8 +22,11 @@ expectation, the score-function gradient of KL(pi || pi_ref) itself (Tang & Muno
 pitfalls in KL divergence gradient estimation for RL"). ``k1+``/``k3+`` report the familiar
 k1/k3 values while optimising with the gradient of k2: ``value + (k2 - sg(k2))``.
 
-k3 exponentiates ``-x``; the exponent is clamped at 20 (exp(20) ~ 4.9e8) so it stays finite in
-fp32, which overflows past ~88. The other estimators are polynomials and need no clamp.
+k3 exponentiates ``-x``, so a token the policy has made far less likely than the reference
+(``x = -30``) would weigh ``exp(30) ~ 1e13`` in the loss. Its value is bounded to ``[0, 10]``
+(``KL_BOUND``, as verl bounds it): a token past the bound adds 10 and no gradient, so a few such
+tokens cannot swamp the loss of a whole batch. ``k3+`` reports the same bounded value; its
+gradient (k2's, linear in ``x``) needs no bound. The other estimators are polynomials in ``x``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ import torch
 from armor_core import KLEstimator, hookimpl
 from armor_plugins.losses.utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
 
+#: the k3 estimator's value (and k3+'s) is bounded to [0, KL_BOUND] per token
+KL_BOUND = 10.0
+
 __all__ = [
+    "KL_BOUND",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
     "FixedKLController",
@@ -68,9 +75,10 @@ def kl_k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-    """k3 = pi_ref/pi - 1 - log(pi_ref/pi) per token, >= 0. (bs, T) -> (bs, T)."""
+    """k3 = pi_ref/pi - 1 - log(pi_ref/pi) per token, in [0, KL_BOUND]. (bs, T) -> (bs, T)."""
     x = _log_ratio(log_prob, ref_log_prob)
-    return torch.exp((-x).clamp(max=LOG_RATIO_CLAMP)) - 1 + x
+    # the exponent's own clamp keeps exp finite in fp32 before the value is bounded
+    return (torch.exp((-x).clamp(max=LOG_RATIO_CLAMP)) - 1 + x).clamp(min=0.0, max=KL_BOUND)  # min: rounding at x ~ 0
 
 
 def kl_abs(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:

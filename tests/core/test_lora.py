@@ -177,3 +177,16 @@ def test_every_rank_builds_the_same_adapters(tmp_path):
     b = ActorWorker(cfg, rank=1, world_size=1)  # seeded with trainer.seed + 1 (no process group is needed for the check)
     for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(x, y), k
+
+
+@pytest.mark.parametrize("override, match", [
+    ("model.lora_target_modules=qproj", r"expected 'all-linear' or a non-empty list of module names"),
+    ("model.lora_target_modules=[]", r"expected 'all-linear' or a non-empty list"),
+    ("model.lora_rank=-1", r"model.lora_rank=-1 is out of range"),
+    ("model.lora_dropout=1.0", r"model.lora_dropout=1.0 is out of range"),
+])
+def test_bad_lora_settings_fail_at_load(override, match):
+    from armor_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [override])

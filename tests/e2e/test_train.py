@@ -87,6 +87,12 @@ def test_a_lora_run_checkpoints_its_adapter_and_resumes_only_as_lora(ray_cluster
     assert (ckpt / "adapter" / "adapter_model.safetensors").exists() and not (ckpt / "model").exists()
     with pytest.raises(ValueError, match=r"holds a LoRA adapter \(rank 8\), but model.lora_rank=0"):
         run(tmp_path, "trainer.save_freq=1", "trainer.total_steps=3", resume=True, name="l")
+    import time
+
+    deadline = time.time() + 30  # the refused start gave its workers' cores back (Ray frees them asynchronously)
+    while ray_cluster.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray_cluster.available_resources().get("CPU", 0) == 2
     summary, steps = run(tmp_path, *lora, "trainer.total_steps=3", resume=True, name="l")
     assert [r["step"] for r in steps] == [1, 2, 3] and summary["checkpoint"].endswith("step_000003")
     assert all(r["actor/kl_loss"] >= 0 and math.isfinite(r["actor/grad_norm"]) for r in steps)
@@ -101,7 +107,8 @@ def test_same_seed_same_metrics(ray_cluster, tmp_path):
     _, b = run(tmp_path, "trainer.total_steps=3", name="b")
     _, c = run(tmp_path, "trainer.total_steps=3", "trainer.seed=2", name="c")
     _, d = run(tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", "engine.direct_channel=false", name="d")
-    clock = ("timing_s/", "perf/throughput", "perf/engine_overhead_frac", "perf/actor_fwd_bwd_s", "perf/actor_optimizer_s", "perf/next_generated")  # wall-clock metrics, and how they were cut
+    clock = ("timing_s/", "perf/throughput", "perf/engine_overhead_frac", "perf/actor_fwd_bwd_s", "perf/actor_optimizer_s", "perf/next_generated",
+             "perf/max_rss_gb", "perf/max_memory_", "perf/gpu_memory_used_gb")  # wall-clock and memory readings, and how the work was cut
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(clock)} for r in rows]  # noqa: E731
     assert strip(a) == strip(b)
     assert strip(a) != strip(c)

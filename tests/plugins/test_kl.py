@@ -6,6 +6,8 @@ import importlib.metadata
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 
 from armor_core import KLEstimator
@@ -64,6 +66,28 @@ def test_k3_is_non_negative_and_finite_for_extreme_log_ratios():
         kl.sum().backward()
         assert torch.isfinite(kl).all() and torch.isfinite(log_prob.grad).all(), name
     assert torch.all(KL_ESTIMATORS["k3"](log_prob, ref) >= 0)
+
+
+@given(st.floats(-30.0, 30.0, allow_nan=False))
+def test_k3_is_bounded_and_exact_inside_the_bound(x):
+    """At log-ratios up to +-30 k3 (and k3+'s value) stays in [0, 10] with finite gradients, and
+    equals exp(-x) - 1 + x wherever that is below the bound."""
+    from armor_plugins.losses.kl import KL_BOUND
+
+    log_prob = torch.tensor([[x]], dtype=torch.float64, requires_grad=True)
+    ref = torch.zeros(1, 1, dtype=torch.float64)
+    exact = math.exp(-x) - 1 + x
+    for name in ("k3", "k3+"):
+        log_prob.grad = None
+        kl = KL_ESTIMATORS[name](log_prob, ref)
+        kl.sum().backward()
+        value = float(kl.detach())
+        assert 0.0 <= value <= KL_BOUND and math.isfinite(float(log_prob.grad)), (name, x)
+        assert value == pytest.approx(min(exact, KL_BOUND), rel=1e-9, abs=1e-12), (name, x)
+    if exact > KL_BOUND:  # past the bound a token adds no gradient through k3
+        log_prob.grad = None
+        KL_ESTIMATORS["k3"](log_prob, ref).sum().backward()
+        assert float(log_prob.grad) == 0.0
 
 
 def exact_expected_gradient(name, logits, ref_logits):
