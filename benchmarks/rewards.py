@@ -1,13 +1,20 @@
-"""Rows per second of each reward domain, called directly and through the RewardManager.
+"""Rows per second of each reward domain, called directly and through the RewardManager; and the
+worst-case seconds per row of the math domains on adversarial answers.
 
     python benchmarks/rewards.py            # about a minute on 2 cores
     python benchmarks/rewards.py --rows 256 --batch 64
+    python benchmarks/rewards.py --section adversarial   # a few seconds
 
 "direct" calls the domain function in a loop (the cost of the check itself); "manager" goes through
 RewardManager.score in batches of ``--batch`` rows, as the trainer does: in-process for domains
 marked ``armor_inline`` (arithmetic, gsm8k, refusal, safety), through worker processes for the rest
 (math), with ``reward.num_workers`` = 0 (one helper process) and 2. The first batch, which starts
 the workers, is timed separately ("start").
+
+"adversarial" calls the math and gsm8k domains once on each answer built to be slow or to crash
+a checker (``\\frac`` nested 2,000 deep, exponent towers, 5,000-digit numbers, megabyte responses,
+and the largest answers the limits in ``armor_rewards_math/limits.py`` still let through), in one
+process after a warm-up, and prints the worst seconds per row; the target is under 1 s.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import Any
 
 from armor_core.config import RewardConfig
 from armor_core.plugins import PluginManager
@@ -72,6 +80,71 @@ def safety_rows(rng: random.Random, n: int) -> list[tuple[str, str, str]]:
 DOMAINS = {"arithmetic": arithmetic_rows, "gsm8k": gsm8k_rows, "math": math_rows, "refusal": safety_rows, "safety": safety_rows}
 
 
+def _nested(opening: str, closing: str, depth: int, leaf: str = "1") -> str:
+    return opening * depth + leaf + closing * depth
+
+
+def adversarial_rows() -> list[tuple[str, str, str, str, str, dict[str, Any]]]:
+    """(name, domain, prompt, response, ground truth, domain parameters); "limit" rows are the
+    largest of their kind that the limits let through to math-verify."""
+    big, few_shot = "7" * 5000, "Example: what is 2+5? Adding the two numbers gives seven, so the answer is \\boxed{7}.\n\n"
+    megabyte = "We reason step by step about the problem. " * 23_000  # 966,000 characters, under the 1 MB limit
+    terms = "+".join(["a", r"\frac{x}{y}", r"\sqrt{3}"] * 4)
+    return [
+        ("frac nested 2,000 deep", "math", "q", "\\boxed{" + _nested(r"\frac{1}{", "}", 2000) + "}", "1", {}),
+        ("frac nested 10 deep (limit)", "math", "q", "\\boxed{" + _nested(r"\frac{1}{", "}", 10, "x") + "}", "1", {}),
+        ("tower 10^{10^{10^{10}}}", "math", "q", r"\boxed{10^{10^{10^{10}}}}", "1", {}),
+        ("tower 10^{10^{10}}", "math", "q", r"\boxed{10^{10^{10}}}", "1", {}),
+        ("tower 10**10**10, lenient", "math", "q", "so it is $10**10**10$", "1", {"extraction": "lenient"}),
+        ("power 9^{99999} (limit)", "math", "q", r"\boxed{9^{99999} - 1}", "1", {}),
+        ("factorial 10000! (limit)", "math", "q", r"\boxed{10000!}", "1", {}),
+        ("binomial 10000 (limit)", "math", "q", r"\boxed{\binom{10000}{5000}}", "1", {}),
+        ("5,000 digits, equal", "math", "q", f"\\boxed{{{big}}}", big, {}),
+        ("5,000 digits, not equal", "math", "q", f"\\boxed{{{big}}}", big[:-1] + "8", {}),
+        ("5,000-digit gold, expression", "math", "q", r"\boxed{x+1}", big, {}),
+        ("5,000 digits, gsm8k", "gsm8k", "q", f"#### {big}", big, {}),
+        ("5,000-digit fraction", "math", "q", f"\\boxed{{\\frac{{{big}}}{{3}}}}", big, {}),
+        ("parentheses, load 120 (limit)", "math", "q", "\\boxed{" + _nested("(", ")", 3, terms[:38]) + "}", "5", {}),
+        ("braces around parentheses (limit)", "math", "q", "\\boxed{{(" + terms[:50] + ")}}", "5", {}),
+        ("16 subscripts (limit)", "math", "q", "\\boxed{" + "+".join(f"x_{{{i}}}" for i in range(16)) + "}", "5", {}),
+        ("300 characters (limit)", "math", "q", "\\boxed{" + "+".join(f"x{i}" for i in range(70))[:300].rstrip("+x") + "}", "5", {}),
+        ("4 unions (limit)", "math", "q", "\\boxed{" + r" \cup ".join(f"[{i},{i}.5)" for i in range(5)) + "}", "x", {}),
+        ("64 chained boxes (limit)", "math", "q", ", ".join(f"\\boxed{{x_{{{i}}}}}" for i in range(64)), "x", {}),
+        ("1 MB response, box at the end", "math", "q", megabyte + r"\boxed{5}", "5", {}),
+        ("1 MB of chained boxes", "math", "q", r"\boxed{1}, " * 88_000, "1", {}),
+        ("1 MB line of 'the answer: '", "math", "q", "the answer: " * 80_000, "1", {}),
+        ("1 MB of 'Answer: 5' lines", "math", "q", "Answer: 5\n" * 96_000, "5", {}),
+        ("1 MB of '#### 5' lines", "gsm8k", "q", "#### 5\n" * 135_000, "5", {}),
+        ("1 MB of unclosed \\(, lenient", "math", "q", "\\( x " * 195_000, "1", {"extraction": "lenient"}),
+        ("1 MB of $, lenient", "math", "q", "$" * 990_000, "1", {"extraction": "lenient"}),
+        ("1 MB of nested boxes", "math", "q", _nested(r"\boxed{", "}", 120_000), "1", {}),
+        ("1 MB of spaces before 'or'", "math", "q", r"\boxed{1 " + " " * 990_000 + "or 2}", "1", {}),
+        ("1 MB of digits, last number", "gsm8k", "q", "1" * 990_000, "1", {}),
+        ("2 MB response (over the limit)", "math", "q", megabyte * 2 + r"\boxed{5}", "5", {}),
+        ("1 MB prompt, echoed few-shot", "math", few_shot * 11_000, few_shot * 2, "7", {}),
+    ]
+
+
+def adversarial(pm: PluginManager) -> float:
+    """Seconds per row of each adversarial row (one call each, after a warm-up); returns the worst."""
+    for domain in ("math", "gsm8k"):  # as a RewardManager worker does before its first timed check
+        fn = pm.get("reward_domain", domain).fn
+        getattr(fn, "armor_warmup", lambda: None)()
+        fn("q", r"The answer is \boxed{\frac{1}{2}}", "0.5", {})
+    pm.get("reward_domain", "math").fn("q", r"\boxed{(x+1)^2}", "x^2+2x+1", {})
+    print(f"{'adversarial row':<34} {'domain':<7} {'s/row':>7} {'score':>6} {'refused':>8}")
+    worst = 0.0
+    for name, domain, prompt, response, gold, params in adversarial_rows():
+        fn = pm.get("reward_domain", domain).fn
+        start = time.perf_counter()
+        result = fn(prompt, response, gold, {}, **params)
+        seconds = time.perf_counter() - start
+        worst = max(worst, seconds)
+        print(f"{name:<34} {domain:<7} {seconds:>7.3f} {result.score:>6.1f} {result.sub_scores.get('refused', 0.0):>8.0f}")
+    print(f"worst case: {worst:.3f} s/row ({'under' if worst < 1.0 else 'OVER'} the 1 s target)")
+    return worst
+
+
 def direct(pm: PluginManager, domain: str, rows: list, batch: int) -> float:
     fn = pm.get("reward_domain", domain)
     for prompt, response, gt in rows[:batch]:  # warm up as the manager's first batch does (imports, caches)
@@ -100,6 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1024, help="rows per domain")
     parser.add_argument("--batch", type=int, default=64, help="rows per RewardManager.score call")
+    parser.add_argument("--section", choices=["all", "throughput", "adversarial"], default="all",
+                        help="throughput: rows/s of every domain; adversarial: worst-case s/row of math and gsm8k")
     args = parser.parse_args()
     import armor_rewards_math
     import armor_rewards_safety
@@ -107,6 +182,10 @@ def main() -> None:
     pm = PluginManager(load_entrypoints=False, disabled=())
     pm.register(armor_rewards_math, name="math")
     pm.register(armor_rewards_safety, name="safety")
+    if args.section in ("all", "adversarial"):
+        adversarial(pm)
+    if args.section == "adversarial":
+        return
     print(f"{'domain':<11} {'path':<22} {'rows/s':>10} {'ms/row':>8} {'start s':>8}")
     for domain, make in DOMAINS.items():
         rows = make(random.Random(0), args.rows)

@@ -2,9 +2,10 @@
 
 Registers three reward domains (see ``domains.py`` for their parameters and sub-scores):
 
-- ``math``: the final ``\\boxed{}`` answer (or "the answer is ...") checked for mathematical
-  equivalence with math-verify, with anti-hacking rules (hedging, restating the prompt, an optional
-  required format) and an optional DAPO overlong penalty.
+- ``math``: the final ``\\boxed{}`` answer (or "Final answer: ...") checked for mathematical
+  equivalence with math-verify, with anti-hacking rules (hedging, restating the prompt, answers
+  copied from it, an optional required format), limits that refuse answers too costly to check
+  (``limits.py``) and an optional DAPO overlong penalty.
 - ``gsm8k``: ``#### 42`` (or boxed, "the answer is", the last number), compared as numbers.
 - ``arithmetic``: the built-in task's exact integer answers.
 """

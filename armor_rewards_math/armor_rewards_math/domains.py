@@ -3,7 +3,7 @@
 Each is ``fn(prompt, response, ground_truth, extra, **params) -> RewardResult``; ``params`` come
 from ``reward.domain_kwargs.<domain>`` in the run config. The score is ``correct_score`` for a
 correct answer and ``wrong_score`` otherwise (plus the overlong penalty when configured); the
-sub-scores say why:
+sub-scores of ``math`` and ``gsm8k`` say why (``judge.py`` computes them):
 
 - ``correct``   1 if the answer counted as correct (after every anti-hacking rule)
 - ``extracted`` 1 if an answer was found at all
@@ -11,6 +11,10 @@ sub-scores say why:
 - ``hedged``    1 if the final answer holds several different values (``\\boxed{1}, \\boxed{2}``,
   ``1 or 2``) where the ground truth has one: scored as wrong
 - ``restated``  1 if the answer is an unevaluated expression copied from the prompt: scored as wrong
+- ``echoed``    1 if an answer copied from the prompt (the end of a passage repeated verbatim, such
+  as a few-shot example) was passed over; the answer before it, if any, is the one scored
+- ``refused``   1 if the response or an answer was too large or too deeply nested to check
+  (``limits.py``): scored as wrong without being parsed
 - ``overlong``  the DAPO overlong penalty (<= 0), only when ``overlong_max_length`` is set
 
 ``arithmetic`` and ``gsm8k`` are pure Python and cannot hang, so they carry ``armor_inline = True``:
@@ -26,9 +30,9 @@ from typing import Any, Mapping, Sequence
 
 from armor_core import RewardResult
 
-from armor_rewards_math.extract import SOURCES, Extraction, extract_answer, split_alternatives
-from armor_rewards_math.numbers import numbers_equal, parse_number
-from armor_rewards_math.verify import is_equivalent, is_multi_valued, is_restatement, squash, warm_up
+from armor_rewards_math.judge import Rules, gold_text, judge
+from armor_rewards_math.numbers import parse_number, read_decimal_commas
+from armor_rewards_math.verify import warm_up
 
 __all__ = ["arithmetic_reward", "gsm8k_reward", "math_reward", "overlong_penalty"]
 
@@ -57,50 +61,9 @@ def _response_length(response: str, extra: Mapping[str, Any], unit: str) -> int:
     return int(extra["response_length"])
 
 
-def _gold_text(ground_truth: Any) -> str:
-    """The answer inside a ground truth written as a solution (``... #### 42``, ``\\boxed{42}``)."""
-    if ground_truth is None:
-        raise ValueError("ground_truth is missing")
-    gold = str(ground_truth)
-    if "####" in gold:
-        return gold.rsplit("####", 1)[1].strip()
-    boxed = extract_answer(gold, ("boxed",))
-    return ", ".join(boxed.values) if boxed.found else gold.strip()
-
-
-def _check_sources(sources: Sequence[str], require_format: str | None) -> tuple[str, ...]:
-    sources = tuple(sources)
-    for s in sources + ((require_format,) if require_format else ()):
-        if s not in SOURCES:
-            raise ValueError(f"unknown answer format {s!r}; known: {', '.join(SOURCES)}")
-    return sources
-
-
-def _judge(prompt: str, response: str, gold: str, extra: Mapping[str, Any], *, sources: Sequence[str],
-           fallback_last_number: bool, require_format: str | None, symbolic: bool, check_restatement: bool,
-           correct_score: float, wrong_score: float, overlong_max_length: int | None, overlong_buffer: int,
-           overlong_penalty_factor: float, overlong_unit: str) -> RewardResult:
-    sources = _check_sources(sources, require_format)
-    if fallback_last_number and "last_number" not in sources:
-        sources = (*sources, "last_number")
-    ext: Extraction = extract_answer(response, sources)
-    subs = {"correct": 0.0, "extracted": float(ext.found), "format": 0.0, "hedged": 0.0, "restated": 0.0}
-    correct = False
-    if ext.found:
-        subs["format"] = float(ext.source == require_format if require_format else ext.source != "last_number")
-        multi = is_multi_valued(gold)
-        values = [p for v in ext.values for p in split_alternatives(v)]
-        distinct = _distinct(values)
-        if len(distinct) > 1 and not multi:
-            subs["hedged"] = 1.0
-        answer = ", ".join(distinct) if multi else distinct[0]
-        if check_restatement and is_restatement(answer, prompt, gold):
-            subs["restated"] = 1.0
-        format_ok = ext.source == require_format if require_format else True
-        if format_ok and not subs["hedged"] and not subs["restated"]:
-            correct = is_equivalent(gold, answer, symbolic=symbolic)
-    subs["correct"] = float(correct)
-    score = correct_score if correct else wrong_score
+def _result(subs: dict[str, float], response: str, extra: Mapping[str, Any], *, correct_score: float, wrong_score: float,
+            overlong_max_length: int | None, overlong_buffer: int, overlong_penalty_factor: float, overlong_unit: str) -> RewardResult:
+    score = correct_score if subs["correct"] else wrong_score
     if overlong_max_length is not None:
         length = _response_length(response, extra, overlong_unit)
         subs["overlong"] = overlong_penalty(length, int(overlong_max_length), int(overlong_buffer), overlong_penalty_factor)
@@ -108,42 +71,36 @@ def _judge(prompt: str, response: str, gold: str, extra: Mapping[str, Any], *, s
     return RewardResult(score=float(score), sub_scores=subs)
 
 
-def _distinct(values: list[str]) -> list[str]:
-    """Drop repeats: the same text, or the same plain number written differently."""
-    out: list[str] = []
-    for v in values:
-        num = parse_number(v)
-        if any(squash(v) == squash(o) or (num is not None and (on := parse_number(o)) is not None and numbers_equal(on, num)) for o in out):
-            continue
-        out.append(v)
-    return out
-
-
 def math_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
                 sources: Sequence[str] = ("boxed", "answer"), fallback_last_number: bool = False,
-                require_format: str | None = None, check_restatement: bool = True,
-                correct_score: float = 1.0, wrong_score: float = 0.0,
+                require_format: str | None = None, extraction: str = "strict", decimal_separator: str = "auto",
+                check_restatement: bool = True, correct_score: float = 1.0, wrong_score: float = 0.0,
                 overlong_max_length: int | None = None, overlong_buffer: int = 0,
                 overlong_penalty_factor: float = 1.0, overlong_unit: str = "tokens") -> RewardResult:
-    """General math: the last ``\\boxed{}`` (or an "answer is" phrase) checked for equivalence.
+    """General math: the final ``\\boxed{}`` (or "Final answer: ...") checked for equivalence.
 
-    :param sources: answer formats to look for, in order (``boxed``, ``hash``, ``answer``, ``last_number``).
+    :param sources: the anchored answer formats to look for (``boxed``, ``hash``, ``answer``, ``last_number``).
     :param fallback_last_number: if no anchored answer is found, use the last number in the response.
     :param require_format: only an answer in this format can score (e.g. ``boxed``).
+    :param extraction: ``strict``: anchored answers only; ``lenient``: without one, the last math span
+        or number (for prompts that do not ask for a box). The anti-hacking rules apply to both.
+    :param decimal_separator: ``auto`` (``1,5`` alone is 1.5, ``1,500`` is 1500), ``point`` or ``comma``.
     :param check_restatement: an unevaluated expression copied from the prompt does not score.
     :param overlong_max_length: DAPO's L_max; with ``overlong_buffer`` (L_cache) adds the overlong penalty.
     :param overlong_unit: ``tokens`` (``extra['response_length']``) or ``chars``.
     """
-    return _judge(prompt, response, _gold_text(ground_truth), extra, sources=sources,
-                  fallback_last_number=fallback_last_number, require_format=require_format, symbolic=True,
-                  check_restatement=check_restatement, correct_score=correct_score, wrong_score=wrong_score,
-                  overlong_max_length=overlong_max_length, overlong_buffer=overlong_buffer,
-                  overlong_penalty_factor=overlong_penalty_factor, overlong_unit=overlong_unit)
+    rules = Rules(tuple(sources), require_format, fallback_last_number, extraction, decimal_separator, symbolic=True,
+                  check_restatement=check_restatement)
+    subs = judge(prompt, response, gold_text(ground_truth), rules)
+    return _result(subs, response, extra, correct_score=correct_score, wrong_score=wrong_score,
+                   overlong_max_length=overlong_max_length, overlong_buffer=overlong_buffer,
+                   overlong_penalty_factor=overlong_penalty_factor, overlong_unit=overlong_unit)
 
 
 def gsm8k_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
                  sources: Sequence[str] = ("hash", "boxed", "answer"), fallback_last_number: bool = True,
-                 require_format: str | None = None, correct_score: float = 1.0, wrong_score: float = 0.0,
+                 require_format: str | None = None, extraction: str = "strict", decimal_separator: str = "auto",
+                 correct_score: float = 1.0, wrong_score: float = 0.0,
                  overlong_max_length: int | None = None, overlong_buffer: int = 0,
                  overlong_penalty_factor: float = 1.0, overlong_unit: str = "tokens") -> RewardResult:
     """GSM8K: a number after ``####`` (or boxed, or "the answer is", or the last number), compared exactly.
@@ -151,13 +108,15 @@ def gsm8k_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[s
     The ground truth is a number or a GSM8K solution ending in ``#### <number>``. Only numbers are
     compared (no sympy), so an expression like ``48+24`` never scores. Parameters as for ``math``.
     """
-    gold = _gold_text(ground_truth)
-    if parse_number(gold) is None:
+    gold = gold_text(ground_truth)
+    rules = Rules(tuple(sources), require_format, fallback_last_number, extraction, decimal_separator, symbolic=False,
+                  check_restatement=False)
+    if parse_number(read_decimal_commas(gold, decimal_separator)) is None:
         raise ValueError(f"gsm8k ground truth {gold[:100]!r} is not a number; use the 'math' domain for other answers")
-    return _judge(prompt, response, gold, extra, sources=sources, fallback_last_number=fallback_last_number,
-                  require_format=require_format, symbolic=False, check_restatement=False,
-                  correct_score=correct_score, wrong_score=wrong_score, overlong_max_length=overlong_max_length,
-                  overlong_buffer=overlong_buffer, overlong_penalty_factor=overlong_penalty_factor, overlong_unit=overlong_unit)
+    subs = judge(prompt, response, gold, rules)
+    return _result(subs, response, extra, correct_score=correct_score, wrong_score=wrong_score,
+                   overlong_max_length=overlong_max_length, overlong_buffer=overlong_buffer,
+                   overlong_penalty_factor=overlong_penalty_factor, overlong_unit=overlong_unit)
 
 
 _INTEGER = re.compile(r"^[+-]?\d+$")

@@ -10,7 +10,15 @@ decimals; integer fractions (``3/4``, ``\\frac{3}{4}``, ``\\dfrac34``); percenta
 ``50\\%``, ``50 percent``); a currency before the number (``$``, ``\\$``, ``€``, ``£``, ``¥``,
 ``USD`` ...); a unit after it (``5 cm``, ``5\\text{ cm}``, ``12 km/h``, ``30^\\circ``, ``5元``).
 A letter glued to a number is a unit only when it is a known unit: ``5cm`` is 5, ``5x`` is not a
-number at all (it is ``5*x``, and goes to the symbolic check).
+number at all (it is ``5*x``, and goes to the symbolic check). A currency may also follow the
+number (``2.74 $``, ``5 €``).
+
+Numbers longer than ``EXACT_DIGITS`` digits are not converted (CPython refuses ``int()`` past 4,300
+digits, and the conversion is quadratic): they keep a canonical digit string instead, and two such
+numbers are equal when their digit strings are.
+
+Decimal commas (``1,5``, ``2,74 $``) are read by ``read_decimal_commas`` according to the domains'
+``decimal_separator`` parameter, before anything else looks at the text.
 """
 
 from __future__ import annotations
@@ -19,16 +27,27 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["Num", "parse_number", "numbers_equal", "strip_latex_noise"]
+__all__ = ["DECIMAL_SEPARATORS", "EXACT_DIGITS", "Num", "parse_number", "numbers_equal", "read_decimal_commas", "strip_latex_noise"]
+
+#: Past this many digits a number is compared as a digit string, not converted (CPython's ``int()``
+#: refuses more than 4,300 digits by default).
+EXACT_DIGITS = 4000
+
+DECIMAL_SEPARATORS = ("auto", "point", "comma")
 
 
 @dataclass(frozen=True)
 class Num:
-    """A parsed number. ``exact`` is False for decimals (``0.333`` may approximate ``1/3``)."""
+    """A parsed number. ``exact`` is False for decimals (``0.333`` may approximate ``1/3``).
 
-    value: Fraction
+    ``value`` is None for a number too long to convert; ``digits`` then holds its canonical digit
+    string (no leading zeros, no trailing decimal zeros), which is what it is compared by.
+    """
+
+    value: Fraction | None
     exact: bool = True
     percent: bool = False
+    digits: str = ""
 
 
 # A relative tolerance only where a decimal is involved: math-verify rounds floats to 6 places,
@@ -37,6 +56,7 @@ REL_TOL = Fraction(1, 10**6)
 
 _NUM = r"[+-]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 _CURRENCY = re.compile(r"^(?P<sign>[+-]?)\s*(?:US\$|\\\$|\$|€|£|¥|₹|₩|USD|EUR|GBP|RMB|CNY|Rs\.?)\s*")
+_TRAILING_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|₹|₩)\s*")
 _NUMBER = re.compile(rf"^(?P<num>{_NUM})(?P<rest>.*)$", re.S)
 _FRACTION = re.compile(r"^(?P<sign>[+-]?)(?P<p>[+-]?\d+)\s*/\s*(?P<q>\d+)$")
 _LATEX_FRACTION = re.compile(r"^(?P<sign>[+-]?)\\frac(?:\{\s*(?P<p>[+-]?\d+)\s*\}|(?P<p1>\d))(?:\{\s*(?P<q>\d+)\s*\}|(?P<q1>\d))$")
@@ -84,6 +104,34 @@ def _is_unit(rest: str, glued: bool) -> bool:
     return True
 
 
+def _canonical(digits: str) -> str:
+    """``"-007.50"`` -> ``"-7.5"``: the digit string that equal numbers share (zero is ``"0"``)."""
+    whole, _, frac = digits.lstrip("+-").partition(".")
+    out = (whole.lstrip("0") or "0") + ("." + frac.rstrip("0") if frac.rstrip("0") else "")
+    return "-" + out if digits.startswith("-") and out != "0" else out
+
+
+def _number(digits: str, **flags) -> Num:
+    """A ``Num`` for a decimal string; past ``EXACT_DIGITS`` digits, its canonical digit string."""
+    canonical = _canonical(digits)
+    if len(canonical) <= EXACT_DIGITS:
+        try:
+            return Num(Fraction(canonical), **flags)
+        except ValueError:  # sys.set_int_max_str_digits() set below our limit
+            pass
+    return Num(None, digits=canonical, **flags)
+
+
+def _fraction(f: re.Match) -> Num | None:
+    sign = "-" if f.group("sign") == "-" else ""
+    p, q = _number(f.group("p") or f.group("p1")), _number(f.group("q") or f.group("q1"))
+    if p.value is None or q.value is None:
+        return Num(None, digits=f"{sign}{p.digits or p.value}/{q.digits or q.value}")
+    if q.value == 0:
+        return None
+    return Num(-p.value / q.value if sign else p.value / q.value)
+
+
 def parse_number(text: str) -> Num | None:
     """``Num`` if ``text`` is one plain number (with the decorations above), else None.
 
@@ -101,11 +149,7 @@ def parse_number(text: str) -> Num | None:
     for rx in (_FRACTION, _LATEX_FRACTION):
         f = rx.match(s)
         if f:
-            p, q = int(f.group("p") or f.group("p1")), int(f.group("q") or f.group("q1"))
-            if q == 0:
-                return None
-            value = Fraction(p, q)
-            return Num(-value if f.group("sign") == "-" else value)
+            return _fraction(f)
     m = _NUMBER.match(s)
     if not m:
         return None
@@ -113,23 +157,27 @@ def parse_number(text: str) -> Num | None:
     percent = False
     if rest.strip():
         glued = not rest[0].isspace()
-        rest = rest.strip()
+        rest = _TRAILING_CURRENCY.sub("", rest.strip())
         pm = re.match(r"^(%|percent|per\s*cent|pct)\.?", rest, re.I)
         if pm:
             percent, rest = True, rest[pm.end():].strip()
         if rest and not _is_unit(rest, glued and not percent):
             return None
     digits = num.replace(",", "")
-    return Num(Fraction(digits), exact="." not in digits, percent=percent)
+    return _number(digits, exact="." not in digits, percent=percent)
 
 
 def _values(n: Num) -> list[Fraction]:
     # "50%" matches both 0.5 and 50: answers drop or keep the percent sign (math-verify does the same)
+    assert n.value is not None
     return [n.value, n.value / 100] if n.percent else [n.value]
 
 
 def numbers_equal(gold: Num, answer: Num) -> bool:
-    """Exact equality; within ``REL_TOL`` when either side is a decimal."""
+    """Exact equality; within ``REL_TOL`` when either side is a decimal. Numbers too long to
+    convert are equal only to each other, when their digit strings are the same."""
+    if gold.value is None or answer.value is None:
+        return gold.value is None and answer.value is None and gold.digits == answer.digits
     for g in _values(gold):
         for a in _values(answer):
             if g == a:
@@ -137,3 +185,41 @@ def numbers_equal(gold: Num, answer: Num) -> bool:
             if not (gold.exact and answer.exact) and abs(g - a) <= REL_TOL * max(1, abs(g)):
                 return True
     return False
+
+
+# A run of digits joined by points or commas: 1,5  1.234,56  1,234,567  1{,}5
+_SEPARATED = re.compile(r"(?<![\d.,])\d+(?:[.,]\d+)+")
+_POINT_GROUPS = re.compile(r"\d{1,3}(?:\.\d{3})+")
+
+
+def _read_token(token: str, mode: str) -> str:
+    head, comma, tail = token.rpartition(",")
+    if not comma:  # 1.234.567 is a thousands-grouped integer where commas are decimal separators
+        return token.replace(".", "") if mode == "comma" and _POINT_GROUPS.fullmatch(token) else token
+    if "," in head or "." in tail:  # 1,234,567 or 1,2,3 (a list), and 1,234.5 (point decimal)
+        return token
+    if "." in head:  # 1.234,5: points group thousands, the comma is the decimal separator
+        return head.replace(".", "") + "." + tail if _POINT_GROUPS.fullmatch(head) else token
+    if mode == "auto" and len(tail) == 3:  # 1,234: read as a thousands separator
+        return token
+    return head + "." + tail
+
+
+def read_decimal_commas(text: str, mode: str = "auto") -> str:
+    """Rewrite decimal commas as points: ``"2,74 $"`` -> ``"2.74 $"``.
+
+    :param mode: ``point`` leaves the text alone (a comma separates thousands or list items);
+        ``comma`` reads every lone comma between digits as a decimal separator and points between
+        groups of three digits as thousands separators (``1.234,5`` -> ``1234.5``); ``auto`` does
+        the same only where the whole text is then one plain number, and reads a comma followed by
+        exactly three digits as a thousands separator (``1,234``), so that ``(1,5)`` stays a pair.
+    """
+    if mode not in DECIMAL_SEPARATORS:
+        raise ValueError(f"decimal_separator={mode!r}: use one of {', '.join(DECIMAL_SEPARATORS)}")
+    if mode == "point" or (mode == "auto" and "," not in text):
+        return text
+    plain = text.replace("{,}", ",")  # LaTeX's comma without the space after it, in both roles
+    out = _SEPARATED.sub(lambda m: _read_token(m.group(), mode), plain)
+    if out == plain or (mode == "auto" and parse_number(out) is None):
+        return text
+    return out

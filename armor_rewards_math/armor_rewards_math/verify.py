@@ -9,7 +9,8 @@ math-verify's own timeout uses ``signal.alarm``, which works only in the main th
 switched off here; the hard limit is enforced from outside by ARMOR's RewardManager, which runs
 this domain in a worker process it kills when ``reward.timeout_s`` is exceeded.
 
-Also here, the anti-hacking check for answers that only restate the prompt (``is_restatement``).
+Also here, the anti-hacking checks against the prompt: an answer that only restates it
+(``is_restatement``), and an answer copied from it (``is_echo``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from __future__ import annotations
 import logging
 import re
 
-from armor_rewards_math.extract import split_top_level
+from armor_rewards_math.extract import clean_answer, split_top_level
 from armor_rewards_math.numbers import numbers_equal, parse_number, strip_latex_noise
 
-__all__ = ["is_equivalent", "is_multi_valued", "is_restatement", "squash", "warm_up"]
+__all__ = ["ECHO_CHARS", "is_echo", "is_equivalent", "is_multi_valued", "is_restatement", "squash", "warm_up"]
 
 _SPACES = re.compile(r"\s+")
 _WORDS = re.compile(r"^[A-Za-z\u4e00-\u9fff][A-Za-z\u4e00-\u9fff' -]*$")
@@ -71,11 +72,12 @@ def _words(s: str) -> str | None:
 
 
 def is_multi_valued(gold: str) -> bool:
-    """A list or set of answers (``1, 2``, ``\\{1, 2\\}``, ``x=1, x=2``), not one number like ``1,000``."""
-    g = strip_latex_noise(gold)
+    """A list or set of answers (``1, 2``, ``$$1,2,3$$``, ``\\{1, 2\\}``, ``x \\in \\{1, 2\\}``,
+    ``x=1, x=2``), not one number like ``1,000``."""
+    g = strip_latex_noise(clean_answer(gold))
     if parse_number(g) is not None:
         return False
-    return g.startswith("\\{") or len(split_top_level(g)) > 1
+    return g.startswith("\\{") or ("\\{" in g and "," in g) or len(split_top_level(g)) > 1
 
 
 def _parse(s: str):
@@ -99,6 +101,8 @@ def is_equivalent(gold: str, answer: str, *, symbolic: bool = True) -> bool:
     g_num, a_num = parse_number(gold), parse_number(answer)
     if g_num is not None and a_num is not None:
         return numbers_equal(g_num, a_num)
+    if (g_num is not None and g_num.value is None) or (a_num is not None and a_num.value is None):
+        return False  # a number too long for int() equals only a number with the same digits
     g_words, a_words = _words(gold), _words(answer)
     if g_words is not None and a_words is not None:
         return g_words == a_words
@@ -131,3 +135,20 @@ def is_restatement(answer: str, prompt: str, gold: str) -> bool:
     if not _OPERATOR.search(a.lstrip("+-")):
         return False
     return a in squash(prompt) and a != squash(gold)
+
+
+#: How much text, ending with the answer, must be a verbatim copy of the prompt for ``is_echo``.
+ECHO_CHARS = 64
+
+
+def is_echo(response: str, answer_end: int, prompt: str) -> bool:
+    """The answer ending at ``answer_end`` closes a passage copied verbatim from the prompt.
+
+    The ``ECHO_CHARS`` characters of the response that end with the answer (``... so the answer is
+    \\boxed{7}``) appear as they are in the prompt: the model is repeating a few-shot example or a
+    hint, not answering. A short answer that merely also occurs in the prompt (``\\boxed{42}``, "The
+    answer is 42") is not an echo: a correct answer does not become wrong because the prompt
+    happens to contain it.
+    """
+    start = answer_end - ECHO_CHARS
+    return start >= 0 and response[start:answer_end] in prompt

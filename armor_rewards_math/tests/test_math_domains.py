@@ -82,7 +82,33 @@ def test_arithmetic_rejects_a_non_integer_ground_truth():
 
 
 def test_every_anti_hacking_rule_has_cases():
-    notes = {k for c in CASES for k, v in c["subs"].items() if v == 1 and k in ("hedged", "restated")}
-    assert notes == {"hedged", "restated"}
+    rules = ("hedged", "restated", "echoed", "refused")
+    notes = {k for c in CASES for k, v in c["subs"].items() if v == 1 and k in rules}
+    assert notes == set(rules)
     assert any(c["params"].get("require_format") for c in CASES)
     assert any("overlong_max_length" in c["params"] for c in CASES)
+    for rule in ("hedged", "restated", "echoed"):  # the rules hold for lenient extraction too
+        assert any(c["params"].get("extraction") == "lenient" and c["subs"].get(rule) == 1 for c in CASES), rule
+    assert {c["params"].get("decimal_separator", "auto") for c in CASES} == {"auto", "point", "comma"}
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"extraction": "loose"}, "use 'strict'"),
+    ({"decimal_separator": "european"}, "auto, point, comma"),
+])
+def test_bad_option_values_are_errors(params, message):
+    with pytest.raises(ValueError, match=message):
+        math_reward("q", r"\boxed{1}", "1", {}, **params)
+
+
+def test_extraction_and_decimal_separator_come_from_the_config(pm):
+    # gsm8k runs in-process, so this starts no worker; math's parameters are checked at start all the same
+    from armor_core.config import ConfigError, RewardConfig
+    from armor_core.rewards import RewardManager
+
+    kwargs = {"math": {"extraction": "lenient", "decimal_separator": "comma"}, "gsm8k": {"decimal_separator": "comma"}}
+    with RewardManager(RewardConfig(domain_kwargs=kwargs), pm) as rm:
+        batch = rm.score(["q", "q"], ["#### 1.234,5", "#### 1,5"], ["gsm8k", "gsm8k"], ["1234.5", "1.5"], None)
+    assert batch.scores.tolist() == [1.0, 1.0]
+    with pytest.raises(ConfigError, match="decimal_seperator"):
+        RewardManager(RewardConfig(domain_kwargs={"math": {"decimal_seperator": "comma"}}), pm)

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from armor_rewards_math.extract import extract_answer, find_boxed, split_alternatives, split_top_level
-from armor_rewards_math.numbers import Num, numbers_equal, parse_number
+from armor_rewards_math.numbers import Num, numbers_equal, parse_number, read_decimal_commas
 
 CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "extraction.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_extraction(case):
-    ext = extract_answer(case["response"], case["sources"])
+    ext = extract_answer(case["response"], case["sources"], lenient=case.get("lenient", False))
     assert list(ext.values) == case["values"]
     assert ext.source == case["source"]
 
@@ -81,3 +81,35 @@ def test_numbers_equal_tolerance_only_for_decimals():
     assert numbers_equal(third, Num(Fraction("0.333333"), exact=False))
     assert not numbers_equal(third, Num(Fraction("0.3333"), exact=False))
     assert not numbers_equal(Num(Fraction(1000000)), Num(Fraction(1000001)))  # exact: no tolerance at all
+
+
+@pytest.mark.parametrize("text, auto, comma", [
+    ("1,22", "1.22", "1.22"),
+    ("2,74 $", "2.74 $", "2.74 $"),
+    ("-0,5", "-0.5", "-0.5"),
+    ("1,2345", "1.2345", "1.2345"),
+    ("1{,}5", "1.5", "1.5"),
+    ("1,234", "1,234", "1.234"),  # auto: exactly three digits after the comma separate thousands
+    ("1{,}000", "1{,}000", "1.000"),
+    ("1.234,5", "1234.5", "1234.5"),  # points group thousands, the comma is last
+    ("1.234.567", "1.234.567", "1234567"),
+    ("1,234.5", "1,234.5", "1,234.5"),  # the point is last: commas group thousands
+    ("1,2,3", "1,2,3", "1,2,3"),  # a list
+    ("(1,5)", "(1,5)", "(1.5)"),  # auto rewrites only a text that is then one plain number
+    (r"\frac{1,5}{2}", r"\frac{1,5}{2}", r"\frac{1.5}{2}"),
+    ("1, 5", "1, 5", "1, 5"),
+])
+def test_read_decimal_commas(text, auto, comma):
+    assert read_decimal_commas(text, "auto") == auto
+    assert read_decimal_commas(text, "comma") == comma
+    assert read_decimal_commas(text, "point") == text
+
+
+def test_read_decimal_commas_names_the_modes():
+    with pytest.raises(ValueError, match="auto, point, comma"):
+        read_decimal_commas("1,5", "european")
+
+
+@pytest.mark.parametrize("text, value", [("2.74 $", Fraction(137, 50)), ("5 €", Fraction(5)), (r"12\$", Fraction(12))])
+def test_parse_number_with_the_currency_after(text, value):
+    assert parse_number(text).value == value
