@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192], help="response lengths R (tokens)")
     p.add_argument("--rows", type=int, default=4)
-    p.add_argument("--chunk", type=int, default=1024, help="tokens per block of the chunked path (actor.logprob_chunk_tokens)")
+    from armor_core.config import ActorConfig
+
+    p.add_argument("--chunk", type=int, default=ActorConfig().logprob_chunk_tokens, help="tokens per block of the chunked path (default: actor.logprob_chunk_tokens's)")
     p.add_argument("--sweep", type=int, nargs="+", metavar="CHUNK", help="time the chunked update for each of these chunk sizes instead")
     p.add_argument("--passes", nargs="+", choices=["update", "reference"], default=["update", "reference"])
     p.add_argument("--reps", type=int, default=2, help="timed passes per case, after one untimed pass")
