@@ -186,12 +186,11 @@ class ActorWorker:
             from armor_core.workers.parallel import full_model_state
 
             # under FSDP2 gathering the full weights is a collective: every rank syncs together
-            state = full_model_state(self.model) if self.sharded else self.model.state_dict()
             if not self.lora:
-                self.rollout.update_weights(state.items())
+                self.rollout.update_weights(full_model_state(self.model).items() if self.sharded else self.model.state_dict().items())
             else:
                 if self.sharded:
-                    self.gen_model.load_state_dict(state)  # the full copy an hf rollout generates from
+                    self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy an hf rollout generates from
                 if getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
                     self.rollout.update_weights(merged_weights(self.gen_model).items())
         return time.perf_counter() - t0

@@ -39,13 +39,6 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-def _no_autocast(device_type: str):
-    """Autocast off inside (the head's matmuls run in the dtype they are given); a no-op when it is off already."""
-    import contextlib
-
-    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else contextlib.nullcontext()
-
-
 def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
     """(n, V) float32 logits / temperature of one chunk; the matmul runs in ``weight``'s dtype."""
     z = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
@@ -63,7 +56,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         log_prob = torch.empty(n, dtype=torch.float32, device=hidden.device)
         log_z = torch.empty_like(log_prob)
         entropy = torch.zeros_like(log_prob)
-        with _no_autocast(hidden.device.type):
+        with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
                 z = _scaled_logits(hidden[s:e], w, b, temperature)
@@ -89,7 +82,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if bias is not None and ctx.needs_input_grad[2] else None
-        with _no_autocast(hidden.device.type):
+        with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 e = min(s + chunk, hidden.shape[0])
                 g_lp = grad_lp[s:e, None].float()

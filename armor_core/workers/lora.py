@@ -76,10 +76,6 @@ def adapters_off(module: torch.nn.Module) -> Iterator[None]:
         yield
 
 
-def trainable_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in module.parameters() if p.requires_grad]
-
-
 def _base_name(name: str) -> str:
     """A peft parameter name as the base model names it: ``base_model.model.`` and ``.base_layer`` dropped."""
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")

@@ -110,7 +110,6 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
 
     from armor_core.workers.actor import ActorWorker
     from armor_core.workers.critic import CriticWorker
-    from armor_core.workers.parallel import full_optimizer_state
 
     batch = make_batch()
     mine = shares(batch, world)[rank]
@@ -185,38 +184,48 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
         two_dir, one_dir = os.path.join(out_dir, f"two_{strategy}"), os.path.join(out_dir, f"one_{strategy}")
         os.makedirs(two_dir, exist_ok=True)
         os.makedirs(one_dir, exist_ok=True)
-        w2 = ActorWorker(cfg, rank=rank, world_size=world)
-        w2.update_actor(mine, step=1)
-        w2.save_checkpoint(two_dir)
-        saved2 = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
-        dist.barrier()
+        results["resume"][strategy, "2to1"] = _save_on_two_load_on_one(cfg, two_dir, mine, rank, world)
         if rank == 0:
-            w1 = ActorWorker(cfg, rank=0, world_size=1)
-            w1.load_checkpoint(two_dir)
-            results["resume"][strategy, "2to1"] = (saved2, {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)})
             w1 = ActorWorker(cfg, rank=0, world_size=1)
             w1.update_actor(batch, step=1)
             w1.save_checkpoint(one_dir)
-            saved1 = {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)}
+            saved1 = _trained_state(w1)
         dist.barrier()
         w2 = ActorWorker(cfg, rank=rank, world_size=world)
         w2.load_checkpoint(one_dir)
-        loaded = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
+        loaded = _trained_state(w2)
         if rank == 0:
             results["resume"][strategy, "1to2"] = (saved1, loaded)
         # LoRA: rank 0 writes the adapter (peft format) gathered from the shards
-        lora_cfg, lora_dir = make_config("token-mean", strategy, **LORA), os.path.join(out_dir, f"lora_{strategy}")
+        lora_dir = os.path.join(out_dir, f"lora_{strategy}")
         os.makedirs(lora_dir, exist_ok=True)
-        w2 = ActorWorker(lora_cfg, rank=rank, world_size=world)
-        w2.update_actor(mine, step=1)
-        w2.save_checkpoint(lora_dir)
-        saved = {"params": full_state(w2.model), "optim": full_optimizer_state(w2.model, w2.optimizer)}
-        dist.barrier()
-        if rank == 0:
-            w1 = ActorWorker(lora_cfg, rank=0, world_size=1)
-            w1.load_checkpoint(lora_dir)
-            results["resume"][strategy, "lora_2to1"] = (saved, {"params": full_state(w1.model), "optim": full_optimizer_state(w1.model, w1.optimizer)})
+        results["resume"][strategy, "lora_2to1"] = _save_on_two_load_on_one(make_config("token-mean", strategy, **LORA), lora_dir, mine, rank, world)
     return results
+
+
+def _trained_state(w) -> dict:
+    from armor_core.workers.parallel import full_optimizer_state
+
+    return {"params": full_state(w.model), "optim": full_optimizer_state(w.model, w.optimizer)}
+
+
+def _save_on_two_load_on_one(cfg: dict, directory: str, mine, rank: int, world: int):
+    """Both ranks update on their shares and save to ``directory``; rank 0 then loads it alone.
+    Returns (saved, loaded) states on rank 0, None on the others."""
+    import torch.distributed as dist
+
+    from armor_core.workers.actor import ActorWorker
+
+    w2 = ActorWorker(cfg, rank=rank, world_size=world)
+    w2.update_actor(mine, step=1)
+    w2.save_checkpoint(directory)
+    saved = _trained_state(w2)  # a collective under FSDP2: every rank takes part
+    dist.barrier()
+    if rank != 0:
+        return None
+    w1 = ActorWorker(cfg, rank=0, world_size=1)
+    w1.load_checkpoint(directory)
+    return saved, _trained_state(w1)
 
 
 @pytest.fixture(scope="module")
