@@ -129,6 +129,9 @@ class AlgorithmConfig:
     kl_coef: float = f(0.001, "Initial KL coefficient of the in-reward penalty.", ge=0.0)
     kl_target: float = f(0.1, "Target KL of the adaptive controller.", gt=0.0)
     kl_horizon: int = f(10000, "Horizon of the adaptive controller.", ge=1)
+    rollout_correction: str = f("none", "Importance weights between the policy that generated the rows (rollout log-probs) and the trained one (old log-probs) on the per-token policy loss: tis_token / tis_seq truncate the token's / sequence's ratio at the cap, mask_token / mask_seq keep it up to the cap and drop the token / sequence beyond.",
+                                choices=["none", "tis_token", "tis_seq", "mask_token", "mask_seq"])
+    rollout_correction_cap: float = f(2.0, "The largest importance weight (tis_*) or ratio kept (mask_*) of algorithm.rollout_correction.", gt=0.0)
 
 
 @dataclass

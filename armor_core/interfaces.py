@@ -179,7 +179,9 @@ class RolloutBackend(Protocol):
     ``shares_module = True``. Any other backend holds weights of its own: with LoRA
     (``model.lora_rank > 0``) it is given a view of the base model whose ``state_dict`` has the
     base model's names with the adapters merged in, and ``update_weights`` then receives only the
-    adapted layers' merged weights (nothing else changes).
+    adapted layers' merged weights (nothing else changes). A backend that follows a LoRA policy
+    itself sets ``serves_lora = True``: it is given the ``PeftModel`` and, after each update,
+    ``update_lora(peft_model)`` is called instead of ``update_weights``.
     """
 
     def generate(self, prompts: "DataProto", **sampling_overrides: Any) -> "DataProto": ...

@@ -29,6 +29,7 @@ from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_res
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.lora import (ADAPTER_DIR, MergedView, adapters_off, apply_lora, check_resume, load_adapter_state, merged_weights,
                                     save_adapter)
+from armor_core.workers.rollout_correction import correction_weights
 from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["ActorWorker"]
@@ -113,8 +114,10 @@ class ActorWorker:
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
-        # an engine with its own weights (vllm) takes the compute dtype and, with LoRA, the base model's names, adapters merged
-        source = MergedView(self.gen_model) if self.lora and not getattr(backend_cls, "shares_module", False) else self.gen_model
+        # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
+        # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
+        takes_peft = any(getattr(backend_cls, attr, False) for attr in ("shares_module", "serves_lora"))
+        source = MergedView(self.gen_model) if self.lora and not takes_peft else self.gen_model
         with autocast(self.device, self.compute_dtype):
             self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
         self.global_step = 0
@@ -191,7 +194,9 @@ class ActorWorker:
             else:
                 if self.sharded:
                     self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy an hf rollout generates from
-                if getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
+                if getattr(self.rollout, "serves_lora", False):
+                    self.rollout.update_lora(self.gen_model)
+                elif getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
                     self.rollout.update_weights(merged_weights(self.gen_model).items())
         return time.perf_counter() - t0
 
@@ -401,6 +406,7 @@ class ActorWorker:
         if self._snapshots.maxlen:
             self._snapshots.append({k: v.detach().clone() for k, v in self.gen_model.state_dict().items()})
         first_forward = True
+        correction = cfg.algorithm.rollout_correction
         loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
         gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000003 + step)
         for _ in range(a.ppo_epochs):
@@ -433,6 +439,10 @@ class ActorWorker:
                             add(k, v)
                     adv = mini["advantages"][idx].to(self.device)
                     loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
+                    if correction != "none" and "rollout_log_probs" in mini:  # the rows came from another policy than `old`
+                        w, cm = correction_weights(old, mini["rollout_log_probs"][idx].to(self.device), mask, correction, cfg.algorithm.rollout_correction_cap)
+                        loss_mat = loss_mat * w
+                        pm_metrics = {**pm_metrics, **cm}
                     pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
                     ent_loss = self._agg(entropy, mask, n_tok, n_seq)
                     loss = pg_loss - a.entropy_coeff * ent_loss
@@ -448,7 +458,7 @@ class ActorWorker:
                     parts["actor/pg_loss"] += scalar(pg_loss)
                     parts["actor/entropy"] += scalar(ent_loss)
                     for k, v in pm_metrics.items():
-                        add(f"actor/{k}", v)
+                        add(k if k.startswith("rollout_correction/") else f"actor/{k}", v)
                 if not micro:  # no row (on any rank) had a gradient: it is 0, and Adam's step still moves the weights
                     for p in self.model.parameters():
                         p.grad = torch.zeros_like(p)

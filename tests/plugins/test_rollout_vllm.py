@@ -15,6 +15,7 @@ import copy
 import subprocess
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -68,9 +69,10 @@ class FakeLLM:
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", list(tags)))
 
-    def generate(self, prompts, params, use_tqdm=True):
+    def generate(self, prompts, params, use_tqdm=True, lora_request=None):
         scale = getattr(getattr(self.model, "logits_processor", None), "scale", None)
         self.calls.append(("generate", params.temperature, scale))
+        self.lora_request = lora_request
         outs = []
         for p in prompts:
             tok, toks, lps = p["prompt_token_ids"][-1], [], []
@@ -96,7 +98,9 @@ def fake_vllm(monkeypatch):
     inputs.TokensPrompt = dict
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = platform
-    for name, m in (("vllm", mod), ("vllm.inputs", inputs), ("vllm.platforms", platforms)):
+    request = types.ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda name, id_, path: SimpleNamespace(lora_name=name, lora_int_id=id_, lora_path=path)
+    for name, m in (("vllm", mod), ("vllm.inputs", inputs), ("vllm.platforms", platforms), ("vllm.lora.request", request)):
         monkeypatch.setitem(sys.modules, name, m)
     monkeypatch.setenv(MP_ENV, "0")
     return platform
@@ -159,6 +163,63 @@ def test_bad_backend_kwargs_are_refused(fake_vllm, tiny, backend_kwargs, gpu, ma
     fake_vllm.cpu, fake_vllm.sleep = not gpu, gpu
     with pytest.raises(ValueError, match=match):
         _fake(tiny, backend_kwargs=backend_kwargs)
+
+
+def _lora(model, rank, seed=0):
+    """``model`` with rank-``rank`` adapters whose B is random (B starts at 0: the adapters would say nothing)."""
+    from armor_core.workers.lora import apply_lora
+
+    policy = apply_lora(copy.deepcopy(model), rank, 2.0 * rank, 0.0, "all-linear", seed=0)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return policy
+
+
+@pytest.mark.parametrize("rank, served_as", [(4, 8), (12, 16), (16, 16)])
+def test_adapter_mode_starts_vllm_lora_at_the_next_rank_it_serves(fake_vllm, tiny, rank, served_as):
+    policy = _lora(tiny[0], rank)
+    roll = VLLMRollout(policy, TOK, RolloutConfig(max_new_tokens=4, backend_kwargs={"lora_mode": "adapter"}))
+    kw = roll.llm.kwargs
+    assert kw["enable_lora"] and kw["max_lora_rank"] == served_as and kw["max_loras"] == 1 and kw["model"] == tiny[2]
+    # the engine holds the base weights under the base names; the adapter is served beside them
+    base = tiny[0].state_dict()  # the policy's frozen base is a copy of it
+    assert set(roll.llm.weights) == set(base)
+    assert all(torch.equal(roll.llm.weights[k], base[k]) for k in roll.llm.weights)
+    roll.generate(left_padded_batch([[2, 4]]))
+    first = roll.llm.lora_request
+    assert first.lora_int_id == 1 and (Path(first.lora_path) / "adapter_model.safetensors").exists()
+    roll.update_lora(policy)
+    roll.generate(left_padded_batch([[2, 4]]))
+    assert roll.llm.lora_request.lora_int_id == 2 and roll.llm.lora_request.lora_name != first.lora_name
+
+
+def test_merged_mode_loads_the_merged_layers(fake_vllm, tiny):
+    from armor_core.workers.lora import merged_weights
+
+    policy = _lora(tiny[0], 4)
+    roll = VLLMRollout(policy, TOK, RolloutConfig(max_new_tokens=4))
+    assert roll.lora_mode == "merged" and "enable_lora" not in roll.llm.kwargs
+    merged = merged_weights(policy)
+    assert all(torch.equal(roll.llm.weights[k], v) for k, v in merged.items())
+    roll.llm.calls.clear()
+    roll.update_lora(policy)
+    assert roll.llm.calls[0] == ("reload", len(merged))  # the adapted layers only
+    roll.generate(left_padded_batch([[2, 4]]))
+    assert roll.llm.lora_request is None
+
+
+@pytest.mark.parametrize("lora_rank, backend_kwargs, match", [
+    (4, {"lora_mode": "served"}, "expected one of"),
+    (0, {"lora_mode": "adapter"}, "model has no adapters"),
+    (600, {"lora_mode": "adapter"}, "ranks up to 512"),
+])
+def test_bad_lora_modes_are_refused(fake_vllm, tiny, lora_rank, backend_kwargs, match):
+    model = _lora(tiny[0], lora_rank) if lora_rank else tiny[0]
+    with pytest.raises(ValueError, match=match):
+        VLLMRollout(model, TOK, RolloutConfig(max_new_tokens=4, backend_kwargs=backend_kwargs))
 
 
 def test_a_model_without_a_directory_needs_one(fake_vllm, tiny):
@@ -445,6 +506,36 @@ def test_a_lora_policy_reaches_the_engine_as_merged_adapted_layers_only(engine):
         assert not torch.equal(hf["responses"], before["responses"])
     finally:
         engine.roll.update_weights(original.items())
+
+
+def test_adapter_mode_generates_as_the_peft_policy_and_follows_its_updates(engine):
+    """lora_mode='adapter': vLLM's own LoRA kernels over the base weights, the adapter reloaded under a new id per update."""
+    policy = _lora(engine.model, 8, seed=3)
+    cfg = RolloutConfig(max_new_tokens=8, backend_kwargs={"kv_cache_memory_bytes": 64 << 20, "lora_mode": "adapter"})
+    roll = VLLMRollout(policy, engine.tok, cfg)
+    try:
+        for step in range(2):
+            hf = HFRollout(policy, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)
+            out = roll.generate(engine.prompts, greedy=True)
+            assert torch.equal(out["responses"], hf["responses"]), step
+            # measured max |diff| 4e-6 (vLLM adds B A x on its own path, peft likewise)
+            assert (out["rollout_log_probs"] - hf["rollout_log_probs"]).abs().max().item() < 1e-4, step
+            torch.manual_seed(step)
+            sampled = roll.generate(engine.prompts, temperature=0.7)
+            lp, _ = _actor_log_probs(policy, sampled, 0.7)
+            mask = sampled["response_mask"].bool()
+            assert (sampled["rollout_log_probs"] - lp)[mask].abs().max().item() < 1e-4, step
+            if step == 0:  # an update the engine must follow: other adapters, so other greedy answers
+                with torch.no_grad():
+                    fresh = _lora(engine.model, 8, seed=4)
+                    for (name, p), q in zip(policy.named_parameters(), fresh.parameters()):
+                        if "lora_" in name:
+                            p.copy_(q)
+                roll.update_lora(policy)
+                assert not torch.equal(HFRollout(policy, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)["responses"], hf["responses"])
+        assert roll.llm.llm_engine.list_loras() == {2}  # the first adapter was evicted
+    finally:
+        del roll
 
 
 def test_tied_embeddings_follow_updates_too(engine, tmp_path):
