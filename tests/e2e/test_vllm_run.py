@@ -46,3 +46,25 @@ def test_grpo_with_vllm_rollout_raises_accuracy(ray_cluster, tmp_path):
     before, after = summary["val_before"]["val/acc_greedy"], summary["val_after"]["val/acc_greedy"]
     assert 0.4 <= before <= 0.65
     assert after >= before + 0.05, (before, after)
+
+
+def test_lora_with_vllm_serving_the_adapter_follows_every_update(ray_cluster, tmp_path):
+    # rollout.backend_kwargs.lora_mode=adapter: vLLM's LoRA kernels over the base weights, the adapter
+    # reloaded under a new id after each update. Two mini-batches per step: old log-probs are computed,
+    # and an engine still serving the previous adapter would be off by far more than float32 noise
+    # (measured max 1.2e-5 over 40 steps; 0.52 -> 0.596 held-out accuracy at lr 5e-4).
+    overrides = [
+        "rollout.backend=vllm", "rollout.backend_kwargs.kv_cache_memory_bytes=67108864", "rollout.backend_kwargs.lora_mode=adapter",
+        "model.lora_rank=16", "model.lora_alpha=32", "actor.lr=5e-4", "data.train_size=512", "data.val_size=50",
+        "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "rollout.max_new_tokens=8", "trainer.total_steps=6",
+        "engine.cpus_per_worker=2", "trainer.loggers=[jsonl]", f"trainer.run_dir={tmp_path / 'run'}",
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "actor/pg_loss" in r]
+    assert len(steps) == 6
+    assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in steps), [r["rollout/logprob_diff_max"] for r in steps]
+    assert (tmp_path / "run" / "checkpoints" / "step_000006" / "adapter" / "adapter_model.safetensors").exists()
