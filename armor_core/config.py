@@ -131,6 +131,8 @@ class AlgorithmConfig:
     kl_horizon: int = f(10000, "Horizon of the adaptive controller.", ge=1)
     rollout_correction: str = f("none", "Importance weights between the policy that generated the rows (rollout log-probs) and the trained one (old log-probs) on the per-token policy loss: tis_token / tis_seq truncate the token's / sequence's ratio at the cap, mask_token / mask_seq keep it up to the cap and drop the token / sequence beyond.",
                                 choices=["none", "tis_token", "tis_seq", "mask_token", "mask_seq"])
+    filter_groups: bool = f(False, "Dynamic sampling (DAPO): drop the groups whose scores all agree (no learning signal) and generate further batches until data.train_batch_size informative groups are collected, up to max_gen_batches; then train on what there is (warned, counted in dynamic_sampling/short_batch).")
+    max_gen_batches: int = f(4, "Most batches of data.train_batch_size prompts generated for one step under filter_groups.", ge=1)
     rollout_correction_cap: float = f(2.0, "The largest importance weight (tis_*) or ratio kept (mask_*) of algorithm.rollout_correction.", gt=0.0)
 
 
@@ -272,6 +274,8 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         raise ConfigError(f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and {cfg.actor.strategy!r}): "
                           "it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU run they are in CPU memory already, "
                           "and gloo cannot reduce-scatter the offloaded gradients. Set actor.offload=false")
+    if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
+        raise ConfigError(f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree with themselves; set rollout.n >= 2")
     targets = cfg.model.lora_target_modules
     if not (targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets))):
         raise ConfigError(f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
@@ -380,6 +384,10 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
             resolved[key] = pm.get(kind, name, where=key)
         except UnknownPluginError as e:
             raise ConfigError(str(e)) from None
+    if cfg.algorithm.filter_groups and not resolved["algorithm.adv_estimator"].grouped:
+        grouped = sorted(n for n in pm.names("advantage_estimator") if pm.get("advantage_estimator", n).grouped)
+        raise ConfigError(f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
+                          f"does not compare a prompt's samples with each other (no groups); use one that does ({', '.join(grouped)}) or set filter_groups=false")
     # a backend whose engine is an optional install (vllm) says how to install it now, not in a worker
     check = getattr(resolved["rollout.backend"], "check_available", None)
     if callable(check):

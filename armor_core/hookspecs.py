@@ -64,7 +64,9 @@ def armor_register_advantage_estimators(register: Register) -> None:
         from the critic, ``gamma``, ``lam``, ``epsilon``, ``norm_adv_by_std``, and anything in
         ``algorithm.adv_kwargs``. Both outputs are (bs, response_length), zero outside the mask,
         and finite for every finite input. Set ``requires_critic=True`` on the
-        ``AdvantageEstimator`` if ``values`` is required: the trainer then builds a critic.
+        ``AdvantageEstimator`` if ``values`` is required: the trainer then builds a critic. Set
+        ``grouped=True`` if the estimator compares the samples of one prompt with each other (a
+        group whose scores agree gets advantage 0): ``algorithm.filter_groups`` needs it.
     """
 
 

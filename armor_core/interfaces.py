@@ -41,10 +41,13 @@ class AdvantageEstimator:
     """``fn(token_level_rewards, response_mask, index, **params) -> (advantages, returns)``.
 
     :param requires_critic: the estimator reads ``values``; the trainer builds a critic for it.
+    :param grouped: the estimator compares the samples of one prompt (``index``) with each other,
+        so a group whose scores all agree gets advantage 0 (``algorithm.filter_groups`` needs this).
     """
 
     fn: Callable[..., tuple["torch.Tensor", "torch.Tensor"]]
     requires_critic: bool = False
+    grouped: bool = False
     description: str = ""
 
 

@@ -20,7 +20,9 @@ gets built.
 from __future__ import annotations
 
 import json
+import math
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,15 +281,10 @@ class Trainer:
         out = self.rewards.score(list(nt["raw_prompt"]), self._decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), extras)
         return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics)
 
-    def train_step(self) -> dict[str, float]:
+    def _generated(self, timer: "_Timer") -> Any:
+        """A batch of prompts, each repeated ``rollout.n`` times, with their responses: generated
+        during the last step's update call (``trainer.overlap_generation``) or now."""
         cfg = self.cfg
-        timer = _Timer()
-        metrics: dict[str, float] = {}
-        # the trackers' time on the metrics logged since the last step (a step's metrics are
-        # logged after it ends): engine time every step costs, so it is part of the step
-        timer.add("log", self._log_s)
-        t_step = time.perf_counter() - self._log_s
-        self._log_s = 0.0
         queued, self._queued = self._queued, None
         with timer("data"):
             gen_in = queued.gen_in if queued is not None else self.loader.next_batch().repeat(cfg.rollout.n, interleave=True)
@@ -299,14 +296,73 @@ class Trainer:
                 stale = self.faults.at("stale_rollout", self.step + 1) is not None
                 out = self.actor.dispatch("generate", gen_in.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), stale=stale)
                 stage.worker_s = _worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s"))
-        batch = gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
-        mask = batch["response_mask"].float()
-        resp_len = mask.sum(-1)
+        return gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
 
+    def _scored(self, batch: Any, timer: "_Timer") -> tuple[torch.Tensor, dict[str, float]]:
         with timer("reward"):
             scores, reward_metrics = self._score(batch)
-            scores = self._inject_reward_faults(scores)
-        metrics.update(reward_metrics)
+            return self._inject_reward_faults(scores), reward_metrics
+
+    def _collect(self, timer: "_Timer", metrics: dict[str, float]) -> tuple[Any, torch.Tensor]:
+        """This step's scored rows. With ``algorithm.filter_groups`` (DAPO's dynamic sampling) the
+        groups whose scores all agree are dropped and more batches are generated until
+        ``data.train_batch_size`` groups are kept or ``algorithm.max_gen_batches`` were generated;
+        the batch's ``uid`` then numbers the kept groups."""
+        from armor_core.protocol import DataProto
+
+        cfg, n = self.cfg, self.cfg.rollout.n
+        batch = self._generated(timer)
+        scores, reward_metrics = self._scored(batch, timer)
+        if not cfg.algorithm.filter_groups:
+            metrics.update(reward_metrics)
+            return batch, scores
+        want, kept, kept_scores, all_metrics = cfg.data.train_batch_size, [], [], [reward_metrics]
+        generated = 0
+        for gen in range(cfg.algorithm.max_gen_batches):
+            if gen:
+                batch = self._generated(timer)
+                scores, reward_metrics = self._scored(batch, timer)
+                all_metrics.append(reward_metrics)
+            groups = scores.view(-1, n)
+            informative = (groups != groups[:, :1]).any(-1).repeat_interleave(n)
+            generated += len(groups)
+            kept.append(batch[informative.numpy()])
+            kept_scores.append(scores[informative])
+            if sum(len(k) for k in kept) >= want * n:
+                break
+        batch, scores = DataProto.concat(kept), torch.cat(kept_scores)
+        n_groups = min(want, len(batch) // n)
+        n_groups -= n_groups % max(1, self.cfg.actor.num_workers // math.gcd(n, self.cfg.actor.num_workers))  # rows split evenly over the actor's ranks
+        batch, scores = batch[np.arange(n_groups * n)], scores[: n_groups * n]
+        batch["uid"] = np.repeat(np.arange(n_groups, dtype=np.int64), n)
+        for key in set().union(*all_metrics):  # each batch's reward metrics, averaged
+            values = [m[key] for m in all_metrics if key in m]
+            metrics[key] = sum(values) / len(values)
+        metrics.update({"dynamic_sampling/gen_batches": gen + 1, "dynamic_sampling/groups_generated": generated,
+                        "dynamic_sampling/groups_kept": n_groups, "dynamic_sampling/groups_dropped": generated - sum(len(k) for k in kept) // n,
+                        "dynamic_sampling/short_batch": float(n_groups < want)})
+        if n_groups < want:
+            warnings.warn(f"step {self.step + 1}: algorithm.filter_groups kept {n_groups} of data.train_batch_size={want} groups after "
+                          f"algorithm.max_gen_batches={cfg.algorithm.max_gen_batches} batches ({generated} groups generated, the rest all scored alike); "
+                          "training on those", stacklevel=2)
+        return batch, scores
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        timer = _Timer()
+        metrics: dict[str, float] = {}
+        # the trackers' time on the metrics logged since the last step (a step's metrics are
+        # logged after it ends): engine time every step costs, so it is part of the step
+        timer.add("log", self._log_s)
+        t_step = time.perf_counter() - self._log_s
+        self._log_s = 0.0
+        batch, scores = self._collect(timer, metrics)
+        if not len(batch):  # algorithm.filter_groups kept no group: nothing to learn from this step
+            self.step += 1
+            metrics.update({"guard/skipped_step": 1.0, **timer.t, "timing_s/step": time.perf_counter() - t_step})
+            return metrics
+        mask = batch["response_mask"].float()
+        resp_len = mask.sum(-1)
         last = (resp_len - 1).clamp(min=0).long()
         token_scores = torch.zeros_like(mask)
         has = resp_len > 0

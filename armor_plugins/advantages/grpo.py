@@ -60,5 +60,5 @@ def compute_dr_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: 
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("grpo", AdvantageEstimator(fn=compute_grpo_advantage, description="GRPO: (r - group mean) / (group std + eps)"))
-    register("dr_grpo", AdvantageEstimator(fn=compute_dr_grpo_advantage, description="Dr. GRPO: r - group mean (no std division)"))
+    register("grpo", AdvantageEstimator(fn=compute_grpo_advantage, grouped=True, description="GRPO: (r - group mean) / (group std + eps)"))
+    register("dr_grpo", AdvantageEstimator(fn=compute_dr_grpo_advantage, grouped=True, description="Dr. GRPO: r - group mean (no std division)"))

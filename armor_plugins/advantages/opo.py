@@ -47,4 +47,4 @@ def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torc
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("opo", AdvantageEstimator(fn=compute_opo_advantage, description="OPO: reward minus the length-weighted group mean"))
+    register("opo", AdvantageEstimator(fn=compute_opo_advantage, grouped=True, description="OPO: reward minus the length-weighted group mean"))

@@ -79,5 +79,5 @@ def armor_register_advantage_estimators(register) -> None:
     register("reinforce_plus_plus", AdvantageEstimator(fn=compute_reinforce_plus_plus_advantage, description="REINFORCE++: discounted returns, globally whitened"))
     register(
         "reinforce_plus_plus_baseline",
-        AdvantageEstimator(fn=compute_reinforce_plus_plus_baseline_advantage, description="REINFORCE++-baseline: group-mean baseline, then global whitening"),
+        AdvantageEstimator(fn=compute_reinforce_plus_plus_baseline_advantage, grouped=True, description="REINFORCE++-baseline: group-mean baseline, then global whitening"),
     )

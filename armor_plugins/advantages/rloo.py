@@ -43,4 +43,4 @@ def compute_rloo_advantage(token_level_rewards: torch.Tensor, response_mask: tor
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("rloo", AdvantageEstimator(fn=compute_rloo_advantage, description="RLOO: leave-one-out group baseline"))
+    register("rloo", AdvantageEstimator(fn=compute_rloo_advantage, grouped=True, description="RLOO: leave-one-out group baseline"))

@@ -90,3 +90,25 @@ def test_missing_optional_engine_is_a_config_error_before_any_worker():
 
     with registered(NeedsEngine()), pytest.raises(ConfigError, match=r"rollout.backend='fancy': fancy-engine is not installed: pip install fancy-engine"):
         validate_plugins(load_config(None, ["rollout.backend=fancy"]))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["algorithm.filter_groups=true", "rollout.n=1"], r"rollout.n=1 samples per prompt always agree"),
+    (["algorithm.filter_groups=true", "algorithm.adv_estimator=reinforce_plus_plus"], r"adv_estimator='reinforce_plus_plus' does not compare .* \(dr_grpo, grpo, opo, pass_at_k"),
+    (["algorithm.filter_groups=true", "algorithm.adv_estimator=gae"], r"adv_estimator='gae' does not compare"),
+    (["algorithm.max_gen_batches=0"], r"algorithm.max_gen_batches=0 is out of range"),
+    (["algorithm.rollout_correction=tis"], r"algorithm.rollout_correction='tis' is out of range: must be one of"),
+    (["algorithm.rollout_correction_cap=0"], r"algorithm.rollout_correction_cap=0.0 is out of range"),
+])
+def test_dynamic_sampling_and_rollout_correction_settings_are_checked(overrides, match):
+    from armor_core.config import validate_plugins
+
+    with pytest.raises(ConfigError, match=match):
+        validate_plugins(load_config(None, overrides))
+
+
+def test_grouped_estimators_pass_with_filter_groups():
+    from armor_core.config import validate_plugins
+
+    for name in ("grpo", "dr_grpo", "rloo", "opo", "reinforce_plus_plus_baseline"):
+        validate_plugins(load_config(None, ["algorithm.filter_groups=true", f"algorithm.adv_estimator={name}"]))

@@ -133,3 +133,21 @@ def test_grpo_raises_held_out_accuracy_in_float32_and_bfloat16(ray_cluster, tmp_
         assert 0.4 <= before <= 0.65
         assert after[dtype] >= before + 0.05, (dtype, before, after[dtype])
     assert abs(after["bfloat16"] - after["float32"]) <= 0.03, after
+
+
+def test_dynamic_sampling_refills_the_batch_with_informative_groups(ray_cluster, tmp_path):
+    # the warm start answers many problems right in all 4 samples (or wrong in all): such groups are
+    # dropped and more prompts generated until 4 groups with a learning signal are kept
+    _, steps = run(tmp_path, "algorithm.filter_groups=true", "algorithm.max_gen_batches=8", "trainer.total_steps=3", "rollout.max_new_tokens=8")
+    assert len(steps) == 3
+    for r in steps:
+        assert r["dynamic_sampling/groups_kept"] == 4 and r["dynamic_sampling/short_batch"] == 0
+        assert r["dynamic_sampling/groups_generated"] == 4 * r["dynamic_sampling/gen_batches"]
+        assert r["dynamic_sampling/groups_generated"] - r["dynamic_sampling/groups_dropped"] >= 4
+        assert r["critic/advantages/max"] > 0 and r["critic/advantages/min"] < 0  # every kept group has a signal
+    assert sum(r["dynamic_sampling/groups_dropped"] for r in steps) > 0  # some groups were dropped and replaced
+    # one batch a step: what the filter leaves is trained on, short of 4 groups, and said so
+    with pytest.warns(UserWarning, match="filter_groups kept"):
+        _, steps = run(tmp_path, "algorithm.filter_groups=true", "algorithm.max_gen_batches=1", "trainer.total_steps=3", "rollout.max_new_tokens=8", name="short")
+    assert any(r["dynamic_sampling/short_batch"] == 1 for r in steps)
+    assert all(r["dynamic_sampling/groups_kept"] == 4 - r["dynamic_sampling/groups_dropped"] for r in steps)
