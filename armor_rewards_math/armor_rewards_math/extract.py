@@ -66,9 +66,14 @@ _TRAILING_CLAUSE = re.compile(r"(?:^|\s|,|，)(?:which|because|since|as|so)\b|(?
 # "The largest $n$ is 34": a clause that opens with a word and states the value after its verb
 _CLAUSE = re.compile(r"^[A-Za-z]")
 _VERB = re.compile(r"\s(?:is|are|equals|was|were|becomes|would\s+be|will\s+be)\s+", re.I)
+_PROSE_MATH = re.compile(r"[$\\^=+*/<>≤≥√π∞]")  # math in a clause, beside its numbers
 _MATH_LIKE = re.compile(r"[\d$\\^=+*/<>≤≥√π∞]|^\(?[A-Za-z]\)?$")
-_LAST_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:[.,]\d+)?|\.\d+)(?:\s*%)?")
-_EXPRESSION_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:[.,]\d+)?|\.\d+)(?:\s*/\s*\d+)?(?:\s*%)?")
+# a plain number: thousands grouped by commas or spaces ("1 000" is one number, not 1 and 000)
+_PLAIN_NUMBER = r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:[ \u00a0\u202f\u2009]\d{3})+(?!\d)(?:\.\d+)?|\d+(?:[.,]\d+)?|\.\d+)"
+_LAST_NUMBER = re.compile(_PLAIN_NUMBER + r"(?:\s*%)?")
+# lenient extraction also reads a fraction, written 3/4 or as LaTeX outside math delimiters (\frac{10}{9}),
+# whose digits are otherwise read as numbers of their own
+_EXPRESSION_NUMBER = re.compile(r"-?\\[dt]?frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|" + _PLAIN_NUMBER + r"(?:\s*/\s*\d+)?(?:\s*%)?")
 _MATH_DELIMITER = re.compile(r"\\\\|\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
 _CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 _OR_SPLIT = re.compile(r"[\s(]+or\s+|\s*或者?\s*", re.I)  # "7 or 8", "7 (or 8)", "7或8"
@@ -159,7 +164,9 @@ def _answers(found: Iterable[tuple[int, int, Sequence[str]]], source: str) -> li
 
 def _phrase_value(raw: str) -> str:
     """The value an answer phrase states: up to the end of its sentence, before "which ...", after
-    the verb of a clause ("The largest $n$ is 34." -> ``34``)."""
+    the verb of a clause ("The largest $n$ is 34." -> ``34``), or from the one number of a clause
+    that holds no other math ("Jane started growing it 3 hours ago." -> ``3 hours ago``, a number
+    with a unit)."""
     end = _SENTENCE_END.search(raw)
     s = raw[: end.start()] if end else raw
     cut = _TRAILING_CLAUSE.search(s)
@@ -168,6 +175,11 @@ def _phrase_value(raw: str) -> str:
         verbs = list(_VERB.finditer(s))
         if verbs:
             s = s[verbs[-1].end() :]
+        elif not _PROSE_MATH.search(s):
+            numbers = _LAST_NUMBER.finditer(s)
+            first, second = next(numbers, None), next(numbers, None)  # exactly one, without reading them all
+            if first is not None and second is None:
+                s = s[first.start() :]
     return s.strip(" ,，")
 
 
@@ -267,7 +279,7 @@ def extract_answer(text: str, sources: Sequence[str] = ("boxed", "answer"), *, l
     return Extraction()
 
 
-_WRAPPERS = [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("`", "`")]
+_WRAPPERS = [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("`", "`"), ('"', '"'), ("“", "”")]
 _UNWRAP_CHARS = 10_000
 
 

@@ -50,14 +50,15 @@ class Rules:
 
 
 def gold_text(ground_truth: Any) -> str:
-    """The answer inside a ground truth written as a solution (``... #### 42``, ``\\boxed{42}``, ``$x$.``)."""
+    """The answer inside a ground truth written as a solution (``... #### 42``, ``\\boxed{42}``,
+    ``... Final Answer: The final answer is $28\\%$.``, ``$x$.``), found as in a response."""
     if ground_truth is None:
         raise ValueError("ground_truth is missing")
     gold = str(ground_truth)
     if "####" in gold:
         return clean_answer(gold.rsplit("####", 1)[1])
-    boxed = extract_answer(gold, ("boxed",))
-    return ", ".join(boxed.values) if boxed.found else clean_answer(gold)
+    stated = extract_answer(gold, ("boxed", "answer"))
+    return ", ".join(stated.values) if stated.found else clean_answer(gold)
 
 
 def judge(prompt: str, response: str, gold: str, rules: Rules) -> dict[str, float]:

@@ -167,7 +167,7 @@ class _Magnitude:
     def _atom(self, i: int, end: int) -> tuple[float | None, int]:
         """A number or a bracketed group at ``i``: (its bound, the index after it); else (None, next index)."""
         c = self.text[i]
-        if c.isdigit():
+        if c.isdecimal():  # what \d matches; isdigit() is also true of "²", which \d does not match
             m = _NUMBER.match(self.text, i, end)
             whole = m.group().split(".")[0]
             return (math.log10(int(whole) + 1) if len(whole) < 16 else float(len(whole))), m.end()

@@ -54,7 +54,9 @@ class Num:
 # and 1/3 written as 0.333333 should match while 0.3333 should not.
 REL_TOL = Fraction(1, 10**6)
 
-_NUM = r"[+-]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+# thousands grouped by commas (1,234) or by spaces (1 234, as SI writes them; also no-break and thin spaces)
+_SPACE_GROUPS = r"\d{1,3}(?:[ \u00a0\u202f\u2009]\d{3})+(?!\d)"
+_NUM = rf"[+-]?(?:\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|{_SPACE_GROUPS}(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 _CURRENCY = re.compile(r"^(?P<sign>[+-]?)\s*(?:US\$|\\\$|\$|€|£|¥|₹|₩|USD|EUR|GBP|RMB|CNY|Rs\.?)\s*")
 _TRAILING_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|₹|₩)\s*")
 _NUMBER = re.compile(rf"^(?P<num>{_NUM})(?P<rest>.*)$", re.S)
@@ -163,7 +165,7 @@ def parse_number(text: str) -> Num | None:
             percent, rest = True, rest[pm.end():].strip()
         if rest and not _is_unit(rest, glued and not percent):
             return None
-    digits = num.replace(",", "")
+    digits = re.sub(r"[, \u00a0\u202f\u2009]", "", num)
     return _number(digits, exact="." not in digits, percent=percent)
 
 
@@ -200,7 +202,7 @@ def _read_token(token: str, mode: str) -> str:
         return token
     if "." in head:  # 1.234,5: points group thousands, the comma is the decimal separator
         return head.replace(".", "") + "." + tail if _POINT_GROUPS.fullmatch(head) else token
-    if mode == "auto" and len(tail) == 3:  # 1,234: read as a thousands separator
+    if mode == "auto" and len(tail) == 3 and not head.startswith("0"):  # 1,234 groups thousands; 0,111 cannot
         return token
     return head + "." + tail
 
@@ -212,7 +214,8 @@ def read_decimal_commas(text: str, mode: str = "auto") -> str:
         ``comma`` reads every lone comma between digits as a decimal separator and points between
         groups of three digits as thousands separators (``1.234,5`` -> ``1234.5``); ``auto`` does
         the same only where the whole text is then one plain number, and reads a comma followed by
-        exactly three digits as a thousands separator (``1,234``), so that ``(1,5)`` stays a pair.
+        exactly three digits as a thousands separator (``1,234``), so that ``(1,5)`` stays a pair,
+        unless the digits before it start with 0 (``0,111`` is 0.111: no thousands group starts so).
     """
     if mode not in DECIMAL_SEPARATORS:
         raise ValueError(f"decimal_separator={mode!r}: use one of {', '.join(DECIMAL_SEPARATORS)}")

@@ -72,15 +72,23 @@ def _words(s: str) -> str | None:
 
 
 def is_multi_valued(gold: str) -> bool:
-    """A list or set of answers (``1, 2``, ``$$1,2,3$$``, ``\\{1, 2\\}``, ``x \\in \\{1, 2\\}``,
+    """A list or set of answers (``1, 2``, ``$$1,2,3$$``, ``\\{1, 2\\}``, ``{1, 2}``, ``x \\in \\{1, 2\\}``,
     ``x=1, x=2``), not one number like ``1,000``."""
     g = strip_latex_noise(clean_answer(gold))
     if parse_number(g) is not None:
         return False
-    return g.startswith("\\{") or ("\\{" in g and "," in g) or len(split_top_level(g)) > 1
+    # "{1,2,3}": LaTeX braces only group, but around a whole list they can mean nothing but a set
+    braced = g.startswith("{") and g.endswith("}") and len(split_top_level(g[1:-1])) > 1
+    return braced or g.startswith("\\{") or ("\\{" in g and "," in g) or len(split_top_level(g)) > 1
+
+
+# an upright e is Euler's number (ISO 80000-2); math-verify reads \mathrm{e} as text, and inside
+# \frac it cannot parse it at all, while it reads a bare e as Euler's number
+_UPRIGHT_E = re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*e\s*\}|\{\s*\\rm\s+e\s*\}")
 
 
 def _parse(s: str):
+    s = _UPRIGHT_E.sub("{e}", s)
     mv = _math_verify()
     configs = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
     return mv.parse(f"$\\boxed{{{s}}}$", extraction_config=configs, parsing_timeout=None)

@@ -9,6 +9,7 @@ import pytest
 import armor_rewards_math
 from armor_core.plugins import PluginManager
 from armor_rewards_math.domains import arithmetic_reward, gsm8k_reward, math_reward, overlong_penalty
+from armor_rewards_math.judge import gold_text
 
 CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "domains.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
 FNS = {"math": math_reward, "gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward}
@@ -112,3 +113,25 @@ def test_extraction_and_decimal_separator_come_from_the_config(pm):
     assert batch.scores.tolist() == [1.0, 1.0]
     with pytest.raises(ConfigError, match="decimal_seperator"):
         RewardManager(RewardConfig(domain_kwargs={"math": {"decimal_seperator": "comma"}}), pm)
+
+
+@pytest.mark.parametrize("response, score", [
+    (r"\boxed{1} and \boxed{2} and \boxed{3}", 1.0),
+    (r"\boxed{1},\boxed{2},\boxed{3}", 1.0),
+    (r"\boxed{\{3, 2, 1\}}", 1.0),
+    (r"\boxed{3}", 0.0),  # one item of the set
+    (r"\boxed{1}, \boxed{2}", 0.0),
+])
+def test_a_ground_truth_list_in_bare_braces_is_a_set(response, score):
+    # {1,2,3}: LaTeX braces only group, but around a whole list they can only mean a set
+    assert math_reward("q", response, "$${1,2,3}$$", {}).score == score
+
+
+def test_a_ground_truth_solution_ending_in_a_final_answer_line():
+    gold = (r"The stock keeps $90\%$ and then $80\%$ of that. Final Answer: The final answer is $28\%$. "
+            "I hope it is correct. Note: the percentages multiply.")
+    assert gold_text(gold) == r"28\%"
+    assert math_reward("q", r"A loss of $\boxed{28\%}$.", gold, {}).score == 1.0
+    assert math_reward("q", r"\boxed{72\%}", gold, {}).score == 0.0
+    assert gold_text(r"So \boxed{5}. Final Answer: 5") == "5"
+    assert gold_text("... #### 72") == "72"

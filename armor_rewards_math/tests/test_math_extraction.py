@@ -113,3 +113,47 @@ def test_read_decimal_commas_names_the_modes():
 @pytest.mark.parametrize("text, value", [("2.74 $", Fraction(137, 50)), ("5 €", Fraction(5)), (r"12\$", Fraction(12))])
 def test_parse_number_with_the_currency_after(text, value):
     assert parse_number(text).value == value
+
+
+@pytest.mark.parametrize("text, auto", [("0,111", "0.111"), ("-0,125", "-0.125"), ("0,111,222", "0,111,222"), ("10,111", "10,111")])
+def test_a_comma_after_a_leading_zero_is_a_decimal_comma(text, auto):
+    # no thousands group starts with 0, so 0,111 can only be 0.111; 10,111 stays ten thousand ...
+    assert read_decimal_commas(text, "auto") == auto
+
+
+@pytest.mark.parametrize("text, value", [("1 000", 1000), ("1 000 000", 1000000), ("12 345.5", Fraction(24691, 2)),
+                                         ("1\u00a0000", 1000), ("1\u202f000 €", 1000), ("10 100 cm", 10100)])
+def test_space_grouped_thousands_are_one_number(text, value):
+    assert parse_number(text).value == value
+
+
+@pytest.mark.parametrize("text", ["1 2", "1 0000", "12 34"])
+def test_spaces_between_numbers_that_are_not_thousands_groups(text):
+    assert parse_number(text) is None
+
+
+@pytest.mark.parametrize("response, values", [
+    ("1 000", ["1 000"]),  # not 000
+    ("I count 1 000 apples", ["1 000"]),
+    (r"\frac{10}{9}", [r"\frac{10}{9}"]),  # not 9
+    (r"-\frac{10}{9}", [r"-\frac{10}{9}"]),
+    (r"so x is \dfrac{3}{4} now", [r"\dfrac{3}{4}"]),
+])
+def test_lenient_reads_grouped_thousands_and_latex_fractions_whole(response, values):
+    assert list(extract_answer(response, ("boxed", "answer"), lenient=True).values) == values
+
+
+@pytest.mark.parametrize("response, values", [
+    ("Final Answer: Jane started growing Sphere 3 hours ago. I hope it is correct.", ["3 hours ago"]),
+    ("Final Answer: The temperature dropped to -5 degrees.", ["-5 degrees"]),
+    ("Final Answer: The largest $n$ is 34.", ["34"]),  # a verb still comes first
+    ("Final answer: Between 3 and 4.", ["Between 3 and 4"]),  # two numbers: the clause is left whole
+    ("Final answer: Figure 3 shows x^2", ["Figure 3 shows x^2"]),  # other math beside the number
+])
+def test_a_clause_stating_one_number_gives_that_number(response, values):
+    assert list(extract_answer(response).values) == values
+
+
+@pytest.mark.parametrize("response, value", [('The final answer is "42".', "42"), ("Final answer: “7”", "7")])
+def test_quotes_around_an_answer_are_removed(response, value):
+    assert extract_answer(response).values == (value,)

@@ -105,3 +105,14 @@ def test_parse_number_keeps_long_numbers_as_digit_strings():
 def test_a_long_decorated_number_is_not_refused_but_long_text_is():
     assert refusal("$" + BIG) is None
     assert refusal("x" * (MAX_ANSWER_CHARS + 1)) is not None
+
+
+@pytest.mark.parametrize("answer", ["1,000.99m²", "5 m²", "3³", "x^²"])
+def test_digits_that_are_not_decimal_digits_do_not_crash_the_limits(answer):
+    # "²" passes str.isdigit() but not the regex \d: the bound on powers must not assume they agree
+    assert refusal(answer) is None
+    assert math_reward("q", f"\\boxed{{{answer}}}", "1000.99", {}).sub_scores["refused"] == 0.0
+
+
+def test_a_unit_with_a_superscript_still_scores():
+    assert math_reward("q", r"\boxed{1,000.99m²}", "1000.99", {}).score == 1.0
