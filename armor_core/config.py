@@ -73,6 +73,9 @@ class RolloutConfig:
     max_new_tokens: int = f(8, "Maximum response tokens.", ge=1)
     micro_batch_size: int = f(256, "Prompts per generate call.", ge=1)
     backend_kwargs: dict = f(help="Extra keyword arguments for the rollout backend.", factory=dict)
+    mode: str = f("sync", "sync: the actor workers generate (colocated) and train in turn. async: rollout.num_workers rollout workers of their own generate ahead while the actor trains, with weights at most rollout.max_staleness updates old (pair with algorithm.rollout_correction).", choices=["sync", "async"])
+    num_workers: int = f(1, "Rollout workers in async mode (each pinned to cores of its own); prompts are split over them.", ge=1)
+    max_staleness: int = f(1, "Async mode: a batch is trained on only if the policy that generated it is at most this many updates old; this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).", ge=0)
 
 
 @dataclass
@@ -388,6 +391,10 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
         grouped = sorted(n for n in pm.names("advantage_estimator") if pm.get("advantage_estimator", n).grouped)
         raise ConfigError(f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
                           f"does not compare a prompt's samples with each other (no groups); use one that does ({', '.join(grouped)}) or set filter_groups=false")
+    if cfg.rollout.mode == "async" and not getattr(resolved["rollout.backend"], "separate_worker", False):
+        raise ConfigError(f"rollout.mode=async runs the rollout backend in workers of its own, but rollout.backend={cfg.rollout.backend!r} "
+                          "does not declare it can (separate_worker = True on its class: it takes new weights through update_weights, "
+                          "or generates from the model it was given, in a process without the actor); use rollout.mode=sync")
     # a backend whose engine is an optional install (vllm) says how to install it now, not in a worker
     check = getattr(resolved["rollout.backend"], "check_available", None)
     if callable(check):

@@ -118,8 +118,10 @@ class ActorWorker:
         # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
         takes_peft = any(getattr(backend_cls, attr, False) for attr in ("shares_module", "serves_lora"))
         source = MergedView(self.gen_model) if self.lora and not takes_peft else self.gen_model
-        with autocast(self.device, self.compute_dtype):
-            self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
+        self.rollout = None  # rollout.mode=async: rollout workers of their own generate (workers/rollout.py)
+        if cfg.rollout.mode == "sync":
+            with autocast(self.device, self.compute_dtype):
+                self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
         self.global_step = 0
         # forward layouts without padding (common.LAYOUTS), each checked against the padded forward on first use
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(self.model))
@@ -179,13 +181,13 @@ class ActorWorker:
             return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
 
     def needs_weight_sync(self) -> bool:
-        """False when the rollout engine generates from this very module (colocated): sync_weights has nothing to send."""
-        return getattr(self.rollout, "model", None) is not self.model
+        """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async): sync_weights has nothing to send."""
+        return self.rollout is not None and getattr(self.rollout, "model", None) is not self.model
 
     def sync_weights(self) -> float:
         """Hand the new policy to the rollout engine; returns the seconds it took."""
         t0 = time.perf_counter()
-        if getattr(self.rollout, "model", None) is not self.model:  # a colocated engine shares the module
+        if self.needs_weight_sync():
             from armor_core.workers.parallel import full_model_state
 
             # under FSDP2 gathering the full weights is a collective: every rank syncs together
@@ -199,6 +201,20 @@ class ActorWorker:
                 elif getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
                     self.rollout.update_weights(merged_weights(self.gen_model).items())
         return time.perf_counter() - t0
+
+    def policy_state(self) -> dict[str, torch.Tensor] | None:
+        """The policy as the base model's plain state dict on CPU (a LoRA policy merged), for
+        rollout workers of their own (``rollout.mode=async``); rank 0 returns it, the others None.
+        Every rank must call it: under FSDP2 gathering the weights is a collective."""
+        from armor_core.workers.parallel import full_model_state
+
+        if self.lora:
+            if self.sharded:
+                self.gen_model.load_state_dict(full_model_state(self.model))
+            state = MergedView(self.gen_model).state_dict() if self.rank == 0 else None
+        else:
+            state = full_model_state(self.model)
+        return {k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None
 
     # -- log-probs ------------------------------------------------------------------------------
 

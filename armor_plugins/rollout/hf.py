@@ -92,6 +92,7 @@ class HFRollout:
     """
 
     shares_module = True  # generates by running the module it is given: a LoRA actor hands over its peft model
+    separate_worker = True  # runs in a rollout worker of its own (rollout.mode=async)
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
         self.model = model

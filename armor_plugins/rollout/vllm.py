@@ -173,6 +173,7 @@ class VLLMRollout:
     """
 
     serves_lora = True  # takes the actor's PeftModel and follows it through update_lora
+    separate_worker = True  # runs in a rollout worker of its own (rollout.mode=async)
 
     @classmethod
     def check_available(cls) -> None:
