@@ -1,0 +1,25 @@
+"""armor-rewards-qa: knowledge-QA rewards for ARMOR, in English and Chinese.
+
+Registers two reward domains (see ``domains.py`` for their parameters and sub-scores):
+
+- ``multiple_choice``: the option a response chose (a letter, several letters, or an option's
+  text), read by the anchoring rules of ``choice.py``; hedging scores 0.
+- ``short_answer``: the answer of a short-answer response (``short.py``) against one or more
+  accepted answers, after normalisation (``text.py``), with numbers and units (``quantity.py``).
+"""
+
+from armor_core import RewardDomain, hookimpl
+
+from armor_rewards_qa.choice import Choice, read_choice
+from armor_rewards_qa.domains import multiple_choice_reward, short_answer_reward
+from armor_rewards_qa.short import read_answer
+
+__all__ = ["Choice", "multiple_choice_reward", "read_answer", "read_choice", "short_answer_reward"]
+
+
+@hookimpl
+def armor_register_reward_domains(register):
+    register("multiple_choice", RewardDomain(multiple_choice_reward, requires_ground_truth=True,
+                                             description="the chosen option (letter or text, EN/ZH); hedging scores 0"))
+    register("short_answer", RewardDomain(short_answer_reward, requires_ground_truth=True,
+                                          description="normalised exact match against accepted answers, numbers with units (EN/ZH)"))
