@@ -2,8 +2,9 @@
 
 ``load_config(path, overrides)`` merges, in order: the defaults below, the YAML file, then
 ``key.sub=value`` overrides. Everything a user can get wrong is checked here, before any process
-starts: unknown keys (with the nearest valid key), wrong types, values out of range, and plugin
-names no installed plugin provides (with the available names).
+starts: unknown keys (with the nearest valid key), wrong types, values out of range, NaN and
+infinity in any numeric field (NaN anywhere, also inside keyword dicts), lists of the wrong length
+or item type, and plugin names no installed plugin provides (with the available names).
 
 Field names follow verl where verl has one (``algorithm.adv_estimator``, ``actor.clip_ratio_low``,
 ``rollout.n``), so its users read an ARMOR config without a glossary.
@@ -20,6 +21,8 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from armor_core.config_fields import first_problem
+
 __all__ = ["ArmorConfig", "ConfigError", "load_config", "to_yaml", "validate_plugins", "help_for"]
 
 
@@ -28,7 +31,9 @@ class ConfigError(ValueError):
 
 
 def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **check: Any) -> Any:
-    """A config field with help text and optional range checks (``ge``, ``gt``, ``le``, ``lt``, ``choices``)."""
+    """A config field with help text and optional checks: ranges (``ge``, ``gt``, ``le``, ``lt``),
+    ``choices``; for a list, ``length``, ``item`` (the items' type: ``float`` takes ints too) and
+    ``item_range`` (a dict of ranges every item must satisfy)."""
     meta = {"help": help, **check}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -53,8 +58,8 @@ class DataConfig:
     task_kwargs: dict = f(help="Extra keyword arguments for the task's generator.", factory=dict)
     train_size: int = f(4096, "Rows generated for the train split of a built-in task.", ge=1)
     val_size: int = f(500, "Rows generated for the held-out split of a built-in task (never seen in training).", ge=1)
-    train_files: list = f(help="JSONL or Parquet files of rows {prompt, data_source, ground_truth, ...}.", factory=list)
-    val_files: list = f(help="Held-out JSONL or Parquet files for validation.", factory=list)
+    train_files: list = f(help="JSONL or Parquet files of rows {prompt, data_source, ground_truth, ...}.", factory=list, item=str)
+    val_files: list = f(help="Held-out JSONL or Parquet files for validation.", factory=list, item=str)
     train_batch_size: int = f(16, "Prompts per step (each is sampled rollout.n times).", ge=1)
     max_prompt_length: int = f(64, "Prompt tokens allowed; see truncation.", ge=1)
     truncation: str = f("drop", "What to do with a longer prompt: drop it (counted) or cut its left part, or error.", choices=["drop", "left", "error"])
@@ -82,7 +87,7 @@ class RolloutConfig:
 class ActorConfig:
     lr: float = f(5e-5, "Learning rate (AdamW).", gt=0.0)
     weight_decay: float = f(0.0, "AdamW weight decay.", ge=0.0)
-    betas: list = f(help="AdamW betas.", factory=lambda: [0.9, 0.999])
+    betas: list = f(help="AdamW betas: [beta1, beta2], each in [0, 1).", factory=lambda: [0.9, 0.999], length=2, item=float, item_range={"ge": 0.0, "lt": 1.0})
     warmup_steps: int = f(0, "Linear learning-rate warm-up steps.", ge=0)
     lr_schedule: str = f("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine", "linear"])
     grad_clip: float = f(1.0, "Clip the global gradient norm to this value; 0 disables it.", ge=0.0)
@@ -98,7 +103,7 @@ class ActorConfig:
     clip_ratio_high: float = f(0.2, "PPO clip range above 1 (eps_high); > clip_ratio_low is DAPO's clip-higher.", ge=0.0)
     clip_ratio_c: float = f(3.0, "Dual-clip bound for negative advantages (must be > 1).", gt=1.0)
     loss_agg_mode: str = f("token-mean", "Loss aggregation (a registered `loss_aggregation` plugin).")
-    loss_norm_constant: Optional[float] = f(None, "Constant normaliser for seq-mean-token-sum-norm; default: rollout.max_new_tokens.")
+    loss_norm_constant: Optional[float] = f(None, "Constant normaliser for seq-mean-token-sum-norm; default: rollout.max_new_tokens.", gt=0.0)
     entropy_coeff: float = f(0.0, "Entropy bonus coefficient.", ge=0.0)
     skip_zero_advantage: bool = f(True, "Do not forward rows whose advantages are all 0 (e.g. GRPO groups that all scored the same) when that cannot change the gradient: no entropy bonus, no KL loss, a policy loss that is 0 at advantage 0. Their share of actor/entropy is estimated from the rollout log-probs.")
     use_kl_loss: bool = f(False, "Add KL(policy || reference) to the loss (GRPO style).")
@@ -163,7 +168,7 @@ class GuardConfig:
 @dataclass
 class EngineConfig:
     address: Optional[str] = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
-    num_cpus: Optional[int] = f(None, "CPUs for a local Ray cluster; default: all.")
+    num_cpus: Optional[int] = f(None, "CPUs for a local Ray cluster; default: all.", ge=1)
     cpus_per_worker: Optional[float] = f(None, "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the workers.", gt=0.0)
     isolate: bool = f(True, "ProcessIsolator: pin each worker to cores (and GPUs) of its own and check no two share one (local clusters).")
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
@@ -175,15 +180,16 @@ class EngineConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = f(250, "Training steps.", ge=0)
-    total_epochs: Optional[int] = f(None, "Stop after this many passes over the data, if reached first.")
-    seed: int = f(1, "Seed for data order, sampling and initialisation.")
+    total_epochs: Optional[int] = f(None, "Stop after this many passes over the data, if reached first.", ge=1)
+    # 32 bits: numpy's legacy global generator takes no more, and seed * 1000003 + step must fit torch's 64
+    seed: int = f(1, "Seed for data order, sampling and initialisation.", ge=0, lt=2**32)
     run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
     save_freq: int = f(0, "Checkpoint every N steps; 0 saves only at the end.", ge=0)
     keep_checkpoints: int = f(2, "Checkpoints kept on disk (oldest removed first).", ge=1)
     val_freq: int = f(50, "Validate every N steps; 0 validates only before and after training.", ge=0)
     val_before_train: bool = f(True, "Validate before the first step (the 'before' of the summary).")
     val_sampled: bool = f(False, "Also report sampled (temperature) accuracy in validation, besides greedy.")
-    loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"])
+    loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"], item=str)
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
     overlap_generation: bool = f(True, "Generate the next step's rollout in the same worker call as this step's update: one round trip to the workers a step instead of two, and no idle worker while the driver reads the update's result. The workers run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a validation, a checkpoint, or the last step.")
@@ -237,29 +243,10 @@ def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
     return ConfigError(f"{source}: {str(e).splitlines()[0]}")
 
 
-def _check_ranges(cfg: Any, cls: type = ArmorConfig, prefix: str = "") -> None:
-    for fld in dataclasses.fields(cls):
-        key = f"{prefix}{fld.name}"
-        value = getattr(cfg, fld.name)
-        if fld.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(fld.default_factory):
-            _check_ranges(value, fld.default_factory, key + ".")
-            continue
-        m = fld.metadata
-        if value is None:
-            continue
-        bad = None
-        if "choices" in m and value not in m["choices"]:
-            bad = f"one of {m['choices']}"
-        elif "ge" in m and value < m["ge"]:
-            bad = f">= {m['ge']}"
-        elif "gt" in m and value <= m["gt"]:
-            bad = f"> {m['gt']}"
-        elif "le" in m and value > m["le"]:
-            bad = f"<= {m['le']}"
-        elif "lt" in m and value >= m["lt"]:
-            bad = f"< {m['lt']}"
-        if bad:
-            raise ConfigError(f"{key}={value!r} is out of range: must be {bad} ({m.get('help', '')})")
+def _check_ranges(cfg: ArmorConfig) -> None:
+    problem = first_problem(cfg, ArmorConfig)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_semantics(cfg: ArmorConfig) -> None:

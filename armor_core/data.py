@@ -3,7 +3,8 @@
 A row is ``{prompt, data_source, ground_truth, ...}``; ``prompt`` is text or a list of chat messages
 (``[{"role": ..., "content": ...}]``). verl's layout is accepted too: ``reward_model.ground_truth``
 and ``extra_info``. Every problem is reported with the file, the line (1-based, JSONL) or row
-(0-based, Parquet) and the field; with ``data.skip_invalid=true`` bad rows are skipped and counted.
+(0-based, Parquet) and the field; with ``data.skip_invalid=true`` bad rows are skipped and counted (a line that is not
+UTF-8 is a bad row; a ``.parquet`` file that cannot be read is skipped whole and counted as one).
 
 ``PromptLoader`` yields seeded, shuffled batches of encoded prompts as DataProto and can save and
 restore its position, so a resumed run sees the same data order it would have seen.
@@ -35,21 +36,34 @@ class Dataset:
 
 
 def _read_file(path: Path) -> Iterable[tuple[str, Any]]:
-    """Yield (location, raw row) for each row of a JSONL or Parquet file."""
+    """Yield (location, raw row) for each row of a JSONL or Parquet file; a problem is yielded as a
+    ``DataError`` in place of its row (a file that cannot be read at all, as one for the file)."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+        with open(path, "rb") as fh:  # decoded line by line: a bad byte is reported on its line
+            for lineno, raw in enumerate(fh, 1):
+                where = f"{path}, line {lineno}"
+                try:
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    yield where, DataError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8")
+                    continue
                 if not line.strip():
                     continue
                 try:
-                    yield f"{path}, line {lineno}", json.loads(line)
+                    yield where, json.loads(line)
                 except json.JSONDecodeError as e:
-                    yield f"{path}, line {lineno}", DataError(f"{path}, line {lineno}: not valid JSON ({e.msg} at column {e.colno})")
+                    yield where, DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})")
     elif suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            yield f"{path}", DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
+            return
+        for i, row in enumerate(rows):
             yield f"{path}, row {i}", row
     else:
         raise DataError(f"{path}: unsupported data file type {suffix!r}; use .jsonl or .parquet")
@@ -107,7 +121,7 @@ def load_rows(files: list[str], *, skip_invalid: bool = False, prompt_key: str =
                     raise DataError(f"{where}: missing 'ground_truth' (or reward_model.ground_truth), required by the reward domain for data_source {row['data_source']!r}")
             except DataError as e:
                 if not skip_invalid:
-                    raise DataError(f"{e} (set data.skip_invalid=true to skip bad rows instead)") from None
+                    raise DataError(f"{e} (set data.skip_invalid=true to skip bad rows and files instead)") from None
                 ds.skipped += 1
                 ds.problems.append(str(e))
                 continue

@@ -168,4 +168,7 @@ def armor_register_metric_trackers(register: Register) -> None:
     :param register: call ``register(name, tracker_cls)`` where ``tracker_cls`` follows
         :class:`armor_core.interfaces.MetricTracker`: built with the run directory and the
         config, it receives a flat ``{name: float}`` dict each step and is closed at the end.
+        It may define ``resume(step)``: called once after ``--resume`` restored the checkpoint of
+        ``step``, before anything is logged; rows it kept for later steps are about to be logged
+        again and should be dropped.
     """

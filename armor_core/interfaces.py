@@ -194,7 +194,12 @@ class RolloutBackend(Protocol):
 
 @runtime_checkable
 class MetricTracker(Protocol):
-    """Built as ``tracker_cls(run_dir, config)``; ``log`` gets a flat ``{name: float}`` dict."""
+    """Built as ``tracker_cls(run_dir, config)``; ``log`` gets a flat ``{name: float}`` dict.
+
+    Optional: ``resume(step: int) -> None``, called once when a run resumes from the checkpoint of
+    ``step``, before anything is logged; the steps after it are logged again, so a tracker that
+    keeps earlier runs' rows should drop (or hide) those past ``step``.
+    """
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 

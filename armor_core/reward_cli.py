@@ -8,7 +8,8 @@ Each input line is a JSON object ``{prompt, response, ground_truth, ...}`` (othe
 domain as ``extra``; verl's ``reward_model.ground_truth`` is accepted). One JSON line is written per
 input row, in order: ``{"line", "score", "sub_scores"}``, plus ``"error"`` when the domain failed
 on the row (it then has ``reward.failure_score``) or, without a score, when the row is malformed.
-A malformed row is also reported on stderr with its line number; the others are still scored.
+A malformed row (not JSON, not UTF-8, no response) is also reported on stderr with its line
+number; the others are still scored.
 Scoring goes through the same RewardManager as training (same parameters, time limit, workers).
 Exit status: 0 if every row scored, 1 if some row was malformed or failed, 2 for a usage error.
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from typing import Any, Iterator, TextIO
+from pathlib import Path
+from typing import IO, Any, Iterator, TextIO
 
 __all__ = ["add_parser", "main"]
 
@@ -40,8 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a domain parameter (reward.domain_kwargs.DOMAIN.KEY); VALUE is read as JSON if it parses (3, true, [\"en\"]), else as text")
     p.add_argument("--config", metavar="RUN.yaml", help="take timeout_s, failure_score, num_workers and domain_kwargs from this run config's reward section")
     p.add_argument("--output", "-o", metavar="OUT.jsonl", help="write the JSON lines here instead of stdout")
-    p.add_argument("--timeout", type=float, help="hard time limit per row in seconds (reward.timeout_s)")
-    p.add_argument("--workers", type=int, help="scoring processes (reward.num_workers)")
+    p.add_argument("--timeout", type=float, help="hard time limit per row in seconds, > 0 (reward.timeout_s)")
+    p.add_argument("--workers", type=int, help="scoring processes, at least 1 (reward.num_workers; without it, one started on first use)")
     p.set_defaults(func=main)
     return p
 
@@ -63,6 +66,11 @@ def _config(args: argparse.Namespace) -> Any:
         if not sep or not key.strip():
             raise ConfigError(f"--param {item!r} is not KEY=VALUE (for example require_format=boxed)")
         params[key.strip()] = _value(value)
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout {args.timeout}: give the time limit per row as a number of seconds > 0, e.g. --timeout 10")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give the number of scoring processes, at least 1 "
+                          "(leave it out to start one helper process on first use, as reward.num_workers=0 does)")
     # the CLI scores DOMAIN itself: the run's data_source routing does not apply
     return RewardConfig(domain_map={}, failure_score=cfg.failure_score, domain_kwargs={**cfg.domain_kwargs, args.domain: params},
                         timeout_s=args.timeout if args.timeout is not None else cfg.timeout_s,
@@ -75,11 +83,18 @@ def _prompt_text(prompt: Any) -> str:
     return "" if prompt is None else str(prompt)
 
 
-def _rows(stream: TextIO, requires_gt: bool) -> Iterator[tuple[int, dict | None, str | None]]:
-    """``(line number, row, None)`` or ``(line number, None, what is wrong)``; blank lines skipped."""
+def _rows(stream: IO, requires_gt: bool) -> Iterator[tuple[int, dict | None, str | None]]:
+    """``(line number, row, None)`` or ``(line number, None, what is wrong)``; blank lines skipped.
+    ``stream`` yields bytes (decoded here, line by line, so a bad byte is reported on its line) or text."""
     from armor_core.rewards import ground_truth_of
 
     for n, line in enumerate(stream, 1):
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                yield n, None, f"not UTF-8 text (byte 0x{line[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8"
+                continue
         if not line.strip():
             continue
         try:
@@ -142,6 +157,17 @@ class _Scorer:
         self.pending = []
 
 
+def _open_output(path: str) -> TextIO:
+    """``--output``, opened for writing; ``OSError`` with a message that says which path and why."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise OSError(f"cannot write --output {path!r}: the directory {str(folder)!r} does not exist (create it first)")
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise OSError(f"cannot write --output {path!r}: {e.strerror}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``armor reward``; returns the exit status."""
     from armor_core.config import ConfigError
@@ -177,18 +203,24 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(record, ensure_ascii=False))
             return 1 if batch.errors[0] else 0
         try:
-            source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+            source = getattr(sys.stdin, "buffer", sys.stdin) if args.input == "-" else open(args.input, "rb")
         except OSError as e:
             print(f"armor reward: cannot read --input {args.input!r}: {e.strerror}", file=sys.stderr)
             return 2
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+        try:
+            out = _open_output(args.output) if args.output else sys.stdout
+        except OSError as e:
+            if args.input != "-":
+                source.close()
+            print(f"armor reward: {e}", file=sys.stderr)
+            return 2
         try:
             scorer = _Scorer(manager, args.domain, out, "<stdin>" if args.input == "-" else args.input)
             for n, row, problem in _rows(source, requires_gt):
                 scorer.add(n, row, problem)
             scorer.flush()
         finally:
-            if source is not sys.stdin:
+            if args.input != "-":
                 source.close()
             if out is not sys.stdout:
                 out.close()

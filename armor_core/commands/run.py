@@ -18,7 +18,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=50")
     p.add_argument("--print-config", action="store_true", help="print the merged config and exit")
     p.add_argument("--help-config", action="store_true", help="print every config key with its default and help, and exit")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in trainer.run_dir")
+    p.add_argument("--resume", action="store_true", help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with")
+    p.add_argument("--allow-config-change", dest="allow_config_change", action="append", default=[], metavar="KEY,...",
+                   help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. The run's length, "
+                        "checkpoint and validation schedule, loggers, faults and engine.* may always change")
     p.add_argument("--dry-run", action="store_true", help="validate the config, data and plugins, print the plan, and exit")
     p.set_defaults(func=main)
 
@@ -28,6 +31,20 @@ def split_config_and_overrides(config: str | None, overrides: list[str]) -> tupl
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         return None, [config, *overrides]
     return config, list(overrides)
+
+
+def _check_resume(args: argparse.Namespace, cfg) -> None:
+    """``--resume`` continues with the config the run was started with, but for the changes allowed."""
+    from armor_core.config import ConfigError, to_dict
+    from armor_core.run_dir import check_resume_config
+
+    allowed = [key for item in args.allow_config_change for key in item.split(",")]
+    if not args.resume:
+        if allowed:
+            raise ConfigError("--allow-config-change applies to --resume only")
+        return
+    for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed):
+        print(f"--resume: config changed as allowed: {line}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -46,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
             print(to_yaml(cfg), end="")
             return 0
         if args.dry_run:
+            _check_resume(args, cfg)
             print("config and plugins are valid; this run would use:")
             for key, impl in plan.items():
                 print(f"  {key}: {getattr(impl, '__name__', type(impl).__name__)}")
@@ -53,9 +71,12 @@ def main(args: argparse.Namespace) -> int:
 
             prepare_data(cfg)
             return 0
+        from armor_core.run_dir import RunDirLock
         from armor_core.trainer import run_training
 
-        run_training(cfg, resume=args.resume)
+        with RunDirLock(cfg.trainer.run_dir):  # held until the run ends: a second run into the directory stops here
+            _check_resume(args, cfg)
+            run_training(cfg, resume=args.resume)
         return 0
     except user_errors() as e:
         print(f"error: {e}", file=sys.stderr)

@@ -183,10 +183,11 @@ class WorkerGroup:
     def _open_channels(self, timeout_s: float) -> None:
         import ray
 
-        from armor_core.engine.channel import connect, open_channel
+        from armor_core.engine.channel import connect, listen_host, open_channel
 
         key = os.urandom(32)
-        addresses = ray.get([w.__ray_call__.remote(open_channel, key) for w in self.workers], timeout=timeout_s)
+        host = listen_host()  # loopback on a one-machine cluster
+        addresses = ray.get([w.__ray_call__.remote(open_channel, key, host) for w in self.workers], timeout=timeout_s)
         for rank, address in enumerate(addresses):
             try:
                 self.conns.append(connect(tuple(address), key))

@@ -1,10 +1,15 @@
-"""Built-in metric trackers: ``jsonl`` (metrics.jsonl in the run directory), ``tensorboard``, ``console``."""
+"""Built-in metric trackers: ``jsonl`` (metrics.jsonl in the run directory), ``tensorboard``, ``console``.
+
+On ``--resume`` from the checkpoint of step N the steps after N are trained (and logged) again:
+``resume(N)`` drops what ``jsonl`` holds for them, and tells TensorBoard to hide what it has.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,6 +32,24 @@ class JsonlTracker:
             row[k] = v if math.isfinite(v) else str(v)
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
+
+    def resume(self, step: int) -> None:
+        """Keep the rows of steps up to ``step`` only: the resumed run logs the later ones again.
+        A line that does not parse (the half-written last row of a killed run) goes too."""
+        self._fh.close()
+        kept = []
+        with open(self.path, "rb") as fh:
+            for line in fh:
+                try:
+                    row_step = json.loads(line)["step"]
+                except (ValueError, TypeError, KeyError):
+                    continue
+                if isinstance(row_step, int) and row_step <= step:
+                    kept.append(line if line.endswith(b"\n") else line + b"\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, self.path)  # a crash here leaves the old file or the new one, never half of one
+        self._fh = open(self.path, "a")
 
     def close(self) -> None:
         self._fh.close()
@@ -71,6 +94,14 @@ class TensorBoardTracker:
         self._records.write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)).SerializeToString())
         if time.monotonic() - self._flushed >= self.FLUSH_S:
             self._flush()
+
+    def resume(self, step: int) -> None:
+        """A session restart at ``step + 1``: TensorBoard discards the events of that step and later
+        that earlier files hold (what ``SummaryWriter(purge_step=...)`` writes)."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self._records.write(Event(wall_time=time.time(), step=step + 1, session_log=SessionLog(status=SessionLog.START)).SerializeToString())
+        self._flush()
 
     def close(self) -> None:
         if not self._records.closed:

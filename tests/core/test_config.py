@@ -112,3 +112,57 @@ def test_grouped_estimators_pass_with_filter_groups():
 
     for name in ("grpo", "dr_grpo", "rloo", "opo", "reinforce_plus_plus_baseline"):
         validate_plugins(load_config(None, ["algorithm.filter_groups=true", f"algorithm.adv_estimator={name}"]))
+
+
+def _numeric_keys(cls=ArmorConfig, prefix=""):
+    """Every int or float field (Optional ones too), by its dotted key."""
+    for fld in dataclasses.fields(cls):
+        key = f"{prefix}{fld.name}"
+        if fld.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(fld.default_factory):
+            yield from _numeric_keys(fld.default_factory, key + ".")
+        elif str(fld.type) in ("int", "float", "Optional[int]", "Optional[float]"):
+            yield key
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_every_numeric_field_rejects_non_finite_values(value):
+    keys = list(_numeric_keys())
+    assert "rollout.temperature" in keys and "actor.lr" in keys and "reward.failure_score" in keys and len(keys) > 40
+    for key in keys:
+        with pytest.raises(ConfigError, match=rf"{key}"):
+            load_config(None, [f"{key}={value}"])
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("rollout.temperature=nan", "rollout.temperature=nan is not a finite number"),
+        ("actor.lr=nan", "actor.lr=nan is not a finite number"),
+        ("reward.failure_score=-inf", "reward.failure_score=-inf is not a finite number"),
+        ("trainer.total_epochs=-1", "trainer.total_epochs=-1 is out of range: must be >= 1"),
+        ("trainer.total_epochs=0", "trainer.total_epochs=0 is out of range: must be >= 1"),
+        ("trainer.seed=-1", "trainer.seed=-1 is out of range: must be >= 0"),
+        ("trainer.seed=4294967296", "trainer.seed=4294967296 is out of range: must be < 4294967296"),
+        ("engine.num_cpus=0", "engine.num_cpus=0 is out of range: must be >= 1"),
+        ("actor.betas=[0.9]", "actor.betas=[0.9] has 1 item(s); it takes exactly 2"),
+        ("actor.betas=[0.9,0.99,0.999]", "it takes exactly 2"),
+        ("actor.betas=[0.9,fast]", "actor.betas[1]='fast' is a str; actor.betas takes numbers"),
+        ("actor.betas=[0.9,true]", "actor.betas[1]=True is a bool"),
+        ("actor.betas=[0.9,1.0]", "actor.betas[1]=1.0 is out of range: must be < 1.0"),
+        ("actor.betas=[-0.1,0.9]", "actor.betas[0]=-0.1 is out of range: must be >= 0.0"),
+        ("actor.betas=[0.9,.nan]", "actor.betas[1]=nan is not a finite number"),
+        ("trainer.loggers=[jsonl,3]", "trainer.loggers[1]=3 is a int; trainer.loggers takes text"),
+        ("data.train_files=[[a.jsonl]]", "data.train_files[0]=['a.jsonl'] is a list"),
+        ("algorithm.adv_kwargs={epsilon: .nan}", "algorithm.adv_kwargs.epsilon=nan is not a number"),
+        ("guard.guards=[{name: grad_spike, params: {factor: .nan}}]", "guard.guards[0].params.factor=nan"),
+    ],
+)
+def test_non_finite_numbers_and_malformed_lists_are_refused_before_start(override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert expected in str(e.value)
+
+
+def test_good_lists_and_bounds_pass():
+    cfg = load_config(None, ["actor.betas=[0,0.95]", "trainer.seed=0", "trainer.total_epochs=1", "algorithm.adv_kwargs={cap: .inf}"])
+    assert cfg.actor.betas == [0, 0.95] and cfg.trainer.seed == 0 and cfg.algorithm.adv_kwargs == {"cap": float("inf")}

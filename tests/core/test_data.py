@@ -94,3 +94,23 @@ def test_loader_is_seeded_and_resumable():
 def test_loader_needs_a_full_batch():
     with pytest.raises(DataError, match="fewer than data.train_batch_size=8"):
         PromptLoader(_encoded(5), 8, shuffle=False, seed=0)
+
+
+def test_a_line_that_is_not_utf8_is_named_or_skipped(tmp_path):
+    good = json.dumps({"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2"}).encode()
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + good + b"\n" + '{"prompt": "caf\u00e9", "data_source": "arithmetic"}'.encode("latin-1") + b"\n" + good + b"\n")
+    with pytest.raises(DataError, match=rf"{f}, line 2: not UTF-8 text \(byte 0xe9, the line's byte 16\); save the file as UTF-8.*data.skip_invalid=true"):
+        load_rows([str(f)])
+    ds = load_rows([str(f)], skip_invalid=True)  # the byte-order mark of line 1 is no problem
+    assert len(ds.rows) == 2 and ds.skipped == 1 and "line 2: not UTF-8" in ds.problems[0]
+
+
+def test_a_parquet_file_that_is_not_parquet_is_named_or_skipped(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2"}])
+    fake = tmp_path / "rows.parquet"
+    fake.write_text('{"prompt": "1+1=", "data_source": "arithmetic"}\n')
+    with pytest.raises(DataError, match=rf"{fake}: not a readable Parquet file \(.*\).*data.skip_invalid=true"):
+        load_rows([str(good), str(fake)])
+    ds = load_rows([str(good), str(fake)], skip_invalid=True)
+    assert len(ds.rows) == 1 and ds.skipped == 1 and str(fake) in ds.problems[0]

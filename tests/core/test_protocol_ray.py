@@ -74,6 +74,11 @@ def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(r
         metrics, out = group.submit_pair("pair", first, second, 7, scale=0.5).result()
         assert earlier.result()[0]["step"] == 6.0  # gathered after a later call: its replies were kept
         assert (len(group.conns) == 2) == channel
+        for conn in group.conns:  # a one-machine cluster: the workers listen on loopback only
+            import socket
+
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                assert sock.getpeername()[0] == "127.0.0.1"
     finally:
         group.shutdown()
     assert metrics == {"rows": 3.0, "step": 7.0, "first_tokens": 10.5}  # 21 tokens split 10/11 or 11/10, averaged

@@ -138,3 +138,35 @@ def test_reads_stdin(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"response": "3", "ground_truth": "3"}) + "\n"))
     assert run("exact", "-i", "-") == 0
     assert lines(capsys.readouterr().out)[0]["score"] == 1.0
+
+
+def test_a_line_that_is_not_utf8_is_a_malformed_row(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(json.dumps({"response": "1", "ground_truth": "1"}).encode() + b"\n"
+                     + '{"response": "caf\u00e9", "ground_truth": "1"}'.encode("latin-1") + b"\n"
+                     + json.dumps({"response": "2", "ground_truth": "2"}, ensure_ascii=False).encode() + b"\n")
+    assert run("exact", "-i", str(rows)) == 1
+    out = capsys.readouterr()
+    assert [r.get("score") for r in lines(out.out)] == [1.0, None, 1.0]
+    assert f"{rows}:2: malformed row: not UTF-8 text (byte 0xe9, the line's byte 18)" in out.err
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--timeout", "nan", "--timeout nan: give the time limit per row as a number of seconds > 0"),
+    ("--timeout", "inf", "--timeout inf: give the time limit"),
+    ("--timeout", "0", "--timeout 0.0: give the time limit"),
+    ("--workers", "0", "--workers 0: give the number of scoring processes, at least 1"),
+    ("--workers", "-2", "--workers -2: give the number of scoring processes"),
+])
+def test_timeout_and_workers_are_checked(capsys, flag, value, message):
+    assert run("exact", "--response", "1", "--ground-truth", "1", flag, value) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_output_into_a_missing_directory_is_a_usage_error(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"response": "1", "ground_truth": "1"}) + "\n")
+    target = tmp_path / "no" / "such" / "out.jsonl"
+    assert run("exact", "-i", str(rows), "-o", str(target)) == 2
+    assert f"cannot write --output '{target}': the directory '{target.parent}' does not exist" in capsys.readouterr().err
+    assert not target.parent.exists()

@@ -54,7 +54,8 @@ def test_async_batches_are_max_staleness_old_and_resume_regenerates_the_queue(ra
     # three batches trained (12 prompts); two more were in flight and are not counted as used
     assert state["loader"]["position"] == 3 * 4
     shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000005")  # as if the run had died after step 3's checkpoint
-    resumed = [r for r in _run(tmp_path / "run", 5, resume=True) if "actor/pg_loss" in r][len(steps):]
+    # the last two training rows: the resumed run's (metrics.jsonl keeps steps 1-3 of the first run)
+    resumed = [r for r in _run(tmp_path / "run", 5, resume=True) if "actor/pg_loss" in r][-2:]
     # the queue is regenerated from the restored weights (version 3): the prompts of steps 4 and 5 are
     # the ones the first run trained on there, sampled again with fresher weights
     assert [r["step"] for r in resumed] == [4, 5]

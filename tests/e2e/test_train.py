@@ -80,6 +80,18 @@ def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
     assert state["loader"]["position"] == 16  # 4 steps x 4 prompts: the resumed run went on through the data
 
 
+
+def test_resume_skips_a_truncated_newest_checkpoint_with_a_warning(ray_cluster, tmp_path):
+    from armor_core.checkpoint import CheckpointWarning
+
+    run(tmp_path, "trainer.save_freq=1", name="d")
+    weights = tmp_path / "d" / "checkpoints" / "step_000002" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # as a full disk or a killed copy would leave it
+    with pytest.warns(CheckpointWarning, match=r"step_000002 is damaged and is skipped: model/model.safetensors has 1000 bytes"):
+        summary, steps = run(tmp_path, "trainer.save_freq=1", "trainer.total_steps=3", resume=True, name="d")
+    assert summary["steps"] == 3 and summary["checkpoint"].endswith("step_000003")
+    assert (tmp_path / "d" / "checkpoints" / "step_000002" / "model" / "model.safetensors").stat().st_size > 1000  # saved again
+
 def test_a_lora_run_checkpoints_its_adapter_and_resumes_only_as_lora(ray_cluster, tmp_path):
     lora = ("model.lora_rank=8", "actor.lr=2e-3", "actor.use_kl_loss=true", "trainer.save_freq=1")
     run(tmp_path, *lora, name="l")
