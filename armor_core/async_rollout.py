@@ -15,12 +15,12 @@ Off-policy rows are corrected in the loss by ``algorithm.rollout_correction`` (i
 between the rollout's log-probs and the trained policy's), and the ``rollout_mismatch`` guard sees
 the gap (``rollout/logprob_diff_*``) as it does for a colocated engine.
 
-Weights: the actor ranks return the policy's plain state dict (``ActorWorker.policy_state``; a LoRA
-policy merged) into Ray's object store, and every rollout worker loads it from there
-(``RolloutWorker.set_weights``): one copy per node, nothing through the driver. The driver waits
-until the state is in the store (the actor's next update must not change tensors still being
-serialised): that wait is ``timing_s/update_weights``; loading runs on the rollout workers, beside
-training.
+Weights: at the end of each update the actor ranks copy the policy's plain state dict (a LoRA
+policy merged; gathered under FSDP2) to CPU (``perf/publish_s``). The driver asks rank 0 for that
+copy through Ray (``ActorWorker.policy_state``), which puts it in Ray's object store while the
+actor goes on with its next update (the copy is never written again), and every rollout worker
+loads it from there (``RolloutWorker.set_weights``, ``perf/rollout_weights_load_s``): one copy per
+node, nothing through the driver, and the driver only sends two calls (``timing_s/update_weights``).
 
 Checkpoints hold the data position of the oldest batch still in flight, not the newest: a resumed
 run regenerates the queued batches (from the restored weights, so with less staleness for the first
@@ -57,15 +57,12 @@ class AsyncRollout:
 
     def push(self, version: int) -> float:
         """Send the policy after ``version`` updates to the rollout workers (once per version);
-        returns the seconds the driver waited for the actor to put it in the object store."""
+        returns the seconds it took the driver (sending two calls: the copy moves beside training)."""
         if self.pushed == version:
             return 0.0
-        import ray
-
         t0 = time.perf_counter()
-        refs = [w.policy_state.remote() for w in self.actor.workers]  # every rank: a collective under FSDP2
-        ray.wait(refs, num_returns=len(refs))
-        self.group.submit_call("set_weights", refs[0], version)  # queued behind the batches already sent
+        state = self.actor.workers[0].policy_state.remote()  # the copy rank 0 made at the end of its last update
+        self.group.submit_call("set_weights", state, version)  # queued behind the batches already sent
         self.pushed = version
         return time.perf_counter() - t0
 

@@ -62,3 +62,16 @@ class Faults:
 
     def any(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind), None)
+
+    def rewards(self, scores: "torch.Tensor", step: int) -> "torch.Tensor":
+        """The driver's reward faults at ``step`` applied to ``scores`` (unchanged when none strikes)."""
+        import torch
+
+        if self.at("flip_reward", step):
+            scores = 1.0 - scores
+        if self.at("random_reward", step):
+            scores = torch.rand(scores.shape, generator=torch.Generator().manual_seed(step))
+        if self.at("inf_reward", step):
+            scores = scores.clone()
+            scores[0] = float("inf")
+        return scores

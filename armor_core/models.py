@@ -1,7 +1,7 @@
 """Finding, loading and building models and tokenizers; turning prompts into left-padded tensors.
 
 Everything here is local: a model is a Hugging Face causal-LM directory on disk or one of the
-models shipped with ARMOR (``builtin:NAME``, found under ``armor_plugins/tasks/assets/NAME``).
+models shipped with ARMOR (``builtin:NAME``, found under ``armor_core/assets/NAME``).
 Nothing downloads (``local_files_only=True`` everywhere), so a typo in a path is an error that
 names the path, never an attempt to reach the model hub.
 
@@ -46,11 +46,11 @@ class ModelPathError(ValueError):
 
 
 def _assets_dir() -> Path:
-    return Path(str(resources.files("armor_plugins.tasks"))) / "assets"
+    return Path(str(resources.files("armor_core"))) / "assets"
 
 
 def builtin_models() -> list[str]:
-    """Names usable as ``builtin:NAME`` (the directories shipped under ``armor_plugins/tasks/assets``)."""
+    """Names usable as ``builtin:NAME`` (the directories shipped under ``armor_core/assets``)."""
     root = _assets_dir()
     return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
 

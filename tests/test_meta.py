@@ -39,3 +39,28 @@ def test_every_hook_has_a_test():
     sources = "\n".join(p.read_text() for p in TESTS.rglob("test_*.py") if p.name != Path(__file__).name)
     untested = [name for name in HOOKS if not re.search(rf"def {name}\(", sources)]
     assert untested == [], f"hooks without a test implementing them: {untested}"
+
+
+def test_the_core_imports_without_the_built_in_plugins():
+    """Every ``armor_core`` module imports (and none reaches for ``armor_plugins`` at import time)
+    in a process where importing ``armor_plugins`` fails."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib, importlib.abc, pkgutil, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "armor_plugins" or name.startswith("armor_plugins."):
+            raise ImportError("armor_plugins is blocked in this test")
+sys.meta_path.insert(0, Block())
+import armor_core
+names = [m.name for m in pkgutil.walk_packages(armor_core.__path__, "armor_core.")]
+for name in names:
+    importlib.import_module(name)
+assert not any(m.startswith("armor_plugins") for m in sys.modules), sorted(m for m in sys.modules if m.startswith("armor_plugins"))
+print(len(names))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split()[-1]) > 30  # every module was walked

@@ -24,13 +24,14 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
+from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, global_sums, init_distributed, mismatch_stats
 from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows,
                                       build_on_one_thread, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks, scalar, seed_everything)
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.lora import (ADAPTER_DIR, MergedView, adapters_off, apply_lora, check_resume, load_adapter_state, merged_weights,
                                     save_adapter)
-from armor_core.workers.rollout_correction import correction_weights
 from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.rollout_correction import correction_weights
 
 __all__ = ["ActorWorker"]
 
@@ -55,6 +56,11 @@ def _adamw(model: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, **kwargs, **({"fused": True} if plain else {"foreach": True}))
 
 
+def _add(sums: dict[str, list[float]], key: str, value: Any) -> None:
+    """One value of a metric; ``update_actor`` reports each metric's mean (max / min for ``_max`` / ``_min``)."""
+    sums.setdefault(key, []).append(scalar(value))
+
+
 class ActorWorker:
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None, assignment: dict | None = None) -> None:
         from armor_core.guard import GuardRunner
@@ -71,7 +77,7 @@ class ActorWorker:
         self.device = torch.device(cfg.trainer.device)
         self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
         if world_size > 1 or cfg.actor.offload:  # offload shards with FSDP2 even on one rank
-            self._init_distributed()
+            init_distributed(self.device, self.rank, self.world_size)
 
         pm = get_plugin_manager()
         self.policy_loss = pm.get("policy_loss", cfg.actor.policy_loss, where="actor.policy_loss")
@@ -137,19 +143,10 @@ class ActorWorker:
         self.faults = Faults(cfg.trainer.faults)
         stale = self.faults.any("stale_rollout")
         self._snapshots: deque = deque(maxlen=int(stale.value or 4) if stale else 0)
+        self._published = None
+        if cfg.rollout.mode == "async":
+            self._publish_policy()
         built()
-
-    def _init_distributed(self) -> None:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if self.world_size == 1:  # a group of one (FSDP2 offload on one GPU): no launcher set MASTER_ADDR/PORT
-                from armor_core.engine import _free_port
-
-                dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-            else:
-                dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
 
     def isolation_record(self) -> dict:
         return self.isolation
@@ -202,10 +199,11 @@ class ActorWorker:
                     self.rollout.update_weights(merged_weights(self.gen_model).items())
         return time.perf_counter() - t0
 
-    def policy_state(self) -> dict[str, torch.Tensor] | None:
-        """The policy as the base model's plain state dict on CPU (a LoRA policy merged), for
-        rollout workers of their own (``rollout.mode=async``); rank 0 returns it, the others None.
-        Every rank must call it: under FSDP2 gathering the weights is a collective."""
+    def _publish_policy(self) -> None:
+        """Copy the policy for rollout workers of their own (``rollout.mode=async``): the base
+        model's plain state dict on CPU (a LoRA policy merged), on rank 0. Done at the end of every
+        call that changes the weights, by every rank (under FSDP2 gathering is a collective), so
+        ``policy_state`` only hands out a copy that nothing changes any more."""
         from armor_core.workers.parallel import full_model_state
 
         if self.lora:
@@ -214,7 +212,13 @@ class ActorWorker:
             state = MergedView(self.gen_model).state_dict() if self.rank == 0 else None
         else:
             state = full_model_state(self.model)
-        return {k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None
+        self._published = {k: v.detach().to("cpu", copy=True) for k, v in state.items()} if self.rank == 0 else None
+
+    def policy_state(self) -> dict[str, torch.Tensor] | None:
+        """The policy as of the last update (``_publish_policy``); None on ranks other than 0.
+        Called through Ray while the worker may already be in its next update: it reads nothing
+        that update writes."""
+        return self._published
 
     # -- log-probs ------------------------------------------------------------------------------
 
@@ -302,52 +306,6 @@ class ActorWorker:
 
     # -- update ---------------------------------------------------------------------------------
 
-    def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
-        counts = torch.tensor([mask.sum().item(), (mask.sum(-1) > 0).sum().item()], dtype=torch.float64)
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(counts)
-        return float(counts[0]), float(counts[1])
-
-    def _mismatch(self, train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """Mean and max |log pi_train - log pi_rollout| over valid tokens, reduced over ranks."""
-        diff = (train_lp - rollout_lp).abs() * mask
-        total, count, mx = diff.sum().item(), mask.sum().item(), diff.max().item() if diff.numel() else 0.0
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            t = torch.tensor([total, count], dtype=torch.float64)
-            dist.all_reduce(t)
-            m = torch.tensor([mx], dtype=torch.float64)
-            dist.all_reduce(m, op=dist.ReduceOp.MAX)
-            total, count, mx = float(t[0]), float(t[1]), float(m[0])
-        return {"rollout/logprob_diff_mean": total / max(count, 1.0), "rollout/logprob_diff_max": mx}
-
-    def _agreed_norm(self, norm: float) -> float:
-        """The gradient norm every rank acts on: NaN if any rank's is not finite, else the largest.
-
-        After DDP's all-reduce the gradients should be equal on every rank, but a fault after it
-        (a NaN from a bad kernel, a bit flip) hits one rank only; a rank that skipped alone would
-        leave its weights behind the others' for good. FSDP2's norm is already one global number.
-        """
-        if self.world_size == 1 or self.cfg.actor.strategy == "fsdp2":
-            return norm
-        import torch.distributed as dist
-
-        t = torch.tensor([0.0 if math.isfinite(norm) else 1.0, norm if math.isfinite(norm) else 0.0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float("nan") if t[0] > 0 else float(t[1])
-
-    def _global_sums(self, xs: list[float]) -> list[float]:
-        if self.world_size == 1:
-            return xs
-        import torch.distributed as dist
-
-        t = torch.tensor(xs, dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.tolist()
-
     def _agg(self, mat: torch.Tensor, mask: torch.Tensor, n_tok: float, n_seq: float) -> torch.Tensor:
         a = self.cfg.actor
         norm = a.loss_norm_constant if a.loss_norm_constant is not None else float(self.cfg.rollout.max_new_tokens)
@@ -384,21 +342,10 @@ class ActorWorker:
         a = self.cfg.actor
         return micro_batches(attention_mask.sum(-1), a.micro_batch_size, a.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch")
 
-    def _micro_batches(self, rows: torch.Tensor, mini_mask: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-        """(row indices, weight) per micro-batch of ``rows`` (``mini_mask``: the mini-batch's attention mask). Every rank must run as many forward/backward passes
-        as the others (DDP and FSDP2 communicate in them), so a rank with fewer rows adds stand-ins:
-        one row at weight 0."""
-        micro = [(rows[i], 1.0) for i in self._split(mini_mask[rows])]
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            n = torch.tensor([len(micro)])
-            dist.all_reduce(n, op=dist.ReduceOp.MAX)
-            micro += [(torch.zeros(1, dtype=torch.long), 0.0)] * (int(n) - len(micro))
-        return micro
-
     def update_actor(self, data: DataProto, step: int) -> dict[str, float]:
-        """PPO-style update on this rank's share of the batch; returns metrics (means over mini-batches)."""
+        """PPO-style update on this rank's share of the batch; returns metrics (means over
+        mini-batches). Each mini-batch: ``_accumulate`` (forward/backward over micro-batches), then
+        ``_guarded_step`` (clip, guard, optimizer step)."""
         kill = self.faults.at("kill_worker", step)
         if kill is not None and self.rank == int(kill.value or 0):  # fault injection: die as the OOM killer would
             import os
@@ -408,127 +355,23 @@ class ActorWorker:
         cfg, a = self.cfg, self.cfg.actor
         t_call = time.perf_counter()
         reset_memory_peaks(self.device)
-        t_fwd_bwd = t_optim = 0.0
+        self._seconds = {"fwd_bwd": 0.0, "optimizer": 0.0}
         self.positions = [0, 0, 0]
         self.train_module.train()
         n_rows = len(data)
         rows_per_mini = max(1, n_rows * a.ppo_mini_batch_size // cfg.data.train_batch_size)
-        on_policy = "old_log_probs" not in data
         sums: dict[str, list[float]] = {}
-
-        def add(k: str, v: Any) -> None:
-            sums.setdefault(k, []).append(scalar(v))
-
         if self._snapshots.maxlen:
             self._snapshots.append({k: v.detach().clone() for k, v in self.gen_model.state_dict().items()})
-        first_forward = True
-        correction = cfg.algorithm.rollout_correction
-        loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
+        first = True  # before the first optimizer step: the weights the rollout sampled with
         gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000003 + step)
         for _ in range(a.ppo_epochs):
             order = torch.randperm(n_rows, generator=gen) if a.ppo_epochs > 1 or rows_per_mini < n_rows else torch.arange(n_rows)
             for mini_sl in iter_micro_batches(n_rows, rows_per_mini):
                 mini = data[order[mini_sl]]
-                mask_all = mini["response_mask"].to(self.device).float()
-                n_tok, n_seq = self._global_counts(mask_all)
-                self.optimizer.zero_grad(set_to_none=True)
-                # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
-                # mini-batch's value is the sum over micro-batches and ranks, not a mean
-                parts = dict.fromkeys(("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0)
-                rows, skipped = self._rows_with_gradient(mini, mask_all)
-                if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
-                    parts["actor/entropy"] += scalar(self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq))
-                    add("actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
-                t0 = time.perf_counter()
-                micro = self._micro_batches(rows, mini["attention_mask"])
-                for idx, weight in micro:
-                    mask = mask_all[idx]
-                    log_prob, entropy = self._forward(self.train_module, mini, idx, with_entropy=True)
-                    # exactly on-policy (one update per batch): the old policy *is* this forward, so
-                    # the ratio is 1 with the right gradient and the extra forward pass is skipped
-                    old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
-                    if first_forward and "rollout_log_probs" in mini:
-                        # before the first optimizer step these weights are the ones the rollout
-                        # sampled with, so this forward measures the rollout/train mismatch for free
-                        mismatch = self._mismatch(log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight)
-                        for k, v in mismatch.items():
-                            add(k, v)
-                    adv = mini["advantages"][idx].to(self.device)
-                    loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
-                    if correction != "none" and "rollout_log_probs" in mini:  # the rows came from another policy than `old`
-                        w, cm = correction_weights(old, mini["rollout_log_probs"][idx].to(self.device), mask, correction, cfg.algorithm.rollout_correction_cap)
-                        loss_mat = loss_mat * w
-                        pm_metrics = {**pm_metrics, **cm}
-                    pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
-                    ent_loss = self._agg(entropy, mask, n_tok, n_seq)
-                    loss = pg_loss - a.entropy_coeff * ent_loss
-                    if self.kl_loss is not None:
-                        kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][idx].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
-                        kl = self._agg(kl_mat, mask, n_tok, n_seq)
-                        loss = loss + a.kl_loss_coef * kl
-                        parts["actor/kl_loss"] += weight * scalar(kl)
-                    # DDP and FSDP2 average gradients over ranks; the aggregation already divides by global counts
-                    (loss * (self.world_size * weight)).backward()
-                    if not weight:  # a stand-in that keeps this rank in step with the others' collectives
-                        continue
-                    parts["actor/pg_loss"] += scalar(pg_loss)
-                    parts["actor/entropy"] += scalar(ent_loss)
-                    for k, v in pm_metrics.items():
-                        add(k if k.startswith("rollout_correction/") else f"actor/{k}", v)
-                if not micro:  # no row (on any rank) had a gradient: it is 0, and Adam's step still moves the weights
-                    for p in self.model.parameters():
-                        p.grad = torch.zeros_like(p)
-                t_fwd_bwd += time.perf_counter() - t0
-                nan_fault = self.faults.at("nan_grad", step)
-                if nan_fault and (nan_fault.value is None or int(nan_fault.value) == self.rank):
-                    g = next(p for p in self.model.parameters() if p.grad is not None).grad
-                    (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
-                t0 = time.perf_counter()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf"))
-                t_optim += time.perf_counter() - t0  # clipping is part of the optimizer's step
-                gn = self._agreed_norm(scalar(grad_norm))
-                add("actor/grad_norm", gn)
-                for k, v in zip(parts, self._global_sums(list(parts.values()))):
-                    add(k, v)
-                # every rank must reach the same verdict from the same numbers: the norm is agreed
-                # above, the loss is global (its contributions summed over micro-batches and ranks)
-                stats = {"grad_norm": gn, "pg_loss": sums["actor/pg_loss"][-1]}
-                if first_forward and "rollout/logprob_diff_mean" in sums:
-                    stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
-                first_forward = False
-                verdict = self.guard.observe("grad", stats, step)
-                if verdict.action in ("skip", "rollback"):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    add("actor/skipped_updates", 1.0)
-                    continue
-                if verdict.action == "scale":
-                    for p in self.model.parameters():
-                        if p.grad is not None:
-                            p.grad.mul_(verdict.scale)
-                self._apply_worker_adjustments(verdict, add)
-                lr_fault = self.faults.at("lr_scale", step)
-                if lr_fault:
-                    saved = [g["lr"] for g in self.optimizer.param_groups]
-                    for g in self.optimizer.param_groups:
-                        g["lr"] *= lr_fault.value
-                before = self._local_params(clone=True) if self.watch_step else None
-                t0 = time.perf_counter()
-                self.optimizer.step()
-                t_optim += time.perf_counter() - t0
-                if lr_fault:
-                    for g, lr in zip(self.optimizer.param_groups, saved):
-                        g["lr"] = lr
-                self.scheduler.step()
-                if before is not None:
-                    stats = self._update_stats(before)
-                    add("actor/update_ratio", stats["update_ratio"])
-                    verdict = self.guard.observe("step", stats, step)
-                    self._apply_worker_adjustments(verdict, add)
-                    if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
-                        torch._foreach_copy_(self._local_params(), before)
-                        add("actor/skipped_updates", 1.0)
-                        continue
-                add("actor/skipped_updates", 0.0)
+                parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
+                self._guarded_step(parts, step, first, sums)
+                first = False
         self.global_step = step
         # extremes stay extremes: averaging a max over micro-batches would hide the spike a guard watches
         reduce = {"max": max, "min": min}
@@ -536,10 +379,124 @@ class ActorWorker:
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(self.guard.pop_metrics())
         metrics.update(self._padding_metrics())
-        # seconds inside this call, so the driver can separate Ray and serialisation from the work
         metrics.update(memory_metrics(self.device))
-        metrics.update({"perf/actor_fwd_bwd_s": t_fwd_bwd, "perf/actor_optimizer_s": t_optim, "perf/worker_s": time.perf_counter() - t_call})
+        if cfg.rollout.mode == "async":
+            t0 = time.perf_counter()
+            self._publish_policy()
+            metrics["perf/publish_s"] = time.perf_counter() - t0
+        # seconds inside this call, so the driver can separate Ray and serialisation from the work
+        metrics.update({"perf/actor_fwd_bwd_s": self._seconds["fwd_bwd"], "perf/actor_optimizer_s": self._seconds["optimizer"], "perf/worker_s": time.perf_counter() - t_call})
         return metrics
+
+    def _accumulate(self, mini: DataProto, on_policy: bool, first: bool, sums: dict[str, list[float]]) -> dict[str, float]:
+        """Forward and backward over ``mini``'s micro-batches; the gradients are left on the
+        parameters. Returns this rank's parts of the mini-batch's loss terms (summed over ranks by
+        ``_guarded_step``)."""
+        cfg, a = self.cfg, self.cfg.actor
+        mask_all = mini["response_mask"].to(self.device).float()
+        n_tok, n_seq = global_counts(mask_all, self.world_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
+        # mini-batch's value is the sum over micro-batches and ranks, not a mean
+        parts = dict.fromkeys(("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0)
+        rows, skipped = self._rows_with_gradient(mini, mask_all)
+        if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
+            parts["actor/entropy"] += scalar(self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq))
+            _add(sums, "actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
+        t0 = time.perf_counter()
+        micro = equal_micro_batches([(rows[i], 1.0) for i in self._split(mini["attention_mask"][rows])], self.world_size)
+        loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
+        correction = cfg.algorithm.rollout_correction
+        for idx, weight in micro:
+            mask = mask_all[idx]
+            log_prob, entropy = self._forward(self.train_module, mini, idx, with_entropy=True)
+            # exactly on-policy (one update per batch): the old policy *is* this forward, so the
+            # ratio is 1 with the right gradient and the extra forward pass is skipped
+            old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
+            if first and "rollout_log_probs" in mini:  # the rollout/train mismatch, measured for free
+                for k, v in mismatch_stats(log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight, self.world_size).items():
+                    _add(sums, k, v)
+            adv = mini["advantages"][idx].to(self.device)
+            loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
+            if correction != "none" and "rollout_log_probs" in mini:  # the rows came from another policy than `old`
+                w, cm = correction_weights(old, mini["rollout_log_probs"][idx].to(self.device), mask, correction, cfg.algorithm.rollout_correction_cap)
+                loss_mat = loss_mat * w
+                pm_metrics = {**pm_metrics, **cm}
+            pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
+            ent_loss = self._agg(entropy, mask, n_tok, n_seq)
+            loss = pg_loss - a.entropy_coeff * ent_loss
+            if self.kl_loss is not None:
+                kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][idx].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
+                kl = self._agg(kl_mat, mask, n_tok, n_seq)
+                loss = loss + a.kl_loss_coef * kl
+                parts["actor/kl_loss"] += weight * scalar(kl)
+            # DDP and FSDP2 average gradients over ranks; the aggregation already divides by global counts
+            (loss * (self.world_size * weight)).backward()
+            if not weight:  # a stand-in that keeps this rank in step with the others' collectives
+                continue
+            parts["actor/pg_loss"] += scalar(pg_loss)
+            parts["actor/entropy"] += scalar(ent_loss)
+            for k, v in pm_metrics.items():
+                _add(sums, k if k.startswith("rollout_correction/") else f"actor/{k}", v)
+        if not micro:  # no row (on any rank) had a gradient: it is 0, and Adam's step still moves the weights
+            for p in self.model.parameters():
+                p.grad = torch.zeros_like(p)
+        self._seconds["fwd_bwd"] += time.perf_counter() - t0
+        return parts
+
+    def _guarded_step(self, parts: dict[str, float], step: int, first: bool, sums: dict[str, list[float]]) -> None:
+        """Clip the accumulated gradients, show them to the guards (stage ``grad``), and step the
+        optimizer unless a guard said skip; then stage ``step`` (if a guard watches it) may undo it."""
+        a = self.cfg.actor
+        nan_fault = self.faults.at("nan_grad", step)
+        if nan_fault and (nan_fault.value is None or int(nan_fault.value) == self.rank):
+            g = next(p for p in self.model.parameters() if p.grad is not None).grad
+            (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
+        t0 = time.perf_counter()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf"))
+        self._seconds["optimizer"] += time.perf_counter() - t0  # clipping is part of the optimizer's step
+        gn = agreed_norm(scalar(grad_norm), self.world_size, a.strategy == "fsdp2")
+        _add(sums, "actor/grad_norm", gn)
+        for k, v in zip(parts, global_sums(list(parts.values()), self.world_size)):
+            _add(sums, k, v)
+        # every rank must reach the same verdict from the same numbers: the norm is agreed
+        # above, the loss is global (its contributions summed over micro-batches and ranks)
+        stats = {"grad_norm": gn, "pg_loss": sums["actor/pg_loss"][-1]}
+        if first and "rollout/logprob_diff_mean" in sums:
+            stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
+        verdict = self.guard.observe("grad", stats, step)
+        if verdict.action in ("skip", "rollback"):
+            self.optimizer.zero_grad(set_to_none=True)
+            _add(sums, "actor/skipped_updates", 1.0)
+            return
+        if verdict.action == "scale":
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(verdict.scale)
+        self._apply_worker_adjustments(verdict, sums)
+        lr_fault = self.faults.at("lr_scale", step)
+        if lr_fault:
+            saved = [g["lr"] for g in self.optimizer.param_groups]
+            for g in self.optimizer.param_groups:
+                g["lr"] *= lr_fault.value
+        before = self._local_params(clone=True) if self.watch_step else None
+        t0 = time.perf_counter()
+        self.optimizer.step()
+        self._seconds["optimizer"] += time.perf_counter() - t0
+        if lr_fault:
+            for g, lr in zip(self.optimizer.param_groups, saved):
+                g["lr"] = lr
+        self.scheduler.step()
+        if before is not None:
+            stats = self._update_stats(before)
+            _add(sums, "actor/update_ratio", stats["update_ratio"])
+            verdict = self.guard.observe("step", stats, step)
+            self._apply_worker_adjustments(verdict, sums)
+            if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
+                torch._foreach_copy_(self._local_params(), before)
+                _add(sums, "actor/skipped_updates", 1.0)
+                return
+        _add(sums, "actor/skipped_updates", 0.0)
 
     def update_then_generate(self, data: DataProto, prompts: DataProto, step: int, stale: bool = False) -> tuple[dict[str, float], DataProto]:
         """``update_actor(data, step)``, the weight sync if the rollout engine needs one, then
@@ -566,11 +523,11 @@ class ActorWorker:
         update, param = sq.sqrt().tolist()
         return {"update_ratio": update / max(param, 1e-30), "update_norm": update, "param_norm": param, "lr": float(self.scheduler.base_lrs[0])}
 
-    def _apply_worker_adjustments(self, verdict: Any, add: Any) -> None:
+    def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank
             self.apply_adjustments(verdict.adjustments)
             for k, v in verdict.adjustments.items():
-                add(f"guard/adjust/{k}", v)
+                _add(sums, f"guard/adjust/{k}", v)
 
     ADJUSTABLE = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
 
@@ -639,3 +596,5 @@ class ActorWorker:
         if guard_file.exists():
             self.guard.load_state_dict(__import__("json").loads(guard_file.read_text()))
         self.sync_weights()  # under FSDP2 this also refreshes the full copy the rollout generates from
+        if self.cfg.rollout.mode == "async":
+            self._publish_policy()

@@ -12,16 +12,58 @@ scaled by the world size, so N ranks take the same step as one on the same batch
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from armor_core.config import ArmorConfig, from_dict
+from armor_core.masked import masked_mean
 from armor_core.protocol import DataProto
+from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
 from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, scalar, seed_everything
 from armor_core.workers.precision import autocast, compute_dtype
 
-__all__ = ["CriticWorker", "ValueModel"]
+__all__ = ["CriticWorker", "ValueModel", "value_loss"]
+
+
+def value_loss(
+    vpreds: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Clipped value loss of the PPO critic (Schulman et al. 2017; as in OpenAI baselines ppo2).
+
+    ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)`` per token: the critic may
+    not move further than ``c`` from the values it had when the rollout was scored, unless that
+    move *reduces* the loss.
+
+    :param vpreds: (bs, T) current critic values (differentiable).
+    :param values: (bs, T) the critic's values at rollout time (old values).
+    :param returns: (bs, T) targets from the advantage estimator.
+    :param cliprange_value: ``critic.cliprange_value``.
+    :returns: ``(loss_mat (bs, T), metrics)``; ``loss_mat`` is 0 outside the mask and not
+        aggregated. Metrics: ``vf_clipfrac`` (fraction of valid tokens where the clipped term is
+        the larger one), ``vpred_mean``.
+    """
+    m = response_mask.bool()
+    zero = torch.zeros((), dtype=vpreds.dtype, device=vpreds.device)
+    # sanitise padded positions first so a NaN there cannot reach the gradient through where()
+    vpreds = torch.where(m, vpreds, zero)
+    values = torch.where(m, values, zero).detach()
+    returns = torch.where(m, returns, zero).detach()
+    vclipped = values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
+    loss_unclipped = (vpreds - returns) ** 2
+    loss_clipped = (vclipped - returns) ** 2
+    loss_mat = torch.where(m, 0.5 * torch.maximum(loss_unclipped, loss_clipped), zero)
+    metrics = {
+        "vf_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(vpreds.dtype), m).detach(),
+        "vpred_mean": masked_mean(vpreds, m).detach(),
+    }
+    return loss_mat, metrics
 
 
 class ValueModel(torch.nn.Module):
@@ -57,10 +99,7 @@ class CriticWorker:
         self.device = torch.device(cfg.trainer.device)
         self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
         if world_size > 1:
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+            init_distributed(self.device, rank, world_size)
         path = resolve_model_path(cfg.model.path)
         backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)  # master weights, as the actor's
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
@@ -100,35 +139,30 @@ class CriticWorker:
             return self.train_module(*(data[k][rows].to(self.device) for k in ("input_ids", "attention_mask", "position_ids")), response_length).float()
 
     def update_critic(self, data: DataProto, step: int) -> dict[str, float]:
-        # the clipped value loss is standard-library math shipped with armor-rl, not an algorithm
-        # choice the trainer makes: any estimator that requires a critic gets the same critic
-        from armor_plugins.losses.utils import compute_value_loss
-
         c = self.cfg.critic
         self.model.train()
         R = data["responses"].shape[1]
         mask_all = data["response_mask"].float()
-        counts = torch.tensor([mask_all.sum().item(), (mask_all.sum(-1) > 0).sum().item()], dtype=torch.float64)
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(counts)  # the aggregation divides by the whole batch's counts, on every rank
-        n_tok, n_seq = float(counts[0]), float(counts[1])
+        n_tok, n_seq = global_counts(mask_all, self.world_size)  # the aggregation divides by the whole batch's counts
         sums: dict[str, list[float]] = {}
         for _ in range(c.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for sl in self._split(data["attention_mask"]):
+            # every rank runs as many backward passes as the others (token budgets can split ranks' shares unevenly)
+            for sl, weight in equal_micro_batches([(sl, 1.0) for sl in self._split(data["attention_mask"])], self.world_size):
                 mask = mask_all[sl].to(self.device)
                 vpreds = self._values(data, sl, R)
-                loss_mat, m = compute_value_loss(vpreds, data["values"][sl].to(self.device), data["returns"][sl].to(self.device), mask, c.cliprange_value)
+                loss_mat, m = value_loss(vpreds, data["values"][sl].to(self.device), data["returns"][sl].to(self.device), mask, c.cliprange_value)
                 loss = self.loss_agg.fn(loss_mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=float(R))
-                (loss * self.world_size).backward()  # DDP and FSDP2 average gradients over ranks
+                (loss * (self.world_size * weight)).backward()  # DDP and FSDP2 average gradients over ranks
+                if not weight:  # a stand-in
+                    continue
                 sums.setdefault("critic/vf_loss", []).append(scalar(loss))
                 for k, v in m.items():
                     sums.setdefault(f"critic/{k}", []).append(scalar(v))
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf"))
-            sums.setdefault("critic/grad_norm", []).append(scalar(gn))
-            if torch.isfinite(gn):
+            gn = agreed_norm(scalar(gn), self.world_size, self.cfg.actor.strategy == "fsdp2")  # every rank steps or none
+            sums.setdefault("critic/grad_norm", []).append(gn)
+            if math.isfinite(gn):
                 self.optimizer.step()
         return {k: sum(v) / len(v) for k, v in sums.items()}
 

@@ -23,7 +23,7 @@ from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["RolloutWorker"]
 
-SEED_OFFSET = 7919  # rollout workers draw from other seeds than the actor ranks (seed + rank)
+SEED_OFFSET = 104729  # rollout workers draw from other seeds than the actor ranks (seed + rank) and the critic (+ 7919)
 
 
 class RolloutWorker:

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from armor_core.masked import masked_mean
+
 MODES = ("none", "tis_token", "tis_seq", "mask_token", "mask_seq")
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: past any sensible cap, far from float32 overflow
-
-
-def _masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return torch.where(valid, x, 0).sum() / valid.sum().clamp(min=1)
 
 
 @torch.no_grad()
@@ -65,8 +63,8 @@ def correction_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
     w = ratio.clamp(max=cap) if mode.startswith("tis") else torch.where(capped, 0.0, ratio)
     w = torch.where(valid, w, 0.0)
     metrics = {
-        "rollout_correction/weight_mean": _masked_mean(w, valid),
-        "rollout_correction/capped_frac": _masked_mean(capped.float(), valid),
-        "rollout_correction/mismatch_kl": _masked_mean(token_ratio - 1 - log_ratio, valid),
+        "rollout_correction/weight_mean": masked_mean(w, valid),
+        "rollout_correction/capped_frac": masked_mean(capped.float(), valid),
+        "rollout_correction/mismatch_kl": masked_mean(token_ratio - 1 - log_ratio, valid),
     }
     return w, metrics

@@ -1,4 +1,5 @@
-"""KL(pi || pi_ref) estimators, the KL loss term, the in-reward KL penalty and its controllers.
+"""KL(pi || pi_ref) estimators and the KL loss term. (The in-reward penalty and its controllers are
+the trainer's: ``armor_core/kl_penalty.py``.)
 
 Samples come from pi, so with ``x = log pi(y) - log pi_ref(y)`` per token (Schulman,
 "Approximating KL divergence", 2020):
@@ -31,8 +32,7 @@ gradient (k2's, linear in ``x``) needs no bound. The other estimators are polyno
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
@@ -45,10 +45,6 @@ KL_BOUND = 10.0
 __all__ = [
     "KL_BOUND",
     "KL_ESTIMATORS",
-    "AdaptiveKLController",
-    "FixedKLController",
-    "apply_kl_penalty",
-    "build_kl_controller",
     "compute_kl_loss",
     "kl_abs",
     "kl_k1",
@@ -141,107 +137,6 @@ def compute_kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response
     kl = _resolve(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
     loss_mat = torch.where(m, kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
     return loss_mat, {"kl_loss": masked_mean(kl.detach(), m)}
-
-
-def apply_kl_penalty(
-    token_level_scores: torch.Tensor,
-    log_prob: torch.Tensor,
-    ref_log_prob: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-    estimator: Any = "k1",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Fold a KL penalty into the token-level reward (PPO/RLHF style, Ziegler et al. 2019).
-
-    ``rewards = scores - kl_coef * kl`` at valid tokens, 0 elsewhere; no gradient flows (the
-    reward is data). Called by the trainer when ``algorithm.use_kl_in_reward``.
-
-    :param token_level_scores: (bs, T) scores from the reward domains (on the last token).
-    :param log_prob: (bs, T) log-probs of the policy that sampled the batch.
-    :param ref_log_prob: (bs, T) reference log-probs.
-    :param kl_coef: the controller's current ``value``.
-    :param estimator: ``algorithm.kl_penalty``: a name, a ``KLEstimator`` or a function.
-    :returns: ``(token_level_rewards (bs, T), metrics)`` with ``reward_kl`` (the batch's mean over
-        sequences of each sequence's mean per-token KL; feed it to ``controller.update``) and
-        ``reward_kl_coef``.
-    """
-    m = as_bool_mask(response_mask)
-    with torch.no_grad():
-        zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-        kl = _resolve(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
-        scores = torch.where(m, token_level_scores, torch.zeros((), dtype=token_level_scores.dtype, device=token_level_scores.device))
-        rewards = torch.where(m, scores - kl_coef * kl.to(scores.dtype), torch.zeros_like(scores))
-        seq_kl = masked_mean(kl, m, dim=-1)
-        current_kl = masked_mean(seq_kl, m.any(dim=-1))
-    return rewards, {"reward_kl": float(current_kl), "reward_kl_coef": float(kl_coef)}
-
-
-class FixedKLController:
-    """A constant KL coefficient (``algorithm.kl_ctrl_type: fixed``)."""
-
-    def __init__(self, kl_coef: float) -> None:
-        if not kl_coef >= 0:
-            raise ValueError(f"FixedKLController: kl_coef={kl_coef} must be >= 0 (algorithm.kl_coef)")
-        self.value = float(kl_coef)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """No-op: the coefficient is fixed."""
-
-    def state_dict(self) -> dict[str, float]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
-        self.value = float(state["value"])
-
-
-class AdaptiveKLController:
-    """Steers the observed KL towards a target (Ziegler et al. 2019, "Fine-Tuning Language Models
-    from Human Preferences").
-
-    After each batch: ``e = clip(kl / target - 1, -0.2, 0.2)``, ``coef *= 1 + e * n_steps / horizon``.
-    The +-0.2 clip keeps one noisy batch from moving the coefficient by more than
-    ``0.2 * n_steps / horizon``.
-
-    :param init_kl_coef: ``algorithm.kl_coef``; :param target: ``algorithm.kl_target``;
-    :param horizon: ``algorithm.kl_horizon`` (samples over which the error is corrected).
-    """
-
-    def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
-        if not init_kl_coef >= 0:
-            raise ValueError(f"AdaptiveKLController: init_kl_coef={init_kl_coef} must be >= 0 (algorithm.kl_coef)")
-        if not target > 0:
-            raise ValueError(f"AdaptiveKLController: target={target} must be > 0 (algorithm.kl_target)")
-        if not horizon >= 1:
-            raise ValueError(f"AdaptiveKLController: horizon={horizon} must be >= 1 (algorithm.kl_horizon)")
-        self.value = float(init_kl_coef)
-        self.target = float(target)
-        self.horizon = int(horizon)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """Adjust ``value`` after a batch of ``n_steps`` samples whose mean KL was ``current_kl``.
-
-        A non-finite ``current_kl`` leaves the coefficient unchanged (the guard reports it).
-        """
-        current_kl = float(current_kl)
-        if not math.isfinite(current_kl):
-            return
-        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_steps / self.horizon
-
-    def state_dict(self) -> dict[str, float]:
-        return {"value": self.value, "target": self.target, "horizon": self.horizon}
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
-        self.value = float(state["value"])
-
-
-def build_kl_controller(kl_ctrl_type: str, kl_coef: float, kl_target: float = 0.1, kl_horizon: int = 10000) -> FixedKLController | AdaptiveKLController:
-    """The controller for ``algorithm.kl_ctrl_type`` (``fixed`` or ``adaptive``) from the algorithm config values."""
-    if kl_ctrl_type == "fixed":
-        return FixedKLController(kl_coef)
-    if kl_ctrl_type == "adaptive":
-        return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
-    raise ValueError(f"algorithm.kl_ctrl_type={kl_ctrl_type!r}: must be 'fixed' or 'adaptive'")
 
 
 @hookimpl

@@ -11,8 +11,6 @@ on real batches:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 __all__ = [
@@ -20,7 +18,6 @@ __all__ = [
     "as_bool_mask",
     "clamped_ratio",
     "compute_entropy_loss",
-    "compute_value_loss",
     "entropy_from_logits",
     "masked_max",
     "masked_mean",
@@ -147,44 +144,6 @@ def compute_entropy_loss(entropy: torch.Tensor, response_mask: torch.Tensor, ent
     """
     m = as_bool_mask(response_mask)
     return torch.where(m, -entropy_coeff * entropy, torch.zeros((), dtype=entropy.dtype, device=entropy.device))
-
-
-def compute_value_loss(
-    vpreds: torch.Tensor,
-    values: torch.Tensor,
-    returns: torch.Tensor,
-    response_mask: torch.Tensor,
-    cliprange_value: float,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Clipped value loss of the PPO critic (Schulman et al. 2017; as in OpenAI baselines ppo2).
-
-    ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)`` per token: the critic may
-    not move further than ``c`` from the values it had when the rollout was scored, unless that
-    move *reduces* the loss.
-
-    :param vpreds: (bs, T) current critic values (differentiable).
-    :param values: (bs, T) the critic's values at rollout time (old values).
-    :param returns: (bs, T) targets from the advantage estimator.
-    :param cliprange_value: ``critic.cliprange_value``.
-    :returns: ``(loss_mat (bs, T), metrics)``; ``loss_mat`` is 0 outside the mask and not
-        aggregated. Metrics: ``vf_clipfrac`` (fraction of valid tokens where the clipped term is
-        the larger one), ``vpred_mean``.
-    """
-    m = as_bool_mask(response_mask)
-    zero = torch.zeros((), dtype=vpreds.dtype, device=vpreds.device)
-    # sanitise padded positions first so a NaN there cannot reach the gradient through where()
-    vpreds = torch.where(m, vpreds, zero)
-    values = torch.where(m, values, zero).detach()
-    returns = torch.where(m, returns, zero).detach()
-    vclipped = values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
-    loss_unclipped = (vpreds - returns) ** 2
-    loss_clipped = (vclipped - returns) ** 2
-    loss_mat = torch.where(m, 0.5 * torch.maximum(loss_unclipped, loss_clipped), zero)
-    metrics = {
-        "vf_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(vpreds.dtype), m).detach(),
-        "vpred_mean": masked_mean(vpreds, m).detach(),
-    }
-    return loss_mat, metrics
 
 
 def clamped_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor, clamp: float = LOG_RATIO_CLAMP) -> tuple[torch.Tensor, torch.Tensor]:

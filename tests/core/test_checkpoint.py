@@ -63,13 +63,14 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     trainer._load = lambda path, restore_guards=True: loaded.append(path.name)
     # a generation already queued for the next step came from the weights being discarded: its
     # prompts are kept (the loader has moved past them), its samples are not
-    from armor_core.trainer import _Queued
+    from armor_core.rollout_source import RolloutSource, _Queued
 
-    trainer._queued = _Queued(gen_in="next prompts", out="samples of the discarded weights")
+    trainer.rollout = RolloutSource(trainer.cfg, actor=None, loader=trainer.loader, faults=None)
+    trainer.rollout.queued = _Queued(gen_in="next prompts", out="samples of the discarded weights")
     metrics = {}
     trainer._rollback(metrics, since=60)
     assert loaded == ["step_000050", ("loader", {"pos": 64})] and metrics["guard/rollback"] == 1.0
-    assert trainer._queued == _Queued(gen_in="next prompts", out=None)
+    assert trainer.rollout.queued == _Queued(gen_in="next prompts", out=None)
     assert trainer.step == 64  # the clock and the data position do not rewind
     loaded.clear()
     trainer._rollback(metrics)  # no suspicion named: the newest
@@ -77,3 +78,157 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     loaded.clear()
     trainer._rollback(metrics, since=50)  # nothing older is kept: the oldest, with a warning
     assert loaded[0] == "step_000050" and "may already be affected" in capsys.readouterr().out
+
+
+def _save_two(tmp_path):
+    """step_1 and step_2, each with a model file, an optimizer state and an RNG file, as a worker writes them."""
+    def write(d, s):
+        (d / "model").mkdir()
+        (d / "model" / "model.safetensors").write_bytes(bytes([s]) * 4096)
+        (d / "actor_state.pt").write_bytes(b"optimizer" * 100 + bytes([s]))
+        (d / "actor_rng_rank0.pt").write_bytes(b"rng")
+
+    ck = CheckpointManager(tmp_path, keep=3)
+    for step in (1, 2):
+        ck.save(step, lambda d, s=step: write(d, s), {"step": step, "loader": {"position": 4 * step}})
+    return ck.root / "step_000002"
+
+
+def _flip_a_byte(f):
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "truncated model": ("model/model.safetensors", lambda f: f.write_bytes(f.read_bytes()[:100])),
+    "empty model": ("model/model.safetensors", lambda f: f.write_bytes(b"")),
+    "flipped byte in the model": ("model/model.safetensors", _flip_a_byte),
+    "missing optimizer state": ("actor_state.pt", lambda f: f.unlink()),
+    "truncated optimizer state": ("actor_state.pt", lambda f: f.write_bytes(f.read_bytes()[:10])),
+    "garbage trainer state": ("trainer_state.json", lambda f: f.write_bytes(b"\x00garbage")),
+    "empty-object trainer state": ("trainer_state.json", lambda f: f.write_text("{}")),
+    "deleted trainer state": ("trainer_state.json", lambda f: f.unlink()),
+    "deleted manifest and empty-object trainer state": ("trainer_state.json", lambda f: (f.write_text("{}"), (f.parent / "manifest.json").unlink())),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warning(tmp_path, damage):
+    from armor_core.checkpoint import CheckpointWarning
+
+    newest = _save_two(tmp_path)
+    rel, hurt = DAMAGE[damage]
+    hurt(newest / rel)
+    ck = CheckpointManager(tmp_path, keep=3)  # a new process, as on --resume
+    with pytest.warns(CheckpointWarning, match=rf"step_000002 is damaged and is skipped: {rel}"):
+        latest = ck.latest()
+    assert latest.name == "step_000001" and ck.trainer_state(latest)["step"] == 1
+    assert [p.name for p in ck.completed()] == ["step_000001"]
+    assert ck.before(3).name == "step_000001"  # a rollback skips it too
+
+
+def test_no_intact_checkpoint_stops_with_an_error_naming_each_damaged_file(tmp_path):
+    from armor_core.checkpoint import CheckpointError
+    from armor_core.cli import UserFacingError
+
+    newest = _save_two(tmp_path)
+    (newest / "model" / "model.safetensors").write_bytes(b"")
+    (newest.parent / "step_000001" / "actor_state.pt").unlink()
+    ck = CheckpointManager(tmp_path)
+    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match=r"no intact checkpoint in .*checkpoints \(step_000002: model/model.safetensors has 0 bytes.*"
+                                                                          r"step_000001: actor_state.pt is missing\)") as err:
+        ck.latest()
+    assert isinstance(err.value, UserFacingError)  # the CLI prints it as one line, exit code 2
+
+
+def test_save_fsyncs_every_file_and_directory_and_writes_the_manifest_before_the_rename(tmp_path, monkeypatch):
+    import hashlib
+    import json
+    import os
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a))), real_replace(a, b)))
+    ck = CheckpointManager(tmp_path)
+    ck.save(1, lambda d: ((d / "model").mkdir(), (d / "model" / "w.bin").write_bytes(b"abc")), {"step": 1})
+    tmp = str(ck.root / "step_000001.tmp")
+    rename = events.index(("replace", tmp))
+    synced = {path for kind, path in events[:rename] if kind == "fsync"}
+    assert {f"{tmp}/model/w.bin", f"{tmp}/trainer_state.json", f"{tmp}/manifest.json", f"{tmp}/model", tmp} <= synced
+    manifest = json.loads((ck.root / "step_000001" / "manifest.json").read_text())
+    assert manifest["files"]["model/w.bin"] == {"size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}
+    assert set(manifest["files"]) == {"model/w.bin", "trainer_state.json"}
+
+
+def test_a_checkpoint_without_a_manifest_is_used_with_a_warning(tmp_path):
+    from armor_core.checkpoint import CheckpointWarning
+
+    old = tmp_path / "checkpoints" / "step_000005"  # as written before manifests existed
+    old.mkdir(parents=True)
+    (old / "trainer_state.json").write_text('{"step": 5}')
+    with pytest.warns(CheckpointWarning, match="has no manifest.json"):
+        assert CheckpointManager(tmp_path).latest() == old
+
+
+def test_a_full_disk_names_the_directory_and_keeps_the_previous_checkpoint(tmp_path):
+    import errno
+
+    from armor_core.checkpoint import CheckpointError
+
+    ck = CheckpointManager(tmp_path, keep=2)
+    ck.save(1, lambda d: (d / "w.txt").write_text("one"), {"step": 1})
+
+    def full(d):
+        (d / "w.txt").write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointError, match=rf"the disk holding {tmp_path / 'checkpoints'} is full.*checkpoint step_000002 could not "
+                                              r"be written.*the previous checkpoint, step_000001, is left as it was"):
+        ck.save(2, full, {"step": 2})
+    assert not list(ck.root.glob("*.tmp")) and CheckpointManager(tmp_path).latest().name == "step_000001"
+
+
+def test_a_full_disk_is_recognised_through_a_worker_error_and_torch_s_wording(tmp_path, monkeypatch):
+    import errno
+
+    from armor_core import checkpoint
+    from armor_core.checkpoint import CheckpointError
+
+    ck = CheckpointManager(tmp_path)
+
+    def from_worker(d):  # the channel raises the worker's exception as itself, chained to nothing here
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("save_checkpoint failed on rank 1") from e
+
+    with pytest.raises(CheckpointError, match="is full"):
+        ck.save(1, from_worker, {"step": 1})
+
+    def torch_save(d):  # torch.save says nothing of ENOSPC; the free space does
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; PytorchStreamWriter failed writing file data/0")
+
+    monkeypatch.setattr(checkpoint, "_free_bytes", lambda path: 1 << 20)
+    with pytest.raises(CheckpointError, match=r"is full \(1 MiB left\).*no earlier checkpoint exists.*PytorchStreamWriter"):
+        ck.save(1, torch_save, {"step": 1})
+    monkeypatch.setattr(checkpoint, "_free_bytes", lambda path: 10 << 30)
+    with pytest.raises(RuntimeError, match="PytorchStreamWriter") as err:  # plenty of space: some other failure, shown as it is
+        ck.save(1, torch_save, {"step": 1})
+    assert not isinstance(err.value, CheckpointError)
+
+
+def test_pruning_keeps_intact_checkpoints_over_a_damaged_newer_one(tmp_path):
+    ck = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20):
+        ck.save(step, lambda d: (d / "w.bin").write_bytes(b"x" * 64), {"step": step})
+    (ck.root / "step_000020" / "w.bin").write_bytes(b"")  # damaged; the run resumes from step 10
+    ck = CheckpointManager(tmp_path, keep=2)
+    with pytest.warns(UserWarning):
+        assert ck.latest().name == "step_000010"
+    ck.save(15, lambda d: (d / "w.bin").write_bytes(b"y" * 64), {"step": 15})
+    assert sorted(p.name for p in ck.root.glob("step_*")) == ["step_000010", "step_000015", "step_000020"]
+    ck.save(17, lambda d: (d / "w.bin").write_bytes(b"z" * 64), {"step": 17})
+    assert sorted(p.name for p in ck.root.glob("step_*")) == ["step_000015", "step_000017", "step_000020"]
+    assert ck.latest().name == "step_000017"

@@ -167,19 +167,19 @@ def valid_count(attn, R):
 def test_timer_splits_worker_time_from_overhead_and_adds_up():
     import time
 
-    from armor_core.trainer import _Timer, _worker_seconds
+    from armor_core.step_timer import StepTimer, worker_seconds
 
-    timer = _Timer()
+    timer = StepTimer()
     with timer("gen") as stage:
         time.sleep(0.02)
-        stage.worker_s = _worker_seconds([0.005, 0.01])  # the slowest rank's time counts
+        stage.worker_s = worker_seconds([0.005, 0.01])  # the slowest rank's time counts
     with timer("reward"):
         time.sleep(0.005)
     t = timer.t
     assert t["timing_s/gen"] == pytest.approx(0.01)
     assert t["timing_s/overhead"] >= 0.009
     assert t["timing_s/gen"] + t["timing_s/overhead"] >= 0.02
-    assert "timing_s/overhead" not in _Timer().t and _worker_seconds(None) is None
+    assert "timing_s/overhead" not in StepTimer().t and worker_seconds(None) is None
 
 
 def _worker_and_batch(tmp_path, overrides=()):

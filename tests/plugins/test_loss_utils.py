@@ -1,4 +1,4 @@
-"""Shared tensor helpers: masked statistics, whitening, entropy, value loss, entropy bonus."""
+"""Shared tensor helpers: masked statistics, whitening, entropy, entropy bonus; and the critic's value loss."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from armor_core.workers.critic import value_loss as compute_value_loss
 from armor_plugins.losses.utils import (
     clamped_ratio,
     compute_entropy_loss,
-    compute_value_loss,
     entropy_from_logits,
     masked_mean,
     masked_var,
