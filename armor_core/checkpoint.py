@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from armor_core.cli import UserFacingError
+from armor_core.errors import UserFacingError
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointWarning", "MANIFEST"]
 

@@ -17,6 +17,8 @@ import importlib
 import sys
 from typing import Sequence
 
+from armor_core.errors import UserFacingError
+
 # subcommand modules that provide add_parser(subparsers); order is the order of `armor --help`
 _COMMAND_MODULES = [
     "armor_core.commands.run",
@@ -73,10 +75,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-class UserFacingError(Exception):
-    """An error whose message is the whole story for the user (no traceback)."""
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

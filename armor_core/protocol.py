@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from armor_core import protocol_io
+from armor_core.protocol_io import as_array as _as_array
 
 __all__ = ["DataProto"]
 
@@ -418,18 +419,6 @@ class DataProto:
 # -- helpers -------------------------------------------------------------------------------------
 
 _MISSING = object()
-
-
-def _as_array(value: Any) -> Any:
-    """A list/tuple becomes a 1-D object array, one element per row (so rows of unequal length
-    or lists of strings never become a 2-D or fixed-width string array); anything else is kept
-    for ``_check`` to judge."""
-    if not isinstance(value, (list, tuple)):
-        return value
-    arr = np.empty(len(value), dtype=object)
-    for i, v in enumerate(value):
-        arr[i] = v
-    return arr
 
 
 def _key_list(keys: str | Sequence[str]) -> list[str]:

@@ -30,12 +30,24 @@ import torch
 if TYPE_CHECKING:
     from armor_core.protocol import DataProto
 
-__all__ = ["from_state", "load", "save", "to_state"]
+__all__ = ["as_array", "from_state", "load", "save", "to_state"]
 
 _FORMAT = "armor.dataproto/1"
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 Columns = tuple[dict[str, torch.Tensor], dict[str, np.ndarray], dict[str, Any]]
+
+
+def as_array(value: Any) -> Any:
+    """A list/tuple becomes a 1-D object array, one element per row (so rows of unequal length
+    or lists of strings never become a 2-D or fixed-width string array); anything else is kept
+    for ``DataProto._check`` to judge."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    arr = np.empty(len(value), dtype=object)
+    for i, v in enumerate(value):
+        arr[i] = v
+    return arr
 
 
 def save(data: "DataProto", path: str | Path) -> None:
@@ -83,9 +95,6 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Columns:
     """
     from safetensors import SafetensorError, safe_open
 
-    # protocol.py imports this module at its top: importing it back here, at call time, avoids the cycle
-    from armor_core.protocol import _as_array
-
     try:
         f = safe_open(str(path), framework="pt", device="cpu")
     except SafetensorError as e:
@@ -101,7 +110,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Columns:
             if info["storage"] == "tensor":
                 arr = blob.numpy()
             elif info["dtype"] == "object":
-                arr = _as_array(json.loads(blob.numpy().tobytes()))
+                arr = as_array(json.loads(blob.numpy().tobytes()))
             else:
                 arr = np.array(json.loads(blob.numpy().tobytes()), dtype=info["dtype"])
             non_tensors[key] = arr.astype(info["dtype"], copy=False).reshape(info["shape"])

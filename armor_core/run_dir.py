@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from armor_core.cli import UserFacingError
+from armor_core.errors import UserFacingError
 
 __all__ = ["ALWAYS_ALLOWED", "RunDirError", "RunDirLock", "check_resume_config", "config_changes"]
 

@@ -284,7 +284,7 @@ def run_sft(
 
 
 def main(args: argparse.Namespace) -> int:
-    from armor_core.cli import UserFacingError
+    from armor_core.errors import UserFacingError
     from armor_core.plugins import PluginError
 
     try:

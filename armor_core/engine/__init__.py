@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from armor_core.cli import UserFacingError
+from armor_core.errors import UserFacingError
 
 __all__ = ["ChannelError", "Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
 

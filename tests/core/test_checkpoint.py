@@ -130,7 +130,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warni
 
 def test_no_intact_checkpoint_stops_with_an_error_naming_each_damaged_file(tmp_path):
     from armor_core.checkpoint import CheckpointError
-    from armor_core.cli import UserFacingError
+    from armor_core.errors import UserFacingError
 
     newest = _save_two(tmp_path)
     (newest / "model" / "model.safetensors").write_bytes(b"")

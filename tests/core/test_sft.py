@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import armor_plugins.tasks.arithmetic as arithmetic_module
-from armor_core.cli import UserFacingError
+from armor_core.errors import UserFacingError
 from armor_core.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from armor_core.sft import _lr_factor, add_parser, evaluate_greedy, load_pairs, response_only_loss, run_sft
 from armor_core.testing import registered
