@@ -92,15 +92,23 @@ class PluginManager:
 
     :param load_entrypoints: load every installed plugin of group ``armor`` (False gives an empty
         manager, for tests that register their own plugins only).
-    :param disabled: plugin (entry-point) names to block; defaults to ``$ARMOR_DISABLE_PLUGINS``.
+    :param disabled: what to block; defaults to ``$ARMOR_DISABLE_PLUGINS`` (comma-separated): a
+        plugin (entry-point) name blocks everything it registers, ``kind:name`` (e.g.
+        ``stability_guard:kl``, ``kl_estimator:k3``) one implementation.
     """
 
     def __init__(self, *, load_entrypoints: bool = True, disabled: Iterable[str] | None = None) -> None:
         self._pm = _ArmorPluggyManager(hookspecs.PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         self.disabled = set(disabled) if disabled is not None else _parse_disabled(os.environ.get(DISABLE_ENV))
+        # "kind:name" blocks one implementation; a bare name blocks a whole plugin (entry point)
+        self.disabled_entries = {tuple(d.split(":", 1)) for d in self.disabled if ":" in d}
+        for kind, _ in self.disabled_entries:
+            if kind not in KINDS:
+                raise PluginError(f"{DISABLE_ENV}: {kind!r} in '{kind}:...' is not a plugin kind; kinds are {', '.join(KINDS)}")
         for name in self.disabled:
-            self._pm.set_blocked(name)
+            if ":" not in name:
+                self._pm.set_blocked(name)
         self._lock = threading.RLock()
         self._catalog: dict[str, dict[str, PluginEntry]] | None = None
         self._dists: dict[str, tuple[str, str]] = {}
@@ -192,11 +200,13 @@ class PluginManager:
                         obj = _wrap(fn=obj, description=(inspect.getdoc(obj) or "").split("\n")[0])
                     if _wrap is None and not callable(obj):
                         raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a class")
+                    if (_kind, name) in self.disabled_entries:
+                        return
                     existing = catalog[_kind].get(name)
                     if existing is not None:
                         raise DuplicatePluginError(
                             f"{_kind} {name!r} is registered twice: by plugin {existing.plugin!r} ({existing.distribution} {existing.version}) "
-                            f"and by plugin {_plugin!r} ({_dist} {_ver}). Uninstall one, or block one with {DISABLE_ENV}={_plugin}"
+                            f"and by plugin {_plugin!r} ({_dist} {_ver}). Uninstall one, or block one plugin with {DISABLE_ENV}={_plugin}"
                         )
                     catalog[_kind][name] = PluginEntry(_kind, name, obj, _plugin, _dist, _ver)
 

@@ -210,6 +210,19 @@ def test_disable_env_blocks_installed_plugins(monkeypatch):
     assert {"non_finite", "trackers"} <= pm.disabled
 
 
+def test_disable_env_blocks_one_implementation_by_kind_and_name(monkeypatch):
+    # the entry point "kl" registers the KL estimators and "kl_guard" the guard named "kl": kind:name says which
+    monkeypatch.setenv("ARMOR_DISABLE_PLUGINS", "stability_guard:kl, kl_estimator:k3")
+    pm = PluginManager()
+    assert "kl" not in pm.names("stability_guard") and "entropy" in pm.names("stability_guard")
+    assert "k3" not in pm.names("kl_estimator") and "k1" in pm.names("kl_estimator")
+    with pytest.raises(UnknownPluginError, match="unknown stability_guard 'kl'"):
+        pm.get("stability_guard", "kl")
+    monkeypatch.setenv("ARMOR_DISABLE_PLUGINS", "guard:kl")
+    with pytest.raises(PluginError, match="'guard' in 'guard:...' is not a plugin kind; kinds are .*stability_guard"):
+        PluginManager()
+
+
 def test_builtins_come_from_entry_points_with_their_distribution():
     pm = PluginManager()
     entry = pm.entry("stability_guard", "non_finite")
