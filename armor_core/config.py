@@ -172,7 +172,6 @@ class EngineConfig:
     cpus_per_worker: Optional[float] = f(None, "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the workers.", gt=0.0)
     isolate: bool = f(True, "ProcessIsolator: pin each worker to cores (and GPUs) of its own and check no two share one (local clusters).")
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
-    colocate: bool = f(True, "Run rollout, actor and reference in one worker process (saves memory and weight transfers).")
     driver_threads: int = f(1, "Torch threads in the driver process (the trainer loop: rewards, advantages, metrics). Its tensors are small; more threads would spin on cores the workers own, slowing them (as verl's driver, a 1-CPU Ray actor, runs with one).", ge=1)
     direct_channel: bool = f(True, "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (between steps, a round trip with a 128-row batch each way took 2.0 ms instead of 4.6 ms on a 2-core CPU machine: benchmarks/dataproto_transfer.py). Ray still places, starts, watches and stops the workers.")
 

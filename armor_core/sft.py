@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from armor_core.schedule import lr_factor
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -194,22 +196,6 @@ def evaluate_greedy(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBas
     return correct / max(len(rows), 1)
 
 
-def _lr_factor(warmup: int, schedule: str, total: int):
-    """Multiplier of the peak lr at optimizer step ``s`` (0-based): linear warm-up, then the schedule."""
-    if schedule not in ("constant", "cosine", "linear"):
-        raise ValueError(f"lr_schedule={schedule!r} is not one of 'constant', 'cosine', 'linear'")
-
-    def factor(s: int) -> float:
-        if s < warmup:
-            return (s + 1) / warmup
-        if schedule == "constant" or total <= warmup:
-            return 1.0
-        progress = min(1.0, (s - warmup) / (total - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
-
-    return factor
-
-
 def run_sft(
     model: "PreTrainedModel",
     tokenizer: "PreTrainedTokenizerBase",
@@ -243,7 +229,7 @@ def run_sft(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(warmup_steps, lr_schedule, steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, lr_schedule, steps))
     order: list[int] = []
     history: list[tuple[int, float, float | None]] = []
     acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)

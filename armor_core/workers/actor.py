@@ -14,7 +14,6 @@ N workers equal one worker on the same global batch.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
 from armor_core.protocol import DataProto
+from armor_core.schedule import lr_factor
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, global_sums, init_distributed, mismatch_stats
 from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows,
                                       build_on_one_thread, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks, scalar, seed_everything)
@@ -34,18 +34,6 @@ from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
 
 __all__ = ["ActorWorker"]
-
-
-def _lr_lambda(warmup: int, schedule: str, total: int):
-    def fn(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant" or total <= warmup:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
-
-    return fn
 
 
 def _adamw(model: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
@@ -118,7 +106,7 @@ class ActorWorker:
         self.optimizer = _adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
         self.zero_adv_inert = self._zero_advantage_is_inert()
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
         # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
