@@ -17,3 +17,15 @@ def ray_cluster():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: tiny models gain nothing from a second, and on a shared
+    2-core CI machine a second OpenMP thread mostly spins waiting for a core."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

@@ -26,14 +26,7 @@ def tok():
     return build_char_tokenizer(ARITH)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # these models are too small to gain from a second thread, and on a shared 2-core CI machine
-    # a second OpenMP thread mostly spins waiting for a core: one thread is faster and steadier
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread
 
 
 def _qwen2_param_count(vocab: int, hidden: int = 128, layers: int = 4, inter: int = 512) -> int:

@@ -18,14 +18,7 @@ from armor_core.testing import registered
 from armor_plugins.tasks.arithmetic import generate_arithmetic
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # these models are too small to gain from a second thread, and on a shared 2-core CI machine
-    # a second OpenMP thread mostly spins waiting for a core: one thread is faster and steadier
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread
 
 
 def _pairs(split: str, size: int, **params) -> list[dict]:

@@ -200,13 +200,6 @@ def pm():
     return PluginManager(disabled=others)
 
 
-@pytest.fixture
-def one_thread():
-    # tiny tensors: thread start-up dominates, and CI runs other test processes on the same 2 cores
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(
