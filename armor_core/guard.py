@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from armor_core.interfaces import Verdict
+from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, Verdict
 
 __all__ = ["GuardRunner", "SEVERITY", "combine", "merge_adjustments"]
 
@@ -31,6 +31,7 @@ OPT_IN_STAGES = frozenset({"step"})
 
 #: when two guards adjust the same coefficient, the more cautious value wins
 _CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_coef": max, "entropy_coeff": max}
+assert set(_CAUTIOUS) == set(ADJUSTABLE_COEFFICIENTS), "every adjustable coefficient needs a cautious merge rule"
 
 
 def merge_adjustments(verdicts: list[Verdict]) -> dict[str, float]:

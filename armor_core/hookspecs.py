@@ -61,7 +61,7 @@ def armor_register_advantage_estimators(register: Register) -> None:
         ``token_level_rewards``, ``response_mask``: (bs, response_length); ``index``: (bs,) int64
         group ids, the samples of one prompt share an id. Optional keyword parameters the
         function declares are filled from the config by name: ``values`` (bs, response_length)
-        from the critic, ``gamma``, ``lam``, ``epsilon``, ``norm_adv_by_std``, and anything in
+        from the critic, ``gamma``, ``lam``, ``norm_adv_by_std``, and anything in
         ``algorithm.adv_kwargs``. Both outputs are (bs, response_length), zero outside the mask,
         and finite for every finite input. Set ``requires_critic=True`` on the
         ``AdvantageEstimator`` if ``values`` is required: the trainer then builds a critic. Set
@@ -134,7 +134,9 @@ def armor_register_stability_guards(register: Register) -> None:
     :param register: call ``register(name, guard_cls)`` where ``guard_cls`` is a class following
         :class:`armor_core.interfaces.StabilityGuard`: built with the keyword parameters from the
         config, it is shown each stage's statistics and returns a
-        :class:`~armor_core.interfaces.Verdict`, and saves its state with ``state_dict``.
+        :class:`~armor_core.interfaces.Verdict`, and saves its state with ``state_dict``. The
+        stages, where each runs and its statistic keys are ``interfaces.GUARD_STAGES``; what a
+        verdict does at each is in ``interfaces.StabilityGuard``.
     """
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from armor_core.protocol import DataProto
 
 __all__ = [
+    "ADJUSTABLE_COEFFICIENTS",
+    "GUARD_STAGES",
     "KINDS",
     "AdvantageEstimator",
     "KLEstimator",
@@ -116,15 +118,31 @@ class Task:
 
 VerdictAction = Literal["proceed", "skip", "scale", "adjust", "rollback"]
 
+#: coefficients a guard's ``adjust`` verdict may set (absolute values; ``lr`` is the base rate the schedule scales)
+ADJUSTABLE_COEFFICIENTS = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
+
+#: each stage a guard is shown: where it runs and the statistics it carries
+GUARD_STAGES: dict[str, tuple[str, str]] = {
+    "reward": ("driver, after scoring", "score/mean, score/min, score/max"),
+    "advantage": ("driver, after the estimator", "critic/advantages/mean, /max, /min; rollout/* known by then (logprob_diff_mean and _max "
+                  "when old log-probs were computed; staleness_mean and _max in async mode)"),
+    "grad": ("each actor rank, after backward, per mini-batch", "grad_norm (agreed over ranks), pg_loss (summed over ranks); on the first "
+             "mini-batch also rollout/logprob_diff_mean and _max"),
+    "step": ("each actor rank, after optimizer.step; only for guards that list it in `stages`", "update_ratio, update_norm, param_norm, lr"),
+    "update": ("driver, after the updates", "every actor/* and rollout/* metric of the step (actor/pg_loss, actor/grad_norm, actor/entropy, "
+               "actor/pg_clipfrac, actor/ppo_kl, actor/kl_loss, actor/skipped_updates, ...)"),
+    "validation": ("driver, after a validation", "val/* (val/acc_greedy, val/<data_source>/acc_greedy, ...)"),
+}
+
 
 @dataclass(frozen=True)
 class Verdict:
     """A guard's decision about one stage of one step.
 
     :param action: ``proceed``; ``skip`` the update; ``scale`` the gradients by ``scale``;
-        ``adjust`` coefficients (``adjustments`` maps ``lr``, ``clip_ratio_low``,
-        ``clip_ratio_high``, ``kl_loss_coef`` or ``entropy_coeff`` to its new absolute value, kept
-        by the guard within its configured bounds, applied from the next update on);
+        ``adjust`` coefficients (``adjustments`` maps names in ``ADJUSTABLE_COEFFICIENTS`` to new
+        absolute values, kept by the guard within its configured bounds, applied from the next
+        update on);
         ``rollback`` to the last good checkpoint.
     :param since: for ``rollback``, the first step whose weights the guard suspects (the update
         that made them); the trainer restores the newest checkpoint saved *before* that step, so a
@@ -149,16 +167,23 @@ class Verdict:
 class StabilityGuard(Protocol):
     """Built as ``guard_cls(**params)`` from ``guard.guards[i].params``.
 
-    ``observe`` is called for each stage (``reward``, ``advantage``, ``grad``, ``step``,
-    ``update``, ``validation``) with that stage's scalar statistics; it must be cheap and
-    deterministic, because every data-parallel rank must reach the same verdict from the same
-    (reduced) statistics.
+    ``observe`` is called for each stage of ``GUARD_STAGES`` (where it runs, and the exact
+    statistic keys) with that stage's scalar statistics; it must be cheap and deterministic,
+    because every data-parallel rank must reach the same verdict from the same (reduced)
+    statistics. One instance lives in the driver and one in each actor rank, each built from the
+    same params; ``state_dict`` must return plain JSON (it is saved in checkpoints and in each
+    worker's ``guard_worker.json``).
 
     Stage ``step`` comes right after ``optimizer.step`` in each actor worker, with
     ``update_ratio`` (``||new - old|| / ||old||`` over all parameters), ``update_norm`` and
     ``param_norm``; ``skip`` there puts the old parameters back. It costs a copy of the
     parameters per update, so it runs only when some guard lists it in a class attribute
     ``stages`` (a guard without ``stages`` sees every other stage).
+
+    Where a verdict is acted on: in the driver's stages ``rollback`` restores a checkpoint and
+    ``adjust`` is sent to every rank; in the workers' stages (``grad``, ``step``) ``rollback``
+    cannot restore a checkpoint and is a ``skip`` of that update, ``adjust`` applies at once on
+    every rank. Coefficients that can be adjusted: ``ADJUSTABLE_COEFFICIENTS``.
     """
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict: ...
@@ -178,8 +203,16 @@ class RolloutBackend(Protocol):
     sampler's own log-probabilities of the sampled tokens. ``update_weights`` receives
     ``(name, tensor)`` pairs of the new policy.
 
-    A backend that generates by running the very module it is given sets the class attribute
-    ``shares_module = True``. Any other backend holds weights of its own: with LoRA
+    ``generate(prompts, greedy=False, **sampling_overrides)``: ``greedy=True`` is argmax decoding
+    (validation), with log-probs at temperature 1; overrides are ``temperature``, ``top_p``,
+    ``top_k``, ``max_new_tokens``, ``n``. An optional classmethod ``check_available()`` raises
+    ``ImportError`` (saying how to install what is missing) and is called before any worker starts.
+
+    Class attributes saying how weights reach the backend: ``shares_module = True`` for a backend
+    that generates by running the very module it is given (it also exposes it as ``.model``, which
+    tells the actor there is nothing to send); ``separate_worker = True`` for one that can run in a
+    rollout worker of its own (``rollout.mode=async``). A backend without ``shares_module`` holds
+    weights of its own: with LoRA
     (``model.lora_rank > 0``) it is given a view of the base model whose ``state_dict`` has the
     base model's names with the adapters merged in, and ``update_weights`` then receives only the
     adapted layers' merged weights (nothing else changes). A backend that follows a LoRA policy
@@ -187,7 +220,7 @@ class RolloutBackend(Protocol):
     ``update_lora(peft_model)`` is called instead of ``update_weights``.
     """
 
-    def generate(self, prompts: "DataProto", **sampling_overrides: Any) -> "DataProto": ...
+    def generate(self, prompts: "DataProto", greedy: bool = False, **sampling_overrides: Any) -> "DataProto": ...
 
     def update_weights(self, named_tensors: Any) -> None: ...
 

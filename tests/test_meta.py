@@ -64,3 +64,14 @@ print(len(names))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.split()[-1]) > 30  # every module was walked
+
+
+def test_the_guard_stage_table_names_every_stage_the_code_shows_a_guard():
+    import armor_core
+    from armor_core.interfaces import GUARD_STAGES
+
+    root = Path(armor_core.__file__).parent
+    shown = set()
+    for path in root.rglob("*.py"):
+        shown |= set(re.findall(r"""\.observe\(\s*["'](\w+)["']""", path.read_text()))
+    assert shown == set(GUARD_STAGES), (sorted(shown), sorted(GUARD_STAGES))

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from armor_core.config import ArmorConfig, from_dict
-from armor_core.interfaces import call_with_params
+from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, call_with_params
 from armor_core.protocol import DataProto
 from armor_core.schedule import lr_factor
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, global_sums, init_distributed, mismatch_stats
@@ -517,7 +517,7 @@ class ActorWorker:
             for k, v in verdict.adjustments.items():
                 _add(sums, f"guard/adjust/{k}", v)
 
-    ADJUSTABLE = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
+    ADJUSTABLE = ADJUSTABLE_COEFFICIENTS
 
     def apply_adjustments(self, adjustments: dict[str, float]) -> None:
         """Coefficients a guard changed (absolute values). ``lr`` is the base rate the schedule scales."""
