@@ -59,7 +59,6 @@ class RolloutSource:
             with timer("gen"):  # the wait for a batch the rollout workers generated while the actor trained
                 gen_in, out, _ = self.async_rollout.next(step - 1)
             rollout_metrics = out.meta_info.pop("metrics", {})
-            metrics.update({k: v for k, v in rollout_metrics.items() if k.startswith("rollout/")})
             metrics["perf/rollout_worker_s"] = worker_seconds(rollout_metrics.get("perf/worker_s")) or 0.0
             metrics["perf/rollout_weights_load_s"] = worker_seconds(rollout_metrics.get("perf/weights_load_s")) or 0.0
             return _joined(gen_in, out)
@@ -84,10 +83,15 @@ class RolloutSource:
         batch = self.generated(step, timer, metrics)
         with timer("reward"):
             scores, reward_metrics = score(batch)
-        if not cfg.algorithm.filter_groups:
+        if cfg.algorithm.filter_groups:
+            batch, scores = self._filtered(step, batch, scores, reward_metrics, score, timer, metrics)
+        else:
             metrics.update(reward_metrics)
-            return batch, scores
-        return self._filtered(step, batch, scores, reward_metrics, score, timer, metrics)
+        if "policy_version" in batch and len(batch):  # async: how many updates old the trained rows' policy is
+            staleness = (step - 1) - batch["policy_version"]
+            metrics.update({"rollout/staleness_mean": float(staleness.float().mean()), "rollout/staleness_max": float(staleness.max()),
+                            "rollout/policy_version": float(batch["policy_version"].float().mean())})
+        return batch, scores
 
     def _filtered(self, step, batch, scores, reward_metrics, score, timer, metrics) -> tuple[Any, torch.Tensor]:
         from armor_core.protocol import DataProto

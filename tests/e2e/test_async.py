@@ -61,3 +61,21 @@ def test_async_batches_are_max_staleness_old_and_resume_regenerates_the_queue(ra
     assert [r["step"] for r in resumed] == [4, 5]
     assert [r["rollout/policy_version"] for r in resumed] == [3, 3]
     assert [r["rollout/staleness_max"] for r in resumed] == [0, 1]
+
+
+def test_async_with_lora_and_dynamic_sampling(ray_cluster, tmp_path):
+    # the rollout worker holds a plain model: a LoRA actor sends its merged weights; dynamic sampling
+    # takes further batches from the queue, so a step trains on rows of mixed age, all within the bound
+    trainer = Trainer(load_config(None, [*BASE, "rollout.max_staleness=1", "model.lora_rank=8", "model.lora_alpha=16", "actor.lr=5e-4",
+                                         "algorithm.filter_groups=true", "trainer.total_steps=3", "trainer.save_freq=0",
+                                         f"trainer.run_dir={tmp_path / 'run'}"]))
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "actor/pg_loss" in r]
+    assert len(steps) == 3 and all(r["dynamic_sampling/groups_kept"] == 4 for r in steps)
+    assert all(r["rollout/staleness_max"] <= 1 for r in steps) and steps[0]["rollout/staleness_max"] == 0
+    # the first step's rows come from the weights being trained (LoRA's B starts at 0: the base model)
+    assert steps[0]["rollout/logprob_diff_max"] < 1e-4
+    assert any(r["rollout/staleness_max"] == 1 and r["rollout/logprob_diff_mean"] > 1e-4 for r in steps[1:])
