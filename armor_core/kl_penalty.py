@@ -127,13 +127,14 @@ class AdaptiveKLController:
 
 
 #: ``algorithm.kl_ctrl_type`` -> the controller class, built from the algorithm config's values
-KL_CONTROLLERS = {"fixed": FixedKLController, "adaptive": AdaptiveKLController}
+KL_CONTROLLERS: dict[str, Callable[[float, float, int], "FixedKLController | AdaptiveKLController"]] = {
+    "fixed": lambda kl_coef, kl_target, kl_horizon: FixedKLController(kl_coef),
+    "adaptive": AdaptiveKLController,
+}
 
 
 def build_kl_controller(kl_ctrl_type: str, kl_coef: float, kl_target: float = 0.1, kl_horizon: int = 10000) -> FixedKLController | AdaptiveKLController:
     """The controller for ``algorithm.kl_ctrl_type`` (a key of ``KL_CONTROLLERS``) from the algorithm config values."""
     if kl_ctrl_type not in KL_CONTROLLERS:
         raise ValueError(f"algorithm.kl_ctrl_type={kl_ctrl_type!r}: must be one of {', '.join(repr(k) for k in KL_CONTROLLERS)}")
-    if kl_ctrl_type == "fixed":
-        return FixedKLController(kl_coef)
-    return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
+    return KL_CONTROLLERS[kl_ctrl_type](kl_coef, kl_target, kl_horizon)

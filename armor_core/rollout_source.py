@@ -57,7 +57,7 @@ class RolloutSource:
         if self.async_rollout is not None:
             timer.add("update_weights", self.async_rollout.push(step - 1))
             with timer("gen"):  # the wait for a batch the rollout workers generated while the actor trained
-                gen_in, out, _ = self.async_rollout.next(step - 1)
+                gen_in, out = self.async_rollout.next(step - 1)
             rollout_metrics = out.meta_info.pop("metrics", {})
             metrics["perf/rollout_worker_s"] = worker_seconds(rollout_metrics.get("perf/worker_s")) or 0.0
             metrics["perf/rollout_weights_load_s"] = worker_seconds(rollout_metrics.get("perf/weights_load_s")) or 0.0
