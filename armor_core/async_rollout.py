@@ -35,6 +35,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from armor_core.workers.api import ActorAPI, RolloutAPI
+
 __all__ = ["AsyncRollout"]
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -61,8 +63,8 @@ class AsyncRollout:
         if self.pushed == version:
             return 0.0
         t0 = time.perf_counter()
-        state = self.actor.workers[0].policy_state.remote()  # the copy rank 0 made at the end of its last update
-        self.group.submit_call("set_weights", state, version)  # queued behind the batches already sent
+        state = self.actor.call_rank(0, ActorAPI.policy_state)  # the copy rank 0 made at the end of its last update
+        self.group.submit_call(RolloutAPI.set_weights, state, version)  # queued behind the batches already sent
         self.pushed = version
         return time.perf_counter() - t0
 
@@ -72,7 +74,7 @@ class AsyncRollout:
         while len(self.queue) < self.max_staleness + 1:
             state = self.loader.state_dict()
             gen_in = self.loader.next_batch().repeat(self.n, interleave=True)
-            self.queue.append(_InFlight(gen_in, self.group.submit("generate", gen_in.select(tensor_keys=PROMPT_KEYS)), state))
+            self.queue.append(_InFlight(gen_in, self.group.submit(RolloutAPI.generate, gen_in.select(tensor_keys=PROMPT_KEYS)), state))
         item = self.queue.popleft()
         out = item.pending.result()
         staleness = version - out["policy_version"]
@@ -84,7 +86,7 @@ class AsyncRollout:
     def generate(self, prompts: Any, version: int, **kwargs: Any) -> Any:
         """Generate now with the policy after ``version`` updates (validation), behind the batches in flight."""
         self.push(version)
-        return self.group.dispatch("generate", prompts, **kwargs)
+        return self.group.dispatch(RolloutAPI.generate, prompts, **kwargs)
 
     def loader_state(self) -> dict:
         """The data position a checkpoint keeps: before the oldest batch in flight (they are regenerated on resume)."""

@@ -5,6 +5,8 @@
 ``armor eval MODEL --data FILE``          accuracy per data_source
 ``armor sft ...``                         small supervised fine-tuning (how the built-in warm start was made)
 ``armor reward DOMAIN ...``               score rows with a reward domain, to check it before a long run
+``armor report RUN_DIR [RUN_DIR ...]``    plots and an HTML page of one or more runs, overlaid
+``armor new {guard,reward,estimator} NAME`` a plugin package to start from: example, contract, test, README
 
 Each subcommand module exposes ``add_parser(subparsers)``; heavy imports (torch, ray) happen inside
 the command, so ``armor --help`` answers at once.
@@ -17,7 +19,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from armor_core.errors import UserFacingError
+from armor_core.errors import UserFacingError, one_line
 
 # subcommand modules that provide add_parser(subparsers); order is the order of `armor --help`
 _COMMAND_MODULES = [
@@ -25,6 +27,8 @@ _COMMAND_MODULES = [
     "armor_core.commands.plugins",
     "armor_core.commands.eval",
     "armor_core.commands.export",
+    "armor_core.commands.report",
+    "armor_core.commands.new",
     "armor_core.sft",
     "armor_core.reward_cli",
 ]
@@ -73,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except user_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(one_line(e), file=sys.stderr)
         return 2
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -66,6 +67,7 @@ class DataConfig:
     shuffle: bool = f(True, "Shuffle the training rows each epoch (seeded by trainer.seed).")
     skip_invalid: bool = f(False, "Skip and count malformed rows instead of stopping with an error.")
     prompt_key: str = f("prompt", "Row field that holds the prompt (text or a list of chat messages).")
+    apply_chat_template_kwargs: dict = f(help="Keyword arguments for the tokenizer's chat template when prompts are chat messages, e.g. {enable_thinking: false} for Qwen3.", factory=dict)
 
 
 @dataclass
@@ -151,6 +153,8 @@ class RewardConfig:
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
     num_workers: int = f(0, "Processes for reward domains that may hang (math); 0 starts one helper process on first use. Inline domains (arithmetic, gsm8k, refusal, safety) always score in the driver.", ge=0)
     domain_kwargs: dict = f(help="Per-domain keyword arguments: {domain: {key: value}}.", factory=dict)
+    max_failure_fraction: float = f(0.5, "Stop the run with an error when a domain fails (raises, times out, or scores outside its score_range) on more than this fraction of its rows over the last reward.failure_window scored batches; checkpoints already written are kept. 1 never stops.", ge=0.0, le=1.0)
+    failure_window: int = f(5, "Scored batches (one per training step, more under algorithm.filter_groups; a validation pass is one) over which reward.max_failure_fraction is measured, from the first batch on.", ge=1)
 
 
 @dataclass
@@ -188,7 +192,12 @@ class TrainerConfig:
     val_freq: int = f(50, "Validate every N steps; 0 validates only before and after training.", ge=0)
     val_before_train: bool = f(True, "Validate before the first step (the 'before' of the summary).")
     val_sampled: bool = f(False, "Also report sampled (temperature) accuracy in validation, besides greedy.")
-    loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins).", factory=lambda: ["console", "jsonl", "tensorboard"], item=str)
+    val_n: int = f(1, "Samples per held-out prompt at rollout.temperature; above 1, validation also reports mean@n, best@n (pass@n) "
+                   "and maj@n (majority vote) per data_source.", ge=1)
+    loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins): console, jsonl, tensorboard; wandb and mlflow with their extras (pip install 'armor-rl[wandb]' / 'armor-rl[mlflow]').", factory=lambda: ["console", "jsonl", "tensorboard"], item=str)
+    project_name: str = f("armor", "Project the run is logged under: the wandb project, the MLflow experiment.")
+    experiment_name: str = f("", "Run name in wandb and MLflow; empty: the run directory's name.")
+    mlflow_tracking_uri: str = f("", "Where the mlflow tracker logs (a server URL, database or directory); empty: MLFLOW_TRACKING_URI if set, else a file store in <run_dir>/mlruns.")
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
     overlap_generation: bool = f(True, "Generate the next step's rollout in the same worker call as this step's update: one round trip to the workers a step instead of two, and no idle worker while the driver reads the update's result. The workers run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a validation, a checkpoint, or the last step.")
@@ -285,12 +294,15 @@ def _check_semantics(cfg: ArmorConfig) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ArmorConfig:
-    """Defaults, then the YAML at ``path``, then ``key=value`` overrides; validated; plugins not checked."""
+    """Defaults, then the YAML at ``path`` (a file, or ``recipe:NAME`` for one shipped in
+    ``armor_core/recipes``), then ``key=value`` overrides; validated; plugins not checked."""
     schema = OmegaConf.structured(ArmorConfig)
     merged = schema
     try:
         if path is not None:
-            p = Path(path)
+            from armor_core.recipes import RECIPE_PREFIX, recipe_path
+
+            p = recipe_path(str(path)) if str(path).startswith(RECIPE_PREFIX) else Path(path)
             if not p.is_file():
                 raise ConfigError(f"config file {str(p)!r} does not exist")
             try:
@@ -303,8 +315,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not key=value (for example actor.lr=1e-5)")
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+            except yaml.YAMLError as e:  # e.g. {name:x}: YAML wants a space after the colon
+                raise ConfigError(f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())}); "
+                                  "in a mapping put a space after each colon, e.g. guard.guards='[{name: grad_spike, params: {window: 20}}]'") from None
     except OmegaConfBaseException as e:
         raise _friendly(e, str(path) if path and not overrides else "config") from e
     cfg: ArmorConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
@@ -336,6 +351,10 @@ def help_for(cls: type = ArmorConfig, prefix: str = "") -> list[tuple[str, str, 
             default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
             rows.append((key, fld.metadata.get("help", ""), default))
     return rows
+
+
+def _grouped_estimators(pm: Any) -> str:
+    return ", ".join(sorted(n for n in pm.names("advantage_estimator") if pm.get("advantage_estimator", n).grouped))
 
 
 def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
@@ -374,18 +393,22 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
         except UnknownPluginError as e:
             raise ConfigError(str(e)) from None
     if cfg.algorithm.filter_groups and not resolved["algorithm.adv_estimator"].grouped:
-        grouped = sorted(n for n in pm.names("advantage_estimator") if pm.get("advantage_estimator", n).grouped)
         raise ConfigError(f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
-                          f"does not compare a prompt's samples with each other (no groups); use one that does ({', '.join(grouped)}) or set filter_groups=false")
+                          f"does not compare a prompt's samples with each other (no groups); use one that does ({_grouped_estimators(pm)}) or set filter_groups=false")
+    if cfg.algorithm.adv_kwargs.get("normalize_components") and not resolved["algorithm.adv_estimator"].grouped:
+        raise ConfigError(f"algorithm.adv_kwargs.normalize_components=true normalises each reward component within a prompt's group of samples, "
+                          f"but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} has no groups; use one that does ({_grouped_estimators(pm)}) "
+                          "or drop normalize_components")
     if cfg.rollout.mode == "async" and not getattr(resolved["rollout.backend"], "separate_worker", False):
         raise ConfigError(f"rollout.mode=async runs the rollout backend in workers of its own, but rollout.backend={cfg.rollout.backend!r} "
                           "does not declare it can (separate_worker = True on its class: it takes new weights through update_weights, "
                           "or generates from the model it was given, in a process without the actor); use rollout.mode=sync")
-    # a backend whose engine is an optional install (vllm) says how to install it now, not in a worker
-    check = getattr(resolved["rollout.backend"], "check_available", None)
-    if callable(check):
-        try:
-            check()
-        except ImportError as e:
-            raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}: {e}") from None
+    # a plugin whose library is an optional install (vllm, wandb, mlflow) says how to install it now, not in a worker
+    for key, _kind, name in wanted:
+        check = getattr(resolved[key], "check_available", None)
+        if callable(check):
+            try:
+                check()
+            except ImportError as e:
+                raise ConfigError(f"{key}={name!r}: {e}") from None
     return resolved

@@ -12,10 +12,12 @@ restore its position, so a resumed run sees the same data order it would have se
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -135,7 +137,10 @@ def task_rows(pm: Any, task: str, split: str, size: int, seed: int, params: dict
     from armor_core.interfaces import call_with_params
 
     fn = pm.get("task", task, where="data.task").fn
-    raw = call_with_params(fn, split, size, seed, available={}, extra=params, where=f"data.task={task}")
+    try:
+        raw = call_with_params(fn, split, size, seed, available={}, extra=params, where=f"data.task={task}")
+    except (TypeError, ValueError) as e:  # a task checks its parameters, which are the user's data.task_kwargs
+        raise DataError(f"data.task={task} with data.task_kwargs={dict(params)}: {e}") from None
     rows = [normalize_row(r, f"task {task} ({split}) row {i}") for i, r in enumerate(raw)]
     if not rows:
         raise DataError(f"task {task!r} produced no rows for split {split!r}")
@@ -185,13 +190,32 @@ class PromptLoader:
         self._order = self._make_order()
 
 
-def encode_dataset(ds: Dataset, tokenizer: Any, max_prompt_length: int, truncation: str) -> dict[str, Any]:
-    """Tokenise every prompt once (left-padded to the longest kept prompt); drop or cut long ones."""
+def _check_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> None:
+    """Refuse ``data.apply_chat_template_kwargs`` that would silently do nothing: a name that is
+    neither an ``apply_chat_template`` parameter nor read by the tokenizer's template (a typo, or
+    a switch another model's template has), and ``tokenize``, which ARMOR sets itself."""
+    if "tokenize" in kwargs:
+        raise DataError("data.apply_chat_template_kwargs.tokenize: ARMOR renders the template to text and tokenises it itself; remove the key")
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else " ".join(dict(tokenizer.chat_template or {}).values())
+    params = inspect.signature(tokenizer.apply_chat_template).parameters
+    unread = [k for k in kwargs if k not in params and not re.search(rf"\b{re.escape(k)}\b", template)]
+    if unread:
+        raise DataError(f"data.apply_chat_template_kwargs: {', '.join(map(repr, unread))}: not read by this tokenizer's chat template "
+                        f"and not a parameter of apply_chat_template, so it would change nothing; check the spelling against the "
+                        f"template (chat_template in tokenizer_config.json)")
+
+
+def encode_dataset(ds: Dataset, tokenizer: Any, max_prompt_length: int, truncation: str,
+                   chat_template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Tokenise every prompt once (left-padded to the longest kept prompt); drop or cut long ones.
+    Chat-message prompts go through the tokenizer's chat template with ``chat_template_kwargs``."""
     from armor_core.models import encode_prompts
 
     prompts = [r["prompt"] for r in ds.rows]
+    if chat_template_kwargs and getattr(tokenizer, "chat_template", None) and any(not isinstance(p, str) for p in prompts):
+        _check_chat_template_kwargs(tokenizer, chat_template_kwargs)
     try:
-        input_ids, attention_mask, position_ids, kept = encode_prompts(tokenizer, prompts, max_prompt_length, truncation)
+        input_ids, attention_mask, position_ids, kept = encode_prompts(tokenizer, prompts, max_prompt_length, truncation, chat_template_kwargs)
     except ValueError as e:
         raise DataError(f"{ds.source}: {e}") from e
     ds.dropped_too_long = len(prompts) - len(kept)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["UserFacingError"]
+__all__ = ["UserFacingError", "one_line"]
 
 
 class UserFacingError(Exception):
     """An error whose message is the whole story for the user (no traceback)."""
+
+
+def one_line(error: BaseException) -> str:
+    """``error: <message>`` on one line, as the CLI prints a user error (a library's multi-line
+    message, a YAML parser's say, has its lines joined with spaces)."""
+    return "error: " + " ".join(str(error).split())

@@ -61,12 +61,16 @@ def armor_register_advantage_estimators(register: Register) -> None:
         ``token_level_rewards``, ``response_mask``: (bs, response_length); ``index``: (bs,) int64
         group ids, the samples of one prompt share an id. Optional keyword parameters the
         function declares are filled from the config by name: ``values`` (bs, response_length)
-        from the critic, ``gamma``, ``lam``, ``norm_adv_by_std``, and anything in
+        from the critic, ``gamma``, ``lam``, ``norm_adv_by_std``, ``reward_components`` (per row
+        ``{domain: (score, weight)}``, the parts of its weighted score), and anything in
         ``algorithm.adv_kwargs``. Both outputs are (bs, response_length), zero outside the mask,
         and finite for every finite input. Set ``requires_critic=True`` on the
         ``AdvantageEstimator`` if ``values`` is required: the trainer then builds a critic. Set
         ``grouped=True`` if the estimator compares the samples of one prompt with each other (a
-        group whose scores agree gets advantage 0): ``algorithm.filter_groups`` needs it.
+        group whose scores agree gets advantage 0): ``algorithm.filter_groups`` needs it, and so
+        does ``adv_kwargs.normalize_components`` (each component standardised within its group
+        before the weighted sum; the built-in grouped estimators do it with
+        ``armor_plugins.advantages.utils.normalize_reward_components``).
     """
 
 
@@ -120,10 +124,20 @@ def armor_register_reward_domains(register: Register) -> None:
 
     :param register: call ``register(name, domain)`` where ``domain`` is an
         :class:`armor_core.interfaces.RewardDomain` or a plain function
-        ``fn(prompt, response, ground_truth, extra) -> float | RewardResult``. ``extra`` holds the
-        row's other fields. It must be deterministic and must not touch the network; a
-        :class:`~armor_core.interfaces.RewardResult` carries named sub-scores that are logged as
-        metrics (``reward/<domain>/<sub>``).
+        ``fn(prompt, response, ground_truth, extra) -> float | RewardResult``. The domain's options
+        (``inline``, ``warmup``, ``score_range``, ``validate_ground_truth``, ...) are fields of
+        ``RewardDomain``.
+
+    What ``fn`` receives: ``prompt`` is the row's prompt as text (a chat prompt, a list of
+    messages, arrives as its JSON text); ``response`` the decoded response without special tokens;
+    ``ground_truth`` the row's ``ground_truth`` (or ``reward_model.ground_truth``) as loaded, any
+    JSON value; ``extra`` the row's ``extra`` dict (e.g. a multiple-choice question's options) plus
+    ``response_length`` (tokens) added by the trainer. ``reward.domain_kwargs.<name>`` arrive as
+    keyword arguments of ``fn`` (a key ``fn`` does not accept is an error at start). ``fn`` must
+    be deterministic and must not touch the network; a
+    :class:`~armor_core.interfaces.RewardResult` carries named sub-scores that are logged as
+    metrics (``reward/<domain>/<sub>``); ``score`` and ``failures`` are reserved sub-score names
+    (the manager writes ``reward/<domain>/score`` and ``/failures`` itself).
     """
 
 
@@ -172,5 +186,6 @@ def armor_register_metric_trackers(register: Register) -> None:
         config, it receives a flat ``{name: float}`` dict each step and is closed at the end.
         It may define ``resume(step)``: called once after ``--resume`` restored the checkpoint of
         ``step``, before anything is logged; rows it kept for later steps are about to be logged
-        again and should be dropped.
+        again and should be dropped; and ``summary(summary)``: called once at the end of a run
+        with the contents of ``summary.json``.
     """

@@ -94,12 +94,23 @@ class RewardDomain:
     :param inline: the author declares ``fn`` pure Python, cheap and unable to hang, so it is
         scored in the calling process; otherwise every check runs in a worker process under
         ``reward.timeout_s`` (a process can be killed; a thread cannot).
+    :param score_range: ``(low, high)``, the scores ``fn`` can return; a score outside it fails
+        that row, naming the domain and the range. A function instead receives the domain's
+        keyword parameters (defaults, then ``reward.domain_kwargs``) and returns the range, for
+        scores the parameters move (``correct_score=2``). None: any finite score.
+    :param validate_ground_truth: optional ``fn(ground_truth, extra) -> None`` raising ``ValueError``
+        (saying what would fit) for a ground truth the domain cannot score, e.g. a letter that is
+        not among the row's options. Called on every row with a ground truth routed to the domain
+        when the dataset is loaded: such a row is an error naming it (or, with
+        ``data.skip_invalid``, a counted skip), not a failed score at every step.
     """
 
     fn: Callable[[str, str, Any, Mapping[str, Any]], "float | RewardResult"]
     requires_ground_truth: bool = True
     inline: bool = False
     description: str = ""
+    score_range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]] | None = (0.0, 1.0)
+    validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
 
     def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None) -> RewardResult:
         out = self.fn(prompt, response, ground_truth, dict(extra or {}))
@@ -231,7 +242,11 @@ class MetricTracker(Protocol):
 
     Optional: ``resume(step: int) -> None``, called once when a run resumes from the checkpoint of
     ``step``, before anything is logged; the steps after it are logged again, so a tracker that
-    keeps earlier runs' rows should drop (or hide) those past ``step``.
+    keeps earlier runs' rows should drop (or hide) those past ``step``. ``summary(summary: dict)
+    -> None``, called once at the end of a run that finished, before ``close``, with what the
+    trainer writes to ``summary.json``. ``close`` runs in a ``finally`` block, also when the run
+    failed. A classmethod ``check_available()`` raising ``ImportError`` (saying what to install)
+    is called when the config is checked, before anything starts.
     """
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...

@@ -1,4 +1,5 @@
-"""The in-reward KL penalty (``algorithm.use_kl_in_reward``) and its coefficient's controllers.
+"""KL terms: the KL loss (``actor.use_kl_loss``), the in-reward KL penalty
+(``algorithm.use_kl_in_reward``) and the penalty coefficient's controllers.
 
 PPO/RLHF style (Ziegler et al. 2019): the token-level reward becomes ``score - kl_coef * kl``, with
 ``kl`` from the estimator ``algorithm.kl_penalty`` names (a ``kl_estimator`` plugin, see
@@ -16,7 +17,7 @@ import torch
 
 from armor_core.masked import masked_mean
 
-__all__ = ["KL_CONTROLLERS", "AdaptiveKLController", "FixedKLController", "apply_kl_penalty", "build_kl_controller"]
+__all__ = ["KL_CONTROLLERS", "AdaptiveKLController", "FixedKLController", "apply_kl_penalty", "build_kl_controller", "compute_kl_loss"]
 
 
 def _estimator_fn(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -32,6 +33,26 @@ def _estimator_fn(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torc
     if callable(estimator):
         return estimator
     raise TypeError(f"KL estimator must be a registered name (k1, k3, ...), a KLEstimator or a function; got {type(estimator).__name__}")
+
+
+def compute_kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor, kl_coef: float,
+                    estimator: Any = "k3") -> tuple[torch.Tensor, dict[str, Any]]:
+    """KL as a loss term (GRPO style): ``kl_coef * kl`` per token, 0 outside the mask. The actor
+    calls it with ``kl_coef=1`` and weighs the aggregated term by ``actor.kl_loss_coef``.
+
+    Unaggregated, so the caller aggregates it as it does the policy loss
+    (``actor.loss_agg_mode``). Padded positions are zeroed before the estimator: ``exp()`` of
+    whatever a model leaves there must not put NaN in the gradient.
+
+    :param log_prob: (bs, T) differentiable; :param ref_log_prob: (bs, T) reference, no gradient.
+    :param estimator: a name (``actor.kl_loss_type``), a ``KLEstimator`` or a function.
+    :returns: ``(loss_mat (bs, T), {"kl_loss": mean KL over valid tokens (detached)})``.
+    """
+    m = response_mask.bool()
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    kl = _estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
+    loss_mat = torch.where(m, kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
+    return loss_mat, {"kl_loss": masked_mean(kl.detach(), m)}
 
 
 def apply_kl_penalty(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -267,8 +267,9 @@ def build_tiny_model(
     return model
 
 
-def _render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, index: int) -> tuple[str, bool]:
-    """(text, add_special_tokens) for one prompt: plain text, or chat messages through the template."""
+def _render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, index: int, chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+    """(text, add_special_tokens) for one prompt: plain text, or chat messages through the template
+    (given ``chat_template_kwargs``, e.g. ``enable_thinking``)."""
     if isinstance(prompt, str):
         return prompt, True
     if isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
@@ -278,7 +279,8 @@ def _render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, index: int) -> tu
                 "give plain-text prompts or use a tokenizer whose tokenizer_config.json has a chat_template"
             )
         # the template writes its own BOS and role markers, so no special tokens are added again
-        return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True), False
+        kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {})}
+        return tokenizer.apply_chat_template(list(prompt), tokenize=False, **kwargs), False
     raise ValueError(f"prompt {index} is a {type(prompt).__name__}; expected a string or a list of {{'role', 'content'}} messages")
 
 
@@ -287,11 +289,13 @@ def encode_prompts(
     prompts: Sequence[str | list[dict[str, str]]],
     max_length: int,
     truncation: str = "drop",
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", list[int]]:
     """Tokenise prompts into left-padded tensors ready for generation.
 
     :param prompts: plain strings (special tokens added, e.g. BOS) or chat message lists (rendered
-        with the tokenizer's chat template and ``add_generation_prompt=True``).
+        with the tokenizer's chat template, ``add_generation_prompt=True`` and
+        ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``).
     :param max_length: longest prompt allowed, in tokens.
     :param truncation: for a longer prompt: ``drop`` it (left out of the output), ``left``: keep
         its last ``max_length`` tokens, ``error``: raise.
@@ -309,7 +313,7 @@ def encode_prompts(
     rows: list[list[int]] = []
     kept: list[int] = []
     for i, prompt in enumerate(prompts):
-        text, add_special = _render(tokenizer, prompt, i)
+        text, add_special = _render(tokenizer, prompt, i, chat_template_kwargs)
         ids = tokenizer(text, add_special_tokens=add_special)["input_ids"]
         if len(ids) > max_length:
             if truncation == "drop":

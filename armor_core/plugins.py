@@ -138,6 +138,10 @@ class PluginManager:
                     ) from e
                 self._pm.register(plugin, name=ep.name)
                 self._dists[ep.name] = (dist_name, dist.version)
+        unknown = sorted(d for d in self.disabled if ":" not in d and d not in seen)
+        if unknown:
+            raise PluginError(f"{DISABLE_ENV}: {', '.join(map(repr, unknown))} is no installed plugin (entry point of group {ENTRY_POINT_GROUP!r}); "
+                              f"installed: {', '.join(sorted(seen))}. To block one implementation write kind:name, e.g. stability_guard:kl")
 
     # -- registration -------------------------------------------------------------------------
 

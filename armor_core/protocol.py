@@ -20,6 +20,11 @@ Semantics, chosen to match torch and numpy where they have an answer:
   ``union``, ``rename``, ``reorder``, ``pop`` (which returns what it removed), item assignment.
   Everything else returns a new DataProto and leaves ``self`` alone. A failing in-place operation
   leaves ``self`` unchanged.
+- verl's names: ``data.batch`` and ``data.non_tensor_batch`` are ``tensors`` and ``non_tensors``
+  (the same dicts), and ``from_dict``, ``union``, ``chunk``, ``concat``, ``reorder``, ``rename``
+  are spelled as in verl. Unlike verl, ``data[i]`` keeps the row dimension (verl's
+  ``DataProtoItem`` drops it), ``select``/``pop`` take ``tensor_keys``/``non_tensor_keys``/
+  ``meta_keys`` and ``repeat`` takes ``n``.
 
 Files and pickling live in ``armor_core.protocol_io``: ``save``/``load`` use safetensors and
 JSON, never pickle, so loading a file cannot run code; pickling (what Ray does between processes)
@@ -29,8 +34,6 @@ ships each tensor's own bytes as one out-of-band buffer and unpickles onto the C
 from __future__ import annotations
 
 import copy
-import difflib
-import math
 import reprlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
@@ -40,11 +43,13 @@ import torch
 
 from armor_core import protocol_io
 from armor_core.protocol_io import as_array as _as_array
+from armor_core.protocol_rules import (Keys, check_concat, key_list, merge_meta, pick, positive_int, replace_columns, row_index, same_value, summary,
+                                       unknown_key)
 
 __all__ = ["DataProto"]
 
 Index = Union[int, slice, Sequence[int], Sequence[bool], np.ndarray, torch.Tensor]
-Keys = Union[str, Sequence[str], None]
+_MISSING = object()
 
 
 class DataProto:
@@ -126,6 +131,17 @@ class DataProto:
     def __len__(self) -> int:
         return self._check()
 
+    # verl's names for the two column dicts, so code written against verl's DataProto runs as is
+    @property
+    def batch(self) -> dict[str, torch.Tensor]:
+        """``tensors``, under verl's name (the same dict: writing into it writes ``tensors``)."""
+        return self.tensors
+
+    @property
+    def non_tensor_batch(self) -> dict[str, np.ndarray]:
+        """``non_tensors``, under verl's name (the same dict)."""
+        return self.non_tensors
+
     def keys(self) -> list[str]:
         """Column names: tensor columns first, then non-tensor columns (meta_info keys are not columns)."""
         return [*self.tensors, *self.non_tensors]
@@ -147,7 +163,7 @@ class DataProto:
                 return self.tensors[index]
             if index in self.non_tensors:
                 return self.non_tensors[index]
-            raise KeyError(_unknown("column", index, self.keys()))
+            raise KeyError(unknown_key("column", index, self.keys()))
         return self._take(self._rows(index))
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -178,40 +194,13 @@ class DataProto:
         elif key in self.non_tensors:
             del self.non_tensors[key]
         else:
-            raise KeyError(_unknown("column", key, self.keys()))
+            raise KeyError(unknown_key("column", key, self.keys()))
 
     # -- rows ----------------------------------------------------------------------------------
 
     def _rows(self, index: Index) -> slice | np.ndarray:
         """Normalise a row index to a slice (view) or an int64 array of row numbers (copy)."""
-        n = len(self)
-        if isinstance(index, torch.Tensor):
-            index = index.detach().cpu().numpy()
-        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer, slice, list, range, np.ndarray)):
-            raise TypeError(f"DataProto: cannot index rows with {type(index).__name__}; use an int, a slice, "
-                            f"a list/array/tensor of ints or a boolean mask (or a str for a column)")
-        if isinstance(index, slice):  # torch has no negative steps: turn those into row numbers
-            return index if (index.step or 1) > 0 else np.arange(n)[index]
-        rows = np.asarray(index)
-        if rows.ndim == 0 and rows.dtype.kind in "iu":
-            i = int(rows)
-            if not -n <= i < n:
-                raise IndexError(f"DataProto: row {i} is out of range for batch size {n}")
-            return slice(i % n, i % n + 1)
-        if rows.ndim != 1:
-            raise IndexError(f"DataProto: a row index must be 1-D, got shape {rows.shape}")
-        if rows.dtype == np.bool_:
-            if rows.shape[0] != n:
-                raise IndexError(f"DataProto: boolean mask has {rows.shape[0]} entries but the batch has {n} rows")
-            return np.flatnonzero(rows)
-        if rows.size == 0:  # np.asarray([]) is float64: an empty list selects no row
-            return np.zeros(0, dtype=np.int64)
-        if rows.dtype.kind not in "iu":
-            raise TypeError(f"DataProto: row indices must be integers or booleans, got dtype {rows.dtype}")
-        bad = rows[(rows < -n) | (rows >= n)]
-        if bad.size:
-            raise IndexError(f"DataProto: row {bad[0]} is out of range for batch size {n}")
-        return np.where(rows < 0, rows + n, rows).astype(np.int64)
+        return row_index(index, len(self))
 
     def _take(self, rows: slice | np.ndarray) -> "DataProto":
         if isinstance(rows, slice):
@@ -225,7 +214,7 @@ class DataProto:
         """``n`` consecutive views; with ``len(self) = q*n + r`` the first ``r`` chunks get
         ``q + 1`` rows and the rest ``q`` (numpy's ``array_split``; 10 rows in 4 -> 3, 3, 2, 2).
         ``n > len(self)`` is an error (a worker would get an empty batch): ``pad_to_divisor`` first."""
-        n, size = _positive_int(n, "DataProto.chunk", "n"), len(self)
+        n, size = positive_int(n, "DataProto.chunk", "n"), len(self)
         if n > max(size, 1):
             raise ValueError(f"DataProto.chunk({n}) of a batch of {size} rows would leave {n - size} chunks empty; "
                              f"call pad_to_divisor({n}) first or use at most {size} chunks")
@@ -236,13 +225,13 @@ class DataProto:
     def split(self, size: int) -> list["DataProto"]:
         """Consecutive views of ``size`` rows, the last one shorter when ``size`` does not divide
         the batch (``torch.split``); an empty batch gives an empty list."""
-        size = _positive_int(size, "DataProto.split", "size")
+        size = positive_int(size, "DataProto.split", "size")
         return [self[i:i + size] for i in range(0, len(self), size)]
 
     def repeat(self, n: int, interleave: bool = True) -> "DataProto":
         """Each row ``n`` times: rows [a, b] give [a, a, b, b] when ``interleave`` (how GRPO lays
         out a group of samples per prompt), [a, b, a, b] otherwise. Copies."""
-        n, rows = _positive_int(n, "DataProto.repeat", "n"), np.arange(len(self))
+        n, rows = positive_int(n, "DataProto.repeat", "n"), np.arange(len(self))
         return self._take(np.repeat(rows, n) if interleave else np.tile(rows, n))
 
     def reorder(self, indices: Index) -> "DataProto":
@@ -254,15 +243,15 @@ class DataProto:
             raise ValueError(f"DataProto.reorder needs a permutation of the {n} rows (each exactly once), got "
                              f"{reprlib.repr(rows.tolist())}; use data[indices] to select or duplicate rows")
         reordered = self._take(rows)
-        _replace(self.tensors, reordered.tensors)
-        _replace(self.non_tensors, reordered.non_tensors)
+        replace_columns(self.tensors, reordered.tensors)
+        replace_columns(self.non_tensors, reordered.non_tensors)
         return self
 
     def pad_to_divisor(self, k: int) -> tuple["DataProto", int]:
         """Append copies of the first rows (cycling when ``k`` exceeds the batch) until the batch
         size is a multiple of ``k``; return ``(padded, pad_size)``. Padded rows are real samples,
         so a worker computes on valid data; ``unpad(pad_size)`` drops them afterwards."""
-        k, n = _positive_int(k, "DataProto.pad_to_divisor", "k"), len(self)
+        k, n = positive_int(k, "DataProto.pad_to_divisor", "k"), len(self)
         pad = -n % k
         if pad == 0:
             return self._take(slice(None)), 0
@@ -279,8 +268,8 @@ class DataProto:
     def concat(items: Sequence["DataProto"]) -> "DataProto":
         """Stack batches row-wise (copies). Every item needs the same columns, with the same
         dtype, trailing shape and device per tensor. ``meta_info["metrics"]`` (a dict of name ->
-        value per item, e.g. one per worker) becomes name -> list of values in item order (an
-        item without a name adds nothing to its list); every other meta_info key must be present
+        value per item, e.g. one per worker) are merged by ``armor_core.metrics.merge_metrics``
+        (max for seconds and maxima, mean otherwise); every other meta_info key must be present
         with an equal value in every item."""
         items = list(items)
         if not items:
@@ -288,16 +277,8 @@ class DataProto:
         for i, item in enumerate(items):
             if not isinstance(item, DataProto):
                 raise TypeError(f"DataProto.concat: item {i} is a {type(item).__name__}; expected DataProto")
+        check_concat(items)
         first = items[0]
-        for i, item in enumerate(items[1:], 1):
-            for kind, mine, theirs in (("tensor", first.tensors, item.tensors), ("non-tensor", first.non_tensors, item.non_tensors)):
-                if mine.keys() != theirs.keys():
-                    raise ValueError(f"DataProto.concat: item {i} has different {kind} columns from item 0: missing "
-                                     f"{sorted(mine.keys() - theirs.keys())}, extra {sorted(theirs.keys() - mine.keys())}")
-            for key, t in item.tensors.items():
-                ref = first.tensors[key]
-                if (t.dtype, t.shape[1:], t.device) != (ref.dtype, ref.shape[1:], ref.device):
-                    raise ValueError(f"DataProto.concat: tensor {key!r} is {_describe(t)} in item {i} but {_describe(ref)} in item 0")
         non_tensors = {}
         for key in first.non_tensors:
             try:
@@ -306,7 +287,7 @@ class DataProto:
                 shapes = [item.non_tensors[key].shape for item in items]
                 raise ValueError(f"DataProto.concat: non-tensor {key!r} cannot be stacked (shapes {shapes}): {e}") from None
         tensors = {key: torch.cat([item.tensors[key] for item in items]) for key in first.tensors}
-        return DataProto(tensors, non_tensors, _merge_meta(items))
+        return DataProto(tensors, non_tensors, merge_meta(items))
 
     # -- columns -------------------------------------------------------------------------------
 
@@ -314,7 +295,7 @@ class DataProto:
         """A DataProto with exactly the named columns (an omitted column argument names none, so
         ``select(tensor_keys=["input_ids"])`` has no non-tensor), and all of meta_info unless
         ``meta_keys`` names some. A str is one key. The columns are shared, not copied."""
-        picked = [_pick(src, [] if keys is None and kind != "meta_info key" else keys, kind, "select")
+        picked = [pick(src, [] if keys is None and kind != "meta_info key" else keys, kind, "select")
                   for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
         return DataProto(*picked)
 
@@ -322,7 +303,7 @@ class DataProto:
         """Remove the named keys from ``self`` and return them as a DataProto (an omitted argument
         names none, meta_info included). Every key is checked before anything is removed."""
         kinds = [(src, [] if keys is None else keys, kind) for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
-        picked = [_pick(src, keys, kind, "pop") for src, keys, kind in kinds]
+        picked = [pick(src, keys, kind, "pop") for src, keys, kind in kinds]
         for (src, _, _), removed in zip(kinds, picked):
             for key in removed:
                 del src[key]
@@ -336,7 +317,7 @@ class DataProto:
         """Rename columns in place (tensor or non-tensor, wherever each lives); returns ``self``.
         Swaps such as ``rename(["a", "b"], ["b", "a"])`` work; renaming onto another existing
         column is an error."""
-        old, new = _key_list(old_keys), _key_list(new_keys)
+        old, new = key_list(old_keys), key_list(new_keys)
         if len(old) != len(new):
             raise ValueError(f"DataProto.rename: {len(old)} old names {old} but {len(new)} new names {new}")
         for names in (old, new):
@@ -344,13 +325,13 @@ class DataProto:
                 raise ValueError(f"DataProto.rename: duplicate name in {names}")
         for key in old:
             if key not in self:
-                raise KeyError(_unknown("column", key, self.keys()))
+                raise KeyError(unknown_key("column", key, self.keys()))
         clash = [k for k in new if k in self and k not in old]
         if clash:
             raise ValueError(f"DataProto.rename: {clash[0]!r} is already a column; pop it first or choose another name")
         mapping = dict(zip(old, new))
         for columns in (self.tensors, self.non_tensors):
-            _replace(columns, {mapping.get(k, k): v for k, v in columns.items()})
+            replace_columns(columns, {mapping.get(k, k): v for k, v in columns.items()})
         return self
 
     def union(self, other: "DataProto") -> "DataProto":
@@ -367,7 +348,7 @@ class DataProto:
         for mine, theirs, kind in ((self.tensors, other.tensors, "tensor"), (self.non_tensors, other.non_tensors, "non-tensor"),
                                    (self.meta_info, other.meta_info, "meta_info key")):
             for key, value in theirs.items():
-                if key in mine and not _same(mine[key], value):
+                if key in mine and not same_value(mine[key], value):
                     raise ValueError(f"DataProto.union: {kind} {key!r} differs between the two batches; "
                                      f"rename or pop one of them first")
         for mine, theirs in ((self.tensors, other.tensors), (self.non_tensors, other.non_tensors), (self.meta_info, other.meta_info)):
@@ -411,104 +392,7 @@ class DataProto:
         except (TypeError, ValueError):  # repr must work on the broken batch an error is about
             size = "invalid"
         lines = [f"DataProto(batch_size={size}"]
-        lines += [f"  tensor     {key}: {_summary(col)}" for key, col in self.tensors.items()]
-        lines += [f"  non_tensor {key}: {_summary(col)}" for key, col in self.non_tensors.items()]
+        lines += [f"  tensor     {key}: {summary(col)}" for key, col in self.tensors.items()]
+        lines += [f"  non_tensor {key}: {summary(col)}" for key, col in self.non_tensors.items()]
         return "\n".join(lines + [f"  meta_info  {list(self.meta_info)})"])
 
-
-# -- helpers -------------------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-def _key_list(keys: str | Sequence[str]) -> list[str]:
-    return [keys] if isinstance(keys, str) else list(keys)
-
-
-def _pick(source: dict, keys: Keys, kind: str, op: str) -> dict:
-    if keys is None:
-        return dict(source)
-    keys = _key_list(keys)
-    for key in keys:
-        if key not in source:
-            raise KeyError(f"DataProto.{op}: {_unknown(kind, key, list(source))}")
-    return {key: source[key] for key in keys}
-
-
-def _unknown(kind: str, key: Any, available: list[str]) -> str:
-    close = difflib.get_close_matches(str(key), available, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"no {kind} {key!r}.{hint} Available: {', '.join(map(repr, available)) or 'none'}"
-
-
-def _replace(target: dict, new: dict) -> None:
-    """Swap a dict's contents while keeping its identity (callers may hold ``data.tensors``)."""
-    new = dict(new)
-    target.clear()
-    target.update(new)
-
-
-def _positive_int(value: Any, op: str, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _summary(col: Any) -> str:
-    if isinstance(col, torch.Tensor):
-        return f"{tuple(col.shape)} {str(col.dtype).replace('torch.', '')}" + ("" if col.device.type == "cpu" else f" on {col.device}")
-    return f"{col.shape} {col.dtype}" if isinstance(col, np.ndarray) else f"<{type(col).__name__}>"
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).replace('torch.', '')} (*{''.join(f', {d}' for d in t.shape[1:])}) on {t.device}"
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values, for union and concat: tensors and arrays elementwise, NaN equal to NaN."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or (a.dtype, a.shape) != (b.dtype, b.shape):
-            return False
-        a, b = a.detach().cpu(), b.detach().cpu()
-        return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
-            return False
-        if a.dtype == object or b.dtype == object:
-            return all(_same(x, y) for x, y in zip(a.ravel(), b.ravel()))
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and type(a) is type(b):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
-
-
-def _merge_meta(items: list[DataProto]) -> dict[str, Any]:
-    ref = {k: v for k, v in items[0].meta_info.items() if k != "metrics"}
-    metrics: dict[str, list] = {}
-    for i, item in enumerate(items):
-        if "metrics" in item.meta_info:
-            if not isinstance(item.meta_info["metrics"], Mapping):
-                raise TypeError(f"DataProto.concat: item {i} meta_info['metrics'] is a {type(item.meta_info['metrics']).__name__}; "
-                                f"expected a dict of metric name -> value")
-            for name, value in item.meta_info["metrics"].items():
-                metrics.setdefault(name, []).append(value)
-        keys = item.meta_info.keys() - {"metrics"}
-        if keys != ref.keys():
-            raise ValueError(f"DataProto.concat: item {i} has meta_info keys {sorted(keys)} but item 0 has {sorted(ref)}; "
-                             f"apart from 'metrics', every item needs the same meta_info")
-        for key in keys:
-            if not _same(item.meta_info[key], ref[key]):
-                raise ValueError(f"DataProto.concat: meta_info[{key!r}] is {reprlib.repr(item.meta_info[key])} in item {i} "
-                                 f"but {reprlib.repr(ref[key])} in item 0")
-    if any("metrics" in item.meta_info for item in items):
-        ref["metrics"] = metrics
-    return ref

@@ -7,9 +7,16 @@ format 0.1), else the domain of the same name. Every source is resolved when the
 (``check_rows``), so a typo fails at start, not at step 500. ``reward.domain_kwargs[domain]`` are
 keyword parameters bound to the domain's function; an unknown one is an error naming the key.
 
-Failures. A domain that raises on a row (or times out) gives that row ``reward.failure_score`` for
-that domain and is counted (``reward/failures``, ``reward/timeouts``); the error and an example row
-are logged once per kind of error, and the run goes on.
+Failures. A domain that raises on a row, times out, or returns a score that is not finite or lies
+outside its ``score_range`` gives that row ``reward.failure_score`` for that domain and is counted
+(``reward/failures``, ``reward/timeouts``); the error and an example row are logged once per kind
+of error. A training run's manager also watches the failure rate (``reward_checks.FailureWatch``).
+
+Ground truths. A domain may declare ``RewardDomain.validate_ground_truth``, a ``check(ground_truth,
+extra)`` raising ValueError for a ground truth the domain cannot read (the math pack's refuses a
+dict; ``multiple_choice`` a letter that is not among the row's options). ``check_rows`` calls it on
+every row routed to the domain, so a malformed dataset fails at load, naming the row, or with
+``data.skip_invalid`` the row is skipped.
 
 Time limits. Verifiers can hang, and ``signal.alarm`` works only in the main thread of the main
 interpreter, so checks run in worker processes (``armor_core.reward_pool``) that are killed and
@@ -27,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import inspect
 import logging
 import math
 import pickle
@@ -40,9 +46,10 @@ import numpy as np
 
 from armor_core.config import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
+from armor_core.reward_checks import FailureWatch, check_params, range_problem, resolve_score_range
 from armor_core.reward_pool import WARMUP_ATTR, _evaluate, _Outcome, _Pool
 
-__all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "accuracy_by_source", "ground_truth_of"]
+__all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "accuracy_by_source", "ground_truth_of", "main_scores"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +83,8 @@ class _Bound:
     domain: RewardDomain  # its fn has the configured parameters bound
     inline: bool
     spec: bytes | None  # the pickled domain, for worker processes
+    score_range: tuple[float, float] | None
+    check_ground_truth: Any  # the domain's validate_ground_truth, or None
 
 
 def ground_truth_of(row: Mapping[str, Any]) -> Any:
@@ -94,11 +103,14 @@ class RewardManager:
 
     :param cfg: the ``reward`` section of the run config.
     :param pm: the plugin manager to find domains in (default: the process-wide one).
+    :param watch_failures: stop with ``RewardFailureError`` when a domain fails on more than
+        ``reward.max_failure_fraction`` of its rows over the last ``reward.failure_window`` batches
+        (a training run); without it failures are only counted (``armor reward``).
     :raises ConfigError: a domain named in ``domain_map`` or ``domain_kwargs`` is not installed, a
         weight is not a number, or a parameter is not accepted by its domain.
     """
 
-    def __init__(self, cfg: RewardConfig, pm: Any = None) -> None:
+    def __init__(self, cfg: RewardConfig, pm: Any = None, *, watch_failures: bool = False) -> None:
         if pm is None:
             from armor_core.plugins import get_plugin_manager
 
@@ -111,6 +123,7 @@ class RewardManager:
         self._pool: _Pool | None = None
         self._lock = threading.RLock()
         self._logged: set[tuple[str, str]] = set()
+        self._watch = FailureWatch(cfg.max_failure_fraction, cfg.failure_window) if watch_failures else None
         if not isinstance(cfg.domain_kwargs, Mapping):
             raise ConfigError(f"reward.domain_kwargs must be a mapping {{domain: {{key: value}}}}, got {cfg.domain_kwargs!r}")
         for name in cfg.domain_kwargs:
@@ -133,7 +146,7 @@ class RewardManager:
         if not isinstance(params, Mapping):
             raise ConfigError(f"reward.domain_kwargs.{name} must be a mapping of parameters, got {params!r}")
         params = dict(params)
-        _check_params(name, domain.fn, params)
+        check_params(name, domain.fn, params)
         inline = bool(getattr(domain, "inline", False) or getattr(domain.fn, INLINE_ATTR, False))
         bound_domain = dataclasses.replace(domain, fn=functools.partial(domain.fn, **params)) if params else domain
         spec = None
@@ -146,7 +159,8 @@ class RewardManager:
                     f"process: {e}. Register a module-level function (not a lambda or closure), or set "
                     f"fn.{INLINE_ATTR} = True if it is pure, cheap and cannot hang"
                 ) from e
-        bound = self._bound[name] = _Bound(bound_domain, inline, spec)
+        score_range = resolve_score_range(name, domain.score_range, domain.fn, params)
+        bound = self._bound[name] = _Bound(bound_domain, inline, spec, score_range, domain.validate_ground_truth)
         return bound
 
     def domain(self, name: str) -> RewardDomain:
@@ -187,15 +201,20 @@ class RewardManager:
         self._routes[data_source] = route
         return route
 
-    def check_rows(self, rows: Iterable[Mapping[str, Any]], where: str) -> None:
-        """Fail now, naming ``where`` and the row, if a row's source routes nowhere or lacks a required ground truth.
+    def check_rows(self, rows: Iterable[Mapping[str, Any]], where: str, *, skip_invalid: bool = False) -> list[str]:
+        """Fail now, naming ``where`` and the row, if a row's source routes nowhere, lacks a required
+        ground truth, or has one a domain's ground-truth check refuses (see the module docstring).
 
-        A row is located by its ``_where`` field (``"train.jsonl:12"``, as the data loader sets it),
-        else its ``_line``, else its 0-based index in ``rows``.
+        With ``skip_invalid`` a row whose ground truth is refused is removed from ``rows`` (then a
+        list) instead, and the problems of the removed rows are returned, one each; the other
+        problems stay errors. A row is located by its ``_where`` field (``"train.jsonl:12"``, as
+        the data loader sets it), else its ``_line``, else its 0-based index in ``rows``.
         """
         needs_gt: dict[str, str | None] = {}  # data_source -> a domain requiring a ground truth
+        gt_checks: dict[str, list[tuple[str, Any]]] = {}  # data_source -> (domain, its ground-truth check)
         missing: list[str] = []
         n_missing = 0
+        kept, refused = [], []
         for i, row in enumerate(rows):
             source = row.get("data_source")
             if source is None:
@@ -206,16 +225,29 @@ class RewardManager:
                 except ConfigError as e:
                     raise ConfigError(f"{_locate(row, i, where)}: {e}") from None
                 needs_gt[source] = next((d for d in route if self._bound[d].domain.requires_ground_truth), None)
-            domain = needs_gt[source]
-            if domain is not None and ground_truth_of(row) is None:
+                gt_checks[source] = [(d, self._bound[d].check_ground_truth) for d in route if self._bound[d].check_ground_truth]
+            domain, gt = needs_gt[source], ground_truth_of(row)
+            if domain is not None and gt is None:
                 n_missing += 1
                 if len(missing) < 5:
                     missing.append(f"{_locate(row, i, where)} (data_source {source!r} -> domain {domain!r})")
+            problem = _ground_truth_problem(gt_checks[source], gt, row) if gt is not None else None
+            if problem is None:
+                kept.append(row)
+            elif skip_invalid:
+                refused.append(f"{_locate(row, i, where)}: {problem}")
+            else:
+                raise ConfigError(f"{_locate(row, i, where)}: {problem} (set data.skip_invalid=true to skip such rows instead)")
         if n_missing:
             raise ConfigError(
                 f"{where}: {n_missing} row(s) have no ground_truth but their reward domain requires one: {'; '.join(missing)}"
                 f"{' ...' if n_missing > len(missing) else ''}. Add a 'ground_truth' field, or route them to a domain that needs none"
             )
+        if refused and not kept:
+            raise ConfigError(f"{where}: every row was skipped as invalid (data.skip_invalid=true), e.g. {refused[0]}")
+        if refused:
+            rows[:] = kept  # type: ignore[index]
+        return refused
 
     # -- scoring ------------------------------------------------------------------------------
 
@@ -251,6 +283,7 @@ class RewardManager:
         subs: dict[str, np.ndarray] = {}
         errors: list[str | None] = [None] * n
         failures: Counter[str] = Counter()
+        first_error: dict[str, str] = {}
         timeouts = 0
 
         def column(key: str) -> np.ndarray:
@@ -259,6 +292,9 @@ class RewardManager:
             return subs[key]
 
         for (i, d, weight), out in zip(checks, outcomes):
+            problem = range_problem(out.score, self._bound[d].score_range) if out.status == "ok" else None
+            if problem:
+                out = _Outcome("error", kind="score_range", message=problem)
             if out.status == "ok":
                 value = out.score
                 for key, sub in (out.subs or {}).items():
@@ -268,6 +304,7 @@ class RewardManager:
                 failures[d] += 1
                 timeouts += out.status == "timeout"
                 errors[i] = f"{errors[i]}; {d}: {out.message}" if errors[i] else f"{d}: {out.message}"
+                first_error.setdefault(d, f"{out.message} (data_source {data_sources[i]!r}, ground_truth {_shown(ground_truths[i])})")
                 self._log_failure(d, out, data_sources[i], prompts[i], responses[i], ground_truths[i])
             column(f"{d}/score")[i] = value
             scores[i] += weight * value
@@ -283,6 +320,8 @@ class RewardManager:
         sources = np.asarray(data_sources, dtype=object)
         for source in set(data_sources):
             metrics[f"reward/source/{source}/score"] = float(scores[sources == source].mean())
+        if self._watch is not None:
+            self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
         return RewardBatch(scores.astype(np.float32), subs, metrics, errors)
 
     def _log_failure(self, domain: str, out: _Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
@@ -290,12 +329,7 @@ class RewardManager:
         if key in self._logged:
             return
         self._logged.add(key)
-
-        def shown(x: Any) -> str:
-            s = repr(x)
-            return s if len(s) <= _SHOWN_CHARS else s[:_SHOWN_CHARS] + "...'"
-
-        example = f"data_source={shown(source)} prompt={shown(prompt)} response={shown(response)} ground_truth={shown(ground_truth)}"
+        example = f"data_source={_shown(source)} prompt={_shown(prompt)} response={_shown(response)} ground_truth={_shown(ground_truth)}"
         note = f"(logged once per kind of error; each failure scores reward.failure_score={self.cfg.failure_score:g} and is counted in reward/failures)"
         if out.status == "timeout":
             logger.warning("reward domain %r timed out: %s %s\n  example row: %s", domain, out.message, note, example)
@@ -316,15 +350,24 @@ class RewardManager:
         self.close()
 
 
-def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "") -> dict[str, float]:
+def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.ndarray:
+    """(B,) each row's score from its main domain: the one with the largest weight in its route (the
+    first on a tie), i.e. the correctness check that components such as ``format`` and ``length``
+    are added to. ``components``: per row ``{domain: (score, weight)}``, as ``Scorer`` records them."""
+    return np.array([max(c.values(), key=lambda score_weight: score_weight[1])[0] for c in components], dtype=np.float64)
+
+
+def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "", main: Any = None) -> dict[str, float]:
     """``{prefix}{source}/acc_{mode}``, ``{prefix}{source}/score_{mode}`` and ``{prefix}acc_{mode}``.
 
-    A row is correct when its score is 1 (to float tolerance): the reward domains' exact-match scale.
+    A row is correct when its main domain scored 1 (to float tolerance: the reward domains'
+    exact-match scale); ``main`` holds those scores (``main_scores``), and without it the row's
+    score is used. ``score_{mode}`` is the mean weighted score.
     """
     import numpy as np
 
     scores = np.asarray(scores, dtype=np.float64)
-    correct = scores >= 1.0 - 1e-6
+    correct = np.asarray(scores if main is None else main, dtype=np.float64) >= 1.0 - 1e-6
     sources = np.asarray(sources)
     out: dict[str, float] = {}
     for src in sorted(set(sources.tolist())):
@@ -335,27 +378,22 @@ def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "") -
     return out
 
 
+def _shown(x: Any) -> str:
+    s = repr(x)
+    return s if len(s) <= _SHOWN_CHARS else s[:_SHOWN_CHARS] + "...'"
+
+
+def _ground_truth_problem(checks: list[tuple[str, Any]], ground_truth: Any, row: Mapping[str, Any]) -> str | None:
+    """What the first domain check that refuses ``ground_truth`` says, or None."""
+    for name, check in checks:
+        try:
+            check(ground_truth, row.get("extra") or {})
+        except ValueError as e:
+            return f"reward domain {name!r} cannot read this ground_truth: {e}"
+    return None
+
+
 def _locate(row: Mapping[str, Any], index: int, where: str) -> str:
     if "_where" in row:
         return str(row["_where"])
     return f"{where}: line {row['_line']}" if "_line" in row else f"{where}: row {index}"
-
-
-def _check_params(name: str, fn: Any, params: Mapping[str, Any]) -> None:
-    """Every configured parameter must be a keyword the domain's function accepts (after the 4 row arguments)."""
-    if not params:
-        return
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    ps = list(sig.parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps):
-        return
-    accepted = [p.name for p in ps[4:] if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    for key in params:
-        if key not in accepted:
-            close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.5)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"reward.domain_kwargs.{name}: unknown parameter {key!r} for reward domain {name!r}.{hint} "
-                              f"It accepts: {', '.join(accepted) or 'no parameters'}")

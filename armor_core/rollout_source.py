@@ -26,7 +26,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from armor_core.step_timer import StepTimer, worker_seconds
+from armor_core.workers.api import ActorAPI
+from armor_core.metrics import merge_metrics
+from armor_core.step_timer import StepTimer
 
 __all__ = ["RolloutSource"]
 
@@ -59,8 +61,8 @@ class RolloutSource:
             with timer("gen"):  # the wait for a batch the rollout workers generated while the actor trained
                 gen_in, out = self.async_rollout.next(step - 1)
             rollout_metrics = out.meta_info.pop("metrics", {})
-            metrics["perf/rollout_worker_s"] = worker_seconds(rollout_metrics.get("perf/worker_s")) or 0.0
-            metrics["perf/rollout_weights_load_s"] = worker_seconds(rollout_metrics.get("perf/weights_load_s")) or 0.0
+            metrics["perf/rollout_worker_s"] = rollout_metrics.get("perf/worker_s", 0.0)
+            metrics["perf/rollout_weights_load_s"] = rollout_metrics.get("perf/weights_load_s", 0.0)
             return _joined(gen_in, out)
         queued, self.queued = self.queued, None
         with timer("data"):
@@ -70,8 +72,8 @@ class RolloutSource:
             return _joined(gen_in, queued.out)
         with timer("gen") as stage:
             stale = self.faults.at("stale_rollout", step) is not None
-            out = self.actor.dispatch("generate", gen_in.select(tensor_keys=PROMPT_KEYS), stale=stale)
-            stage.worker_s = worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s"))
+            out = self.actor.dispatch(ActorAPI.generate, gen_in.select(tensor_keys=PROMPT_KEYS), stale=stale)
+            stage.worker_s = out.meta_info.pop("metrics", {}).get("perf/worker_s")
         return _joined(gen_in, out)
 
     def collect(self, step: int, score: Callable[[Any], tuple[torch.Tensor, dict]], timer: StepTimer, metrics: dict[str, float]) -> tuple[Any, torch.Tensor]:
@@ -138,11 +140,11 @@ class RolloutSource:
         if next_in is not None:
             return self._update_then_generate(update_in, next_in, step, timer)
         with timer("update_actor") as stage:
-            metrics = self.actor.dispatch("update_actor", update_in, step)
-            stage.worker_s = worker_seconds(metrics.pop("perf/worker_s", None))
+            metrics = self.actor.dispatch(ActorAPI.update_actor, update_in, step)
+            stage.worker_s = metrics.pop("perf/worker_s", None)
         if self.needs_weight_sync:
             with timer("update_weights") as stage:
-                stage.worker_s = worker_seconds(self.actor.call("sync_weights"))
+                stage.worker_s = merge_metrics(self.actor.call(ActorAPI.sync_weights))["perf/worker_s"]
         else:
             timer.add("update_weights", 0.0)
         return metrics
@@ -170,11 +172,11 @@ class RolloutSource:
         during it, so they still add up to ``timing_s/step``."""
         stale = self.faults.at("stale_rollout", step + 1) is not None
         t0 = time.perf_counter()
-        metrics, out = self.actor.submit_pair("update_then_generate", update_in, next_in.select(tensor_keys=PROMPT_KEYS), step, stale=stale).result()
+        metrics, out = self.actor.submit_pair(ActorAPI.update_then_generate, update_in, next_in.select(tensor_keys=PROMPT_KEYS), step, stale=stale).result()
         wall = time.perf_counter() - t0
-        update_s = worker_seconds(metrics.pop("perf/worker_s", None)) or 0.0
+        update_s = metrics.pop("perf/worker_s", 0.0)
         sync_s = metrics.pop("perf/sync_s", 0.0)
-        gen_s = worker_seconds(out.meta_info.pop("metrics", {}).get("perf/worker_s")) or 0.0
+        gen_s = out.meta_info.pop("metrics", {}).get("perf/worker_s", 0.0)
         timer.add("update_actor", update_s)
         timer.add("update_weights", sync_s)
         timer.add("gen", gen_s)
@@ -189,7 +191,7 @@ class RolloutSource:
         """Generate now (validation) with the policy after ``version`` updates."""
         if self.async_rollout is not None:
             return self.async_rollout.generate(prompts, version, greedy=greedy)
-        return self.actor.dispatch("generate", prompts, greedy=greedy)
+        return self.actor.dispatch(ActorAPI.generate, prompts, greedy=greedy)
 
     @property
     def ranks(self) -> int:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from armor_core.interfaces import call_with_params
-from armor_core.step_timer import StepTimer, worker_seconds
+from armor_core.workers.api import ActorAPI, CriticAPI
+from armor_core.step_timer import StepTimer
 
 __all__ = ["Scorer", "Step", "StepResult", "batch_metrics"]
 
@@ -29,7 +30,11 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "resp
 
 
 class Scorer:
-    """Scores of generated rows: responses decoded, then ``RewardManager.score`` routes each row by its ``data_source``."""
+    """Scores of generated rows: responses decoded, then ``RewardManager.score`` routes each row by its ``data_source``.
+
+    Each row's components go into the batch as ``reward_components``, ``{domain: (score, weight)}``
+    (its score is the weighted sum), for estimators that treat them separately (``normalize_components``).
+    """
 
     def __init__(self, rewards: Any, tokenizer: Any) -> None:
         self.rewards, self.tokenizer = rewards, tokenizer
@@ -45,6 +50,8 @@ class Scorer:
         # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
         extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
         out = self.rewards.score(list(nt["raw_prompt"]), self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), extras)
+        batch["reward_components"] = [{d: (float(out.sub_scores[f"{d}/score"][i]), w) for d, w in self.rewards.domains_for(source).items()}
+                                      for i, source in enumerate(nt["data_source"])]
         return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics)
 
 
@@ -93,8 +100,8 @@ class Step:
         cfg, timer = self.cfg, res.timer
         if not (cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size):
             with timer("old_log_prob") as stage:
-                old = self.actor.dispatch("compute_log_prob", batch)
-                stage.worker_s = worker_seconds(old.meta_info.pop("metrics", {}).get("perf/worker_s"))
+                old = self.actor.dispatch(ActorAPI.compute_log_prob, batch)
+                stage.worker_s = old.meta_info.pop("metrics", {}).get("perf/worker_s")
             batch = batch.union(old.select(tensor_keys=["old_log_probs"]))
             if "rollout_log_probs" in batch:
                 mask = batch["response_mask"].float()
@@ -103,12 +110,12 @@ class Step:
                 res.metrics["rollout/logprob_diff_max"] = diff.max().item()
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             with timer("ref") as stage:
-                ref = self.actor.dispatch("compute_ref_log_prob", batch)
-                stage.worker_s = worker_seconds(ref.meta_info.pop("metrics", {}).get("perf/worker_s"))
+                ref = self.actor.dispatch(ActorAPI.compute_ref_log_prob, batch)
+                stage.worker_s = ref.meta_info.pop("metrics", {}).get("perf/worker_s")
                 batch = batch.union(ref)
         if self.critic is not None:
             with timer("values"):
-                batch = batch.union(self.critic.dispatch("compute_values", batch))
+                batch = batch.union(self.critic.dispatch(CriticAPI.compute_values, batch))
         return batch
 
     def _advantages(self, batch: Any, res: StepResult) -> Any:
@@ -126,7 +133,8 @@ class Step:
             else:
                 rewards = batch["token_level_scores"]
             batch["token_level_rewards"] = rewards
-            available = {"values": batch["values"] if "values" in batch else None, "gamma": a.gamma, "lam": a.lam, "norm_adv_by_std": a.norm_adv_by_std}
+            available = {"values": batch["values"] if "values" in batch else None, "gamma": a.gamma, "lam": a.lam, "norm_adv_by_std": a.norm_adv_by_std,
+                         "reward_components": batch["reward_components"] if "reward_components" in batch else None}
             index = torch.as_tensor(np.asarray(batch.non_tensors["uid"], dtype=np.int64))
             adv, ret = call_with_params(self.estimator.fn, rewards, mask, index, available=available, extra=a.adv_kwargs, where="algorithm.adv_kwargs")
             batch["advantages"], batch["returns"] = adv.float(), ret.float()
@@ -137,7 +145,7 @@ class Step:
     def _update(self, batch: Any, step: int, res: StepResult) -> None:
         if self.critic is not None:
             with res.timer("update_critic"):
-                res.metrics.update(self.critic.dispatch("update_critic", batch, step))
+                res.metrics.update(self.critic.dispatch(CriticAPI.update_critic, batch, step))
         update_in = batch.select(tensor_keys=[k for k in UPDATE_KEYS if k in batch])
         res.metrics.update(self.rollout.update(update_in, step, res.timer))
 

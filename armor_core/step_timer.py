@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Iterator
 
-__all__ = ["ENGINE_STAGES", "StepTimer", "worker_seconds"]
+__all__ = ["ENGINE_STAGES", "StepTimer"]
 
 #: stages that are the engine's own cost, not generation, reward, algorithm or training compute
 ENGINE_STAGES = ("data", "update_weights", "overhead", "log", "other")
@@ -40,10 +40,3 @@ class StepTimer:
         self.add(name, inside)
         if stage.worker_s is not None:
             self.add("overhead", wall - inside)
-
-
-def worker_seconds(reported: Any) -> float | None:
-    """The slowest rank's ``perf/worker_s``: a float (one worker), a list (per rank), or None."""
-    if isinstance(reported, (list, tuple)):
-        return max(reported) if reported else None
-    return None if reported is None else float(reported)

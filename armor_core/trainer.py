@@ -36,6 +36,7 @@ from armor_core.engine import WorkerDiedError
 from armor_core.rollout_source import RolloutSource
 from armor_core.step import Scorer, Step, batch_metrics
 from armor_core.step_timer import ENGINE_STAGES
+from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI
 
 __all__ = ["Trainer", "prepare_data", "run_training"]
 
@@ -65,8 +66,9 @@ def prepare_data(cfg: ArmorConfig, pm: Any = None, tokenizer: Any = None, reward
             val = None
         for ds in (train, val):
             if ds is not None:
-                rewards.check_rows(ds.rows, ds.source)
-                ds.encoded = encode_dataset(ds, tokenizer, d.max_prompt_length, d.truncation)  # type: ignore[attr-defined]
+                refused = rewards.check_rows(ds.rows, ds.source, skip_invalid=d.skip_invalid)  # ground truths a domain cannot read
+                ds.skipped, ds.problems = ds.skipped + len(refused), ds.problems + refused
+                ds.encoded = encode_dataset(ds, tokenizer, d.max_prompt_length, d.truncation, d.apply_chat_template_kwargs)  # type: ignore[attr-defined]
     finally:
         if own_rewards:
             rewards.close()
@@ -89,7 +91,7 @@ class Trainer:
         validate_plugins(cfg, self.pm)
         self.estimator = self.pm.get("advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator")
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
-        self.rewards = RewardManager(cfg.reward, self.pm)
+        self.rewards = RewardManager(cfg.reward, self.pm, watch_failures=True)  # a domain failing on most rows stops the run
         self.scorer = Scorer(self.rewards, self.tokenizer)
         self.train_ds, self.val_ds = prepare_data(cfg, self.pm, self.tokenizer, self.rewards)
         for ds in (self.train_ds, self.val_ds):
@@ -163,12 +165,12 @@ class Trainer:
         conf = to_dict(self.cfg)
         t0 = time.perf_counter()
         self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                 name="actor", init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"),
+                                 name="actor", api=ActorAPI, init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"),
                                  channel=e.direct_channel)
         self.critic = None
         if "critic" in groups:
             self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                      name="critic", init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"), channel=e.direct_channel)
+                                      name="critic", api=CriticAPI, init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"), channel=e.direct_channel)
         self.async_rollout = None
         if asynchronous:
             from armor_core.async_rollout import AsyncRollout
@@ -176,14 +178,14 @@ class Trainer:
 
             # channel=False: Ray runs a rollout worker's calls in the order sent, weight pushes between generations
             group = WorkerGroup(RolloutWorker, groups["rollout"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                name="rollout", init_kwargs={"config": conf}, rank_kwargs=plan.get("rollout"), channel=False)
+                                name="rollout", api=RolloutAPI, init_kwargs={"config": conf}, rank_kwargs=plan.get("rollout"), channel=False)
             self.async_rollout = AsyncRollout(group, self.actor, self.loader, self.cfg.rollout.n, self.cfg.rollout.max_staleness)
         self.startup_s["workers"] = time.perf_counter() - t0
         # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
-        self.rollout = RolloutSource(self.cfg, self.actor, self.loader, self.faults, self.async_rollout, any(self.actor.call("needs_weight_sync")))
+        self.rollout = RolloutSource(self.cfg, self.actor, self.loader, self.faults, self.async_rollout, any(self.actor.call(ActorAPI.needs_weight_sync)))
         self.stepper = Step(self.cfg, self.pm, self.estimator, self.actor, self.critic, self.rollout, self.scorer, self.guard, self.faults, self.kl_ctrl)
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
-        records = [{**place, **rec} for g in self._groups() for place, rec in zip(g.placement, g.call("isolation_record"))]
+        records = [{**place, **rec} for g in self._groups() for place, rec in zip(g.placement, g.call(g.api.isolation_record))]
         if isolator is not None:
             isolator.report(records, self.run_dir)  # printed, and saved as isolation.json
         else:
@@ -207,9 +209,9 @@ class Trainer:
 
     def _load(self, path: Path, restore_guards: bool = True) -> None:
         state = self.ckpt.trainer_state(path)
-        self.actor.call("load_checkpoint", str(path))
+        self.actor.call(ActorAPI.load_checkpoint, str(path))
         if self.critic is not None:
-            self.critic.call("load_checkpoint", str(path))
+            self.critic.call(CriticAPI.load_checkpoint, str(path))
         self.step = int(state["step"])
         self.loader.load_state_dict(state["loader"])
         self.rollout.reset()  # async batches in flight came from weights and prompts that were just taken back
@@ -224,9 +226,9 @@ class Trainer:
                  "val_history": self.val_history, **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {})}
 
         def write(tmp: Path) -> None:
-            self.actor.call("save_checkpoint", str(tmp))
+            self.actor.call(ActorAPI.save_checkpoint, str(tmp))
             if self.critic is not None:
-                self.critic.call("save_checkpoint", str(tmp))
+                self.critic.call(CriticAPI.save_checkpoint, str(tmp))
 
         return self.ckpt.save(self.step, write, state)
 
@@ -269,7 +271,7 @@ class Trainer:
 
         adjustments = merge_adjustments([v for v in verdicts if v.adjustments])
         if adjustments:  # applied from the next update on, identically on every rank
-            self.actor.call("apply_adjustments", adjustments)
+            self.actor.call(ActorAPI.apply_adjustments, adjustments)
             metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
 
     def _rollback(self, metrics: dict[str, float], since: int | None = None) -> None:
@@ -296,24 +298,18 @@ class Trainer:
     # -- validation -----------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
+        """Held-out metrics (``validation.run_validation``): greedy accuracy per data source, and
+        ``mean@n`` / ``best@n`` / ``maj@n`` with ``trainer.val_n > 1``."""
         if self.val_ds is None:
             return {}
         from armor_core.protocol import DataProto
-        from armor_core.rewards import accuracy_by_source
+        from armor_core.validation import run_validation
 
         enc = self.val_ds.encoded
         data = DataProto.from_dict(tensors=dict(enc["tensors"]), non_tensors=dict(enc["non_tensors"]))
-        out: dict[str, float] = {}
-        modes = [("greedy", True)] + ([("sampled", False)] if self.cfg.trainer.val_sampled else [])
-        for mode, greedy in modes:
-            pad = (-len(data)) % self.rollout.ranks
-            padded = DataProto.concat([data, data[:pad]]) if pad else data
-            prompts = padded.select(tensor_keys=["input_ids", "attention_mask", "position_ids"])
-            gen = self.rollout.generate(prompts, self.step, greedy=greedy)
-            gen = gen[: len(data)]
-            full = data.select(non_tensor_keys=list(data.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
-            scores, _ = self.scorer(full)
-            out.update(accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/"))
+        t = self.cfg.trainer
+        out = run_validation(data, lambda prompts, greedy: self.rollout.generate(prompts, self.step, greedy=greedy), self.scorer, self.rollout.ranks,
+                             t.val_n, t.val_sampled)
         out["val/step"] = float(self.step)
         self.val_history.append(out)
         return out
@@ -351,6 +347,10 @@ class Trainer:
             latest = self.ckpt.latest()
             if latest is None or latest.name != self.ckpt.name_of(self.step):  # the last step is not saved yet
                 self.save_checkpoint()
+            summary = self._summary(before, after, step_metrics)
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            for tr in self.trackers:  # optional: trackers that keep a run summary (wandb, mlflow)
+                getattr(tr, "summary", lambda s: None)(summary)
         except WorkerDiedError as e:
             last = self.ckpt.latest()
             where = (f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
@@ -359,8 +359,6 @@ class Trainer:
         finally:
             for tr in self.trackers:
                 tr.close()
-        summary = self._summary(before, after, step_metrics)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
     def _summary(self, before, after, steps) -> dict[str, Any]:
@@ -390,14 +388,14 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     c = Console(highlight=False, soft_wrap=True)
-    table = Table(title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s")
-    table.add_column("")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
+    table = Table(title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s; held-out accuracy per data_source")
+    for name in ("", "before", "after", "change"):
+        table.add_column(name, justify="right" if name else "left")
     b, a = summary.get("val_before") or {}, summary.get("val_after") or {}
-    for k in sorted(set(b) | set(a)):
-        if k.startswith("val/") and "acc" in k:
-            table.add_row(k, f"{b[k]:.3f}" if k in b else "-", f"{a[k]:.3f}" if k in a else "-")
+    # per data_source first, the overall figure (val/acc_<mode>) last
+    for k in sorted((k for k in set(b) | set(a) if k.startswith("val/") and "/acc_" in k), key=lambda k: (k.count("/") < 2, k)):
+        change = f"{(a[k] - b[k]) * 100:+.1f} pts" if k in a and k in b else "-"
+        table.add_row(k, f"{b[k]:.3f}" if k in b else "-", f"{a[k]:.3f}" if k in a else "-", change)
     c.print(table)
     t = summary["timing_s_mean"]
     if t:

@@ -128,7 +128,7 @@ def main() -> None:
         if path == "ray":
             fns[name, path] = lambda obj=obj: ray.get(actor.echo.remote(obj, idle_s))
         elif path == "channel":
-            fns[name, path] = lambda obj=obj: group.call("echo", obj, idle_s)
+            fns[name, path] = lambda obj=obj: group.call(Echo.echo, obj, idle_s)
         else:
             fns[name, path] = lambda obj=obj: pickle_round_trip(obj)
     medians = median_ms(fns, args.runs, args.warmup)

@@ -58,7 +58,8 @@ def run_case(pass_: str, chunk: int, rows: int, length: int, reps: int, vocab: i
     import torch
 
     from armor_core.models import build_tiny_model
-    from armor_core.workers.common import forward_response_log_probs, quiet_transformers
+    from armor_core.workers.common import quiet_transformers
+    from armor_core.workers.layouts import forward_response_log_probs
     from armor_core.workers.lm_head import install_response_head
 
     quiet_transformers()

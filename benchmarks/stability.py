@@ -11,7 +11,8 @@ with the clean run. A run that dies (a NaN reaching the sampler) counts as non-f
 
 Prints: scenario, guard off (held-out greedy accuracy, weights finite), guard on (accuracy, weights
 finite, actions taken), the clean accuracy, and the guard's cost on the clean run's step time
-(interleaved off/on pairs, see ``guard_cost``).
+(interleaved off/on pairs, see ``guard_cost``). Writes ``armor report``'s overlay of each scenario's
+guard-off and guard-on runs to ``<out>/report/<scenario>/index.html``.
 """
 
 from __future__ import annotations
@@ -144,7 +145,21 @@ def main() -> int:
               f"{off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%; pairs {', '.join(f'{x:+.1f}%' for x in pairs)})")
     if args.json:
         Path(args.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
+    for page in write_overlays(root, ["clean", *(args.only or SCENARIOS)]):
+        print(f"guard off/on overlay: {page}")
     return 0
+
+
+def write_overlays(root: Path, names: list[str]) -> list[Path]:
+    """``armor report`` of each scenario's guard-off and guard-on runs on the same axes, in ``root/report/<scenario>/``."""
+    from armor_core.report import PAGE, write_report
+
+    pages = []
+    for name in names:
+        out = root / "report" / name
+        write_report([root / f"{name}-off", root / f"{name}-on"], out, labels=["guard off", "guard on"])
+        pages.append(out / PAGE)
+    return pages
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def greedy_accuracy(model, tokenizer, cfg, val_encoded, rewards) -> float:
 
 def run_armor(steps: int, eval_every: int) -> dict:
     from armor_core.trainer import Trainer
+    from armor_core.workers.api import ActorAPI
 
     with tempfile.TemporaryDirectory() as tmp, PeakRSS() as mem:
         # val_freq tells the trainer where the evaluations fall, so it does not queue a generation
@@ -138,7 +139,7 @@ def run_armor(steps: int, eval_every: int) -> dict:
                 breakdown.append({k: v for k, v in m.items() if k.startswith(("timing_s/", "perf/"))})
                 if step % eval_every == 0 or step == steps:
                     evals.append((step, trainer.validate()["val/acc_greedy"], clock))
-            threads = trainer.actor.call("ping")[0]["threads"]
+            threads = trainer.actor.call(ActorAPI.ping)[0]["threads"]
         finally:
             trainer.close()
     return {"step_s": step_s, "tokens": tokens, "evals": evals, "peak_rss": mem.peak, "threads": threads, "breakdown": breakdown}

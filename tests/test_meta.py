@@ -75,3 +75,27 @@ def test_the_guard_stage_table_names_every_stage_the_code_shows_a_guard():
     for path in root.rglob("*.py"):
         shown |= set(re.findall(r"""\.observe\(\s*["'](\w+)["']""", path.read_text()))
     assert shown == set(GUARD_STAGES), (sorted(shown), sorted(GUARD_STAGES))
+
+
+def test_each_worker_class_implements_its_protocol_with_the_same_parameters():
+    """``armor_core.workers.api`` is the one declaration of what the driver calls; a worker method
+    whose parameters drift from it would take a call the reader of the protocol does not expect."""
+    from armor_core.engine import _declared
+    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI
+    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.rollout import RolloutWorker
+
+    for worker, api in ((ActorWorker, ActorAPI), (CriticWorker, CriticAPI), (RolloutWorker, RolloutAPI)):
+        for name in _declared(api):
+            declared = list(inspect.signature(getattr(api, name)).parameters)
+            # ray.remote(cls) in this process (an earlier test) adds its tracing parameter to the class's methods
+            implemented = [p for p in inspect.signature(getattr(worker, name)).parameters if p != "_ray_trace_ctx"]
+            assert implemented == declared, f"{worker.__name__}.{name}{implemented} differs from {api.__name__}.{name}{declared}"
+
+
+def test_the_driver_names_worker_methods_by_reference_never_by_string():
+    calls = re.compile(r"\.(call|dispatch|submit|submit_call|submit_pair|call_rank)\(\s*(\d+,\s*)?[\"']")
+    offenders = [f"{path}:{i}" for path in (TESTS.parent / "armor_core").rglob("*.py")
+                 for i, line in enumerate(path.read_text().splitlines(), 1) if calls.search(line)]
+    assert not offenders, f"worker methods named by a string (use armor_core.workers.api): {offenders}"

@@ -1,4 +1,5 @@
-"""``armor run [CONFIG] [key=value ...]``: validate the config, assemble the plugins it names, train."""
+"""``armor run [CONFIG] [key=value ...]``: validate the config, assemble the plugins it names, check the
+model files and the run directory (``preflight``), train."""
 
 from __future__ import annotations
 
@@ -34,14 +35,21 @@ def split_config_and_overrides(config: str | None, overrides: list[str]) -> tupl
 
 
 def _check_resume(args: argparse.Namespace, cfg) -> None:
-    """``--resume`` continues with the config the run was started with, but for the changes allowed."""
+    """``--resume`` continues with the config the run was started with, but for the changes allowed;
+    without it the run directory must hold no checkpoint."""
     from armor_core.config import ConfigError, to_dict
-    from armor_core.run_dir import check_resume_config
+    from armor_core.run_dir import RunDirError, check_resume_config
 
     allowed = [key for item in args.allow_config_change for key in item.split(",")]
     if not args.resume:
         if allowed:
             raise ConfigError("--allow-config-change applies to --resume only")
+        from armor_core.checkpoint import CheckpointManager
+
+        # the trainer refuses too, but only after loading the data; here --dry-run says it as well
+        if CheckpointManager(cfg.trainer.run_dir).latest() is not None:
+            raise RunDirError(f"{cfg.trainer.run_dir} already holds checkpoints; pass --resume to continue that run, "
+                              "or choose another trainer.run_dir")
         return
     for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed):
         print(f"--resume: config changed as allowed: {line}")
@@ -50,6 +58,8 @@ def _check_resume(args: argparse.Namespace, cfg) -> None:
 def main(args: argparse.Namespace) -> int:
     from armor_core.cli import user_errors
     from armor_core.config import help_for, load_config, to_yaml, validate_plugins
+    from armor_core.errors import one_line
+    from armor_core.preflight import check_run
 
     if args.help_config:
         for key, help_text, default in help_for():
@@ -62,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
+        check_run(cfg)  # model files, tokenizer, guard parameters: before any worker starts
         if args.dry_run:
             _check_resume(args, cfg)
             print("config and plugins are valid; this run would use:")
@@ -79,5 +90,5 @@ def main(args: argparse.Namespace) -> int:
             run_training(cfg, resume=args.resume)
         return 0
     except user_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(one_line(e), file=sys.stderr)
         return 2

@@ -3,10 +3,15 @@
 A ``WorkerGroup`` is N Ray actors of one worker class, placed together by a placement group, that
 act as data-parallel ranks 0..N-1. The driver talks to the group, not to ranks:
 
-- ``group.call("method", *args)`` runs the method on every rank and returns the list of results;
-- ``group.dispatch("method", data, *args)`` splits a DataProto into N shares (balanced by valid
+- ``group.call(API.method, *args)`` runs the method on every rank and returns the list of results;
+- ``group.dispatch(API.method, data, *args)`` splits a DataProto into N shares (balanced by valid
   tokens, see ``balanced_split``), runs the method on each rank with its share, and concatenates
-  the returned DataProtos in the original row order; dict results (metrics) are averaged.
+  the returned DataProtos in the original row order; metric dicts (returned, or a DataProto's
+  ``meta_info["metrics"]``) are merged by ``armor_core.metrics.merge_metrics``.
+
+A method is named by reference to the group's protocol (``armor_core.workers.api``: ``ActorAPI``,
+``CriticAPI``, ``RolloutAPI``), never by a string: the group checks at start-up that its worker
+class defines every method of the protocol, and at each call that the method is one of them.
 
 Rollout, actor and reference live in one worker class (``ActorWorker``), so generation and
 training share weights without a transfer; a separate rollout group is a matter of another class.
@@ -30,13 +35,14 @@ waiting (they would sit in a collective until gloo's 30-minute timeout) ends the
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from armor_core.engine.dispatch import Pending, balanced_split, shares
 from armor_core.errors import UserFacingError
 
-__all__ = ["ChannelError", "Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "init_ray"]
+__all__ = ["ChannelError", "Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "free_port", "init_ray"]
 
 # how long the other ranks get to finish after one rank raised: a healthy group returns in
 # milliseconds, a group stuck in a collective with the failed rank never does
@@ -70,80 +76,22 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> N
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, log_to_driver=True, configure_logging=False)
 
 
-def balanced_split(token_counts: np.ndarray, n: int) -> list[np.ndarray]:
-    """Split row indices into ``n`` groups of equal row count with token totals as even as possible.
-
-    Rows are taken longest first and each goes to the lightest group that still has room (LPT
-    scheduling), so each rank does about the same work; every group has len(rows)/n rows, because
-    the gradient contract sums per-rank losses and DDP needs the same number of micro-batches.
-    """
-    rows = len(token_counts)
-    if rows % n:
-        raise ValueError(f"cannot split {rows} rows evenly over {n} workers; make the batch a multiple of the worker count")
-    cap = rows // n
-    loads = np.zeros(n)
-    groups: list[list[int]] = [[] for _ in range(n)]
-    for i in np.argsort(-token_counts, kind="stable"):
-        open_groups = [g for g in range(n) if len(groups[g]) < cap]
-        g = min(open_groups, key=lambda k: loads[k])
-        groups[g].append(int(i))
-        loads[g] += token_counts[i]
-    return [np.sort(np.array(g, dtype=np.int64)) for g in groups]
-
-
-class Pending:
-    """Calls sent to a group whose results are not gathered yet (``WorkerGroup.submit``,
-    ``submit_call``, ``submit_pair``). ``parts``: for each DataProto the call split over the
-    ranks, the row indices of each rank's share (None: ``call``, results returned as a list)."""
-
-    def __init__(self, group: "WorkerGroup", method: str, refs: list[Any] | int, parts: list[list[np.ndarray]] | None) -> None:
-        self.group, self.method, self.refs, self.parts = group, method, refs, parts  # refs: Ray's, or the channel call's number
-
-    def result(self) -> Any:
-        """``call``'s list; ``dispatch``'s merge (DataProtos concatenated in the original row order,
-        metric dicts averaged over ranks); ``submit_pair``'s pair of merges."""
-        if isinstance(self.refs, int):
-            outs = self.group._gather_channel(self.refs, self.method)
-        else:
-            outs = self.group._gather(self.refs, self.method)
-        if self.parts is None:
-            return outs
-        if len(self.parts) == 1:
-            return _merge(outs, self.parts[0])
-        return tuple(_merge([o[i] for o in outs], parts) for i, parts in enumerate(self.parts))
-
-
-def _merge(outs: list[Any], parts: list[np.ndarray]) -> Any:
-    from armor_core.protocol import DataProto
-
-    if len(outs) == 1:
-        return outs[0]
-    if isinstance(outs[0], DataProto):
-        merged = DataProto.concat(outs)
-        return merged[np.argsort(np.concatenate(parts))]
-    if isinstance(outs[0], dict):
-        keys = set().union(*outs)
-        return {k: float(np.mean([o[k] for o in outs if k in o])) for k in keys}
-    return outs
-
-
-def _shares(data: Any, n: int) -> list[np.ndarray]:
-    """Each rank's rows of ``data``, balanced by valid tokens (responses once there are any)."""
-    if n == 1:
-        return [np.arange(len(data))]
-    mask = data["response_mask"] if "response_mask" in data else data["attention_mask"]
-    return balanced_split(mask.sum(-1).numpy(), n)
-
-
 class WorkerGroup:
     """N Ray actors of ``worker_cls`` acting as data-parallel ranks."""
 
     def __init__(self, worker_cls: type, n: int, *, cpus_per_worker: float, gpus_per_worker: float, name: str, init_kwargs: dict[str, Any],
-                 rank_kwargs: list[dict[str, Any]] | None = None, placement_timeout_s: float = 120.0, channel: bool = True) -> None:
+                 api: type | None = None, rank_kwargs: list[dict[str, Any]] | None = None, placement_timeout_s: float = 120.0,
+                 channel: bool = True) -> None:
+        """``api``: the protocol the driver calls the workers through (``armor_core.workers.api``);
+        None: the worker class itself (tests, benchmarks)."""
         import ray
         from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        self.api = api or worker_cls
+        missing = [m for m in _declared(self.api) if not callable(getattr(worker_cls, m, None))]
+        if missing:
+            raise TypeError(f"worker group '{name}': {worker_cls.__name__} does not define {missing}, declared by {self.api.__name__}")
         self.n, self.name, self.workers = n, name, []
         self.conns: list[Any] = []  # the direct channel to each rank, once open
         self._seq = 0  # number of the last call sent over the channel
@@ -175,7 +123,7 @@ class WorkerGroup:
             per_rank = rank_kwargs[rank] if rank_kwargs else {}
             self.workers.append(remote_cls.options(**opts).remote(**init_kwargs, **per_rank, rank=rank, world_size=n))
         # surface construction errors (bad model path, ...) now, naming the worker
-        for rec, info in zip(self.placement, self.call("ping")):
+        for rec, info in zip(self.placement, self.call(self.api.ping)):
             rec["pid"] = info.get("pid") if isinstance(info, dict) else None
         if channel:
             self._open_channels(placement_timeout_s)
@@ -201,13 +149,26 @@ class WorkerGroup:
         return (f"worker group '{self.name}' rank {rank} (pid {rec.get('pid', '?')}, node {rec.get('node_ip', '?')} "
                 f"{str(rec.get('node_id', '?'))[:12]})")
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def _name(self, method: Callable[..., Any]) -> str:
+        """The name of ``method``, a function of the group's protocol (``ActorAPI.update_actor``)."""
+        name = getattr(method, "__name__", None)
+        if isinstance(method, str) or name is None or getattr(self.api, name, None) is not method:
+            raise TypeError(f"worker group '{self.name}': {method!r} is not a method of {self.api.__name__}; name a worker method by "
+                            f"reference, e.g. {self.api.__name__}.{next(iter(_declared(self.api)), 'method')}")
+        return name
+
+    def call_rank(self, rank: int, method: Callable[..., Any], *args: Any) -> Any:
+        """``method(*args)`` on one rank through Ray, beside the channel's calls (it may run while
+        the rank is inside another call); returns Ray's reference to the result."""
+        return getattr(self.workers[rank], self._name(method)).remote(*args)
+
+    def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         return self.submit_call(method, *args, **kwargs).result()
 
-    def submit_call(self, method: str, *args: Any, **kwargs: Any) -> "Pending":
+    def submit_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> "Pending":
         """``call`` without waiting: each rank queues the method behind the ones sent before (a Ray
         actor runs its calls one at a time, in order); ``.result()`` gathers, as ``call`` returns."""
-        return self._send(method, [args] * self.n, kwargs, None)
+        return self._send(self._name(method), [args] * self.n, kwargs, None)
 
     def _send(self, method: str, rank_args: list[tuple], kwargs: dict[str, Any], parts: list[list[np.ndarray]] | None) -> Pending:
         """``method(*rank_args[r], **kwargs)`` on each rank r, over the channel when it is open."""
@@ -320,21 +281,21 @@ class WorkerGroup:
                     raise
         return [results[r] for r in range(len(refs))]
 
-    def dispatch(self, method: str, data: Any, *args: Any, **kwargs: Any) -> Any:
+    def dispatch(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
         return self.submit(method, data, *args, **kwargs).result()
 
-    def submit(self, method: str, data: Any, *args: Any, **kwargs: Any) -> Pending:
+    def submit(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Pending:
         """``dispatch`` without waiting (see ``submit_call``); ``.result()`` is what ``dispatch`` returns."""
-        parts = _shares(data, self.n)
-        return self._send(method, [(data if self.n == 1 else data[idx], *args) for idx in parts], kwargs, [parts])
+        parts = shares(data, self.n)
+        return self._send(self._name(method), [(data if self.n == 1 else data[idx], *args) for idx in parts], kwargs, [parts])
 
-    def submit_pair(self, method: str, first: Any, second: Any, *args: Any, **kwargs: Any) -> Pending:
+    def submit_pair(self, method: Callable[..., Any], first: Any, second: Any, *args: Any, **kwargs: Any) -> Pending:
         """``method(first_share, second_share, *args)`` on every rank, each DataProto split over the
         ranks on its own; the method returns a pair, and ``.result()`` merges each half as ``dispatch`` would."""
-        parts = [_shares(first, self.n), _shares(second, self.n)]
+        parts = [shares(first, self.n), shares(second, self.n)]
         pick = lambda data, idx: data if self.n == 1 else data[idx]  # noqa: E731
-        return self._send(method, [(pick(first, a), pick(second, b), *args) for a, b in zip(*parts)], kwargs, parts)
+        return self._send(self._name(method), [(pick(first, a), pick(second, b), *args) for a, b in zip(*parts)], kwargs, parts)
 
     def shutdown(self) -> None:
         """Stop every worker and free the placement group; safe to call twice."""
@@ -377,6 +338,11 @@ def death_cause(err: Exception) -> str:
     return kind + (f" [Ray: {exit_type}{': ' + detail if detail else ''}]" if exit_type else "")
 
 
+def _declared(api: type) -> list[str]:
+    """The public methods ``api`` declares (its own and inherited, not ``object``'s)."""
+    return [m for m in dir(api) if not m.startswith("_") and callable(getattr(api, m))]
+
+
 def _answer(worker: Any) -> bool:
     """Run in a worker through Ray: it answers if its process is alive."""
     return True
@@ -385,10 +351,11 @@ def _answer(worker: Any) -> bool:
 def _address_here() -> tuple[str, int]:
     import ray
 
-    return ray.util.get_node_ip_address(), _free_port()
+    return ray.util.get_node_ip_address(), free_port()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on every interface of this machine now (for a rendezvous)."""
     import socket
 
     with socket.socket() as s:

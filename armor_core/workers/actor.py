@@ -15,33 +15,27 @@ from __future__ import annotations
 
 import copy
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, call_with_params
+from armor_core.kl_penalty import compute_kl_loss
 from armor_core.protocol import DataProto
 from armor_core.schedule import lr_factor
+from armor_core.workers.actor_weights import ActorWeights
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, global_sums, init_distributed, mismatch_stats
-from armor_core.workers.common import (LAYOUTS, attention_weight_of, forward_response_log_probs, grouped_mask_supported, isolate, iter_micro_batches, layout_rows,
-                                      build_on_one_thread, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks, scalar, seed_everything)
+from armor_core.workers.common import (build_on_one_thread, isolate, iter_micro_batches, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks,
+                                      scalar, seed_everything)
 from armor_core.workers.lm_head import install_response_head
-from armor_core.workers.lora import (ADAPTER_DIR, MergedView, adapters_off, apply_lora, check_resume, load_adapter_state, merged_weights,
-                                    save_adapter)
+from armor_core.workers.logprobs import ResponseLogProbs
+from armor_core.workers.optim import adamw, local_params, update_stats, zero_advantage_is_inert
+from armor_core.workers.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
 
 __all__ = ["ActorWorker"]
-
-
-def _adamw(model: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
-    """AdamW, fused (one kernel for all parameters; ~5x faster than the per-tensor loop torch
-    defaults to on CPU) where torch supports it, else its multi-tensor ``foreach`` form."""
-    params = [p for p in model.parameters() if p.requires_grad]  # with LoRA, the adapters only
-    plain = all(type(p) is torch.nn.Parameter and p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, **kwargs, **({"fused": True} if plain else {"foreach": True}))
 
 
 def _add(sums: dict[str, list[float]], key: str, value: Any) -> None:
@@ -49,10 +43,9 @@ def _add(sums: dict[str, list[float]], key: str, value: Any) -> None:
     sums.setdefault(key, []).append(scalar(value))
 
 
-class ActorWorker:
+class ActorWorker(ActorWeights):
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None, assignment: dict | None = None) -> None:
         from armor_core.guard import GuardRunner
-        from armor_core.models import load_model, load_tokenizer, resolve_model_path
         from armor_core.plugins import get_plugin_manager
 
         self.cfg: ArmorConfig = from_dict(config)
@@ -74,56 +67,13 @@ class ActorWorker:
         self.guard = GuardRunner(cfg.guard.guards, pm, run_dir, enable=cfg.guard.enable)
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
-        path = resolve_model_path(cfg.model.path)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path)
-        self.model = load_model(path, "float32")  # master weights: float32 whatever model.dtype computes in
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # frozen inputs under LoRA
-        m = cfg.model
-        self.lora = bool(m.lora_rank)
-        if self.lora:
-            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, cfg.trainer.seed)
-        self.model = self.model.to(self.device)
-        a = cfg.actor
-        self.chunk_tokens = a.logprob_chunk_tokens
-        why = install_response_head(self.model) if self.chunk_tokens else None  # before the copies below, so they have it too
-        if why:
-            import warnings
-
-            warnings.warn(f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits", stacklevel=2)
-            self.chunk_tokens = 0
-        self.ref_model = None
-        if (a.use_kl_loss or cfg.algorithm.use_kl_in_reward) and not self.lora:  # with LoRA: the adapters switched off
-            # never trained: held in the compute dtype, half the memory in bf16
-            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype).eval().requires_grad_(False)
-        from armor_core.workers.parallel import wrap
-
-        # FSDP2 shards self.model in place and a sharded forward is a collective, so the rollout
-        # engine generates from a full copy, refreshed by sync_weights (see workers/parallel.py)
-        self.sharded = a.strategy == "fsdp2" and (world_size > 1 or a.offload)
-        self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
-        self.train_module: torch.nn.Module = wrap(self.model, a.strategy, world_size, self.device, self.compute_dtype, a.offload)
-        self.optimizer = _adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
-        self.zero_adv_inert = self._zero_advantage_is_inert()
-        updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
-        backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
-        # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
-        # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
-        takes_peft = any(getattr(backend_cls, attr, False) for attr in ("shares_module", "serves_lora"))
-        source = MergedView(self.gen_model) if self.lora and not takes_peft else self.gen_model
-        self.rollout = None  # rollout.mode=async: rollout workers of their own generate (workers/rollout.py)
-        if cfg.rollout.mode == "sync":
-            with autocast(self.device, self.compute_dtype):
-                self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
+        self._load_policy(cfg)
+        self._build_training(cfg)
+        self._build_rollout(cfg, pm)
         self.global_step = 0
-        # forward layouts without padding (common.LAYOUTS), each checked against the padded forward on first use
-        self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(self.model))
-        self.checked: set[str] = set()
-        self.attention_weight = attention_weight_of(self.model)  # for choosing between layouts by cost
         # one rank and DDP compute in model.dtype under autocast; FSDP2 casts through its MixedPrecisionPolicy
         self.autocast = lambda enabled=not self.sharded: autocast(self.device, self.compute_dtype, enabled)
-        self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see _padding_metrics
+        self.logp = ResponseLogProbs(self.model, self.device, self.compute_dtype, cfg.rollout.temperature, self.chunk_tokens, self.autocast, self._split, rank)
         from collections import deque
 
         from armor_core.faults import Faults
@@ -135,6 +85,60 @@ class ActorWorker:
         if cfg.rollout.mode == "async":
             self._publish_policy()
         built()
+
+    def _load_policy(self, cfg: ArmorConfig) -> None:
+        """The policy in float32 master weights (LoRA adapters on it), its tokenizer, the chunked
+        response head, and the frozen reference copy when a KL term needs one."""
+        from armor_core.models import load_model, load_tokenizer, resolve_model_path
+
+        m, a = cfg.model, cfg.actor
+        path = resolve_model_path(m.path)
+        self.tokenizer = load_tokenizer(m.tokenizer_path or path)
+        self.model = load_model(path, "float32")  # master weights: float32 whatever model.dtype computes in
+        if m.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # frozen inputs under LoRA
+        self.lora = bool(m.lora_rank)
+        if self.lora:
+            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, cfg.trainer.seed)
+        self.model = self.model.to(self.device)
+        self.chunk_tokens = a.logprob_chunk_tokens
+        why = install_response_head(self.model) if self.chunk_tokens else None  # before the copies below, so they have it too
+        if why:
+            import warnings
+
+            warnings.warn(f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits", stacklevel=2)
+            self.chunk_tokens = 0
+        self.ref_model = None
+        if (a.use_kl_loss or cfg.algorithm.use_kl_in_reward) and not self.lora:  # with LoRA: the adapters switched off
+            # never trained: held in the compute dtype, half the memory in bf16
+            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype).eval().requires_grad_(False)
+
+    def _build_training(self, cfg: ArmorConfig) -> None:
+        """The data-parallel wrapper (DDP / FSDP2), the optimizer and the learning-rate schedule."""
+        from armor_core.workers.parallel import wrap
+
+        a = cfg.actor
+        # FSDP2 shards self.model in place and a sharded forward is a collective, so the rollout
+        # engine generates from a full copy, refreshed by sync_weights (see workers/parallel.py)
+        self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
+        self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
+        self.train_module: torch.nn.Module = wrap(self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload)
+        self.optimizer = adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+        self.zero_adv_inert = zero_advantage_is_inert(self.policy_loss.fn, a)
+        updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
+
+    def _build_rollout(self, cfg: ArmorConfig, pm: Any) -> None:
+        """The colocated rollout engine (``rollout.backend``), or none in async mode (rollout workers of their own generate)."""
+        backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
+        # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
+        # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
+        takes_peft = any(getattr(backend_cls, attr, False) for attr in ("shares_module", "serves_lora"))
+        source = MergedView(self.gen_model) if self.lora and not takes_peft else self.gen_model
+        self.rollout = None
+        if cfg.rollout.mode == "sync":
+            with autocast(self.device, self.compute_dtype):
+                self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
 
     def isolation_record(self) -> dict:
         return self.isolation
@@ -165,132 +169,26 @@ class ActorWorker:
         with self.autocast(True):  # the full copy a sharded worker generates from is float32 too
             return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
 
-    def needs_weight_sync(self) -> bool:
-        """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async): sync_weights has nothing to send."""
-        return self.rollout is not None and getattr(self.rollout, "model", None) is not self.model
-
-    def sync_weights(self) -> float:
-        """Hand the new policy to the rollout engine; returns the seconds it took."""
-        t0 = time.perf_counter()
-        if self.needs_weight_sync():
-            from armor_core.workers.parallel import full_model_state
-
-            # under FSDP2 gathering the full weights is a collective: every rank syncs together
-            if not self.lora:
-                self.rollout.update_weights(full_model_state(self.model).items() if self.sharded else self.model.state_dict().items())
-            else:
-                if self.sharded:
-                    self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy an hf rollout generates from
-                if getattr(self.rollout, "serves_lora", False):
-                    self.rollout.update_lora(self.gen_model)
-                elif getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
-                    self.rollout.update_weights(merged_weights(self.gen_model).items())
-        return time.perf_counter() - t0
-
-    def _publish_policy(self) -> None:
-        """Copy the policy for rollout workers of their own (``rollout.mode=async``): the base
-        model's plain state dict on CPU (a LoRA policy merged), on rank 0. Done at the end of every
-        call that changes the weights, by every rank (under FSDP2 gathering is a collective), so
-        ``policy_state`` only hands out a copy that nothing changes any more."""
-        from armor_core.workers.parallel import full_model_state
-
-        if self.lora:
-            if self.sharded:
-                self.gen_model.load_state_dict(full_model_state(self.model))
-            state = MergedView(self.gen_model).state_dict() if self.rank == 0 else None
-        else:
-            state = full_model_state(self.model)
-        self._published = {k: v.detach().to("cpu", copy=True) for k, v in state.items()} if self.rank == 0 else None
-
-    def policy_state(self) -> dict[str, torch.Tensor] | None:
-        """The policy as of the last update (``_publish_policy``); None on ranks other than 0.
-        Called through Ray while the worker may already be in its next update: it reads nothing
-        that update writes."""
-        return self._published
-
     # -- log-probs ------------------------------------------------------------------------------
-
-    def _forward(self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``, computed without
-        the padding and with each shared prompt once (``common.layout_rows``); what was computed goes
-        to ``self.positions``."""
-        ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-        packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
-        while packed is not None and packed.kind not in self.checked:
-            if self._layout_is_exact(module, packed, ids, attn, pos, resp):
-                self.checked.add(packed.kind)
-            else:
-                self.layouts = tuple(k for k in self.layouts if k != packed.kind)
-                packed = layout_rows(ids, attn, pos, resp.shape[1], self.layouts, self.attention_weight)
-        with self.autocast():
-            lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.cfg.rollout.temperature, with_entropy, packed, self.chunk_tokens)
-        for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
-            self.positions[i] += n
-        return lp, ent
-
-    @torch.no_grad()
-    def _layout_is_exact(self, module: torch.nn.Module, packed, ids, attn, pos, resp) -> bool:
-        """Once per worker and layout: does it give this model's padded log-probs? A model that
-        ignores position-based sequence boundaries (``packed``) or a custom 4D mask (``grouped``)
-        would let sequences attend to each other."""
-        was_training = module.training
-        module.eval()
-        try:
-            t = self.cfg.rollout.temperature
-            with self.autocast():
-                laid_out, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, packed, self.chunk_tokens)
-                padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, t, False, None, self.chunk_tokens)
-        finally:
-            module.train(was_training)
-        R = resp.shape[1]
-        valid = (attn[:, -R:] * attn[:, -R - 1 : -1]).bool()
-        diff = float((laid_out - padded)[valid].abs().mean()) if valid.any() else 0.0
-        tolerance = 1e-4 if self.compute_dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
-        if diff > tolerance:
-            import warnings
-
-            warnings.warn(f"actor rank {self.rank}: the {packed.kind} layout changes this model's log-probs (mean |diff| {diff:.2e} > {tolerance:.0e}); "
-                          "not using it", stacklevel=2)
-        return diff <= tolerance
-
-    def _padding_metrics(self) -> dict[str, float]:
-        """``perf/padding_waste``: padded positions computed per needed token since the last call;
-        ``perf/prompt_sharing``: the share of the batch's tokens not recomputed thanks to shared prompts."""
-        computed, needed, batch = self.positions
-        self.positions = [0, 0, 0]
-        return {"perf/padding_waste": (computed - needed) / max(needed, 1), "perf/prompt_sharing": 1.0 - needed / max(batch, 1)}
-
-    @torch.no_grad()
-    def _log_probs(self, model: torch.nn.Module, data: DataProto, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        was_training = model.training
-        model.eval()
-        lps, ents = [], []
-        for rows in self._split(data["attention_mask"]):
-            lp, ent = self._forward(model, data, rows, with_entropy)
-            lps.append(lp.cpu())
-            if ent is not None:
-                ents.append(ent.cpu())
-        model.train(was_training)
-        return torch.cat(lps), (torch.cat(ents) if ents else None)
 
     def compute_log_prob(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
-        lp, ent = self._log_probs(self.model, data, with_entropy=True)
+        lp, ent = self.logp.all_rows(self.model, data, with_entropy=True)
         mask = data["response_mask"]
         return DataProto.from_dict(tensors={"old_log_probs": lp * mask, "entropys": ent * mask},
-                                   meta_info={"metrics": {**self._padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
+                                   meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
         if self.lora:  # the reference policy is the base model: the same module with its adapters off
             with adapters_off(self.model):
-                lp, _ = self._log_probs(self.model, data, with_entropy=False)
+                lp, _ = self.logp.all_rows(self.model, data, with_entropy=False)
         elif self.ref_model is None:
             raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
         else:
-            lp, _ = self._log_probs(self.ref_model, data, with_entropy=False)
+            lp, _ = self.logp.all_rows(self.ref_model, data, with_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": lp * data["response_mask"]},
-                                   meta_info={"metrics": {**self._padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
+                                   meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 
     # -- update ---------------------------------------------------------------------------------
 
@@ -298,21 +196,6 @@ class ActorWorker:
         a = self.cfg.actor
         norm = a.loss_norm_constant if a.loss_norm_constant is not None else float(self.cfg.rollout.max_new_tokens)
         return self.loss_agg.fn(mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=norm)
-
-    def _zero_advantage_is_inert(self) -> bool:
-        """Whether the policy loss is 0, with gradient 0, wherever the advantage is 0 (tried once,
-        on random log-probs both on and off policy): then such rows need no forward."""
-        a = self.cfg.actor
-        g = torch.Generator().manual_seed(0)
-        log_prob = (torch.randn(4, 5, generator=g) - 2).requires_grad_(True)
-        old = torch.cat([log_prob.detach()[:2], log_prob.detach()[2:] + 0.3 * torch.randn(2, 5, generator=g)])
-        params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
-        try:
-            loss_mat, _ = call_with_params(self.policy_loss.fn, log_prob, old, torch.zeros(4, 5), torch.ones(4, 5), available=params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
-            (grad,) = torch.autograd.grad(loss_mat.sum(), log_prob, allow_unused=True)
-        except Exception:  # noqa: BLE001 - a loss that cannot take this probe is simply not skipped
-            return False
-        return bool((loss_mat == 0).all()) and (grad is None or bool((grad == 0).all()))
 
     def _rows_with_gradient(self, mini: DataProto, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(rows to forward, rows left out or None). A row whose every advantage is 0 adds exactly
@@ -344,7 +227,7 @@ class ActorWorker:
         t_call = time.perf_counter()
         reset_memory_peaks(self.device)
         self._seconds = {"fwd_bwd": 0.0, "optimizer": 0.0}
-        self.positions = [0, 0, 0]
+        self.logp.positions = [0, 0, 0]
         self.train_module.train()
         n_rows = len(data)
         rows_per_mini = max(1, n_rows * a.ppo_mini_batch_size // cfg.data.train_batch_size)
@@ -366,7 +249,7 @@ class ActorWorker:
         metrics = {k: reduce[k.rsplit("_", 1)[-1]](v) if k.endswith(("_max", "_min")) else sum(v) / len(v) for k, v in sums.items()}
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(self.guard.pop_metrics())
-        metrics.update(self._padding_metrics())
+        metrics.update(self.logp.padding_metrics())
         metrics.update(memory_metrics(self.device))
         if cfg.rollout.mode == "async":
             t0 = time.perf_counter()
@@ -397,7 +280,7 @@ class ActorWorker:
         correction = cfg.algorithm.rollout_correction
         for idx, weight in micro:
             mask = mask_all[idx]
-            log_prob, entropy = self._forward(self.train_module, mini, idx, with_entropy=True)
+            log_prob, entropy = self.logp.forward(self.train_module, mini, idx, with_entropy=True)
             # exactly on-policy (one update per batch): the old policy *is* this forward, so the
             # ratio is 1 with the right gradient and the extra forward pass is skipped
             old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
@@ -414,7 +297,7 @@ class ActorWorker:
             ent_loss = self._agg(entropy, mask, n_tok, n_seq)
             loss = pg_loss - a.entropy_coeff * ent_loss
             if self.kl_loss is not None:
-                kl_mat = torch.where(mask.bool(), self.kl_loss.fn(log_prob, mini["ref_log_prob"][idx].to(self.device)), 0.0)  # where, not *: a NaN in padding must not reach the gradient
+                kl_mat, _ = compute_kl_loss(log_prob, mini["ref_log_prob"][idx].to(self.device), mask, 1.0, self.kl_loss)
                 kl = self._agg(kl_mat, mask, n_tok, n_seq)
                 loss = loss + a.kl_loss_coef * kl
                 parts["actor/kl_loss"] += weight * scalar(kl)
@@ -467,7 +350,7 @@ class ActorWorker:
             saved = [g["lr"] for g in self.optimizer.param_groups]
             for g in self.optimizer.param_groups:
                 g["lr"] *= lr_fault.value
-        before = self._local_params(clone=True) if self.watch_step else None
+        before = local_params(self.model, clone=True) if self.watch_step else None
         t0 = time.perf_counter()
         self.optimizer.step()
         self._seconds["optimizer"] += time.perf_counter() - t0
@@ -476,12 +359,12 @@ class ActorWorker:
                 g["lr"] = lr
         self.scheduler.step()
         if before is not None:
-            stats = self._update_stats(before)
+            stats = update_stats(self.model, before, self.world_size > 1 and self.cfg.actor.strategy == "fsdp2", float(self.scheduler.base_lrs[0]))
             _add(sums, "actor/update_ratio", stats["update_ratio"])
             verdict = self.guard.observe("step", stats, step)
             self._apply_worker_adjustments(verdict, sums)
             if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
-                torch._foreach_copy_(self._local_params(), before)
+                torch._foreach_copy_(local_params(self.model), before)
                 _add(sums, "actor/skipped_updates", 1.0)
                 return
         _add(sums, "actor/skipped_updates", 0.0)
@@ -491,25 +374,8 @@ class ActorWorker:
         ``generate(prompts)`` for the next step: the calls the driver would make one after the other,
         in one round trip. ``perf/sync_s`` in the metrics is the sync's seconds."""
         metrics = self.update_actor(data, step)
-        metrics["perf/sync_s"] = self.sync_weights() if self.needs_weight_sync() else 0.0
+        metrics["perf/sync_s"] = self.sync_weights()["perf/worker_s"] if self.needs_weight_sync() else 0.0
         return metrics, self.generate(prompts, stale=stale)
-
-    def _local_params(self, clone: bool = False) -> list[torch.Tensor]:
-        """This rank's parameter tensors (its shards under FSDP2), optionally copied."""
-        out = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters() if p.requires_grad]
-        return [t.clone() for t in out] if clone else out
-
-    def _update_stats(self, before: list[torch.Tensor]) -> dict[str, float]:
-        """Size of the update just applied, over all parameters (and all shards): the ``step`` stage's stats."""
-        now = self._local_params()
-        sq = torch.stack([torch.stack(torch._foreach_norm(torch._foreach_sub(now, before))).double().pow(2).sum(),
-                          torch.stack(torch._foreach_norm(before)).double().pow(2).sum()])
-        if self.world_size > 1 and self.cfg.actor.strategy == "fsdp2":  # shards: sum the squares over ranks
-            import torch.distributed as dist
-
-            dist.all_reduce(sq)
-        update, param = sq.sqrt().tolist()
-        return {"update_ratio": update / max(param, 1e-30), "update_norm": update, "param_norm": param, "lr": float(self.scheduler.base_lrs[0])}
 
     def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank
@@ -531,58 +397,3 @@ class ActorWorker:
                     group["lr"] = float(value) * factor
             else:
                 setattr(self.cfg.actor, key, float(value))
-
-    # -- checkpoints ----------------------------------------------------------------------------
-
-    def save_checkpoint(self, path: str) -> None:
-        """Model (as a HF directory), optimizer, scheduler, RNG; resumable on any number of ranks.
-
-        Rank 0 writes the full model and the full optimizer state keyed by parameter name (gathered
-        from the shards under FSDP2, so every rank takes part); each rank writes its RNG state.
-        """
-        from armor_core.workers.parallel import full_model_state, full_optimizer_state
-
-        p = Path(path)
-        optim = full_optimizer_state(self.model, self.optimizer)
-        if self.sharded:
-            self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
-        if self.rank == 0:
-            out = p / (ADAPTER_DIR if self.lora else "model")  # with LoRA the adapter alone, in peft's format
-            if self.lora:
-                save_adapter(self.gen_model, out)
-            else:
-                self.gen_model.save_pretrained(out, safe_serialization=True)
-            self.tokenizer.save_pretrained(out)
-            torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "world_size": self.world_size},
-                       p / "actor_state.pt")
-            (p / "guard_worker.json").write_text(__import__("json").dumps(self.guard.state_dict()))
-        torch.save({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}.pt")
-
-    def load_checkpoint(self, path: str) -> None:
-        from safetensors.torch import load_file
-
-        from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
-
-        p = Path(path)
-        check_resume(p / ADAPTER_DIR, self.cfg.model, self.model if self.lora else None, p)
-        if self.lora:
-            missing, unexpected = load_full_model_state(self.model, load_adapter_state(p / ADAPTER_DIR))
-            missing = [k for k in missing if ".lora_" in k]  # the frozen base comes from model.path, not the checkpoint
-        else:
-            missing, unexpected = load_full_model_state(self.model, load_file(str(p / "model" / "model.safetensors")))
-            missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
-        if unexpected or missing:
-            raise RuntimeError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        st = torch.load(p / "actor_state.pt", weights_only=True)
-        load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
-        self.scheduler.load_state_dict(st["scheduler"])
-        rng_file = p / f"actor_rng_rank{self.rank}.pt"
-        if rng_file.exists():  # resumed on more ranks than saved: the new ranks keep their seeded generator
-            torch.set_rng_state(torch.load(rng_file, weights_only=True)["torch_rng"])
-        self.global_step = int(st["global_step"])
-        guard_file = p / "guard_worker.json"
-        if guard_file.exists():
-            self.guard.load_state_dict(__import__("json").loads(guard_file.read_text()))
-        self.sync_weights()  # under FSDP2 this also refreshes the full copy the rollout generates from
-        if self.cfg.rollout.mode == "async":
-            self._publish_policy()

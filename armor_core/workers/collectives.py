@@ -23,9 +23,9 @@ def init_distributed(device: torch.device, rank: int, world_size: int) -> None:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     if world_size == 1:
-        from armor_core.engine import _free_port
+        from armor_core.engine import free_port
 
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     else:
         dist.init_process_group(backend, rank=rank, world_size=world_size)
 

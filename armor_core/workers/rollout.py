@@ -12,7 +12,6 @@ generated it (``policy_version``: the number of updates behind them).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
@@ -59,8 +58,8 @@ class RolloutWorker:
         return self.isolation
 
     @torch.no_grad()
-    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
-        """Load the policy after ``version`` updates; returns the seconds it took."""
+    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+        """Load the policy after ``version`` updates; ``{"perf/weights_load_s": seconds it took}``."""
         t0 = time.perf_counter()
         if getattr(self.backend, "model", None) is self.model:  # the engine generates from this module (hf)
             missing, unexpected = self.model.load_state_dict(state, strict=False)
@@ -71,7 +70,7 @@ class RolloutWorker:
             self.backend.update_weights(state.items())
         self.version = int(version)
         self.load_s = time.perf_counter() - t0
-        return self.load_s
+        return {"perf/weights_load_s": self.load_s}
 
     def generate(self, prompts: DataProto, greedy: bool = False) -> DataProto:
         t0 = time.perf_counter()

@@ -15,12 +15,12 @@ masked rows get advantage exactly 0. ``returns`` equals ``advantages`` (there is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, outcome_scores
+from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, normalize_reward_components, outcome_scores
 from armor_plugins.losses.utils import as_bool_mask
 
 __all__ = ["compute_dr_grpo_advantage", "compute_grpo_advantage"]
@@ -32,6 +32,8 @@ def compute_grpo_advantage(
     index: Any,
     epsilon: float = 1e-6,
     norm_adv_by_std: bool = True,
+    normalize_components: bool = False,
+    reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-normalised outcome advantage.
 
@@ -40,10 +42,15 @@ def compute_grpo_advantage(
     :param index: (bs,) group ids (tensor, numpy array or list); samples of one prompt share one.
     :param epsilon: added to the group std (guards near-zero std; exactly-equal groups are 0 anyway).
     :param norm_adv_by_std: divide by the group std (GRPO) or not (Dr. GRPO).
+    :param normalize_components: standardise each reward component within its group before the
+        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+    :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
     m = as_bool_mask(response_mask)
     scores = outcome_scores(token_level_rewards, m)
+    if normalize_components:
+        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
     stats = group_stats(scores, index, m.any(dim=-1))
     adv = scores - stats.mean
     if norm_adv_by_std:
@@ -53,9 +60,11 @@ def compute_grpo_advantage(
     return out, out.clone()
 
 
-def compute_dr_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dr. GRPO: ``r_i - mean(r)`` within each group, no std division. Shapes as :func:`compute_grpo_advantage`."""
-    return compute_grpo_advantage(token_level_rewards, response_mask, index, norm_adv_by_std=False)
+def compute_dr_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, normalize_components: bool = False,
+                              reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO: ``r_i - mean(r)`` within each group, no std division. Parameters as :func:`compute_grpo_advantage`."""
+    return compute_grpo_advantage(token_level_rewards, response_mask, index, norm_adv_by_std=False,
+                                  normalize_components=normalize_components, reward_components=reward_components)
 
 
 @hookimpl

@@ -17,27 +17,33 @@ masked rows get advantage exactly 0 (a singleton's baseline is its own reward).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, outcome_scores
+from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, normalize_reward_components, outcome_scores
 from armor_plugins.losses.utils import as_bool_mask
 
 __all__ = ["compute_opo_advantage"]
 
 
-def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, normalize_components: bool = False,
+                          reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reward minus the group's length-weighted mean reward.
 
     :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
     :param response_mask: (bs, T); a row's length is its number of valid tokens.
     :param index: (bs,) group ids.
+    :param normalize_components: standardise each reward component within its group before the
+        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+    :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
     m = as_bool_mask(response_mask)
     scores = outcome_scores(token_level_rewards, m)
+    if normalize_components:
+        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
     lengths = m.sum(dim=-1).to(torch.float64)
     stats = group_stats(scores, index, m.any(dim=-1), weights=lengths)
     adv = torch.where(stats.no_signal, torch.zeros_like(scores), scores - stats.mean)

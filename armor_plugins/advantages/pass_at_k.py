@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_ids, outcome_scores
+from armor_plugins.advantages.utils import broadcast_to_tokens, group_ids, normalize_reward_components, outcome_scores
 from armor_plugins.losses.utils import as_bool_mask
 
 __all__ = ["compute_pass_at_k_advantage", "pass_at_k_weights"]
@@ -69,6 +69,8 @@ def compute_pass_at_k_advantage(
     k: int | None = None,
     epsilon: float = 1e-6,
     norm_adv_by_std: bool = True,
+    normalize_components: bool = False,
+    reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k advantage of every response, from its group's rewards.
 
@@ -78,6 +80,9 @@ def compute_pass_at_k_advantage(
     :param k: subset size, from ``algorithm.adv_kwargs.k`` (required, >= 1).
     :param epsilon: added to the subset-reward std.
     :param norm_adv_by_std: divide by that std (the paper does).
+    :param normalize_components: standardise each reward component within its group before the
+        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+    :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
     if k is None:
@@ -87,6 +92,8 @@ def compute_pass_at_k_advantage(
     k = int(k)
     m = as_bool_mask(response_mask)
     scores = outcome_scores(token_level_rewards, m)
+    if normalize_components:
+        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
     valid = m.any(dim=-1)
     adv = torch.zeros_like(scores)
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the advantage estimators: group ids, per-group statistics, discounted sums.
+"""Helpers shared by the advantage estimators: group ids, per-group statistics, discounted sums, and
+the per-component normalisation (``normalize_components``) every grouped estimator offers.
 
 Conventions every estimator here follows (and documents):
 
@@ -23,7 +24,7 @@ import torch
 
 from armor_plugins.losses.utils import as_bool_mask
 
-__all__ = ["GroupStats", "broadcast_to_tokens", "discounted_returns", "group_ids", "group_stats", "outcome_scores"]
+__all__ = ["GroupStats", "broadcast_to_tokens", "discounted_returns", "group_ids", "group_stats", "normalize_reward_components", "outcome_scores"]
 
 
 def group_ids(index: Any, batch_size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
@@ -131,3 +132,38 @@ def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.T
         running = torch.where(m[:, t], candidate, running)
         returns[:, t] = torch.where(m[:, t], candidate, zero)
     return returns
+
+
+def normalize_reward_components(scores: torch.Tensor, index: Any, valid: torch.Tensor, reward_components: Any, epsilon: float = 1e-6) -> torch.Tensor:
+    """Each reward component standardised within its group before the weighted sum (GDPO:
+    "Group reward-Decoupled normalization Policy Optimization", Liu et al.).
+
+    Summing first lets each component's raw spread within the group, not its weight, decide how
+    much it moves the advantages, and distinct combinations of components that sum alike get
+    the same advantage. Standardised first, each component that varies in a group counts by its
+    weight alone. Row ``i``'s score becomes ``scores_i - sum_k w_ik s_ik + sum_k w_ik z_ik`` with
+    ``z_ik = (s_ik - mean_g s_k) / (std_g s_k + epsilon)`` over the valid rows of its group routed
+    to domain k (unbiased std, as GRPO's), so whatever else the score holds (a KL penalty folded
+    into the reward) is kept; the estimator then runs on these scores as usual. A row not routed to k takes no part in k's statistics and gains
+    nothing from k; a component that is equal across its group (or has one row) gives 0.
+
+    :param scores: (bs,) float64 outcome scores; :param index: (bs,) group ids;
+    :param valid: (bs,) bool, rows with a valid token.
+    :param reward_components: per row, ``{domain: (score, weight)}`` (the trainer's ``reward_components``).
+    :returns: (bs,) float64.
+    """
+    if reward_components is None:
+        raise ValueError("normalize_components needs each row's reward components (reward_components, which the trainer passes "
+                         "from the scoring step); call the estimator with them or set normalize_components=false")
+    if len(reward_components) != scores.shape[0]:
+        raise ValueError(f"reward_components has {len(reward_components)} rows but token_level_rewards has {scores.shape[0]}")
+    out = scores.clone()
+    zero = torch.zeros((), dtype=torch.float64, device=scores.device)
+    for name in sorted({d for row in reward_components for d in row}):
+        routed = torch.tensor([name in row for row in reward_components], device=scores.device) & valid
+        s, w = (torch.tensor([float(row[name][j]) if name in row else 0.0 for row in reward_components], dtype=torch.float64,
+                             device=scores.device) for j in (0, 1))
+        stats = group_stats(s, index, routed)
+        z = torch.where(stats.no_signal, zero, (s - stats.mean) / (stats.std + epsilon))
+        out = out + torch.where(routed, w * (z - s), zero)
+    return out

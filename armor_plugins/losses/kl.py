@@ -1,5 +1,5 @@
-"""KL(pi || pi_ref) estimators and the KL loss term. (The in-reward penalty and its controllers are
-the trainer's: ``armor_core/kl_penalty.py``.)
+"""KL(pi || pi_ref) estimators. (The KL loss term, the in-reward penalty and its controllers are
+the core's: ``armor_core/kl_penalty.py``.)
 
 Samples come from pi, so with ``x = log pi(y) - log pi_ref(y)`` per token (Schulman,
 "Approximating KL divergence", 2020):
@@ -32,12 +32,12 @@ gradient (k2's, linear in ``x``) needs no bound. The other estimators are polyno
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from armor_core import KLEstimator, hookimpl
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP
 
 #: the k3 estimator's value (and k3+'s) is bounded to [0, KL_BOUND] per token
 KL_BOUND = 10.0
@@ -45,7 +45,6 @@ KL_BOUND = 10.0
 __all__ = [
     "KL_BOUND",
     "KL_ESTIMATORS",
-    "compute_kl_loss",
     "kl_abs",
     "kl_k1",
     "kl_k1_plus",
@@ -106,37 +105,6 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
     "k1+": kl_k1_plus,
     "k3+": kl_k3_plus,
 }
-
-
-def _resolve(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    if isinstance(estimator, KLEstimator):
-        return estimator.fn
-    if isinstance(estimator, str):
-        if estimator in KL_ESTIMATORS:
-            return KL_ESTIMATORS[estimator]
-        from armor_core.plugins import get_plugin  # a third-party estimator: the same lookup as the config
-
-        return get_plugin("kl_estimator", estimator).fn
-    if callable(estimator):
-        return estimator
-    raise TypeError(f"KL estimator must be a registered name ({', '.join(KL_ESTIMATORS)}, ...), a KLEstimator or a function; got {type(estimator).__name__}")
-
-
-def compute_kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor, kl_coef: float, estimator: Any = "k3") -> tuple[torch.Tensor, dict[str, Any]]:
-    """KL as a loss term (GRPO style): ``kl_coef * kl`` per token, 0 outside the mask.
-
-    Unaggregated, so the worker adds it to the policy loss matrix and aggregates once.
-
-    :param log_prob: (bs, T) differentiable; :param ref_log_prob: (bs, T) reference, no gradient.
-    :param estimator: a name (``actor.kl_loss_type``), a ``KLEstimator`` or a function.
-    :returns: ``(loss_mat (bs, T), {"kl_loss": mean KL over valid tokens (detached)})``.
-    """
-    m = as_bool_mask(response_mask)
-    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    # sanitise padded positions before the estimator: exp() of garbage there must not make NaN grads
-    kl = _resolve(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
-    loss_mat = torch.where(m, kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
-    return loss_mat, {"kl_loss": masked_mean(kl.detach(), m)}
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""Built-in metric trackers: ``jsonl`` (metrics.jsonl in the run directory), ``tensorboard``, ``console``.
+"""Built-in metric trackers: ``jsonl`` (metrics.jsonl in the run directory), ``tensorboard``, ``console``,
+and, behind optional extras, ``wandb`` (``wandb_tracker.py``) and ``mlflow`` (``mlflow_tracker.py``).
 
 On ``--resume`` from the checkpoint of step N the steps after N are trained (and logged) again:
 ``resume(N)`` drops what ``jsonl`` holds for them, and tells TensorBoard to hide what it has.
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from armor_core import hookimpl
+from armor_plugins.trackers.mlflow_tracker import MlflowTracker
+from armor_plugins.trackers.wandb_tracker import WandbTracker
 
 
 class JsonlTracker:
@@ -149,3 +152,5 @@ def armor_register_metric_trackers(register):
     register("jsonl", JsonlTracker)
     register("tensorboard", TensorBoardTracker)
     register("console", ConsoleTracker)
+    register("wandb", WandbTracker)
+    register("mlflow", MlflowTracker)

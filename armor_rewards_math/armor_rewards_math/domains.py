@@ -15,7 +15,9 @@ sub-scores of ``math`` and ``gsm8k`` say why (``judge.py`` computes them):
   as a few-shot example) was passed over; the answer before it, if any, is the one scored
 - ``refused``   1 if the response or an answer was too large or too deeply nested to check
   (``limits.py``): scored as wrong without being parsed
-- ``overlong``  the DAPO overlong penalty (<= 0), only when ``overlong_max_length`` is set
+- ``overlong``  the DAPO overlong penalty (<= 0), only when ``overlong_max_length`` is set; the
+  same function as the general ``length`` domain's (``armor_plugins.rewards.length``), which
+  scores length on its own, as a separate weighted component
 
 ``arithmetic`` and ``gsm8k`` are pure Python and cannot hang, so they carry ``armor_inline = True``:
 ARMOR's RewardManager then scores them in the calling process (no process hop). ``math`` may call
@@ -29,43 +31,20 @@ import re
 from typing import Any, Mapping, Sequence
 
 from armor_core import RewardResult
+from armor_plugins.rewards.length import overlong_penalty, response_length
 
 from armor_rewards_math.judge import Rules, gold_text, judge
 from armor_rewards_math.numbers import parse_number, read_decimal_commas
 from armor_rewards_math.verify import warm_up
 
-__all__ = ["arithmetic_reward", "gsm8k_reward", "math_reward", "overlong_penalty"]
-
-
-def overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, "DAPO", eq. 13), scaled by ``factor``.
-
-    0 up to ``max_length - buffer``; then falling linearly to -1 at ``max_length``; -1 beyond.
-    """
-    start = max_length - buffer
-    if length <= start:
-        return 0.0
-    if length > max_length or buffer <= 0:
-        return -float(factor)
-    return factor * (start - length) / buffer
-
-
-def _response_length(response: str, extra: Mapping[str, Any], unit: str) -> int:
-    if unit == "chars":
-        return len(response)
-    if unit != "tokens":
-        raise ValueError(f"overlong_unit={unit!r}: use 'tokens' (extra['response_length'], set by the trainer) or 'chars'")
-    if "response_length" not in extra:
-        raise ValueError("overlong penalty in tokens needs the row's extra['response_length'] (the trainer sets it); "
-                         "use overlong_unit='chars' to measure characters instead")
-    return int(extra["response_length"])
+__all__ = ["answer_score_range", "arithmetic_reward", "gsm8k_reward", "math_reward", "overlong_penalty"]
 
 
 def _result(subs: dict[str, float], response: str, extra: Mapping[str, Any], *, correct_score: float, wrong_score: float,
             overlong_max_length: int | None, overlong_buffer: int, overlong_penalty_factor: float, overlong_unit: str) -> RewardResult:
     score = correct_score if subs["correct"] else wrong_score
     if overlong_max_length is not None:
-        length = _response_length(response, extra, overlong_unit)
+        length = response_length(response, extra, overlong_unit, param="overlong_unit")
         subs["overlong"] = overlong_penalty(length, int(overlong_max_length), int(overlong_buffer), overlong_penalty_factor)
         score += subs["overlong"]
     return RewardResult(score=float(score), sub_scores=subs)
@@ -142,6 +121,16 @@ def arithmetic_reward(prompt: str, response: str, ground_truth: Any, extra: Mapp
     else:
         correct = not hedged and found == {gold}
     return RewardResult(float(correct), {"correct": float(correct), "well_formed": float(well_formed), "hedged": float(hedged)})
+
+
+def answer_score_range(params: Mapping[str, Any]) -> tuple[float, float]:
+    """The scores ``math`` and ``gsm8k`` can give with ``params``: between ``wrong_score`` and
+    ``correct_score``, widened by the overlong penalty (-``overlong_penalty_factor`` at most) when set."""
+    low, high = sorted((float(params["correct_score"]), float(params["wrong_score"])))
+    if params.get("overlong_max_length") is not None:
+        factor = float(params["overlong_penalty_factor"])
+        low, high = low - max(factor, 0.0), high + max(-factor, 0.0)
+    return low, high
 
 
 # Run by a RewardManager worker before its first timed check: importing sympy takes about a second.

@@ -9,14 +9,14 @@ math-verify that could keep it busy for long.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from armor_rewards_math.extract import LENIENT_SOURCE, SOURCES, Extraction, clean_answer, extract_answer, split_alternatives
 from armor_rewards_math.limits import MAX_ANSWER_CHARS, MAX_RESPONSE_CHARS, MAX_VALUES, refusal
 from armor_rewards_math.numbers import DECIMAL_SEPARATORS, numbers_equal, parse_number, read_decimal_commas
 from armor_rewards_math.verify import is_echo, is_equivalent, is_multi_valued, is_restatement, squash
 
-__all__ = ["EXTRACTIONS", "SUB_SCORES", "Rules", "gold_text", "judge"]
+__all__ = ["EXTRACTIONS", "SUB_SCORES", "Rules", "check_ground_truth", "gold_text", "judge"]
 
 EXTRACTIONS = ("strict", "lenient")
 _UNANCHORED = ("last_number", LENIENT_SOURCE)
@@ -49,11 +49,27 @@ class Rules:
         object.__setattr__(self, "sources", sources)
 
 
+def check_ground_truth(ground_truth: Any, extra: Mapping[str, Any] | None = None) -> None:
+    """Refuse a ground truth that is a dict or a list holding one (a record, not an answer), which
+    ``str()`` would turn into text that no response could ever match. The domains'
+    ``validate_ground_truth`` (``extra``, the row's other fields, is not needed).
+
+    :raises ValueError: naming what was found and what is expected.
+    """
+    items = ground_truth.tolist() if hasattr(ground_truth, "tolist") else ground_truth  # Parquet list columns are numpy arrays
+    if isinstance(items, Mapping) or (isinstance(items, (list, tuple)) and any(isinstance(x, Mapping) for x in items)):
+        shown = repr(items)
+        raise ValueError(f"ground_truth {shown[:120] + ('...' if len(shown) > 120 else '')} is {'a dict' if isinstance(items, Mapping) else 'a list of dicts'}; "
+                         "expected the answer itself as text or a number, e.g. '42' or '\\frac{1}{2}': put the answer, not its record, in "
+                         "ground_truth (or verl's reward_model.ground_truth)")
+
+
 def gold_text(ground_truth: Any) -> str:
     """The answer inside a ground truth written as a solution (``... #### 42``, ``\\boxed{42}``,
     ``... Final Answer: The final answer is $28\\%$.``, ``$x$.``), found as in a response."""
     if ground_truth is None:
         raise ValueError("ground_truth is missing")
+    check_ground_truth(ground_truth)
     gold = str(ground_truth)
     if "####" in gold:
         return clean_answer(gold.rsplit("####", 1)[1])

@@ -135,3 +135,35 @@ def test_a_ground_truth_solution_ending_in_a_final_answer_line():
     assert math_reward("q", r"\boxed{72\%}", gold, {}).score == 0.0
     assert gold_text(r"So \boxed{5}. Final Answer: 5") == "5"
     assert gold_text("... #### 72") == "72"
+
+
+@pytest.mark.parametrize("ground_truth", [{"answer": "4"}, [{"answer": "4"}]])
+def test_a_dict_ground_truth_is_refused_at_load_naming_the_row_and_when_scored(pm, ground_truth):
+    from armor_core.config import ConfigError, RewardConfig
+    from armor_core.rewards import RewardManager
+
+    rm = RewardManager(RewardConfig(), pm)
+    rows = [{"data_source": "math", "ground_truth": "4", "_where": "t.jsonl, line 1"},
+            {"data_source": "gsm8k", "ground_truth": ground_truth, "_where": "t.jsonl, line 2"}]
+    with pytest.raises(ConfigError, match=r"^t.jsonl, line 2: reward domain 'gsm8k' cannot read this ground_truth: ground_truth .* is a (dict|list of dicts); "
+                                          r"expected the answer itself as text or a number"):
+        rm.check_rows(rows, "t.jsonl")
+    with pytest.raises(ValueError, match="expected the answer itself"):  # scored anyway (armor reward, a direct call): not str()-ed
+        math_reward("q", r"\boxed{4}", ground_truth, {})
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({}, (0.0, 1.0)),
+    ({"correct_score": 2.0, "wrong_score": -1.0}, (-1.0, 2.0)),
+    ({"overlong_max_length": 10, "overlong_buffer": 4}, (-1.0, 1.0)),
+    ({"overlong_max_length": 10, "overlong_penalty_factor": 0.5}, (-0.5, 1.0)),
+])
+def test_declared_score_range_follows_the_parameters(pm, params, expected):
+    from armor_core.config import RewardConfig
+    from armor_core.rewards import RewardManager
+
+    rm = RewardManager(RewardConfig(domain_kwargs={"math": params, "gsm8k": params}), pm)
+    for name in ("math", "gsm8k"):
+        assert rm._domain(name, "test").score_range == expected
+    scores = [gsm8k_reward("q", r, "4", {"response_length": 12}, **params).score for r in ("#### 4", "#### 5")]
+    assert all(expected[0] <= s <= expected[1] for s in scores)  # what the domain really gives lies inside

@@ -23,7 +23,8 @@ correct; shown, not scored, unless ``score_f1``); ``anchored`` (found after an a
 
 Both are pure Python over linear-time patterns: ``armor_inline = True``, scored in the calling
 process. A ground truth that does not fit (a letter that is not among the options, an empty alias
-list) raises ``ValueError`` saying what would fit.
+list) raises ``ValueError`` saying what would fit; ``check_choice_truth`` and ``check_accepted_answers``
+(each domain's ``validate_ground_truth``) find such rows when the dataset is loaded.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from armor_rewards_qa.choice import Choice, letters_in_prompt, parse_options, re
 from armor_rewards_qa.short import match, read_answer
 from armor_rewards_qa.text import normalize
 
-__all__ = ["ChoiceVerdict", "accepted_answers", "choice_truth", "judge_choice", "multiple_choice_reward", "short_answer_reward"]
+__all__ = ["ChoiceVerdict", "accepted_answers", "answer_score_range", "check_accepted_answers", "check_choice_truth", "choice_truth", "judge_choice", "multiple_choice_reward", "short_answer_reward"]
 
 _DEFAULT_LETTERS = ("A", "B", "C", "D")
 
@@ -96,6 +97,16 @@ def choice_truth(ground_truth: Any, options: Mapping[str, str], letters: Sequenc
     return frozenset(gold)
 
 
+def check_choice_truth(ground_truth: Any, extra: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` if ``multiple_choice`` cannot score this row's ground truth (checked at load).
+
+    With the row's options known, every letter must be among them and a text must be an option's;
+    without them, the ground truth must name letters.
+    """
+    options = _options(extra)
+    choice_truth(ground_truth, options, sorted(options) or list(_DEFAULT_LETTERS))
+
+
 @dataclass(frozen=True)
 class ChoiceVerdict:
     """How ``multiple_choice`` judged a response: the right letters, what was read, and the outcome."""
@@ -145,6 +156,11 @@ def accepted_answers(ground_truth: Any) -> list[str]:
     return answers
 
 
+def check_accepted_answers(ground_truth: Any, extra: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` if a ``short_answer`` ground truth holds no accepted answer (checked at load)."""
+    accepted_answers(ground_truth)
+
+
 def short_answer_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
                         units: bool = False, rel_tol: float = 0.0, abs_tol: float = 0.0, require_anchor: bool = False,
                         score_f1: bool = False, correct_score: float = 1.0, wrong_score: float = 0.0) -> RewardResult:
@@ -167,6 +183,12 @@ def short_answer_reward(prompt: str, response: str, ground_truth: Any, extra: Ma
         fraction = 1.0 if result.correct else 0.0 if result.hedged else result.f1
         return RewardResult(float(wrong_score + (correct_score - wrong_score) * fraction), subs)
     return RewardResult(float(correct_score if result.correct else wrong_score), subs)
+
+
+def answer_score_range(params: Mapping[str, Any]) -> tuple[float, float]:
+    """The scores both domains can give with ``params``: between ``wrong_score`` and ``correct_score``."""
+    low, high = sorted((float(params["correct_score"]), float(params["wrong_score"])))
+    return low, high
 
 
 # Pure Python over linear-time patterns, microseconds a row: scored in the calling process.

@@ -26,13 +26,19 @@ redirection, lecture or judgement (under a quarter of ``partial_min_chars`` of c
 consult a doctor."), or nothing but an apology, or is mostly lecture with no sign of compliance (the
 lecture at least half the content when the response opens with it, twice the content otherwise):
 then it is a refusal too.
+
+With a ``learned.RefusalModel`` (the domains' default), a response the rules call compliance is
+given to the model too, unless it is mostly Chinese; if the model says refused, it is a refusal, or
+a partial one if it has ``partial_min_chars`` of content and a sign of compliance. The model never
+turns a rule refusal into compliance.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from armor_rewards_safety.learned import RefusalModel
 from armor_rewards_safety.ruleset import RuleSet, normalize
 
 __all__ = ["LABELS", "RefusalVerdict", "classify_refusal"]
@@ -58,7 +64,8 @@ LECTURE_RATIO = 2
 
 @dataclass(frozen=True)
 class RefusalVerdict:
-    """Why a response got its label: the refusal phrases found, flags, and the size of its content."""
+    """Why a response got its label: the refusal phrases found, flags, the size of its content, whether
+    the content shows a sign of compliance, and the learned model's P(refused) where it was asked."""
 
     label: str
     refusals: tuple[str, ...] = ()
@@ -67,6 +74,8 @@ class RefusalVerdict:
     redirection: bool = False
     judgemental: bool = False
     content_size: int = 0
+    complies: bool = False
+    probability: float | None = None
 
     @property
     def refused(self) -> float:
@@ -78,9 +87,25 @@ def _size(clause: str) -> int:
     return len(clause) + 2 * len(_CJK.findall(clause))
 
 
-def classify_refusal(text: str, rules: RuleSet, *, partial_min_chars: int = 60) -> RefusalVerdict:
-    """Label ``text`` ``refusal``, ``partial`` or ``compliance`` (see the module docstring)."""
-    masked = rules.mask(normalize(text))
+def classify_refusal(text: str, rules: RuleSet, *, partial_min_chars: int = 60, model: RefusalModel | None = None) -> RefusalVerdict:
+    """Label ``text`` ``refusal``, ``partial`` or ``compliance`` (see the module docstring).
+
+    :param model: a learned second opinion on what the rules call compliance (``learned.load_model()``);
+        None for rules only.
+    """
+    normalized = normalize(text)
+    verdict = _by_rules(normalized, rules, partial_min_chars)
+    if model is None or verdict.label != "compliance" or not model.applies(normalized):
+        return verdict
+    p = model.probability(normalized, verdict)
+    if p < model.threshold:
+        return replace(verdict, probability=p)
+    partial = verdict.content_size >= partial_min_chars and verdict.complies
+    return replace(verdict, label="partial" if partial else "refusal", probability=p)
+
+
+def _by_rules(normalized: str, rules: RuleSet, partial_min_chars: int) -> RefusalVerdict:
+    masked = rules.mask(normalized)
     opening = _LEAD.sub("", masked)
     opens = bool(rules.refusal_start.match(opening))
     refusals: list[str] = []
@@ -115,4 +140,4 @@ def classify_refusal(text: str, rules: RuleSet, *, partial_min_chars: int = 60) 
         label = "refusal"
     else:
         label = "compliance"
-    return RefusalVerdict(label, tuple(refusals), opens, apology, redirection, judgemental, content)
+    return RefusalVerdict(label, tuple(refusals), opens, apology, redirection, judgemental, content, compliance)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from armor_core.cli import build_parser, main
+from armor_core.cli import main
 
 COMMANDS = ["run", "plugins", "eval", "sft", "reward"]
 
@@ -58,3 +58,47 @@ def test_overrides_may_follow_options(capsys):
     assert "lr: 7.0e-06" in out and "top_k: 5" in out
     with pytest.raises(SystemExit):
         main(["plugins", "actor.lr=1"])
+
+
+# -- user errors from `armor run`, as a user's shell sees them ----------------------------------------
+
+
+def _truncated_model(tmp_path):
+    import shutil
+
+    from armor_core.models import resolve_model_path
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path("builtin:arithmetic-tiny"), model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:6000])
+    return [f"model.path={model}"]
+
+
+def _run_dir_with_a_checkpoint(tmp_path):
+    from armor_core.checkpoint import CheckpointManager
+
+    CheckpointManager(tmp_path / "run").save(1, lambda d: (d / "w.bin").write_bytes(b"w"), {"step": 1})
+    return []
+
+
+USER_ERRORS = {
+    "run directory holds checkpoints": (_run_dir_with_a_checkpoint, r"run already holds checkpoints; pass --resume to continue that run"),
+    "guard parameter refused": (lambda tmp: ["guard.guards=[{name: grad_spike, params: {window: 0}}]"], r"guard.guards\[0\]: .*window=0 must be >= 1"),
+    "unknown guard parameter": (lambda tmp: ["guard.guards=[{name: entropy, params: {flor: 1}}]"], r"guard.guards\[0\] \(entropy\): .*unexpected keyword argument 'flor'"),
+    "override that is not YAML": (lambda tmp: ["guard.guards=[{name:grad_spike,params:{window:0}}]"], r"override 'guard.guards=.*': the value is not valid YAML"),
+    "task parameter refused": (lambda tmp: ["data.task_kwargs={digits: 0}"], r"data.task=arithmetic with data.task_kwargs=\{'digits': 0\}: .*digits=0"),
+    "damaged model weights": (_truncated_model, r"model/model.safetensors: tensor '.*' ends at byte \d+ of the data, but the file holds only"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_a_user_error_is_one_line_and_exit_code_2_without_a_traceback(tmp_path, case):
+    import re
+
+    make, pattern = USER_ERRORS[case]
+    args = [*make(tmp_path), f"trainer.run_dir={tmp_path / 'run'}"]
+    out = subprocess.run([sys.executable, "-m", "armor_core.cli", "run", *args], capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]

@@ -114,3 +114,48 @@ def test_a_parquet_file_that_is_not_parquet_is_named_or_skipped(tmp_path):
         load_rows([str(good), str(fake)])
     ds = load_rows([str(good), str(fake)], skip_invalid=True)
     assert len(ds.rows) == 1 and ds.skipped == 1 and str(fake) in ds.problems[0]
+
+
+# -- data.apply_chat_template_kwargs ------------------------------------------------------------------
+
+# a Qwen3-style switch: with enable_thinking false the template closes an empty thinking block ("+"
+# here, as the tiny tokenizer knows only digits, '+' and '=')
+THINKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+                     "{% if enable_thinking is defined and not enable_thinking %}+{% endif %}")
+
+
+@pytest.fixture
+def chat_tokenizer():
+    from armor_core.models import build_char_tokenizer
+
+    tok = build_char_tokenizer("0123456789+=")
+    tok.chat_template = THINKING_TEMPLATE
+    return tok
+
+
+def _encoded_prompts(tmp_path, tokenizer, *overrides):
+    from armor_core.config import load_config
+    from armor_core.trainer import prepare_data
+
+    f = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "12+3"}], "data_source": "arithmetic", "ground_truth": "15"}])
+    cfg = load_config(None, [f"data.train_files=[{f}]", "data.max_prompt_length=16", *overrides])
+    train, _ = prepare_data(cfg, tokenizer=tokenizer)
+    ids = train.encoded["tensors"]["input_ids"][0]
+    return tokenizer.decode(ids[ids != tokenizer.pad_token_id].tolist(), skip_special_tokens=True)
+
+
+def test_chat_template_kwargs_from_the_config_reach_the_template(tmp_path, chat_tokenizer):
+    assert _encoded_prompts(tmp_path, chat_tokenizer) == "12+3="
+    assert _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={enable_thinking: false}") == "12+3=+"
+    assert _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={enable_thinking: true}") == "12+3="
+    # an apply_chat_template parameter passes too: without the generation prompt there is no '='
+    assert _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={add_generation_prompt: false}") == "12+3"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("{enable_thinkng: false}", "'enable_thinkng': not read by this tokenizer's chat template"),
+    ("{tokenize: true}", "apply_chat_template_kwargs.tokenize: ARMOR renders the template to text"),
+])
+def test_chat_template_kwargs_that_would_do_nothing_are_refused(tmp_path, chat_tokenizer, kwargs, message):
+    with pytest.raises(DataError, match=message):
+        _encoded_prompts(tmp_path, chat_tokenizer, f"data.apply_chat_template_kwargs={kwargs}")

@@ -9,7 +9,7 @@ import torch
 
 from armor_core.models import build_tiny_model
 from armor_core.testing import rollout_batch, shared_prompt_batch
-from armor_core.workers.common import forward_response_log_probs, layout_rows
+from armor_core.workers.layouts import forward_response_log_probs, layout_rows
 from armor_core.workers.lm_head import ResponseHead, chunked_log_probs, install_response_head, response_head_of
 
 MIXED = ([6, 3, 1, 5, 2, 6, 4], [5, 1, 3, 0, 5, 2, 4])  # prompt and response lengths, one response empty

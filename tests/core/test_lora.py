@@ -38,7 +38,7 @@ def batch(seed: int = 0):
 
 def base_log_probs(data):
     from armor_core.models import load_model
-    from armor_core.workers.common import forward_response_logits, response_log_probs
+    from armor_core.workers.layouts import forward_response_logits, response_log_probs
 
     base = load_model("builtin:arithmetic-tiny")
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Padding removal in the actor's forward (``armor_core.workers.common.pack_rows``) and the step
+"""Padding removal in the actor's forward (``armor_core.workers.layouts.pack_rows``) and the step
 timing that makes the engine's overhead visible.
 
 Packing must be exact: the same log-probs, entropies and gradients as the padded batch, to float
@@ -12,7 +12,7 @@ import torch
 
 from armor_core.models import build_tiny_model
 from armor_core.testing import rollout_batch as _batch, shared_prompt_batch as _grouped_batch
-from armor_core.workers.common import forward_response_log_probs, forward_response_logits, layout_rows, pack_groups, pack_rows, response_log_probs
+from armor_core.workers.layouts import forward_response_log_probs, forward_response_logits, layout_rows, pack_groups, pack_rows, response_log_probs
 
 PAD = 0  # rollout_batch's pad id
 
@@ -167,19 +167,20 @@ def valid_count(attn, R):
 def test_timer_splits_worker_time_from_overhead_and_adds_up():
     import time
 
-    from armor_core.step_timer import StepTimer, worker_seconds
+    from armor_core.metrics import merge_metrics
+    from armor_core.step_timer import StepTimer
 
     timer = StepTimer()
     with timer("gen") as stage:
         time.sleep(0.02)
-        stage.worker_s = worker_seconds([0.005, 0.01])  # the slowest rank's time counts
+        stage.worker_s = merge_metrics([{"perf/worker_s": 0.005}, {"perf/worker_s": 0.01}])["perf/worker_s"]  # the slowest rank's time counts
     with timer("reward"):
         time.sleep(0.005)
     t = timer.t
     assert t["timing_s/gen"] == pytest.approx(0.01)
     assert t["timing_s/overhead"] >= 0.009
     assert t["timing_s/gen"] + t["timing_s/overhead"] >= 0.02
-    assert "timing_s/overhead" not in StepTimer().t and worker_seconds(None) is None
+    assert "timing_s/overhead" not in StepTimer().t
 
 
 def _worker_and_batch(tmp_path, overrides=()):
@@ -209,7 +210,7 @@ def test_actor_update_is_the_same_in_every_layout_and_reports_padding_waste(tmp_
     results = {}
     for layouts in ((), ("packed",), ("grouped", "packed")):
         worker = ActorWorker(to_dict(cfg))
-        worker.layouts = layouts
+        worker.logp.layouts = layouts
         metrics = worker.update_actor(batch, 1)
         # one mini-batch: the gradients left in .grad are the ones the optimizer stepped with
         results[layouts] = (metrics, [p.grad.clone() for p in worker.model.parameters()])

@@ -159,7 +159,7 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
             results["ref"][mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
                                     "losses": (m["actor/pg_loss"], m["actor/entropy"])}
             # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
-            from armor_core.workers.common import forward_response_logits
+            from armor_core.workers.layouts import forward_response_logits
 
             ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
             with torch.no_grad():  # in float64: the truth both ways of computing the entropy are rounded from

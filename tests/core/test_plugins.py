@@ -208,10 +208,14 @@ def test_disable_env_blocks_installed_plugins(monkeypatch):
     assert "non_finite" not in pm.names("stability_guard")
     assert pm.names("metric_tracker") == []
     assert {"non_finite", "trackers"} <= pm.disabled
+    # a name no entry point has blocks nothing: an error, not silence
+    monkeypatch.setenv("ARMOR_DISABLE_PLUGINS", "kl")
+    with pytest.raises(PluginError, match=r"'kl' is no installed plugin .*installed: .*kl_estimators.*write kind:name"):
+        PluginManager()
 
 
 def test_disable_env_blocks_one_implementation_by_kind_and_name(monkeypatch):
-    # the entry point "kl" registers the KL estimators and "kl_guard" the guard named "kl": kind:name says which
+    # the entry point "kl_estimators" registers the KL estimators and "kl_guard" the guard named "kl": kind:name says which
     monkeypatch.setenv("ARMOR_DISABLE_PLUGINS", "stability_guard:kl, kl_estimator:k3")
     pm = PluginManager()
     assert "kl" not in pm.names("stability_guard") and "entropy" in pm.names("stability_guard")

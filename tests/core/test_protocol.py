@@ -367,7 +367,7 @@ def test_concat_inverts_chunk_and_merges_metrics():
     combined = DataProto.concat(chunks)
     for key in data.keys():
         assert np.array_equal(np.asarray(combined[key]), np.asarray(data[key])), key
-    assert combined.meta_info == {"task": "chat", "metrics": {"loss": [1.0, 3.0], "acc": [0.5]}}
+    assert combined.meta_info == {"task": "chat", "metrics": {"loss": 2.0, "acc": 0.5}}  # merge_metrics: mean over the items that have it
     assert "metrics" not in DataProto.concat(data.chunk(2)).meta_info
 
 
@@ -591,3 +591,83 @@ def test_copy_shares_columns_and_deepcopy_does_not():
     assert shallow["score"] is data["score"] and shallow.meta_info is not data.meta_info
     deep["score"][0] = 9.0
     assert data["score"][0] == 0.0 and deep["prompt"].tolist() == ["p0", "p1"]
+
+
+# -- verl's names: code written against verl's DataProto runs as is -----------------------------------
+
+
+def _verl_style_response_mask(data):
+    # as verl's trainer computes it: the response part of the attention mask
+    response_length = data.batch["responses"].size(1)
+    return data.batch["attention_mask"][:, -response_length:]
+
+
+def _verl_style_reward(data):
+    # a custom reward manager's __call__ in verl's style: a score on each response's last valid token
+    reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+    prompt_length = data.batch["prompts"].shape[-1]
+    valid_response_length = data.batch["attention_mask"][:, prompt_length:].sum(dim=-1)
+    for i in range(len(data)):
+        data_source = data.non_tensor_batch["data_source"][i]
+        ground_truth = data.non_tensor_batch["reward_model"][i]["ground_truth"]
+        response_ids = data.batch["responses"][i][: valid_response_length[i]]
+        score = 1.0 if data_source == "toy" and int(response_ids.sum()) == ground_truth else 0.0
+        reward_tensor[i, valid_response_length[i] - 1] = score
+    return reward_tensor
+
+
+def _verl_style_data_hook(data):
+    # what a verl data hook does to a batch before the update: uids, a response mask, token counts
+    data.non_tensor_batch["uid"] = np.array([f"u{i // 2}" for i in range(len(data))], dtype=object)
+    data.batch["response_mask"] = _verl_style_response_mask(data)
+    data.meta_info["global_token_num"] = torch.sum(data.batch["attention_mask"], dim=-1).tolist()
+    return data
+
+
+def _generated_batch() -> DataProto:
+    """Four rows laid out as a rollout returns them (verl's layout): prompts left-padded to 3
+    tokens, responses right-padded to 4."""
+    prompts = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [1, 2, 3]])
+    responses = torch.tensor([[2, 3, 0, 0], [1, 1, 1, 1], [9, 0, 0, 0], [4, 4, 0, 0]])
+    response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
+    return DataProto.from_dict(
+        tensors={"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
+                 "attention_mask": torch.cat([(prompts != 0).long(), response_mask], 1)},
+        non_tensors={"data_source": ["toy", "toy", "other", "toy"],
+                     "reward_model": [{"ground_truth": 5}, {"ground_truth": 4}, {"ground_truth": 9}, {"ground_truth": 7}]},
+        meta_info={"temperature": 1.0})
+
+
+def test_verl_style_reward_manager_and_data_hook_run_unchanged():
+    data = _generated_batch()
+    # rows 0 and 1 are "toy" and their valid response tokens sum to the ground truth; row 2 is
+    # another source; row 3 sums to 8, not 7
+    expected = torch.zeros(4, 4)
+    expected[0, 1] = expected[1, 3] = 1.0
+    assert torch.equal(_verl_style_reward(data), expected)
+
+    data = _verl_style_data_hook(data)
+    assert data["uid"].tolist() == ["u0", "u0", "u1", "u1"]  # written through the alias, read by ARMOR's names
+    assert torch.equal(data.tensors["response_mask"], data["attention_mask"][:, 3:])
+    assert data.meta_info["global_token_num"] == [4, 7, 2, 5]
+    assert data.batch is data.tensors and data.non_tensor_batch is data.non_tensors
+
+
+def test_verl_style_slicing_splitting_and_merging_keep_the_aliases():
+    data = _generated_batch()
+    head = data[:2]
+    head.batch["responses"][0, 0] = 99  # a slice is a view, as in verl
+    assert data.batch["responses"][0, 0] == 99
+    assert len(head) == 2 and head.non_tensor_batch["data_source"].tolist() == ["toy", "toy"]
+    chunks = data.chunk(2)
+    assert [len(c) for c in chunks] == [2, 2]
+    merged = DataProto.concat(chunks)
+    assert torch.equal(merged.batch["input_ids"], data.batch["input_ids"])
+    assert merged.non_tensor_batch["reward_model"].tolist() == data.non_tensor_batch["reward_model"].tolist()
+    scores = DataProto.from_dict(tensors={"token_level_scores": _verl_style_reward(data)})
+    data = data.union(scores)
+    assert "token_level_scores" in data.batch and sorted(data.batch.keys())[-1] == "token_level_scores"
+    picked = data[[3, 0]]
+    assert picked.non_tensor_batch["data_source"].tolist() == ["toy", "toy"] and picked.meta_info == {"temperature": 1.0}
+    # the one difference a verl user meets: data[i] is a batch of one row, not a DataProtoItem
+    assert data[2].batch["responses"].shape == (1, 4) and data[2].non_tensor_batch["data_source"].tolist() == ["other"]

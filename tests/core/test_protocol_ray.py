@@ -49,7 +49,8 @@ def test_round_trip_through_an_actor_that_modifies_the_batch(ray_cluster):
 def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(ray_cluster, channel):
     """``WorkerGroup.submit_pair``: what one update-then-generate call does with two ranks. Each
     batch is split by its own token counts, each rank returns (metrics, rows), and the pair comes
-    back as one metrics dict (mean over ranks) and one batch in the original row order."""
+    back as one metrics dict (``merge_metrics``: max for seconds, mean otherwise) and one batch in
+    the original row order."""
     import os
 
     from armor_core.engine import WorkerGroup
@@ -64,14 +65,15 @@ def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(r
         def pair(self, first: DataProto, second: DataProto, step: int, scale: float = 1.0) -> tuple[dict, DataProto]:
             second["seen_by"] = torch.full((len(second),), self.rank)
             second["doubled"] = second["input_ids"] * 2 * scale
-            return {"rows": float(len(first)), "step": float(step), "first_tokens": float(first["response_mask"].sum())}, second
+            return {"rows": float(len(first)), "step": float(step), "first_tokens": float(first["response_mask"].sum()),
+                    "perf/worker_s": 1.0 + self.rank}, second
 
     group = WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={}, channel=channel)
     try:
         first = DataProto.from_dict(tensors={"response_mask": (torch.arange(6)[None, :] < torch.tensor([6, 1, 5, 2, 4, 3])[:, None]).long()})
         second = DataProto.from_dict(tensors={"input_ids": torch.arange(8)[:, None].repeat(1, 3), "attention_mask": torch.ones(8, 3, dtype=torch.long)})
-        earlier = group.submit_pair("pair", first, second, 6)
-        metrics, out = group.submit_pair("pair", first, second, 7, scale=0.5).result()
+        earlier = group.submit_pair(Peer.pair, first, second, 6)
+        metrics, out = group.submit_pair(Peer.pair, first, second, 7, scale=0.5).result()
         assert earlier.result()[0]["step"] == 6.0  # gathered after a later call: its replies were kept
         assert (len(group.conns) == 2) == channel
         for conn in group.conns:  # a one-machine cluster: the workers listen on loopback only
@@ -81,7 +83,10 @@ def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(r
                 assert sock.getpeername()[0] == "127.0.0.1"
     finally:
         group.shutdown()
-    assert metrics == {"rows": 3.0, "step": 7.0, "first_tokens": 10.5}  # 21 tokens split 10/11 or 11/10, averaged
+    # 21 tokens split 10/11 or 11/10, averaged; the slowest rank's seconds
+    assert metrics == {"rows": 3.0, "step": 7.0, "first_tokens": 10.5, "perf/worker_s": 2.0}
+    with pytest.raises(TypeError, match=r"'pair' is not a method of Peer; name a worker method by reference"):
+        group.submit_pair("pair", first, second, 7)
     assert torch.equal(out["input_ids"], second["input_ids"]) and torch.equal(out["doubled"], second["input_ids"].float())
     assert sorted(out["seen_by"].tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]
     out["doubled"] += 1  # what comes back is writable

@@ -35,7 +35,7 @@ fragile.armor_inline = True
 class _Plugin:
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("exact", RewardDomain(exact, requires_ground_truth=True))
+        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=None))  # bonus moves its scores
         register("fragile", RewardDomain(fragile, requires_ground_truth=False))
 
 

@@ -1,4 +1,5 @@
-"""RewardManager: routing, weights, parameters, failures, time limits and row checks.
+"""RewardManager: routing, weights, parameters, failures, score ranges, time limits, row checks,
+and the failure rate that stops a training run.
 
 The domains are registered by a plugin object inside the test, so nothing depends on the installed
 reward packs. Domains that run in worker processes are module-level functions (a worker imports
@@ -19,12 +20,30 @@ import pytest
 from armor_core import RewardDomain, RewardResult, hookimpl
 from armor_core.config import ConfigError, RewardConfig
 from armor_core.plugins import PluginManager
+from armor_core.reward_checks import RewardFailureError
 from armor_core.rewards import RewardManager, ground_truth_of
 
 
 def exact(prompt, response, ground_truth, extra, *, bonus=0.0):
     hit = float(response == ground_truth)
     return RewardResult(hit + bonus, {"exact": hit, "pid": float(os.getpid())})
+
+
+def _exact_range(params):
+    return params["bonus"], 1.0 + params["bonus"]
+
+
+def loud(prompt, response, ground_truth, extra):
+    return float(response)
+
+
+def _refuse_lists(ground_truth, extra):
+    if isinstance(ground_truth, list):
+        raise ValueError("a list is not an answer")
+
+
+def picky(prompt, response, ground_truth, extra):
+    return 1.0
 
 
 def short(prompt, response, ground_truth, extra):
@@ -47,7 +66,7 @@ def reserved(prompt, response, ground_truth, extra):
     return RewardResult(1.0, {"score": 1.0})
 
 
-for _fn in (exact, short, flaky, not_finite, reserved):
+for _fn in (exact, short, flaky, not_finite, reserved, loud, picky):
     _fn.armor_inline = True
 
 
@@ -80,7 +99,11 @@ warmed.armor_warmup = _slow_warmup
 class _Plugin:
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("exact", RewardDomain(exact, requires_ground_truth=True))
+        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=_exact_range))
+        register("loud", RewardDomain(loud, requires_ground_truth=False))  # the default range, [0, 1]
+        register("unbounded", RewardDomain(loud, requires_ground_truth=False, score_range=None))
+        register("reversed_range", RewardDomain(loud, requires_ground_truth=False, score_range=(1.0, 0.0)))
+        register("picky", RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_refuse_lists))
         register("short", RewardDomain(short, requires_ground_truth=False))
         register("flaky", RewardDomain(flaky, requires_ground_truth=False))
         register("not_finite", RewardDomain(not_finite, requires_ground_truth=False))
@@ -208,6 +231,43 @@ def test_non_finite_score_and_reserved_sub_score_are_failures(pm):
     assert "non-finite score nan" in batch.errors[0] and "'score' is reserved" in batch.errors[1]
 
 
+def test_a_score_outside_the_declared_range_fails_its_row(pm):
+    rm = RewardManager(RewardConfig(failure_score=-1.0, domain_kwargs={"exact": {"bonus": 0.5}}), pm)
+    batch = score(rm, [("loud", "0.5", None), ("loud", "5", None), ("loud", "-0.1", None), ("unbounded", "5", None), ("exact", "a", "a")])
+    assert batch.scores.tolist() == [0.5, -1.0, -1.0, 5.0, 1.5]  # exact's range follows its bonus: [0.5, 1.5]
+    assert batch.errors[1] == ("loud: score 5 is outside the domain's score_range [0, 1]; return a score in it, "
+                               "or register the domain with the score_range its scores really have")
+    assert batch.metrics["reward/loud/failures"] == 2.0 and batch.errors[3] is None and batch.errors[4] is None
+
+
+def test_a_malformed_score_range_is_an_error_naming_the_domain(pm):
+    rm = RewardManager(RewardConfig(), pm)
+    with pytest.raises(ConfigError, match=r"reward domain 'reversed_range' declares score_range=\(1.0, 0.0\); expected \(low, high\)"):
+        rm.domains_for("reversed_range")
+    with pytest.raises(ConfigError, match=r"'exact': its score_range cannot be computed for the parameters \{'bonus': 'x'\}"):
+        RewardManager(RewardConfig(domain_kwargs={"exact": {"bonus": "x"}}), pm)
+
+
+def test_a_domain_failing_on_too_many_rows_stops_a_watched_manager(pm):
+    cfg = RewardConfig(failure_score=-1.0, max_failure_fraction=0.5, failure_window=2)
+    watched, counting = RewardManager(cfg, pm, watch_failures=True), RewardManager(cfg, pm)
+    batches = [[("flaky", "boom", None)] + [("flaky", "ok", None)] * 3,  # 1 of 4 fail
+               [("flaky", "boom", None)] * 3 + [("flaky", "ok", None)],  # 3 of 4: 4 of 8 in the window, not more than half
+               [("flaky", "key", None)] * 4 + [("short", "ok", None)]]  # 4 of 4: 7 of 8 (short's rows do not count for flaky)
+    for rows in batches[:2]:
+        score(watched, rows)
+    with pytest.raises(RewardFailureError) as e:
+        score(watched, batches[2])
+    message = str(e.value)
+    assert message.startswith("reward domain 'flaky' failed on 7 of its 8 rows in the last 2 scored batches, more than "
+                              "reward.max_failure_fraction=0.5; e.g. KeyError: 'missing' (data_source 'flaky', ground_truth None).")
+    assert "\n" not in message and "checkpoints already written" in message
+    for rows in batches:  # armor reward's manager counts failures and goes on
+        assert score(counting, rows).metrics["reward/flaky/failures"] >= 1
+    lenient = RewardManager(RewardConfig(max_failure_fraction=1.0), pm, watch_failures=True)
+    assert score(lenient, batches[2]).metrics["reward/flaky/failures"] == 4.0  # 1 never stops
+
+
 # -- worker processes and time limits ----------------------------------------------------------------
 
 
@@ -297,6 +357,14 @@ def test_check_rows_reports_unroutable_source_and_missing_field(pm):
         rm.check_rows([{"data_source": "exact", "ground_truth": "1"}, {"data_source": "gsm8"}], "train.jsonl")
     with pytest.raises(ConfigError, match=r"val.jsonl: line 7: the row has no 'data_source' field"):
         rm.check_rows([{"prompt": "x", "_line": 7}], "val.jsonl")
+
+
+def test_check_rows_refuses_a_ground_truth_its_domain_cannot_read(pm):
+    rm = RewardManager(RewardConfig(), pm)
+    rm.check_rows([{"data_source": "picky", "ground_truth": "4", "_where": "t.jsonl, line 1"}], "t.jsonl")
+    rows = [{"data_source": "picky", "ground_truth": "4", "_where": "t.jsonl, line 1"}, {"data_source": "picky", "ground_truth": ["4"], "_where": "t.jsonl, line 2"}]
+    with pytest.raises(ConfigError, match=r"^t.jsonl, line 2: reward domain 'picky' cannot read this ground_truth: a list is not an answer \(set data.skip_invalid"):
+        rm.check_rows(rows, "t.jsonl")
 
 
 def test_check_rows_accepts_verl_layout_and_is_fast(pm):

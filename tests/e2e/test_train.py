@@ -41,7 +41,7 @@ def run(tmp_path, *overrides, resume=False, name="run"):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["algorithm.adv_estimator=grpo"],
+        ["algorithm.adv_estimator=grpo", "trainer.val_n=3"],
         ["algorithm.adv_estimator=gae", "algorithm.lam=0.95", "actor.ppo_epochs=2"],
         ["algorithm.adv_estimator=rloo", "actor.use_kl_loss=true", "actor.kl_loss_type=k3"],
         ["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl_type=adaptive"],
@@ -67,6 +67,9 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
 
     AutoModelForCausalLM.from_pretrained(model_dir)  # loads as is
     assert summary["val_before"] is not None and summary["val_after"] is not None
+    if "trainer.val_n=3" in overrides:  # 3 samples per held-out prompt, scored as verl reports them
+        after = summary["val_after"]
+        assert 0 <= after["val/arithmetic/mean@3"] <= after["val/arithmetic/best@3"] <= 1 and 0 <= after["val/maj@3"] <= 1
 
 
 def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):

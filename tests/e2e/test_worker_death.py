@@ -59,7 +59,7 @@ def test_a_killed_rank_stops_the_group_within_seconds_and_is_named(ray_cluster, 
     pid = group.placement[1]["pid"]
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError) as err:
-        group.call("step")
+        group.call(group.api.step)
     assert time.monotonic() - t0 < 10
     msg = str(err.value)
     assert f"worker group 'peers' rank 1 (pid {pid}, node " in msg and "died during step" in msg
@@ -77,7 +77,7 @@ def test_a_rank_that_raises_while_its_peers_wait_stops_the_group(ray_cluster, mo
     group = _group(ray_cluster, _raise_or_wait, channel)
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError, match=r"rank 1 .* failed during step while ranks \[0\] waited on it.*ValueError: bad shard"):
-        group.call("step")
+        group.call(group.api.step)
     assert time.monotonic() - t0 < 10
 
 
@@ -89,12 +89,12 @@ def test_a_rank_that_raises_alone_keeps_its_error(ray_cluster, channel):
     group = _group(ray_cluster, _raise_alone, channel)
     try:
         with pytest.raises(ValueError, match="bad shard") as err:
-            group.call("step")
+            group.call(group.api.step)
         if channel:  # raised as itself, with where it happened and the worker's traceback
             note = "\n".join(getattr(err.value, "__notes__", []))
             assert "raised in worker group 'peers' rank 1" in note and "during step" in note and "_raise_alone" in note
-        assert group.call("ping")  # the group is still usable: nothing hung, nothing was stopped
-        assert group.call("step_if", 0) == [0, 1]  # and the next call's replies are this call's
+        assert group.call(group.api.ping)  # the group is still usable: nothing hung, nothing was stopped
+        assert group.call(group.api.step_if, 0) == [0, 1]  # and the next call's replies are this call's
     finally:
         group.shutdown()
 
@@ -113,14 +113,14 @@ def test_functions_travel_and_a_reply_the_driver_cannot_read_is_an_error_not_a_h
 
     group = _group(ray_cluster, lambda rank: None, channel)
     try:
-        assert group.call("run", lambda rank: rank * 10) == [0, 10]  # a local function, pickled by value as Ray does
+        assert group.call(group.api.run, lambda rank: rank * 10) == [0, 10]  # a local function, pickled by value as Ray does
         with pytest.raises(Exception, match="no such class in the driver"):
-            group.call("run", lambda rank: Unreadable())
-        assert group.call("run", lambda rank: rank + 1) == [1, 2]  # still in step: nothing hung
+            group.call(group.api.run, lambda rank: Unreadable())
+        assert group.call(group.api.run, lambda rank: rank + 1) == [1, 2]  # still in step: nothing hung
         lock = threading.Lock()
         with pytest.raises(TypeError, match="lock"):  # cannot be sent: no rank gets the call
-            group.call("run", lambda rank: lock)
-        assert group.call("run", lambda rank: rank + 2) == [2, 3]
+            group.call(group.api.run, lambda rank: lock)
+        assert group.call(group.api.run, lambda rank: rank + 2) == [2, 3]
     finally:
         group.shutdown()
 

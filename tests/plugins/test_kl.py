@@ -13,8 +13,8 @@ import torch
 from armor_core import KLEstimator
 from armor_core.plugins import PluginManager
 from armor_plugins.losses.aggregation import agg_token_mean
-from armor_core.kl_penalty import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
-from armor_plugins.losses.kl import KL_ESTIMATORS, compute_kl_loss
+from armor_core.kl_penalty import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller, compute_kl_loss
+from armor_plugins.losses.kl import KL_ESTIMATORS
 
 MY_PLUGINS = {"grpo", "gae", "rloo", "reinforce_plus_plus", "opo", "pass_at_k", "ppo_clip", "gspo", "cispo", "kl", "aggregation"}
 LN2 = math.log(2)

@@ -13,21 +13,13 @@ from armor_core.config import RolloutConfig
 from armor_core.interfaces import RolloutBackend
 from armor_core.models import build_char_tokenizer, build_tiny_model, encode_prompts, load_model, load_tokenizer, resolve_model_path
 from armor_core.protocol import DataProto
-from armor_core.testing import left_padded_batch
-from armor_core.testing import registered
+from armor_core.testing import left_padded_batch, registered
 from armor_plugins.rollout.hf import HFRollout, sample_next_token
 
 PROMPTS = ["1+2=", "12+34=", "99+9=", "5="]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # these models are too small to gain from a second thread, and on a shared 2-core CI machine
-    # a second OpenMP thread mostly spins waiting for a core: one thread is faster and steadier
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread
 
 
 class ScriptedCache:

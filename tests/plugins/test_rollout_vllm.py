@@ -410,7 +410,7 @@ def engine():
 
 
 def _actor_log_probs(model, out, temperature):
-    from armor_core.workers.common import forward_response_logits, response_log_probs
+    from armor_core.workers.layouts import forward_response_logits, response_log_probs
 
     with torch.no_grad():
         logits = forward_response_logits(model, out["input_ids"], out["attention_mask"], out["position_ids"], out["responses"].shape[1])

@@ -1,0 +1,244 @@
+"""Contract checks, one per plugin kind (``CHECKS``): each runs an implementation on awkward input
+and asserts what the trainer relies on, so a plugin author's test is one call."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterator, Mapping, get_args
+
+import torch
+
+from armor_core.interfaces import (ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, AdvantageEstimator, PolicyLoss, RewardDomain, RewardResult, Verdict,
+                                   VerdictAction, call_with_params)
+
+def _toy_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    bs, t = 8, 5
+    mask = torch.ones(bs, t)
+    mask[1, 3:] = 0
+    mask[5, 1:] = 0
+    mask[7] = 0  # a fully masked row
+    rewards = torch.zeros(bs, t)
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.0])  # groups: {0,1} {2,3} {4,5,6} {7}
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+    rewards[last] = scores[last.any(-1)]
+    index = torch.tensor([0, 0, 1, 1, 2, 2, 2, 3])
+    values = torch.randn(bs, t, generator=g) * mask
+    return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "values": values}
+
+
+def check_advantage_estimator(estimator: AdvantageEstimator, **params: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``estimator`` on a small batch with awkward rows and check the trainer's contract.
+
+    Checks: both outputs have the input's shape, are finite, and are zero outside the response
+    mask (including a fully masked row). Returns ``(advantages, returns)`` for further asserts.
+    """
+    b = _toy_batch()
+    available = {"values": b["values"], "gamma": 1.0, "lam": 1.0, "norm_adv_by_std": True, "reward_components": None}  # what the trainer offers
+    adv, ret = call_with_params(estimator.fn, b["token_level_rewards"], b["response_mask"], b["index"], available=available, extra=params)
+    for name, out in (("advantages", adv), ("returns", ret)):
+        assert out.shape == b["response_mask"].shape, f"{name} has shape {tuple(out.shape)}, expected {tuple(b['response_mask'].shape)}"
+        assert torch.isfinite(out).all(), f"{name} has non-finite values: {out}"
+        assert (out[b["response_mask"] == 0] == 0).all(), f"{name} is non-zero outside the response mask: {out}"
+    return adv, ret
+
+
+def check_policy_loss(loss: PolicyLoss, **params: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Run ``loss`` on extreme log-ratios and check shape, finiteness, masking and a finite gradient."""
+    b = _toy_batch()
+    mask = b["response_mask"]
+    log_prob = (torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * 50).requires_grad_(True)
+    old_log_prob = torch.full(mask.shape, -1000.0)
+    adv = torch.linspace(-3, 3, mask.numel()).reshape(mask.shape) * mask
+    available = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+    loss_mat, metrics = call_with_params(loss.fn, log_prob, old_log_prob, adv, mask, available=available, extra=params)
+    assert loss_mat.shape == mask.shape, f"loss_mat has shape {tuple(loss_mat.shape)}, expected {tuple(mask.shape)}"
+    assert torch.isfinite(loss_mat).all(), f"loss is not finite for log-ratios near 1000: {loss_mat}"
+    assert (loss_mat[mask == 0] == 0).all(), "loss is non-zero outside the response mask"
+    loss_mat.sum().backward()
+    assert log_prob.grad is not None and torch.isfinite(log_prob.grad).all(), "gradient is missing or not finite"
+    assert isinstance(metrics, dict)
+    return loss_mat, metrics
+
+
+def check_reward_domain(domain: RewardDomain, cases: list[tuple[str, str, Any, float]], extra: dict | None = None) -> None:
+    """Score ``(prompt, response, ground_truth, expected_score)`` cases and compare (to 1e-6)."""
+    for prompt, response, gt, expected in cases:
+        out = domain(prompt, response, gt, extra or {})
+        assert isinstance(out, RewardResult)
+        assert abs(out.score - expected) < 1e-6, f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
+
+
+#: ordinary statistics of each guard stage (keys as in ``interfaces.GUARD_STAGES``), for :func:`check_guard`
+GUARD_STATS: dict[str, dict[str, float]] = {
+    "reward": {"score/mean": 0.5, "score/min": 0.0, "score/max": 1.0},
+    "advantage": {"critic/advantages/mean": 0.0, "critic/advantages/max": 1.5, "critic/advantages/min": -1.5},
+    "grad": {"grad_norm": 1.0, "pg_loss": 0.1},
+    "step": {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5},
+    "update": {"actor/pg_loss": 0.1, "actor/grad_norm": 1.0, "actor/entropy": 1.2, "actor/pg_clipfrac": 0.02, "actor/ppo_kl": 1e-3,
+               "actor/kl_loss": 0.0, "actor/skipped_updates": 0.0},
+    "validation": {"val/acc_greedy": 0.5},
+}
+assert set(GUARD_STATS) == set(GUARD_STAGES), "GUARD_STATS needs ordinary statistics for every guard stage"
+
+
+def _guard_rounds(stages: list[str], steps: int, stats: Mapping[str, Mapping[str, float]]) -> Iterator[tuple[str, dict[str, float], int]]:
+    """(stage, stats, step): ``steps`` steps of drifting ordinary statistics, then one of NaN and inf
+    values and one with every statistic missing."""
+    for step in range(1, steps + 1):
+        for stage in stages:
+            yield stage, {k: v * (1 + 0.05 * step) for k, v in {**GUARD_STATS[stage], **stats.get(stage, {})}.items()}, step
+    for step, odd in ((steps + 1, math.nan), (steps + 2, math.inf)):
+        for stage in stages:
+            yield stage, dict.fromkeys(GUARD_STATS[stage], odd), step
+    for stage in stages:
+        yield stage, {}, steps + 3
+
+
+def check_guard(guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None = None, steps: int = 20, **params: Any) -> list[tuple[str, int, Verdict]]:
+    """Build ``guard_cls(**params)`` and check the contract the trainer relies on.
+
+    Each stage the guard sees (its ``stages``, else every stage but the opt-in ``step``) is shown
+    ``steps`` steps of ordinary statistics (``GUARD_STATS``, updated with ``stats[stage]``), then
+    NaN, inf and missing ones. Checks: ``observe`` returns a :class:`~armor_core.interfaces.Verdict`
+    with a known action, a finite non-negative ``scale`` and only ``ADJUSTABLE_COEFFICIENTS`` in
+    ``adjustments``; a second instance reaches the same verdicts (every rank must); ``state_dict``
+    is plain JSON, and an instance loaded from it mid-way continues with the same verdicts.
+    Returns ``[(stage, step, verdict)]`` for further asserts.
+    """
+    from armor_core.guard import OPT_IN_STAGES
+
+    guard, twin = guard_cls(**params), guard_cls(**params)
+    listed = getattr(guard, "stages", None)
+    stages = [s for s in GUARD_STAGES if (s in listed if listed is not None else s not in OPT_IN_STAGES)]
+    assert stages, f"{guard_cls.__name__}.stages = {listed!r} names no stage of {list(GUARD_STAGES)}"
+    rounds = list(_guard_rounds(stages, steps, stats or {}))
+    verdicts, restored = [], None
+    for i, (stage, stat, step) in enumerate(rounds):
+        if i == len(rounds) // 2:  # a resumed run: a fresh instance loads the state from its JSON
+            state = guard.state_dict()
+            restored = guard_cls(**params)
+            restored.load_state_dict(json.loads(json.dumps(state)))
+        v = guard.observe(stage, stat, step)
+        where = f"{guard_cls.__name__}.observe({stage!r}, {stat}, {step})"
+        assert isinstance(v, Verdict), f"{where} returned {v!r}, not a Verdict"
+        assert v.action in get_args(VerdictAction), f"{where}: unknown action {v.action!r}"
+        assert math.isfinite(v.scale) and v.scale >= 0, f"{where}: scale {v.scale} must be finite and >= 0"
+        assert set(v.adjustments) <= set(ADJUSTABLE_COEFFICIENTS), f"{where}: adjusts {sorted(v.adjustments)}; only {ADJUSTABLE_COEFFICIENTS} can be"
+        # compared by repr: a NaN signal is equal to itself there
+        assert repr(twin.observe(stage, stat, step)) == repr(v), f"{where}: a second instance built from the same params decided otherwise"
+        if restored is not None:
+            assert repr(restored.observe(stage, stat, step)) == repr(v), f"{where}: an instance restored from state_dict() decided otherwise"
+        verdicts.append((stage, step, v))
+    return verdicts
+
+
+def check_kl_estimator(estimator: Any) -> torch.Tensor:
+    """Run a ``KLEstimator`` on log-ratios up to +-30 and on equal log-probs. Checks: the input's
+    shape, finite values and a finite gradient (the trainer bounds nothing after it), and 0 where
+    the two policies agree. Returns the per-token KL of the extreme case."""
+    g = torch.Generator().manual_seed(0)
+    ref = -torch.rand(4, 6, generator=g) * 5
+    log_prob = (ref + torch.linspace(-30, 30, 24).reshape(4, 6)).requires_grad_(True)
+    kl = estimator.fn(log_prob, ref)
+    assert kl.shape == ref.shape, f"KL has shape {tuple(kl.shape)}, expected {tuple(ref.shape)}"
+    assert torch.isfinite(kl).all(), f"KL is not finite for log-ratios in [-30, 30]: {kl}"
+    kl.sum().backward()
+    assert log_prob.grad is not None and torch.isfinite(log_prob.grad).all(), "the KL's gradient is missing or not finite"
+    same = estimator.fn(ref.clone(), ref)
+    assert torch.allclose(same, torch.zeros_like(same), atol=1e-6), f"KL between a policy and itself should be 0, got {same}"
+    return kl.detach()
+
+
+def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
+    """Aggregate a per-token loss with a fully masked row. Checks: a finite scalar, 0 for a zero
+    loss, linear in the loss (the trainer sums micro-batch shares), and no gradient reaching the
+    positions outside the mask. Returns the aggregated toy loss."""
+    b = _toy_batch()
+    mask = b["response_mask"]
+    loss_mat = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+    counts = {"global_num_tokens": float(mask.sum()), "global_num_seqs": float((mask.sum(-1) > 0).sum()), "norm_constant": 8.0}
+    loss = aggregation.fn(loss_mat, mask, **counts)
+    assert loss.dim() == 0 and torch.isfinite(loss), f"the aggregated loss must be a finite scalar, got {loss}"
+    zero = aggregation.fn(torch.zeros_like(loss_mat), mask, **counts)
+    assert float(zero) == 0.0, f"a zero loss aggregates to {float(zero)}, not 0"
+    doubled = aggregation.fn(2 * loss_mat.detach(), mask, **counts)
+    assert torch.allclose(doubled, 2 * loss.detach(), rtol=1e-5), "aggregation is not linear in the loss"
+    loss.backward()
+    assert (loss_mat.grad[mask == 0] == 0).all(), "gradient reaches positions outside the response mask"
+    return loss.detach()
+
+
+def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]:
+    """Ask a ``Task`` for ``size`` train and test rows. Checks: ``size`` rows, each with a prompt (a
+    string or a list of chat messages), a string ``data_source`` and a ``ground_truth`` key; the same
+    seed gives the same rows; train and test share no prompt. Returns the train rows."""
+    train = task.fn("train", size, 0, **params)
+    assert isinstance(train, list) and len(train) == size, f"asked for {size} rows, got {len(train) if isinstance(train, list) else type(train).__name__}"
+    for i, row in enumerate(train):
+        assert isinstance(row, dict) and {"prompt", "data_source", "ground_truth"} <= set(row), f"row {i} lacks prompt/data_source/ground_truth: {row!r}"
+        assert isinstance(row["prompt"], (str, list)) and row["prompt"], f"row {i}: the prompt must be a non-empty string or message list"
+        assert isinstance(row["data_source"], str) and row["data_source"], f"row {i}: data_source must be a non-empty string"
+    assert task.fn("train", size, 0, **params) == train, "the same seed gave different rows"
+    shown = lambda rows: {json.dumps(r["prompt"], sort_keys=True) for r in rows}  # noqa: E731
+    overlap = shown(train) & shown(task.fn("test", size, 0, **params))
+    assert not overlap, f"train and test share prompts: {sorted(overlap)[:3]}"
+    return train
+
+
+def check_rollout_backend(backend_cls: type, model: Any, tokenizer: Any, prompts: list[str] | None = None, **rollout: Any) -> Any:
+    """Build ``backend_cls(model, tokenizer, RolloutConfig(**rollout))`` and generate for a few
+    prompts. Checks: ``responses``, ``response_mask`` and ``rollout_log_probs`` of one shape, the
+    mask 0/1 and right-padded, log-probs finite and <= 0 on the response, 0 after it; greedy
+    decoding is deterministic. Returns the sampled DataProto."""
+    from armor_core.config import RolloutConfig
+    from armor_core.models import encode_prompts
+    from armor_core.protocol import DataProto
+
+    ids, mask, pos, _ = encode_prompts(tokenizer, prompts or ["1+2=", "12+34=", "5="], max_length=32)
+    batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+    backend = backend_cls(model, tokenizer, RolloutConfig(**{"max_new_tokens": 6, **rollout}))
+    out = backend.generate(batch)
+    resp, rmask, lp = out["responses"], out["response_mask"], out["rollout_log_probs"]
+    assert resp.shape == rmask.shape == lp.shape and resp.shape[0] == len(batch), f"shapes differ: {resp.shape}, {rmask.shape}, {lp.shape}"
+    assert set(rmask.unique().tolist()) <= {0, 1}, "response_mask must be 0/1"
+    assert (rmask[:, 1:] <= rmask[:, :-1]).all(), "response_mask must be right-padded (no 1 after a 0)"
+    valid = rmask.bool()
+    assert torch.isfinite(lp[valid]).all() and (lp[valid] <= 1e-5).all(), "rollout_log_probs must be finite log-probabilities on the response"
+    assert (lp[~valid] == 0).all(), "rollout_log_probs must be 0 after the response"
+    first, second = backend.generate(batch, greedy=True), backend.generate(batch, greedy=True)
+    assert torch.equal(first["responses"], second["responses"]), "greedy decoding gave different responses for the same prompts"
+    return out
+
+
+def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) -> Any:
+    """Build ``tracker_cls(run_dir, config)`` (the default config unless given) and log a few steps, NaN and inf included (a tracker
+    must never end a run over a value), call ``resume`` and ``summary`` when it has them, then
+    ``close``. Returns the closed tracker for asserts on what it wrote."""
+    from armor_core.config import load_config
+
+    tracker = tracker_cls(run_dir, config if config is not None else load_config(None, []))
+    for step, value in ((1, 0.5), (2, math.nan), (3, math.inf)):
+        tracker.log({"critic/score/mean": value, "timing_s/step": 0.1 * step}, step)
+    if hasattr(tracker, "resume"):
+        tracker.resume(2)
+        tracker.log({"critic/score/mean": 0.75}, 3)
+    if hasattr(tracker, "summary"):
+        tracker.summary({"steps": 3})
+    tracker.close()
+    return tracker
+
+
+#: the check for each plugin kind (``interfaces.KINDS``)
+CHECKS = {
+    "advantage_estimator": check_advantage_estimator,
+    "policy_loss": check_policy_loss,
+    "kl_estimator": check_kl_estimator,
+    "loss_aggregation": check_loss_aggregation,
+    "reward_domain": check_reward_domain,
+    "stability_guard": check_guard,
+    "rollout_backend": check_rollout_backend,
+    "task": check_task,
+    "metric_tracker": check_metric_tracker,
+}

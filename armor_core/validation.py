@@ -1,0 +1,77 @@
+"""Held-out validation: greedy accuracy per ``data_source`` and, with ``trainer.val_n = n > 1``,
+``n`` samples per prompt scored as verl reports them.
+
+For each data source, over its prompts:
+
+- ``val/<source>/acc_greedy``: the greedy response is correct (its main domain scored 1);
+- ``val/<source>/mean@n``: the share of the ``n`` samples that are correct (pass@1 estimated from n);
+- ``val/<source>/best@n``: at least one of the ``n`` samples is correct (pass@n);
+- ``val/<source>/maj@n``: the answer given most often among the ``n`` samples is correct (majority
+  vote, self-consistency). The vote is on the response text with whitespace collapsed (a tie goes
+  to the answer seen first): exact for short-answer tasks; where responses carry reasoning before
+  the answer, ``maj@n`` counts identical responses only.
+
+``val/acc_greedy`` and ``val/mean@n`` etc. without a source are over all prompts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = ["at_n_metrics", "run_validation", "vote_key"]
+
+
+def vote_key(response: str) -> str:
+    """What a majority vote compares: the response with whitespace collapsed."""
+    return " ".join(response.split())
+
+
+def at_n_metrics(correct: np.ndarray, responses: Sequence[str], sources: Sequence[str], n: int, prefix: str = "val/") -> dict[str, float]:
+    """``mean@n``, ``best@n`` and ``maj@n`` per source and overall. ``correct`` and ``responses``
+    hold ``n`` consecutive samples per prompt; ``sources`` one entry per prompt."""
+    correct = np.asarray(correct, dtype=bool).reshape(-1, n)
+    if correct.shape[0] != len(sources) or len(responses) != correct.size:
+        raise ValueError(f"at_n_metrics: {correct.size} scores and {len(responses)} responses for {len(sources)} prompts x n={n}")
+    majority = np.zeros(correct.shape[0], dtype=bool)
+    for p in range(correct.shape[0]):
+        keys = [vote_key(r) for r in responses[p * n : (p + 1) * n]]
+        top = Counter(keys).most_common(1)[0][0]  # Counter keeps first-seen order among equal counts
+        majority[p] = correct[p, keys.index(top)]
+    sources = np.asarray(sources)
+    out: dict[str, float] = {}
+    for label, sel in [(f"{s}/", sources == s) for s in sorted(set(sources.tolist()))] + [("", np.ones(len(sources), dtype=bool))]:
+        if sel.any():
+            out[f"{prefix}{label}mean@{n}"] = float(correct[sel].mean())
+            out[f"{prefix}{label}best@{n}"] = float(correct[sel].any(axis=1).mean())
+            out[f"{prefix}{label}maj@{n}"] = float(majority[sel].mean())
+    return out
+
+
+def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any, ranks: int, val_n: int, sampled: bool) -> dict[str, float]:
+    """Validation metrics of ``data`` (the encoded held-out prompts, a DataProto).
+
+    :param generate: ``generate(prompts, greedy) -> rows`` (the trainer's rollout, any worker layout).
+    :param scorer: ``step.Scorer``: scores and decodes generated rows.
+    :param ranks: the batch is padded to a multiple of this (every rank gets rows).
+    """
+    from armor_core.protocol import DataProto
+    from armor_core.rewards import accuracy_by_source, main_scores
+
+    out: dict[str, float] = {}
+    runs = [("greedy", True, 1)] + ([("sampled", False, 1)] if sampled else []) + ([(f"@{val_n}", False, val_n)] if val_n > 1 else [])
+    for mode, greedy, n in runs:
+        rows = data.repeat(n, interleave=True) if n > 1 else data
+        pad = (-len(rows)) % ranks
+        padded = DataProto.concat([rows, rows[:pad]]) if pad else rows
+        gen = generate(padded.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy)[: len(rows)]
+        full = rows.select(non_tensor_keys=list(rows.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
+        scores, _ = scorer(full)
+        main = main_scores(full.non_tensors["reward_components"])  # correctness, without format or length components
+        if n == 1:
+            out.update(accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/", main=main))
+        else:
+            out.update(at_n_metrics(main >= 1.0 - 1e-6, scorer.decode(full), data.non_tensors["data_source"], n))
+    return out

@@ -1,0 +1,1 @@
+"""Built-in reward domains that need no ground truth: ``format`` (structure) and ``length``."""

@@ -1,0 +1,27 @@
+"""A training run whose reward domain fails on most rows stops with a one-line error, instead of
+training on reward.failure_score alone and ending as if all went well."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from armor_core.config import load_config
+from armor_core.reward_checks import RewardFailureError
+from armor_core.trainer import run_training
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_domain_failing_on_every_row_stops_the_run_at_its_first_step(ray_cluster, tmp_path):
+    data = tmp_path / "words.jsonl"  # gsm8k compares numbers: a ground truth in words fails every row
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "data_source": "gsm8k", "ground_truth": "forty"}) + "\n" for i in range(16)))
+    cfg = load_config(None, [f"data.train_files=[{data}]", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+                             "rollout.max_new_tokens=4", "trainer.total_steps=3", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1",
+                             f"trainer.run_dir={tmp_path / 'run'}"])
+    with pytest.raises(RewardFailureError) as e:
+        run_training(cfg)
+    assert str(e.value).startswith("reward domain 'gsm8k' failed on 16 of its 16 rows in the last 1 scored batch, more than "
+                                   "reward.max_failure_fraction=0.5; e.g. ValueError: gsm8k ground truth 'forty' is not a number")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or "actor/pg_loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
