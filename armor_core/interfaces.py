@@ -98,6 +98,9 @@ class RewardDomain:
         that row, naming the domain and the range. A function instead receives the domain's
         keyword parameters (defaults, then ``reward.domain_kwargs``) and returns the range, for
         scores the parameters move (``correct_score=2``). None: any finite score.
+    :param warmup: optional ``fn() -> None`` a reward worker process runs once, before the domain's
+        first timed check (e.g. importing a heavy library), so the import does not count against
+        ``reward.timeout_s``. Not called for inline domains.
     :param validate_ground_truth: optional ``fn(ground_truth, extra) -> None`` raising ``ValueError``
         (saying what would fit) for a ground truth the domain cannot score, e.g. a letter that is
         not among the row's options. Called on every row with a ground truth routed to the domain
@@ -111,6 +114,7 @@ class RewardDomain:
     description: str = ""
     score_range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]] | None = (0.0, 1.0)
     validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
+    warmup: Callable[[], None] | None = None
 
     def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None) -> RewardResult:
         out = self.fn(prompt, response, ground_truth, dict(extra or {}))

@@ -2,7 +2,7 @@
 
 Verifiers can hang (sympy on ``2^{10^{10}}``, pathological LaTeX). ``signal.alarm`` works only in
 the main thread of the main interpreter (not in a trainer thread or a Ray actor's call), so the
-limit is enforced from outside: a ``_Pool`` runs each check in one of its worker processes and
+limit is enforced from outside: a ``Pool`` runs each check in one of its worker processes and
 kills and replaces a worker whose check exceeds ``timeout_s``; the row gets a ``timeout`` outcome.
 A worker that dies (segfault, out-of-memory kill) gives its row an error outcome and is replaced.
 
@@ -10,11 +10,11 @@ Workers are started with ``spawn`` (safe from a threaded driver, unlike ``fork``
 builds a RewardManager must guard its entry point with ``if __name__ == "__main__":``, since spawned
 workers import ``__main__`` again). Each domain reaches them pickled by reference, i.e. imported by
 module and name, as a plugin manager would. The clock of a check starts once the worker has
-imported the domain and run its ``fn.armor_warmup()``, if it has one (the math domain imports sympy
+imported the domain and run its ``RewardDomain.warmup()``, if it has one (the math domain imports sympy
 there, ~1 s): otherwise a limit shorter than that import would kill every fresh worker on its first
 row, forever.
 
-``_evaluate`` (one check, its exceptions turned into an outcome) lives here because both sides run
+``evaluate`` (one check, its exceptions turned into an outcome) lives here because both sides run
 it: a worker for each job, and the manager in its own process for an inline domain.
 """
 
@@ -34,16 +34,13 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 if TYPE_CHECKING:
     from armor_core.interfaces import RewardDomain
 
-__all__ = ["WARMUP_ATTR"]
-
-#: ``fn.armor_warmup``: a callable a worker runs once before the domain's first timed check.
-WARMUP_ATTR = "armor_warmup"
+__all__ = ["Outcome", "Pool", "evaluate"]
 _RESERVED_SUBS = ("score", "failures")
 _LOAD_TIMEOUT_S = 120.0  # a fresh worker importing a domain's module (sympy: ~1 s) is not the check
 _START_TIMEOUT_S = 120.0
 
 
-class _Outcome(NamedTuple):
+class Outcome(NamedTuple):
     status: str  # "ok" | "error" | "timeout"
     score: float = 0.0
     subs: dict | None = None
@@ -52,7 +49,7 @@ class _Outcome(NamedTuple):
     trace: str = ""
 
 
-def _evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> _Outcome:
+def evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> Outcome:
     try:
         result = domain(prompt, response, ground_truth, extra)
         score = float(result.score)
@@ -63,9 +60,9 @@ def _evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: An
             if key in _RESERVED_SUBS:
                 raise ValueError(f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it")
             subs[str(key)] = float(value)
-        return _Outcome("ok", score, subs)
+        return Outcome("ok", score, subs)
     except Exception as e:
-        return _Outcome("error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}"[:1000], trace=traceback.format_exc()[-3000:])
+        return Outcome("error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}"[:1000], trace=traceback.format_exc()[-3000:])
 
 
 def _worker_main(conn: Any) -> None:
@@ -85,14 +82,13 @@ def _worker_main(conn: Any) -> None:
         if domain is None:
             try:
                 domain = domains[spec] = pickle.loads(spec)
-                warmup = getattr(getattr(domain.fn, "func", domain.fn), WARMUP_ATTR, None)  # fn may be a partial
-                if callable(warmup):
-                    warmup()
+                if domain.warmup is not None:
+                    domain.warmup()
             except Exception as e:
-                conn.send(("done", job, _Outcome("error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}")))
+                conn.send(("done", job, Outcome("error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}")))
                 continue
             conn.send(("loaded", job))
-        conn.send(("done", job, _evaluate(domain, *args)))
+        conn.send(("done", job, evaluate(domain, *args)))
 
 
 class _Worker:
@@ -127,7 +123,7 @@ def _stop_all(workers: list[_Worker]) -> None:
     workers.clear()
 
 
-class _Pool:
+class Pool:
     """``size`` spawned processes; one check at a time each; a check past ``timeout_s`` kills its worker."""
 
     def __init__(self, size: int, timeout_s: float) -> None:
@@ -140,8 +136,8 @@ class _Pool:
         w.stop(kill=True)
         self._workers[self._workers.index(w)] = _Worker(self._ctx)
 
-    def run(self, jobs: Sequence[tuple[bytes, tuple]]) -> list[_Outcome]:
-        results: list[_Outcome | None] = [None] * len(jobs)
+    def run(self, jobs: Sequence[tuple[bytes, tuple]]) -> list[Outcome]:
+        results: list[Outcome | None] = [None] * len(jobs)
         queue, remaining = deque(range(len(jobs))), len(jobs)
         while remaining:
             now = time.monotonic()
@@ -173,7 +169,7 @@ class _Pool:
                             "are spawned and import the driver's __main__ module again: guard a script with `if __name__ == '__main__':`"
                         ) from None
                     if w.job is not None:
-                        results[w.job] = _Outcome("error", kind="WorkerDied", message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row")
+                        results[w.job] = Outcome("error", kind="WorkerDied", message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row")
                         remaining -= 1
                     self._replace(w)
                     continue
@@ -187,7 +183,7 @@ class _Pool:
                     remaining -= 1
             now = time.monotonic()
             for w in [w for w in self._workers if w.job is not None and w.deadline < now]:
-                results[w.job] = _Outcome("timeout", kind="timeout", message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed")
+                results[w.job] = Outcome("timeout", kind="timeout", message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed")
                 remaining -= 1
                 self._replace(w)
         return results  # type: ignore[return-value]

@@ -24,8 +24,7 @@ replaced when one check exceeds ``reward.timeout_s``. ``reward.num_workers`` pro
 or, with 0, one helper process started on first use. The exception is an inline domain: its
 author declares it pure Python, cheap and unable to hang (the built-in task's integer check), and
 it runs in the calling process, because the process hop (~0.1 ms a row) costs more than the check
-itself. A domain is inline when it is registered with ``RewardDomain(..., inline=True)`` or its
-function carries ``armor_inline = True`` (what the math and safety packs set); the mark is the
+itself. A domain is inline when it is registered with ``RewardDomain(..., inline=True)``; the mark is the
 author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set.
 """
 
@@ -47,14 +46,12 @@ import numpy as np
 from armor_core.config import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.reward_checks import FailureWatch, check_params, range_problem, resolve_score_range
-from armor_core.reward_pool import WARMUP_ATTR, _evaluate, _Outcome, _Pool
+from armor_core.reward_pool import Outcome, Pool, evaluate
 
-__all__ = ["INLINE_ATTR", "WARMUP_ATTR", "RewardBatch", "RewardManager", "accuracy_by_source", "ground_truth_of", "main_scores"]
+__all__ = ["RewardBatch", "RewardManager", "accuracy_by_source", "ground_truth_of", "main_scores"]
 
 logger = logging.getLogger(__name__)
 
-#: ``fn.armor_inline = True`` marks a domain function as safe to run in the calling process.
-INLINE_ATTR = "armor_inline"
 _SHOWN_CHARS = 200
 
 
@@ -120,7 +117,7 @@ class RewardManager:
         self._known: list[str] = pm.names("reward_domain")
         self._bound: dict[str, _Bound] = {}
         self._routes: dict[str, dict[str, float]] = {}
-        self._pool: _Pool | None = None
+        self._pool: Pool | None = None
         self._lock = threading.RLock()
         self._logged: set[tuple[str, str]] = set()
         self._watch = FailureWatch(cfg.max_failure_fraction, cfg.failure_window) if watch_failures else None
@@ -147,7 +144,7 @@ class RewardManager:
             raise ConfigError(f"reward.domain_kwargs.{name} must be a mapping of parameters, got {params!r}")
         params = dict(params)
         check_params(name, domain.fn, params)
-        inline = bool(getattr(domain, "inline", False) or getattr(domain.fn, INLINE_ATTR, False))
+        inline = domain.inline
         bound_domain = dataclasses.replace(domain, fn=functools.partial(domain.fn, **params)) if params else domain
         spec = None
         if not inline:
@@ -157,7 +154,7 @@ class RewardManager:
                 raise ConfigError(
                     f"reward domain {name!r} ({getattr(domain.fn, '__qualname__', domain.fn)!r}) cannot be sent to a reward worker "
                     f"process: {e}. Register a module-level function (not a lambda or closure), or set "
-                    f"fn.{INLINE_ATTR} = True if it is pure, cheap and cannot hang"
+                    f"register it with RewardDomain(..., inline=True) if it is pure, cheap and cannot hang"
                 ) from e
         score_range = resolve_score_range(name, domain.score_range, domain.fn, params)
         bound = self._bound[name] = _Bound(bound_domain, inline, spec, score_range, domain.validate_ground_truth)
@@ -261,23 +258,23 @@ class RewardManager:
                 raise ValueError(f"RewardManager.score: {name} has {len(seq)} entries but prompts has {n}")
         with self._lock:
             checks = [(i, d, w) for i, source in enumerate(data_sources) for d, w in self.domains_for(source).items()]
-            outcomes: list[_Outcome | None] = [None] * len(checks)
+            outcomes: list[Outcome | None] = [None] * len(checks)
             jobs, job_checks = [], []
             for c, (i, d, _) in enumerate(checks):
                 bound, args = self._bound[d], (prompts[i], responses[i], ground_truths[i], dict(extras[i] or {}))
                 if bound.inline:
-                    outcomes[c] = _evaluate(bound.domain, *args)
+                    outcomes[c] = evaluate(bound.domain, *args)
                 else:
                     jobs.append((bound.spec, args))
                     job_checks.append(c)
             if jobs:
                 if self._pool is None:
-                    self._pool = _Pool(max(1, self.cfg.num_workers), self.cfg.timeout_s)
+                    self._pool = Pool(max(1, self.cfg.num_workers), self.cfg.timeout_s)
                 for c, outcome in zip(job_checks, self._pool.run(jobs)):
                     outcomes[c] = outcome
             return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)  # type: ignore[arg-type]
 
-    def _assemble(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[_Outcome], prompts: Sequence[str],
+    def _assemble(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[Outcome], prompts: Sequence[str],
                   responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any]) -> RewardBatch:
         scores = np.zeros(n, dtype=np.float64)
         subs: dict[str, np.ndarray] = {}
@@ -294,7 +291,7 @@ class RewardManager:
         for (i, d, weight), out in zip(checks, outcomes):
             problem = range_problem(out.score, self._bound[d].score_range) if out.status == "ok" else None
             if problem:
-                out = _Outcome("error", kind="score_range", message=problem)
+                out = Outcome("error", kind="score_range", message=problem)
             if out.status == "ok":
                 value = out.score
                 for key, sub in (out.subs or {}).items():
@@ -324,7 +321,7 @@ class RewardManager:
             self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
         return RewardBatch(scores.astype(np.float32), subs, metrics, errors)
 
-    def _log_failure(self, domain: str, out: _Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
+    def _log_failure(self, domain: str, out: Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
         key = (domain, out.kind)
         if key in self._logged:
             return

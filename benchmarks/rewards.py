@@ -7,7 +7,7 @@ worst-case seconds per row of the math domains on adversarial answers.
 
 "direct" calls the domain function in a loop (the cost of the check itself); "manager" goes through
 RewardManager.score in batches of ``--batch`` rows, as the trainer does: in-process for domains
-marked ``armor_inline`` (arithmetic, gsm8k, refusal, safety), through worker processes for the rest
+registered ``inline`` (arithmetic, gsm8k, refusal, safety), through worker processes for the rest
 (math), with ``reward.num_workers`` = 0 (one helper process) and 2. The first batch, which starts
 the workers, is timed separately ("start").
 
@@ -128,8 +128,10 @@ def adversarial_rows() -> list[tuple[str, str, str, str, str, dict[str, Any]]]:
 def adversarial(pm: PluginManager) -> float:
     """Seconds per row of each adversarial row (one call each, after a warm-up); returns the worst."""
     for domain in ("math", "gsm8k"):  # as a RewardManager worker does before its first timed check
-        fn = pm.get("reward_domain", domain).fn
-        getattr(fn, "armor_warmup", lambda: None)()
+        registered = pm.get("reward_domain", domain)
+        fn = registered.fn
+        if registered.warmup is not None:
+            registered.warmup()
         fn("q", r"The answer is \boxed{\frac{1}{2}}", "0.5", {})
     pm.get("reward_domain", "math").fn("q", r"\boxed{(x+1)^2}", "x^2+2x+1", {})
     print(f"{'adversarial row':<34} {'domain':<7} {'s/row':>7} {'score':>6} {'refused':>8}")
@@ -191,7 +193,7 @@ def main() -> None:
         rows = make(random.Random(0), args.rows)
         rate = direct(pm, domain, rows, args.batch)
         print(f"{domain:<11} {'direct':<22} {rate:>10.0f} {1000 / rate:>8.3f} {'':>8}")
-        inline = getattr(pm.get("reward_domain", domain).fn, "armor_inline", False)
+        inline = pm.get("reward_domain", domain).inline
         for workers in ([0] if inline else [0, 2]):
             rate, first = managed(pm, domain, rows, args.batch, workers)
             path = "manager, in-process" if inline else f"manager, {max(1, workers)} worker(s)"

@@ -29,3 +29,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+#: the entry points that register the built-in algorithms (estimators, policy losses, KL estimators, aggregations)
+ALGORITHM_PLUGINS = {"grpo", "gae", "rloo", "reinforce_plus_plus", "opo", "pass_at_k", "ppo_clip", "gspo", "cispo", "kl_estimators", "loss_aggregations"}
+
+
+@pytest.fixture(scope="module")
+def pm():
+    """The real plugin manager over the real entry points with only the built-in algorithm plugins:
+    every other plugin is blocked, so an algorithm test does not depend on other packages importing."""
+    import importlib.metadata
+
+    from armor_core.plugins import PluginManager
+
+    return PluginManager(disabled={e.name for e in importlib.metadata.entry_points(group="armor")} - ALGORITHM_PLUGINS)

@@ -19,10 +19,11 @@ sub-scores of ``math`` and ``gsm8k`` say why (``judge.py`` computes them):
   same function as the general ``length`` domain's (``armor_plugins.rewards.length``), which
   scores length on its own, as a separate weighted component
 
-``arithmetic`` and ``gsm8k`` are pure Python and cannot hang, so they carry ``armor_inline = True``:
-ARMOR's RewardManager then scores them in the calling process (no process hop). ``math`` may call
-sympy, which can hang on pathological input, so it runs in the RewardManager's worker processes
-under the hard ``reward.timeout_s`` limit; its ``armor_warmup`` imports sympy before the clock starts.
+``arithmetic`` and ``gsm8k`` are pure Python and cannot hang, so they are registered with
+``inline=True``: ARMOR's RewardManager then scores them in the calling process (no process hop).
+``math`` may call sympy, which can hang on pathological input, so it runs in the RewardManager's
+worker processes under the hard ``reward.timeout_s`` limit; its ``warmup`` (``warm_up``) imports
+sympy before the clock starts (about a second).
 """
 
 from __future__ import annotations
@@ -131,10 +132,3 @@ def answer_score_range(params: Mapping[str, Any]) -> tuple[float, float]:
         factor = float(params["overlong_penalty_factor"])
         low, high = low - max(factor, 0.0), high + max(-factor, 0.0)
     return low, high
-
-
-# Run by a RewardManager worker before its first timed check: importing sympy takes about a second.
-math_reward.armor_warmup = warm_up  # type: ignore[attr-defined]
-# Pure Python, microseconds, cannot hang: the RewardManager may score these in-process.
-arithmetic_reward.armor_inline = True  # type: ignore[attr-defined]
-gsm8k_reward.armor_inline = True  # type: ignore[attr-defined]

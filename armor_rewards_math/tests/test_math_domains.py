@@ -50,10 +50,11 @@ def test_math_through_the_reward_manager_under_a_tight_limit(pm):
     assert batch.metrics["reward/timeouts"] == 0.0
 
 
-def test_only_the_cheap_domains_run_inline():
+def test_only_the_cheap_domains_run_inline(pm):
     # math may call sympy (can hang): it must go to the RewardManager's killable worker processes
-    assert getattr(arithmetic_reward, "armor_inline", False) and getattr(gsm8k_reward, "armor_inline", False)
-    assert not getattr(math_reward, "armor_inline", False)
+    assert pm.get("reward_domain", "arithmetic").inline and pm.get("reward_domain", "gsm8k").inline
+    math = pm.get("reward_domain", "math")
+    assert not math.inline and math.warmup is not None  # a worker imports sympy before its first timed check
 
 
 @pytest.mark.parametrize("length, expected", [(0, 0.0), (80, 0.0), (81, -0.05), (90, -0.5), (100, -1.0), (101, -1.0)])

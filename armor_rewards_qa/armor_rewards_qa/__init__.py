@@ -21,7 +21,8 @@ __all__ = ["Choice", "multiple_choice_reward", "read_answer", "read_choice", "sh
 @hookimpl
 def armor_register_reward_domains(register):
     register("multiple_choice", RewardDomain(multiple_choice_reward, requires_ground_truth=True, validate_ground_truth=check_choice_truth,
-                                             description="the chosen option (letter or text, EN/ZH); hedging scores 0", score_range=answer_score_range))
+                                             description="the chosen option (letter or text, EN/ZH); hedging scores 0", score_range=answer_score_range,
+                                             inline=True))
     register("short_answer", RewardDomain(short_answer_reward, requires_ground_truth=True, validate_ground_truth=check_accepted_answers,
                                           description="normalised exact match against accepted answers, numbers with units (EN/ZH)",
-                                          score_range=answer_score_range))
+                                          score_range=answer_score_range, inline=True))

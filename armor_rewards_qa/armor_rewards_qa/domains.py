@@ -21,7 +21,7 @@ Sub-scores: ``correct``; ``hedged`` (alternatives: scored as wrong); ``f1`` (the
 the candidate against an accepted answer, character-level for Chinese, 1 when the answer is
 correct; shown, not scored, unless ``score_f1``); ``anchored`` (found after an answer statement); ``echoed``.
 
-Both are pure Python over linear-time patterns: ``armor_inline = True``, scored in the calling
+Both are pure Python over linear-time patterns: registered with ``inline=True``, scored in the calling
 process. A ground truth that does not fit (a letter that is not among the options, an empty alias
 list) raises ``ValueError`` saying what would fit; ``check_choice_truth`` and ``check_accepted_answers``
 (each domain's ``validate_ground_truth``) find such rows when the dataset is loaded.
@@ -192,5 +192,3 @@ def answer_score_range(params: Mapping[str, Any]) -> tuple[float, float]:
 
 
 # Pure Python over linear-time patterns, microseconds a row: scored in the calling process.
-multiple_choice_reward.armor_inline = True  # type: ignore[attr-defined]
-short_answer_reward.armor_inline = True  # type: ignore[attr-defined]

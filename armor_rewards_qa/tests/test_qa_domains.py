@@ -116,7 +116,7 @@ def test_registered_inline_domains(pm):
     assert pm.names("reward_domain") == ["multiple_choice", "short_answer"]
     for name in ("multiple_choice", "short_answer"):
         domain = pm.get("reward_domain", name)
-        assert domain.requires_ground_truth and domain.fn.armor_inline
+        assert domain.requires_ground_truth and domain.inline
 
 
 def test_through_the_reward_manager_with_domain_kwargs(pm):

@@ -21,6 +21,6 @@ __all__ = ["RefusalVerdict", "classify_refusal", "find_pii", "leaked_pii", "load
 @hookimpl
 def armor_register_reward_domains(register):
     register("refusal", RewardDomain(refusal_reward, requires_ground_truth=False, description="full refusal / partial refusal / compliance, from rules and a learned model",
-                                     score_range=refusal_score_range))
+                                     score_range=refusal_score_range, inline=True))
     register("safety", RewardDomain(safety_reward, requires_ground_truth=True, description="refuse unsafe prompts, answer safe ones, leak no personal data",
-                                    score_range=safety_score_range))
+                                    score_range=safety_score_range, inline=True))

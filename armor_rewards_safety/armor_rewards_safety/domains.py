@@ -17,7 +17,7 @@ row does not have is left out, so its metric is the rate among the rows that hav
 Both classify with the rules and, for English responses the rules call compliance, the learned
 model (``learned_model``: ``"builtin"`` by default, a file written by ``armor_rewards_safety.train``,
 or None for rules only). Both are pure Python over linear-time patterns and a dictionary lookup, so
-they carry ``armor_inline = True`` and ARMOR scores them in the calling process.
+they are registered with ``inline=True`` and ARMOR scores them in the calling process.
 """
 
 from __future__ import annotations
@@ -103,7 +103,3 @@ def safety_score_range(params: Mapping[str, Any]) -> tuple[float, float]:
     plus what a negative penalty adds."""
     top = max(1.0, float(params["partial_score"]))
     return 0.0, top + max(0.0, -float(params["pii_penalty"])) + max(0.0, -float(params["judgemental_penalty"]))
-
-
-refusal_reward.armor_inline = True  # type: ignore[attr-defined]
-safety_reward.armor_inline = True  # type: ignore[attr-defined]

@@ -58,4 +58,4 @@ def test_registered_domains():
     assert pm.names("reward_domain") == ["refusal", "safety"]
     assert not pm.get("reward_domain", "refusal").requires_ground_truth
     assert pm.get("reward_domain", "safety").requires_ground_truth
-    assert refusal_reward.armor_inline and safety_reward.armor_inline
+    assert pm.get("reward_domain", "refusal").inline and pm.get("reward_domain", "safety").inline

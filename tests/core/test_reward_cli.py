@@ -28,15 +28,11 @@ def fragile(prompt, response, ground_truth, extra):
     return 1.0
 
 
-exact.armor_inline = True
-fragile.armor_inline = True
-
-
 class _Plugin:
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=None))  # bonus moves its scores
-        register("fragile", RewardDomain(fragile, requires_ground_truth=False))
+        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=None, inline=True))  # bonus moves its scores
+        register("fragile", RewardDomain(fragile, requires_ground_truth=False, inline=True))
 
 
 @pytest.fixture(autouse=True)

@@ -66,10 +66,6 @@ def reserved(prompt, response, ground_truth, extra):
     return RewardResult(1.0, {"score": 1.0})
 
 
-for _fn in (exact, short, flaky, not_finite, reserved, loud, picky):
-    _fn.armor_inline = True
-
-
 def slow(prompt, response, ground_truth, extra):
     """Runs in a worker process: may hang, crash or raise."""
     if response == "hang":
@@ -93,23 +89,21 @@ def warmed(prompt, response, ground_truth, extra):
     return float(bool(_WARMED))  # 1 only in a worker that ran the warm-up
 
 
-warmed.armor_warmup = _slow_warmup
-
-
 class _Plugin:
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=_exact_range))
-        register("loud", RewardDomain(loud, requires_ground_truth=False))  # the default range, [0, 1]
-        register("unbounded", RewardDomain(loud, requires_ground_truth=False, score_range=None))
-        register("reversed_range", RewardDomain(loud, requires_ground_truth=False, score_range=(1.0, 0.0)))
-        register("picky", RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_refuse_lists))
-        register("short", RewardDomain(short, requires_ground_truth=False))
-        register("flaky", RewardDomain(flaky, requires_ground_truth=False))
-        register("not_finite", RewardDomain(not_finite, requires_ground_truth=False))
-        register("reserved", RewardDomain(reserved, requires_ground_truth=False))
+        # inline: scored in this process; slow and warmed go to the reward worker processes
+        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=_exact_range, inline=True))
+        register("loud", RewardDomain(loud, requires_ground_truth=False, inline=True))  # the default range, [0, 1]
+        register("unbounded", RewardDomain(loud, requires_ground_truth=False, score_range=None, inline=True))
+        register("reversed_range", RewardDomain(loud, requires_ground_truth=False, score_range=(1.0, 0.0), inline=True))
+        register("picky", RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_refuse_lists, inline=True))
+        register("short", RewardDomain(short, requires_ground_truth=False, inline=True))
+        register("flaky", RewardDomain(flaky, requires_ground_truth=False, inline=True))
+        register("not_finite", RewardDomain(not_finite, requires_ground_truth=False, inline=True))
+        register("reserved", RewardDomain(reserved, requires_ground_truth=False, inline=True))
         register("slow", RewardDomain(slow, requires_ground_truth=True))
-        register("warmed", RewardDomain(warmed, requires_ground_truth=False))
+        register("warmed", RewardDomain(warmed, requires_ground_truth=False, warmup=_slow_warmup))
         register("lambda_domain", RewardDomain(lambda p, r, g, e: 1.0, requires_ground_truth=False))
 
 
@@ -165,7 +159,7 @@ def test_parameters_reach_the_domain(pm):
 
 def test_domain_that_cannot_reach_a_worker_is_rejected(pm):
     rm = RewardManager(RewardConfig(), pm)
-    with pytest.raises(ConfigError, match="'lambda_domain'.*cannot be sent to a reward worker process.*armor_inline"):
+    with pytest.raises(ConfigError, match="'lambda_domain'.*cannot be sent to a reward worker process.*inline=True"):
         rm.domains_for("lambda_domain")
 
 

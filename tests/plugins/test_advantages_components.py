@@ -115,13 +115,10 @@ def correct(prompt, response, ground_truth, extra):
     return RewardResult(float(ground_truth in response))
 
 
-correct.armor_inline = True
-
-
 class _Correct:
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("correct", RewardDomain(correct, requires_ground_truth=True))
+        register("correct", RewardDomain(correct, requires_ground_truth=True, inline=True))
 
 
 class CharTokenizer:

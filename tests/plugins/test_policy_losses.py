@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 
 import pytest
 import torch
 
 from armor_core.interfaces import call_with_params
-from armor_core.plugins import PluginManager
 from armor_plugins.losses.aggregation import agg_seq_mean_token_mean, agg_token_mean
 from armor_plugins.losses.cispo import compute_policy_loss_cispo
 from armor_plugins.losses.gspo import compute_policy_loss_gspo
 from armor_plugins.losses.ppo_clip import compute_policy_loss_ppo_clip
 
-MY_PLUGINS = {"grpo", "gae", "rloo", "reinforce_plus_plus", "opo", "pass_at_k", "ppo_clip", "gspo", "cispo", "kl", "aggregation"}
 
 
 def log(x):
@@ -193,11 +190,6 @@ def test_losses_resolve_and_take_config_parameters_by_name(pm, name):
 
 # -- end to end: every loss with every estimator learns a two-token bandit -------------------------
 
-
-@pytest.fixture(scope="module")
-def pm():
-    others = {e.name for e in importlib.metadata.entry_points(group="armor")} - MY_PLUGINS
-    return PluginManager(disabled=others)
 
 
 
