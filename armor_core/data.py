@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["DataError", "Dataset", "PromptLoader", "load_rows", "normalize_row"]
+__all__ = ["DataError", "Dataset", "PromptLoader", "load_rows", "normalize_row", "prepare_data"]
 
 
 class DataError(ValueError):
@@ -233,3 +233,38 @@ def encode_dataset(ds: Dataset, tokenizer: Any, max_prompt_length: int, truncati
             "uid": np.array(kept, dtype=np.int64),
         },
     }
+
+
+def prepare_data(cfg: Any, pm: Any = None, tokenizer: Any = None, rewards: Any = None) -> tuple[Dataset, Dataset | None]:
+    """The run's train and validation rows (``data.train_files`` / ``val_files``, or ``data.task``),
+    checked against their reward domains and encoded; every problem is reported before workers start."""
+    from armor_core.models import load_tokenizer, resolve_model_path
+    from armor_core.plugins import get_plugin_manager
+    from armor_core.rewards import RewardManager
+
+    pm = pm or get_plugin_manager()
+    tokenizer = tokenizer or load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
+    own_rewards = rewards is None
+    rewards = rewards or RewardManager(cfg.reward, pm)
+    d = cfg.data
+    try:
+        needs_gt = lambda source: any(pm.get("reward_domain", name).requires_ground_truth for name in rewards.domains_for(source))  # noqa: E731
+        if d.train_files:
+            train = load_rows(d.train_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt)
+        else:
+            train = task_rows(pm, d.task, "train", d.train_size, cfg.trainer.seed, d.task_kwargs)
+        if d.val_files:
+            val = load_rows(d.val_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt)
+        elif not d.train_files and d.task:
+            val = task_rows(pm, d.task, "test", d.val_size, cfg.trainer.seed, d.task_kwargs)
+        else:
+            val = None
+        for ds in (train, val):
+            if ds is not None:
+                refused = rewards.check_rows(ds.rows, ds.source, skip_invalid=d.skip_invalid)  # ground truths a domain cannot read
+                ds.skipped, ds.problems = ds.skipped + len(refused), ds.problems + refused
+                ds.encoded = encode_dataset(ds, tokenizer, d.max_prompt_length, d.truncation, d.apply_chat_template_kwargs)  # type: ignore[attr-defined]
+    finally:
+        if own_rewards:
+            rewards.close()
+    return train, val

@@ -18,6 +18,10 @@ asks. Kinds, and where they strike:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 from typing import Any, Iterable, Mapping
 
 __all__ = ["FAULT_KINDS", "Faults", "parse_faults"]

@@ -63,7 +63,7 @@ def build_worker(tmp: Path, hidden: int, layers: int, heads: int, max_new: int):
 def grpo_batch(cfg, response_length: int, seed: int = 0):
     """16 built-in arithmetic prompts x 8 samples, random response tokens of lengths in [R/2, R]."""
     from armor_core.protocol import DataProto
-    from armor_core.trainer import prepare_data
+    from armor_core.data import prepare_data
 
     train, _ = prepare_data(cfg)
     enc = train.encoded["tensors"]

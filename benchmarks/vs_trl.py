@@ -157,7 +157,7 @@ def run_trl(steps: int, eval_every: int) -> dict:
     from armor_core.models import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.rewards import RewardManager
-    from armor_core.trainer import prepare_data
+    from armor_core.data import prepare_data
 
     s = SETTINGS
     with tempfile.TemporaryDirectory() as tmp:

@@ -57,7 +57,8 @@ def _check_resume(args: argparse.Namespace, cfg) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from armor_core.cli import user_errors
-    from armor_core.config import help_for, load_config, to_yaml, validate_plugins
+    from armor_core.config import help_for, load_config, to_yaml
+    from armor_core.config_plugins import validate_plugins
     from armor_core.errors import one_line
     from armor_core.preflight import check_run
 
@@ -78,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
             print("config and plugins are valid; this run would use:")
             for key, impl in plan.items():
                 print(f"  {key}: {getattr(impl, '__name__', type(impl).__name__)}")
-            from armor_core.trainer import prepare_data
+            from armor_core.data import prepare_data
 
             prepare_data(cfg)
             return 0

@@ -75,7 +75,7 @@ def test_print_round_trip(tmp_path):
 
 def test_missing_optional_engine_is_a_config_error_before_any_worker():
     from armor_core import hookimpl
-    from armor_core.config import validate_plugins
+    from armor_core.config_plugins import validate_plugins
     from armor_core.testing import registered
 
     class NeedsEngine:
@@ -101,14 +101,14 @@ def test_missing_optional_engine_is_a_config_error_before_any_worker():
     (["algorithm.rollout_correction_cap=0"], r"algorithm.rollout_correction_cap=0.0 is out of range"),
 ])
 def test_dynamic_sampling_and_rollout_correction_settings_are_checked(overrides, match):
-    from armor_core.config import validate_plugins
+    from armor_core.config_plugins import validate_plugins
 
     with pytest.raises(ConfigError, match=match):
         validate_plugins(load_config(None, overrides))
 
 
 def test_grouped_estimators_pass_with_filter_groups():
-    from armor_core.config import validate_plugins
+    from armor_core.config_plugins import validate_plugins
 
     for name in ("grpo", "dr_grpo", "rloo", "opo", "reinforce_plus_plus_baseline"):
         validate_plugins(load_config(None, ["algorithm.filter_groups=true", f"algorithm.adv_estimator={name}"]))

@@ -135,7 +135,7 @@ def chat_tokenizer():
 
 def _encoded_prompts(tmp_path, tokenizer, *overrides):
     from armor_core.config import load_config
-    from armor_core.trainer import prepare_data
+    from armor_core.data import prepare_data
 
     f = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "12+3"}], "data_source": "arithmetic", "ground_truth": "15"}])
     cfg = load_config(None, [f"data.train_files=[{f}]", "data.max_prompt_length=16", *overrides])

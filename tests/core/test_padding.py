@@ -186,7 +186,7 @@ def test_timer_splits_worker_time_from_overhead_and_adds_up():
 def _worker_and_batch(tmp_path, overrides=()):
     from armor_core.config import load_config, to_dict
     from armor_core.protocol import DataProto
-    from armor_core.trainer import prepare_data
+    from armor_core.data import prepare_data
     from armor_core.workers.actor import ActorWorker
 
     cfg = load_config(None, ["data.train_size=64", "data.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",

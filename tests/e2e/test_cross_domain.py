@@ -8,7 +8,8 @@ import json
 import pytest
 
 from armor_core.cli import main
-from armor_core.config import ConfigError, load_config, validate_plugins
+from armor_core.config import ConfigError, load_config
+from armor_core.config_plugins import validate_plugins
 from armor_core.recipes import recipe_names
 
 SHORT = ["trainer.total_steps=2", "data.train_size=64", "data.val_size=48", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",

@@ -11,7 +11,8 @@ import armor_plugins.advantages.grpo as grpo_plugin
 import armor_plugins.rewards.format as format_plugin
 import armor_plugins.rewards.length as length_plugin
 from armor_core import RewardDomain, RewardResult, hookimpl
-from armor_core.config import ConfigError, RewardConfig, load_config, validate_plugins
+from armor_core.config import ConfigError, RewardConfig, load_config
+from armor_core.config_plugins import validate_plugins
 from armor_core.plugins import PluginManager, get_plugin_manager
 from armor_core.protocol import DataProto
 from armor_core.rewards import RewardManager

@@ -222,7 +222,7 @@ def test_skip_invalid_drops_and_counts_the_rows(pm):
 
 def test_bad_ground_truths_in_a_data_file(tmp_path):
     # the config path a user takes: prepare_data loads the file, checks the rows, and counts the skips
-    from armor_core.trainer import prepare_data
+    from armor_core.data import prepare_data
 
     path = tmp_path / "train.jsonl"
     rows = [{"prompt": "Which planet is red?", "data_source": "multiple_choice", "ground_truth": gt, "options": OPTIONS} for gt in ("B", "E", "D")]

@@ -74,7 +74,8 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-from armor_core.config import ConfigError, load_config, validate_plugins  # noqa: E402
+from armor_core.config import ConfigError, load_config
+from armor_core.config_plugins import validate_plugins  # noqa: E402
 
 
 @pytest.fixture
