@@ -2,36 +2,37 @@
 
 The knowledge base is made in code from ``kb_seed``: ``entities`` fictional countries (``Kamel``),
 each with four facts: its capital (``Velo``), the colour of its flag (red / 红色), the year it was
-founded (``1523``) and its founder (``Tiro``). Every fact can be asked in four *cells*, a language
-(``en``, ``zh``) times a form:
+founded (``1523``) and its founder (``Tiro``). Every fact can be asked in eight *cells*: a language
+(``en``, ``zh``), a form, and one of two phrasings (``Kamel's capital?`` / ``Kamel: capital city?``,
+``Kamel的首都？`` / ``Kamel的首都是哪座城市？``). The forms:
 
-- ``short``: the question alone (``Capital of Kamel?``, ``Kamel的首都？``);
-  ``data_source: short_answer``, the ground truth is the value in the question's language;
+- ``short``: the question alone; ``data_source: short_answer``, the ground truth is the value in
+  the question's language;
 - ``choice``: the question followed by four options (``... A.Velo B.Tesa C.Miro D.Buna``);
   ``data_source: multiple_choice``, the row's ``options`` (``extra["options"]`` once loaded) map
   letters to texts, and the ground truth is the right option's text (``choice_answer: text``, the
   default) or its letter (``choice_answer: letter``). Distractors are the same attribute of other
   countries, and the seed draws them and their order for each row.
 
-The ``multiple_choice`` domain accepts the right letter or the right option's text either way. The
-ground truth is the text by default because that is what ``armor sft`` trains a warm start to
-answer: a 1M-parameter character-level model trained on letters stayed at chance (25%) on
-multiple choice after 1000 steps while it learned the short answers, whereas quoting an option
-is a copy from the prompt that it learns.
-
 The rows route to the ``multiple_choice`` and ``short_answer`` reward domains of armor-rewards-qa
-through ``data_source``.
+through ``data_source``. The ``multiple_choice`` domain accepts the right letter or the right
+option's text either way. The ground truth is the text by default because that is what ``armor
+sft`` trains a warm start to answer: a 1M-parameter character-level model trained on letters
+stayed at chance (25%) on multiple choice after 1000 steps while it learned the short answers
+(measured with an earlier, longer phrasing of the questions), whereas quoting an option is a copy
+from the prompt that it learns.
 
 Held out. The knowledge is shared between the splits and the questions are not: each fact has one
 held-out cell, and the ``test`` split asks each fact only in its held-out cell, while ``train``
-asks it only in the other three. Held-out cells are dealt round-robin over a seeded shuffle of
-each attribute's facts, so every cell is held out for a quarter of the facts and every template
-appears in both splits. A ``test`` question is therefore about a fact that training teaches, in a
-language or form that training never used *for that fact* (Kamel's capital is trained in English
-and Chinese short answers and English multiple choice, and tested in Chinese multiple choice).
-No prompt is in both splits: a prompt names its entity, attribute, language and form, and no
-(fact, cell) pair is in both. The split depends on ``entities`` and ``kb_seed`` only, never on the
-row seed, which chooses which questions are drawn, their order and the options.
+asks it only in the other seven. Held-out cells are dealt round-robin over a seeded shuffle of each
+attribute's facts, so every cell is held out for an eighth of the facts and every question
+template appears in both splits. A ``test`` question is therefore about a fact that training
+teaches, in a phrasing, language and form combination that training never used *for that fact*
+(Kamel's capital is tested as ``Kamel: capital city?`` and trained as ``Kamel's capital?``, in
+Chinese, and as multiple choice). No prompt is in both splits: a prompt names its entity,
+attribute, language, form and phrasing, and no (fact, cell) pair is in both. The split depends on
+``entities`` and ``kb_seed`` only, never on the row seed, which chooses which questions are drawn,
+their order and the options.
 
 Sizes. The test split has one question per fact (``4 * entities``); asking for more rows cycles
 through it in fresh permutations, so short-answer questions repeat past that while
@@ -48,29 +49,30 @@ import numpy as np
 
 from armor_core import Task, hookimpl
 
-__all__ = ["ATTRIBUTES", "CELLS", "Fact", "generate_facts", "knowledge_base", "question"]
+__all__ = ["ATTRIBUTES", "CELLS", "PHRASINGS", "Fact", "generate_facts", "knowledge_base", "question"]
 
 ATTRIBUTES = ("capital", "colour", "year", "founder")
 LANGUAGES = ("en", "zh")
 FORMS = ("short", "choice")
-#: (language, form); a fact's held-out cell is one of these
-CELLS = tuple((lang, form) for lang in LANGUAGES for form in FORMS)
+PHRASINGS = (0, 1)
+#: (language, form, phrasing); a fact's held-out cell is one of these
+CELLS = tuple((lang, form, phrasing) for lang in LANGUAGES for form in FORMS for phrasing in PHRASINGS)
 _SPLITS = ("train", "test")
 _LETTERS = "ABCD"
 _DATA_SOURCE = {"short": "short_answer", "choice": "multiple_choice"}
 _COLOURS = {"red": "红色", "blue": "蓝色", "green": "绿色", "yellow": "黄色", "white": "白色", "black": "黑色", "purple": "紫色", "orange": "橙色"}
-# Short, and the country first in both languages: every character is a token of the char-level
-# warm start (compute grows with them), and a name in the same place lets a small model share what
-# it learns about a country between languages and forms.
+# Two phrasings of each question, short, with the country first in both languages: every character
+# is a token of the char-level warm start (compute grows with them), and a name in the same place
+# lets a small model share what it learns about a country between phrasings, languages and forms.
 _QUESTIONS = {
-    ("en", "capital"): "{}'s capital?",
-    ("en", "colour"): "{}'s flag colour?",
-    ("en", "year"): "{}'s founding year?",
-    ("en", "founder"): "{}'s founder?",
-    ("zh", "capital"): "{}的首都？",
-    ("zh", "colour"): "{}国旗的颜色？",
-    ("zh", "year"): "{}建于哪年？",
-    ("zh", "founder"): "{}的创始人？",
+    ("en", "capital"): ("{}'s capital?", "{}: capital city?"),
+    ("en", "colour"): ("{}'s flag colour?", "{}: colour of its flag?"),
+    ("en", "year"): ("{}'s founding year?", "{}: year founded?"),
+    ("en", "founder"): ("{}'s founder?", "{}: who founded it?"),
+    ("zh", "capital"): ("{}的首都？", "{}的首都是哪座城市？"),
+    ("zh", "colour"): ("{}国旗的颜色？", "{}的国旗是什么颜色？"),
+    ("zh", "year"): ("{}建于哪年？", "{}是哪一年建立的？"),
+    ("zh", "founder"): ("{}的创始人？", "{}是谁创立的？"),
 }
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
@@ -85,7 +87,7 @@ class Fact:
     entity: str
     attribute: str
     values: dict[str, str]
-    held_out: tuple[str, str]
+    held_out: tuple[str, str, int]
 
 
 def _names(rng: np.random.Generator, count: int, final: bool, taken: set[str]) -> list[str]:
@@ -128,9 +130,9 @@ def knowledge_base(entities: int = 48, kb_seed: int = 0) -> tuple[Fact, ...]:
     return tuple(facts)
 
 
-def question(fact: Fact, language: str) -> str:
-    """The question text of ``fact`` in ``language`` (without options)."""
-    return _QUESTIONS[(language, fact.attribute)].format(fact.entity)
+def question(fact: Fact, language: str, phrasing: int = 0) -> str:
+    """The question text of ``fact`` in ``language`` and ``phrasing`` (0 or 1), without options."""
+    return _QUESTIONS[(language, fact.attribute)][phrasing].format(fact.entity)
 
 
 def _options(fact: Fact, language: str, pool: list[str], rng: np.random.Generator) -> tuple[dict[str, str], str]:
@@ -143,15 +145,16 @@ def _options(fact: Fact, language: str, pool: list[str], rng: np.random.Generato
     return options, _LETTERS[int(np.flatnonzero(order == 0)[0])]
 
 
-def _row(fact: Fact, cell: tuple[str, str], pools: dict[tuple[str, str], list[str]], rng: np.random.Generator, by_letter: bool) -> dict[str, Any]:
-    language, form = cell
-    row: dict[str, Any] = {"data_source": _DATA_SOURCE[form], "language": language, "attribute": fact.attribute, "entity": fact.entity}
+def _row(fact: Fact, cell: tuple[str, str, int], pools: dict[tuple[str, str], list[str]], rng: np.random.Generator, by_letter: bool) -> dict[str, Any]:
+    language, form, phrasing = cell
+    row: dict[str, Any] = {"data_source": _DATA_SOURCE[form], "language": language, "phrasing": phrasing, "attribute": fact.attribute, "entity": fact.entity}
+    text = question(fact, language, phrasing)
     if form == "short":
-        return {"prompt": question(fact, language), **row, "ground_truth": fact.values[language]}
+        return {"prompt": text, **row, "ground_truth": fact.values[language]}
     options, letter = _options(fact, language, pools[(language, fact.attribute)], rng)
     listed = " ".join(f"{k}.{v}" for k, v in options.items())
     truth = letter if by_letter else options[letter]
-    return {"prompt": f"{question(fact, language)} {listed}", **row, "ground_truth": truth, "options": options}
+    return {"prompt": f"{text} {listed}", **row, "ground_truth": truth, "options": options}
 
 
 def _choices(value: Sequence[str] | str, allowed: Sequence[str], name: str) -> list[str]:
@@ -165,7 +168,7 @@ def _choices(value: Sequence[str] | str, allowed: Sequence[str], name: str) -> l
 def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_seed: int = 0,
                    languages: Sequence[str] | str = LANGUAGES, forms: Sequence[str] | str = FORMS, choice_answer: str = "text",
                    **unknown: Any) -> list[dict[str, Any]]:
-    """Rows ``{"prompt", "data_source", "ground_truth", "language", "attribute", "entity"[, "options"]}``.
+    """Rows ``{"prompt", "data_source", "ground_truth", "language", "phrasing", "attribute", "entity"[, "options"]}``.
 
     :param split: ``train`` or ``test`` (``val`` and ``validation`` mean ``test``).
     :param size: number of rows.
@@ -188,7 +191,7 @@ def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_s
     kb = knowledge_base(entities, kb_seed)
     if choice_answer not in ("text", "letter"):
         raise ValueError(f"facts task: choice_answer={choice_answer!r} must be 'text' (the right option's text) or 'letter'")
-    cells = [(lang, form) for lang in _choices(languages, LANGUAGES, "languages") for form in _choices(forms, FORMS, "forms")]
+    cells = [(lang, form, p) for lang in _choices(languages, LANGUAGES, "languages") for form in _choices(forms, FORMS, "forms") for p in PHRASINGS]
     if split_key == "test":
         pairs = [(f, f.held_out) for f in kb if f.held_out in cells]
     else:

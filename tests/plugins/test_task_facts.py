@@ -18,8 +18,8 @@ from armor_plugins.tasks.mix import generate_mix, shares
 FORM_OF = {"short_answer": "short", "multiple_choice": "choice"}
 
 
-def _cell(row: dict) -> tuple[str, str]:
-    return row["language"], FORM_OF[row["data_source"]]
+def _cell(row: dict) -> tuple[str, str, int]:
+    return row["language"], FORM_OF[row["data_source"]], row["phrasing"]
 
 
 def _fact_key(row: dict) -> tuple[str, str]:
@@ -40,17 +40,17 @@ def test_rows_cover_both_languages_and_forms_with_right_answers():
     assert set(Counter(_cell(r) for r in rows)) == set(CELLS)
     for r in rows:
         fact = kb[_fact_key(r)]
-        lang = r["language"]
-        assert r["prompt"].startswith(question(fact, lang))
+        lang, text = r["language"], question(fact, r["language"], r["phrasing"])
+        assert r["prompt"].startswith(text)
         if r["data_source"] == "short_answer":
-            assert r["prompt"] == question(fact, lang) and r["ground_truth"] == fact.values[lang] and "options" not in r
+            assert r["prompt"] == text and r["ground_truth"] == fact.values[lang] and "options" not in r
         else:
             options = r["options"]
             assert list(options) == ["A", "B", "C", "D"] and len(set(options.values())) == 4
             assert r["ground_truth"] == fact.values[lang]  # the right option's text (choice_answer: text)
             assert r["prompt"].endswith(" ".join(f"{k}.{v}" for k, v in options.items()))
     zh = next(r for r in rows if r["language"] == "zh" and r["attribute"] == "colour" and r["data_source"] == "short_answer")
-    assert zh["prompt"].endswith("国旗的颜色？") and zh["ground_truth"].endswith("色")
+    assert zh["prompt"].endswith(("国旗的颜色？", "国旗是什么颜色？")) and zh["ground_truth"].endswith("色")
 
 
 def test_choice_answer_letter_gives_the_right_letter():
@@ -86,12 +86,12 @@ def test_no_prompt_in_both_splits_and_every_tested_fact_is_taught():
 def test_test_split_asks_each_fact_once_in_balanced_cells():
     rows = generate_facts("test", 4 * 48, 0)
     assert len({_fact_key(r) for r in rows}) == 4 * 48
-    assert Counter(_cell(r) for r in rows) == {c: 48 for c in CELLS}
+    assert Counter(_cell(r) for r in rows) == {c: 24 for c in CELLS}
 
 
 def test_restricting_languages_and_forms():
     rows = generate_facts("train", 500, 0, languages="zh", forms=["choice"])
-    assert {_cell(r) for r in rows} == {("zh", "choice")}
+    assert {_cell(r)[:2] for r in rows} == {("zh", "choice")}
     test = generate_facts("test", 500, 0, languages=["en"])
     assert {r["language"] for r in test} == {"en"}
 
