@@ -43,7 +43,7 @@ def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None
 
 @dataclass
 class ModelConfig:
-    path: str = f("builtin:arithmetic-tiny", "Local Hugging Face causal-LM directory, or 'builtin:arithmetic-tiny' for the model shipped with ARMOR. Nothing is downloaded.")
+    path: str = f("builtin:arithmetic-tiny", "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR (builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.")
     tokenizer_path: Optional[str] = f(None, "Tokenizer directory when it differs from model.path.")
     dtype: str = f("float32", "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls (autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.", choices=["float32", "bfloat16"])
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
@@ -55,7 +55,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: Optional[str] = f("arithmetic", "Built-in task (a registered `task` plugin) used when train_files is empty.")
+    task: Optional[str] = f("arithmetic", "Built-in task (a registered `task` plugin: arithmetic, facts, or mix for several at once) used when train_files is empty.")
     task_kwargs: dict = f(help="Extra keyword arguments for the task's generator.", factory=dict)
     train_size: int = f(4096, "Rows generated for the train split of a built-in task.", ge=1)
     val_size: int = f(500, "Rows generated for the held-out split of a built-in task (never seen in training).", ge=1)

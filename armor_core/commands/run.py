@@ -15,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Without CONFIG, the built-in recipe runs: a tiny Qwen2 model learns two-number addition with GRPO on CPU. "
         "Every key, its default and its help: `armor run --help-config`.",
     )
-    p.add_argument("config", nargs="?", help="YAML config file (optional)")
+    p.add_argument("config", nargs="?", help="YAML config file, or recipe:NAME for a recipe shipped with ARMOR, e.g. recipe:cross_domain (optional)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=50")
     p.add_argument("--print-config", action="store_true", help="print the merged config and exit")
     p.add_argument("--help-config", action="store_true", help="print every config key with its default and help, and exit")

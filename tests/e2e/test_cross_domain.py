@@ -1,5 +1,5 @@
-"""``armor run recipe:cross_domain``: the shipped recipe resolves, validates, and a short run prints
-held-out accuracy per data_source before and after."""
+"""``armor run recipe:cross_domain``: the shipped recipe resolves and validates, held-out accuracy
+counts the correctness domain alone, and a short run prints accuracy per data_source before and after."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from armor_core.cli import main
 from armor_core.config import ConfigError, load_config
 from armor_core.config_plugins import validate_plugins
 from armor_core.recipes import recipe_names
+from armor_core.rewards import accuracy_by_source, main_scores
 
 SHORT = ["trainer.total_steps=2", "data.train_size=64", "data.val_size=48", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
          "rollout.n=2", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1"]
@@ -31,6 +32,21 @@ def test_the_recipe_resolves_and_its_config_validates():
 def test_an_unknown_recipe_lists_the_recipes():
     with pytest.raises(ConfigError, match=r"unknown recipe 'recipe:cross_domian'.*recipe:cross_domain"):
         load_config("recipe:cross_domian")
+
+
+def test_accuracy_counts_the_correctness_domain_alone():
+    # per row {domain: (score, weight)}; the main domain is the largest weight, the first on a tie
+    components = [
+        {"arithmetic": (1.0, 1.0), "format": (0.0, 0.1), "length": (1.0, 0.1)},  # right, badly formatted: 1.1
+        {"arithmetic": (0.0, 1.0), "format": (1.0, 0.5), "length": (1.0, 0.5)},  # wrong, well formatted: 1.0
+        {"short_answer": (1.0, 0.5), "format": (0.0, 0.5)},                       # tie: the first domain counts
+    ]
+    main = main_scores(components)
+    assert main.tolist() == [1.0, 0.0, 1.0]
+    scores = [sum(s * w for s, w in c.values()) for c in components]
+    acc = accuracy_by_source(scores, ["arithmetic", "arithmetic", "short_answer"], "greedy", prefix="val/", main=main)
+    assert acc["val/arithmetic/acc_greedy"] == 0.5 and acc["val/short_answer/acc_greedy"] == 1.0
+    assert acc["val/acc_greedy"] == pytest.approx(2 / 3) and acc["val/arithmetic/score_greedy"] == pytest.approx(1.05)
 
 
 @pytest.mark.slow

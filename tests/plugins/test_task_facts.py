@@ -115,6 +115,18 @@ def test_ground_truths_are_scored_right_by_the_domains_their_data_source_routes_
     assert wrong.scores.tolist() == [0.0] * len(rows)
 
 
+def test_the_shipped_warm_start_has_a_token_for_every_character_of_its_tasks():
+    from armor_core.models import load_tokenizer, resolve_model_path
+    from armor_plugins.tasks.arithmetic import generate_arithmetic
+
+    tok = load_tokenizer("builtin:cross-domain-tiny")
+    rows = generate_facts("train", 3000, 0) + generate_facts("test", 192, 0) + generate_arithmetic("test", 300, 0, ops="+-*")
+    texts = [r["prompt"] for r in rows] + [str(r["ground_truth"]) for r in rows]
+    assert not [t for t in texts if tok.unk_token_id in tok(t)["input_ids"]]
+    assert tok.decode(tok("Kamel国旗的颜色？")["input_ids"], skip_special_tokens=True) == "Kamel国旗的颜色？"
+    assert sum(f.stat().st_size for f in resolve_model_path("builtin:cross-domain-tiny").iterdir()) < 8 * 2**20  # a few MB
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"entities": 2}, "entities=2"),
     ({"languages": "fr"}, "languages='fr'"),
