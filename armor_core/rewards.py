@@ -48,7 +48,7 @@ from armor_core.interfaces import RewardDomain
 from armor_core.reward_checks import FailureWatch, check_params, range_problem, resolve_score_range
 from armor_core.reward_pool import Outcome, Pool, evaluate
 
-__all__ = ["RewardBatch", "RewardManager", "accuracy_by_source", "ground_truth_of", "main_scores"]
+__all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +67,15 @@ class RewardBatch:
         this batch; timeouts are failures too); ``reward/<domain>/<sub>``, ``reward/<domain>/score``,
         ``reward/<domain>/failures``; ``reward/source/<data_source>/score``.
     :param errors: per row, what failed (``"math: TimeoutError: ..."``) or None.
+    :param components: per row ``{domain: (score, weight)}`` (score as in ``sub_scores``), for
+        estimators that normalise each domain separately and for ``main_scores``.
     """
 
     scores: np.ndarray
     sub_scores: dict[str, np.ndarray]
     metrics: dict[str, float]
     errors: list[str | None] = field(default_factory=list)
+    components: list[dict[str, tuple[float, float]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,7 @@ class RewardManager:
         scores = np.zeros(n, dtype=np.float64)
         subs: dict[str, np.ndarray] = {}
         errors: list[str | None] = [None] * n
+        components: list[dict[str, tuple[float, float]]] = [{} for _ in range(n)]
         failures: Counter[str] = Counter()
         first_error: dict[str, str] = {}
         timeouts = 0
@@ -304,6 +308,7 @@ class RewardManager:
                 first_error.setdefault(d, f"{out.message} (data_source {data_sources[i]!r}, ground_truth {_shown(ground_truths[i])})")
                 self._log_failure(d, out, data_sources[i], prompts[i], responses[i], ground_truths[i])
             column(f"{d}/score")[i] = value
+            components[i][d] = (float(np.float32(value)), weight)  # float32, as the sub-score column holds it
             scores[i] += weight * value
         metrics: dict[str, float] = {"reward/failures": float(sum(failures.values())), "reward/timeouts": float(timeouts)}
         if n:
@@ -319,7 +324,7 @@ class RewardManager:
             metrics[f"reward/source/{source}/score"] = float(scores[sources == source].mean())
         if self._watch is not None:
             self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
-        return RewardBatch(scores.astype(np.float32), subs, metrics, errors)
+        return RewardBatch(scores.astype(np.float32), subs, metrics, errors, components)
 
     def _log_failure(self, domain: str, out: Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
         key = (domain, out.kind)
@@ -345,34 +350,6 @@ class RewardManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.ndarray:
-    """(B,) each row's score from its main domain: the one with the largest weight in its route (the
-    first on a tie), i.e. the correctness check that components such as ``format`` and ``length``
-    are added to. ``components``: per row ``{domain: (score, weight)}``, as ``Scorer`` records them."""
-    return np.array([max(c.values(), key=lambda score_weight: score_weight[1])[0] for c in components], dtype=np.float64)
-
-
-def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "", main: Any = None) -> dict[str, float]:
-    """``{prefix}{source}/acc_{mode}``, ``{prefix}{source}/score_{mode}`` and ``{prefix}acc_{mode}``.
-
-    A row is correct when its main domain scored 1 (to float tolerance: the reward domains'
-    exact-match scale); ``main`` holds those scores (``main_scores``), and without it the row's
-    score is used. ``score_{mode}`` is the mean weighted score.
-    """
-    import numpy as np
-
-    scores = np.asarray(scores, dtype=np.float64)
-    correct = np.asarray(scores if main is None else main, dtype=np.float64) >= 1.0 - 1e-6
-    sources = np.asarray(sources)
-    out: dict[str, float] = {}
-    for src in sorted(set(sources.tolist())):
-        sel = sources == src
-        out[f"{prefix}{src}/acc_{mode}"] = float(correct[sel].mean())
-        out[f"{prefix}{src}/score_{mode}"] = float(scores[sel].mean())
-    out[f"{prefix}acc_{mode}"] = float(correct.mean()) if len(scores) else 0.0
-    return out
 
 
 def _shown(x: Any) -> str:

@@ -45,14 +45,19 @@ class Scorer:
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        scores, metrics, _ = self.score(batch)
+        return scores, metrics
+
+    def score(self, batch: Any) -> tuple[torch.Tensor, dict[str, float], list[str]]:
+        """(B,) scores, the reward metrics, and the decoded responses (validation votes on them)."""
         nt = batch.non_tensors
         lengths = batch["response_mask"].sum(-1).tolist()
         # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
         extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
-        out = self.rewards.score(list(nt["raw_prompt"]), self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), extras)
-        batch["reward_components"] = [{d: (float(out.sub_scores[f"{d}/score"][i]), w) for d, w in self.rewards.domains_for(source).items()}
-                                      for i, source in enumerate(nt["data_source"])]
-        return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics)
+        texts = self.decode(batch)
+        out = self.rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras)
+        batch["reward_components"] = out.components
+        return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics), texts
 
 
 @dataclass

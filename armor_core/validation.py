@@ -17,11 +17,37 @@ For each data source, over its prompts:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["at_n_metrics", "run_validation", "vote_key"]
+__all__ = ["accuracy_by_source", "at_n_metrics", "main_scores", "run_validation", "vote_key"]
+
+
+def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.ndarray:
+    """(B,) each row's score from its main domain: the one with the largest weight in its route (the
+    first on a tie), i.e. the correctness check that components such as ``format`` and ``length``
+    are added to. ``components``: per row ``{domain: (score, weight)}``, as in ``RewardBatch.components``."""
+    return np.array([max(c.values(), key=lambda score_weight: score_weight[1])[0] for c in components], dtype=np.float64)
+
+
+def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "", main: Any = None) -> dict[str, float]:
+    """``{prefix}{source}/acc_{mode}``, ``{prefix}{source}/score_{mode}`` and ``{prefix}acc_{mode}``.
+
+    A row is correct when its main domain scored 1 (to float tolerance: the reward domains'
+    exact-match scale); ``main`` holds those scores (``main_scores``), and without it the row's
+    score is used. ``score_{mode}`` is the mean weighted score.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    correct = np.asarray(scores if main is None else main, dtype=np.float64) >= 1.0 - 1e-6
+    sources = np.asarray(sources)
+    out: dict[str, float] = {}
+    for src in sorted(set(sources.tolist())):
+        sel = sources == src
+        out[f"{prefix}{src}/acc_{mode}"] = float(correct[sel].mean())
+        out[f"{prefix}{src}/score_{mode}"] = float(scores[sel].mean())
+    out[f"{prefix}acc_{mode}"] = float(correct.mean()) if len(scores) else 0.0
+    return out
 
 
 def vote_key(response: str) -> str:
@@ -54,11 +80,10 @@ def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any,
     """Validation metrics of ``data`` (the encoded held-out prompts, a DataProto).
 
     :param generate: ``generate(prompts, greedy) -> rows`` (the trainer's rollout, any worker layout).
-    :param scorer: ``step.Scorer``: scores and decodes generated rows.
+    :param scorer: ``step.Scorer``: scores generated rows and returns their decoded responses.
     :param ranks: the batch is padded to a multiple of this (every rank gets rows).
     """
     from armor_core.protocol import DataProto
-    from armor_core.rewards import accuracy_by_source, main_scores
 
     out: dict[str, float] = {}
     runs = [("greedy", True, 1)] + ([("sampled", False, 1)] if sampled else []) + ([(f"@{val_n}", False, val_n)] if val_n > 1 else [])
@@ -68,10 +93,10 @@ def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any,
         padded = DataProto.concat([rows, rows[:pad]]) if pad else rows
         gen = generate(padded.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy)[: len(rows)]
         full = rows.select(non_tensor_keys=list(rows.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
-        scores, _ = scorer(full)
+        scores, _, texts = scorer.score(full)
         main = main_scores(full.non_tensors["reward_components"])  # correctness, without format or length components
         if n == 1:
             out.update(accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/", main=main))
         else:
-            out.update(at_n_metrics(main >= 1.0 - 1e-6, scorer.decode(full), data.non_tensors["data_source"], n))
+            out.update(at_n_metrics(main >= 1.0 - 1e-6, texts, data.non_tensors["data_source"], n))
     return out

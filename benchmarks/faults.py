@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from armor_core.testing.damage import CHECKPOINT_DAMAGE
+
 SMALL = ["data.train_size=64", "data.val_size=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
          "rollout.max_new_tokens=4", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1"]
 _SHOWN = 180  # characters of a message the table shows
@@ -128,24 +130,6 @@ def refused(what: str, extra: Callable[[Lab], list[str]], pattern: str) -> Case:
 
 
 # -- checkpoints and the disk (the component --resume calls) --------------------------------------
-
-
-def _flip_byte(f: Path) -> None:
-    data = bytearray(f.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    f.write_bytes(bytes(data))
-
-
-CHECKPOINT_DAMAGE: dict[str, tuple[str, Callable[[Path], Any]]] = {
-    "truncated weights": ("model/model.safetensors", lambda f: f.write_bytes(f.read_bytes()[:1000])),
-    "empty weights": ("model/model.safetensors", lambda f: f.write_bytes(b"")),
-    "one flipped byte in the weights": ("model/model.safetensors", _flip_byte),
-    "missing optimizer state": ("actor_state.pt", lambda f: f.unlink()),
-    "truncated optimizer state": ("actor_state.pt", lambda f: f.write_bytes(f.read_bytes()[:10])),
-    "garbage trainer_state.json": ("trainer_state.json", lambda f: f.write_bytes(b"\x00garbage")),
-    "trainer_state.json holding {}": ("trainer_state.json", lambda f: f.write_text("{}")),
-    "deleted trainer_state.json": ("trainer_state.json", lambda f: f.unlink()),
-}
 
 
 def damaged_checkpoint(damage: str) -> Callable[[Lab], Outcome]:

@@ -36,8 +36,8 @@ def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str]
     from armor_core.models import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.protocol import DataProto
-    from armor_core.rewards import RewardManager, accuracy_by_source, main_scores
-    from armor_core.validation import at_n_metrics
+    from armor_core.rewards import RewardManager
+    from armor_core.validation import accuracy_by_source, at_n_metrics, main_scores
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
     if max_new_tokens:
@@ -66,8 +66,7 @@ def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str]
             texts = [tok.decode(r[m.bool()].tolist(), skip_special_tokens=True) for r, m in zip(out["responses"], out["response_mask"])]
             nt = rows.non_tensors
             scored = rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"]))
-            main = main_scores([{d: (float(scored.sub_scores[f"{d}/score"][i]), w) for d, w in rewards.domains_for(src).items()}
-                                for i, src in enumerate(nt["data_source"])])
+            main = main_scores(scored.components)
             if k == 1:
                 result.update(accuracy_by_source(scored.scores, nt["data_source"], mode, main=main))
             else:

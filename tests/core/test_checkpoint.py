@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from armor_core.checkpoint import CheckpointManager
+from armor_core.testing.damage import CHECKPOINT_DAMAGE
 
 
 def test_save_latest_and_prune(tmp_path):
@@ -94,31 +95,12 @@ def _save_two(tmp_path):
     return ck.root / "step_000002"
 
 
-def _flip_a_byte(f):
-    data = bytearray(f.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    f.write_bytes(bytes(data))
-
-
-DAMAGE = {
-    "truncated model": ("model/model.safetensors", lambda f: f.write_bytes(f.read_bytes()[:100])),
-    "empty model": ("model/model.safetensors", lambda f: f.write_bytes(b"")),
-    "flipped byte in the model": ("model/model.safetensors", _flip_a_byte),
-    "missing optimizer state": ("actor_state.pt", lambda f: f.unlink()),
-    "truncated optimizer state": ("actor_state.pt", lambda f: f.write_bytes(f.read_bytes()[:10])),
-    "garbage trainer state": ("trainer_state.json", lambda f: f.write_bytes(b"\x00garbage")),
-    "empty-object trainer state": ("trainer_state.json", lambda f: f.write_text("{}")),
-    "deleted trainer state": ("trainer_state.json", lambda f: f.unlink()),
-    "deleted manifest and empty-object trainer state": ("trainer_state.json", lambda f: (f.write_text("{}"), (f.parent / "manifest.json").unlink())),
-}
-
-
-@pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warning(tmp_path, damage):
     from armor_core.checkpoint import CheckpointWarning
 
     newest = _save_two(tmp_path)
-    rel, hurt = DAMAGE[damage]
+    rel, hurt = CHECKPOINT_DAMAGE[damage]
     hurt(newest / rel)
     ck = CheckpointManager(tmp_path, keep=3)  # a new process, as on --resume
     with pytest.warns(CheckpointWarning, match=rf"step_000002 is damaged and is skipped: {rel}"):
