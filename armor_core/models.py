@@ -214,12 +214,8 @@ def build_tiny_model(
 
     Qwen2 defaults (hidden 128, 4 layers, vocab ~20) give ~1.05M parameters.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, DeepseekV3Config, Qwen2Config, Qwen3Config
-
     if hidden_size % num_heads or hidden_size // num_heads < 32:
         raise ValueError(f"build_tiny_model: hidden_size={hidden_size} / num_heads={num_heads} must divide evenly into heads of >= 32 dims (vLLM's CPU attention needs head_dim >= 32)")
-    head_dim = hidden_size // num_heads
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -233,38 +229,55 @@ def build_tiny_model(
         eos_token_id=eos_token_id,
         bos_token_id=bos_token_id,
     )
-    if arch == "qwen2":
-        config = Qwen2Config(**common, **config_overrides)
-    elif arch == "qwen3":
-        config = Qwen3Config(**common, head_dim=head_dim, **config_overrides)
-    elif arch == "deepseek_v3":
-        mla_moe: dict[str, Any] = dict(
-            moe_intermediate_size=max(32, hidden_size // 2),
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            n_shared_experts=1,
-            n_group=1,
-            topk_group=1,
-            first_k_dense_replace=1,
-            q_lora_rank=64,
-            kv_lora_rank=32,
-            qk_nope_head_dim=head_dim,
-            qk_rope_head_dim=32,
-            v_head_dim=head_dim,
-        )
-        mla_moe.update(config_overrides)
-        config = DeepseekV3Config(**common, **mla_moe)
-    else:
-        raise ValueError(f"build_tiny_model: unknown arch {arch!r}; choose qwen2, qwen3 or deepseek_v3")
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = _init_from_config(_tiny_config(arch, common, hidden_size // num_heads, config_overrides), seed)
     if model.generation_config is not None:
         model.generation_config.pad_token_id = pad_token_id
         model.generation_config.eos_token_id = eos_token_id
         model.generation_config.bos_token_id = bos_token_id
     return model
+
+
+def _tiny_config(arch: str, common: dict[str, Any], head_dim: int, overrides: dict[str, Any]) -> Any:
+    """The transformers config of ``arch`` from the fields all three share and the caller's ``overrides``."""
+    from transformers import DeepseekV3Config, Qwen2Config, Qwen3Config
+
+    if arch == "qwen2":
+        return Qwen2Config(**common, **overrides)
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=head_dim, **overrides)
+    if arch == "deepseek_v3":
+        return DeepseekV3Config(**common, **{**_deepseek_v3_fields(common["hidden_size"], head_dim), **overrides})
+    raise ValueError(f"build_tiny_model: unknown arch {arch!r}; choose qwen2, qwen3 or deepseek_v3")
+
+
+def _deepseek_v3_fields(hidden_size: int, head_dim: int) -> dict[str, Any]:
+    """Small MoE and multi-head latent attention settings: 4 routed experts, top-2, one shared, layer 0 dense."""
+    return dict(
+        moe_intermediate_size=max(32, hidden_size // 2),
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=head_dim,
+        qk_rope_head_dim=32,
+        v_head_dim=head_dim,
+    )
+
+
+def _init_from_config(config: Any, seed: int | None) -> "PreTrainedModel":
+    """A float32 model of ``config``, initialised in a forked RNG so the caller's global state is
+    left as it was: from ``seed``, or (None) from the global RNG's current state."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def _render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, index: int, chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:

@@ -22,7 +22,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from armor_core.schedule import lr_factor
 
@@ -227,10 +227,9 @@ def run_sft(
         raise ValueError("no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is held out)")
     encoded = _encode_pairs(tokenizer, train_rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    gen = torch.Generator().manual_seed(seed)
+    batches = _batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, lr_schedule, steps))
-    order: list[int] = []
     history: list[tuple[int, float, float | None]] = []
     acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
     log(f"step 0: held-out greedy accuracy {acc:.3f} on {len(val_rows)} rows")
@@ -238,21 +237,9 @@ def run_sft(
     model.train()
     step, loss_sum, loss_n = 0, 0.0, 0
     while step < steps:
-        if len(order) < batch_size:
-            order += torch.randperm(len(encoded), generator=gen).tolist()
-        batch, order = order[:batch_size], order[batch_size:]
-        input_ids, attention, loss_mask = _collate([encoded[i] for i in batch], pad_id)
-        logits = model(input_ids=input_ids, attention_mask=attention).logits
-        loss = response_only_loss(logits, input_ids, loss_mask)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"armor sft: loss is {loss.item()} at step {step + 1}; lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = _train_step(model, opt, sched, _collate([encoded[i] for i in next(batches)], pad_id), step + 1)
         step += 1
-        loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+        loss_sum, loss_n = loss_sum + loss, loss_n + 1
         if step % eval_every == 0 or step == steps:
             acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
             mean_loss = loss_sum / loss_n
@@ -264,6 +251,39 @@ def run_sft(
                 break
     model.eval()
     return {"steps": step, "val_accuracy": acc, "history": history, "seconds": time.perf_counter() - t0}
+
+
+def _batch_indices(n_rows: int, batch_size: int, gen: "torch.Generator") -> Iterator[list[int]]:
+    """Endless batches of row indices, without replacement from permutations drawn from ``gen`` as
+    they run out (a batch larger than the data takes one whole permutation)."""
+    import torch
+
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            order += torch.randperm(n_rows, generator=gen).tolist()
+        batch, order = order[:batch_size], order[batch_size:]
+        yield batch
+
+
+def _train_step(model: "PreTrainedModel", opt: "torch.optim.Optimizer", sched: Any, batch: tuple["torch.Tensor", ...], step: int) -> float:
+    """One optimizer step on a collated ``batch`` (gradient norm clipped to 1); returns its loss.
+
+    :raises FloatingPointError: the loss is not finite, naming ``step`` (1-based).
+    """
+    import torch
+
+    input_ids, attention, loss_mask = batch
+    logits = model(input_ids=input_ids, attention_mask=attention).logits
+    loss = response_only_loss(logits, input_ids, loss_mask)
+    if not math.isfinite(loss.item()):
+        raise FloatingPointError(f"armor sft: loss is {loss.item()} at step {step}; lower --lr")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item()
 
 
 # -- the command ----------------------------------------------------------------------------------

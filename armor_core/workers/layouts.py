@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from armor_core.workers.lm_head import HeadRequest, response_head_request
+from armor_core.workers.prompt_groups import group_by_prompt, segment_attention
 
 __all__ = ["ATTENTION_PENALTY", "LAYOUTS", "LayoutStats", "PackedRows", "attention_weight_of", "forward_response_log_probs", "forward_response_logits",
            "grouped_mask_supported", "layout_rows", "pack_groups", "pack_rows", "packed_capacity", "packed_response_log_probs", "response_log_probs"]
@@ -109,6 +110,27 @@ def packed_capacity(attention_mask: torch.Tensor) -> int:
     return max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
 
 
+def _real_positions(mask: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(row, column, rank in its row) of each attended token of the (bs, T) ``mask``, or None when
+    a row's real tokens do not have positions 0, 1, 2, ... (transformers would split that row)."""
+    rank_in_row = mask.long().cumsum(-1) - 1
+    rows, cols = mask.nonzero(as_tuple=True)
+    within = rank_in_row[rows, cols]
+    if not torch.equal(position_ids[rows, cols].long(), within):
+        return None
+    return rows, cols, within
+
+
+def _scatter_tokens(input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dest: torch.Tensor, n: int,
+                    pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (n,) ids and positions with the tokens at (rows, cols) placed at ``dest``; pads are ``pad_id`` at position 0."""
+    packed_ids = torch.full((n,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
+    packed_pos = torch.zeros(n, dtype=position_ids.dtype, device=position_ids.device)
+    packed_ids[dest] = input_ids[rows, cols]
+    packed_pos[dest] = position_ids[rows, cols]
+    return packed_ids, packed_pos
+
+
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, capacity: int,
               pad_id: int = 0) -> PackedRows | None:
     """Pack the attended tokens of each row end to end into rows of about ``capacity`` tokens.
@@ -126,21 +148,17 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     mask = attention_mask.bool()
     bs, T = mask.shape
     lengths = mask.sum(-1)
-    rank_in_row = mask.long().cumsum(-1) - 1
-    rows, cols = mask.nonzero(as_tuple=True)
-    within = rank_in_row[rows, cols]
-    if bs == 0 or not torch.equal(position_ids[rows, cols].long(), within):
+    located = _real_positions(mask, position_ids)
+    if bs == 0 or located is None:
         return None
+    rows, cols, within = located
     total = int(lengths.sum())
     k0 = max(1, min(bs, -(-total // max(int(capacity), 1))))
     # a few row counts around total / capacity: keep the one that computes the fewest positions
     k, row_of, offset, width = min((_balance(lengths.tolist(), k) for k in range(k0, min(bs, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
     row_of, offset = torch.tensor(row_of, device=mask.device), torch.tensor(offset, device=mask.device)
     dest = row_of[rows] * width + offset[rows] + within
-    packed_ids = torch.full((k * width,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
-    packed_pos = torch.zeros(k * width, dtype=position_ids.dtype, device=position_ids.device)
-    packed_ids[dest] = input_ids[rows, cols]
-    packed_pos[dest] = position_ids[rows, cols]
+    packed_ids, packed_pos = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
     start = T - response_length
     is_resp = (cols >= start) & (within > 0)
     return PackedRows(
@@ -148,6 +166,27 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
         predict_index=dest[is_resp] - 1, response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
         real_tokens=total, computed=k * width, batch_tokens=total,
     )
+
+
+def _layout_cost(rows: int, width: float, attention_weight: float) -> float:
+    """Estimated cost of ``rows`` packed rows of ``width``: positions computed, plus attended pairs (rows x width^2)."""
+    return rows * width * (1.0 + attention_weight * width)
+
+
+def _grouped_rows(lengths: list[int], attention_weight: float, max_segment: int, tokens: int, capacity: int) -> tuple[int, list[int], list[int], int] | None:
+    """``_balance``'s layout of the segments ``lengths`` over the row count of least ``_layout_cost``, or
+    None when ``pack_rows``' layout of the same ``tokens`` (rows of about ``capacity``) would cost no more."""
+    n_groups, total = len(lengths), sum(lengths)
+    # row counts from one row per PACK_FACTOR segments' worth of tokens up to one row per segment
+    widest = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
+    k0 = max(1, min(n_groups, -(-total // widest)))
+    counts = sorted({min(n_groups, max(k0, round(k0 * f))) for f in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)} | {n_groups})
+    k, row_of, offset, width = min((_balance(lengths, k) for k in counts), key=lambda lay: _layout_cost(lay[0], lay[3], attention_weight))
+    # pack_rows' layout of the same rows: ceil(tokens / capacity) rows of about equal width
+    packed_rows = -(-tokens // capacity)
+    if _layout_cost(k, width, attention_weight) >= _layout_cost(packed_rows, tokens / packed_rows, attention_weight):
+        return None
+    return k, row_of, offset, width
 
 
 def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, pad_id: int = 0,
@@ -175,75 +214,34 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     start = T - response_length
     if bs < 2 or start <= 0:
         return None
-    rank_in_row = mask.long().cumsum(-1) - 1
-    rows, cols = mask.nonzero(as_tuple=True)
-    within = rank_in_row[rows, cols]
-    if not torch.equal(position_ids[rows, cols].long(), within):
+    located = _real_positions(mask, position_ids)
+    if located is None:
         return None
-    # rows with the same prompt tokens (positions are then the same too, checked above)
-    prompt_key = torch.where(mask[:, :start], input_ids[:, :start], -1)
-    _, group = torch.unique(prompt_key, dim=0, return_inverse=True)
-    n_groups = int(group.max()) + 1
-    if n_groups == bs:
+    groups = group_by_prompt(input_ids, mask, start)
+    if groups is None or (max_segment and int(groups.segment.max()) > max_segment):
         return None
-    prompt_len = mask[:, :start].sum(-1)
-    resp_len = mask[:, start:].sum(-1)
-    first_row = torch.full((n_groups,), bs, dtype=torch.long, device=mask.device).scatter_reduce(0, group, torch.arange(bs, device=mask.device), "amin")
-    g_prompt = prompt_len[first_row]
-    g_resp = torch.zeros(n_groups, dtype=torch.long, device=mask.device).index_add_(0, group, resp_len)
-    seg_len = g_prompt + g_resp
-    if max_segment and int(seg_len.max()) > max_segment:
+    rows_layout = _grouped_rows(groups.segment.tolist(), attention_weight, max_segment, int(mask.sum()), packed_capacity(attention_mask))
+    if rows_layout is None:
         return None
-    # each row's responses start after the earlier rows' of its group
-    by_group = torch.sort(group, stable=True).indices
-    before = torch.cumsum(resp_len[by_group], 0) - resp_len[by_group]
-    group_base = torch.zeros(n_groups, dtype=torch.long, device=mask.device).scatter_reduce(0, group[by_group], before, "amin", include_self=False)
-    resp_offset = torch.empty(bs, dtype=torch.long, device=mask.device)
-    resp_offset[by_group] = before - group_base[group[by_group]]
-
-    lengths = seg_len.tolist()
-    total = int(seg_len.sum())
-    def cost(rows: int, width: float) -> float:  # positions computed, plus attended pairs: rows x width^2
-        return rows * width * (1.0 + attention_weight * width)
-
-    # row counts from one row per PACK_FACTOR segments' worth of tokens up to one row per segment
-    widest = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
-    k0 = max(1, min(n_groups, -(-total // widest)))
-    counts = sorted({min(n_groups, max(k0, round(k0 * f))) for f in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)} | {n_groups})
-    k, row_of, offset, width = min((_balance(lengths, k) for k in counts), key=lambda lay: cost(lay[0], lay[3]))
-    # pack_rows' layout of the same rows: ceil(tokens / capacity) rows of about equal width
-    tokens = int(mask.sum())
-    packed_rows = -(-tokens // packed_capacity(attention_mask))
-    if cost(k, width) >= cost(packed_rows, tokens / packed_rows):
-        return None
+    k, row_of, offset, width = rows_layout
     seg_start = torch.tensor(row_of, device=mask.device) * width + torch.tensor(offset, device=mask.device)
 
+    rows, cols, within = located
     is_prompt = cols < start
-    keep = ~is_prompt | (rows == first_row[group[rows]])  # a group's prompt comes from its first row
+    keep = ~is_prompt | (rows == groups.first_row[groups.group[rows]])  # a group's prompt comes from its first row
     rows, cols, within, is_prompt = rows[keep], cols[keep], within[keep], is_prompt[keep]
-    g = group[rows]
-    dest = seg_start[g] + torch.where(is_prompt, within, g_prompt[g] + resp_offset[rows] + within - prompt_len[rows])
-    n = k * width
-    packed_ids = torch.full((n,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
-    packed_pos = torch.zeros(n, dtype=position_ids.dtype, device=position_ids.device)
-    packed_ids[dest] = input_ids[rows, cols]
-    packed_pos[dest] = position_ids[rows, cols]
-    # who may attend to whom: same segment, key in the prompt or in the query's own response, not later
-    unique = torch.arange(n, device=mask.device) + bs + n_groups  # pads: a segment and an owner of their own
-    segment, owner = unique.clone(), unique.clone()
-    segment[dest] = g
-    owner[dest] = torch.where(is_prompt, -1, rows)
-    segment, owner, pos = segment.view(k, width), owner.view(k, width), packed_pos.view(k, width)
-    attend = ((segment[:, :, None] == segment[:, None, :]) & ((owner[:, None, :] == -1) | (owner[:, :, None] == owner[:, None, :]))
-              & (pos[:, None, :] <= pos[:, :, None]))
+    g = groups.group[rows]
+    dest = seg_start[g] + torch.where(is_prompt, within, groups.prompt[g] + groups.resp_offset[rows] + within - groups.prompt_len[rows])
+    packed_ids, packed_pos = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
+    attend = segment_attention(dest, g, torch.where(is_prompt, -1, rows), packed_pos, k, width, first_free=bs + groups.n_groups)
     # a response token is predicted by its row's previous token: the prompt's last for the first one
     is_resp = ~is_prompt & (within > 0)
-    first_resp = within == prompt_len[rows]
-    predict = torch.where(first_resp, seg_start[g] + g_prompt[g] - 1, dest - 1)
+    first_resp = within == groups.prompt_len[rows]
+    predict = torch.where(first_resp, seg_start[g] + groups.prompt[g] - 1, dest - 1)
     return PackedRows(
         input_ids=packed_ids.view(k, width), position_ids=packed_pos.view(k, width),
         predict_index=predict[is_resp], response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
-        real_tokens=total, computed=n, batch_tokens=int(mask.sum()), kind="grouped", attention_mask=attend.unsqueeze(1),
+        real_tokens=int(groups.segment.sum()), computed=k * width, batch_tokens=int(mask.sum()), kind="grouped", attention_mask=attend.unsqueeze(1),
     )
 
 
