@@ -19,7 +19,7 @@ from typing import Iterable, Pattern
 __all__ = ["SECTIONS", "RuleSet", "available_languages", "load_rules", "normalize", "parse_rules"]
 
 RULES_DIR = Path(__file__).parent / "rules"
-SECTIONS = ("refusal", "refusal_start", "refusal_opening", "unavailable", "subject", "filler", "action", "not_refusal", "apology", "redirection", "judgemental", "moralising", "compliance")
+SECTIONS = ("refusal", "refusal_start", "refusal_opening", "subject", "filler", "action", "not_refusal", "apology", "redirection", "judgemental", "moralising", "compliance")
 
 _QUOTES = str.maketrans({"‘": "'", "’": "'", "‚": "'", "‛": "'", "′": "'", "“": '"', "”": '"', "„": '"', "‟": '"', "″": '"',
                          "—": " ", "–": " ", "…": "...", "\u200b": None, "\u200c": None, "\u200d": None, "\ufeff": None})
@@ -121,7 +121,6 @@ class RuleSet:
     refusal: Pattern[str]
     refusal_start: Pattern[str]
     refusal_opening: Pattern[str]
-    unavailable: Pattern[str]
     inability: Pattern[str]
     subject_end: Pattern[str]
     not_refusal: Pattern[str]
@@ -138,7 +137,7 @@ class RuleSet:
         # "I cannot, in good conscience, help": up to three filler words between subject and action
         latin = rf"{_alternation(subj_l)}(?:[\s,]+{_alternation(fill_l)}){{0,3}}[\s,]+{_alternation(act_l)}"
         cjk = rf"{_alternation(subj_c)}(?:\s*{_alternation(fill_c)}){{0,2}}\s*{_alternation(act_c)}"
-        compiled = {name: re.compile(_alternation(get(name))) for name in ("refusal", "refusal_opening", "unavailable", "not_refusal", "apology", "redirection", "judgemental", "moralising", "compliance")}
+        compiled = {name: re.compile(_alternation(get(name))) for name in ("refusal", "refusal_opening", "not_refusal", "apology", "redirection", "judgemental", "moralising", "compliance")}
         return cls(
             phrases={k: tuple(v) for k, v in sections.items()},
             refusal_start=re.compile(_alternation(get("refusal_start"))),
