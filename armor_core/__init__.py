@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdvantageEstimator",
     "DataProto",
+    "DataProtoItem",
     "KLEstimator",
     "LossAggregation",
     "PolicyLoss",
@@ -33,8 +34,8 @@ __all__ = [
 
 def __getattr__(name: str):
     # DataProto pulls in torch; import it on first use so `armor --help` stays fast
-    if name == "DataProto":
-        from armor_core.protocol import DataProto
+    if name in ("DataProto", "DataProtoItem"):
+        from armor_core import protocol
 
-        return DataProto
+        return getattr(protocol, name)
     raise AttributeError(f"module 'armor_core' has no attribute {name!r}")

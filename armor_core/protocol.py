@@ -9,7 +9,8 @@ and the error names the offending key and both sizes.
 
 Semantics, chosen to match torch and numpy where they have an answer:
 
-- Rows: ``data[i]`` is a DataProto of batch size 1 (never a bare row), ``data[a:b]`` and
+- Rows: ``data[i]`` is the row, a ``DataProtoItem`` without the batch dimension (as torch and verl
+  index); ``data[i:i + 1]`` is a DataProto of batch size 1. ``data[a:b]`` and
   ``chunk``/``split``/``unpad`` are views (writing into their tensors writes into the parent),
   while index arrays, boolean masks, ``repeat``, ``pad_to_divisor`` and ``concat`` copy.
 - ``data["key"]`` is the column itself (tensor or array, not a copy); ``data["key"] = column``
@@ -22,9 +23,9 @@ Semantics, chosen to match torch and numpy where they have an answer:
   leaves ``self`` unchanged.
 - verl's names: ``data.batch`` and ``data.non_tensor_batch`` are ``tensors`` and ``non_tensors``
   (the same dicts), and ``from_dict``, ``union``, ``chunk``, ``concat``, ``reorder``, ``rename``
-  are spelled as in verl. Unlike verl, ``data[i]`` keeps the row dimension (verl's
-  ``DataProtoItem`` drops it), ``select``/``pop`` take ``tensor_keys``/``non_tensor_keys``/
-  ``meta_keys`` and ``repeat`` takes ``n``.
+  are spelled as in verl, and ``data[i]`` is verl's ``DataProtoItem``. ``select``/``pop`` also take
+  verl's ``batch_keys``/``non_tensor_batch_keys``/``meta_info_keys`` (with verl's meaning: an
+  omitted one keeps every key of its kind) and ``repeat`` verl's ``repeat_times``.
 
 Files and pickling live in ``armor_core.protocol_io``: ``save``/``load`` use safetensors and
 JSON, never pickle, so loading a file cannot run code; pickling (what Ray does between processes)
@@ -43,10 +44,11 @@ import torch
 
 from armor_core import protocol_io
 from armor_core.protocol_io import as_array as _as_array
-from armor_core.protocol_rules import (Keys, check_concat, key_list, merge_meta, pick, positive_int, replace_columns, row_index, same_value, summary,
-                                       unknown_key)
+from armor_core.protocol_item import DataProtoItem
+from armor_core.protocol_rules import (Keys, is_row_number, key_list, pick, positive_int, rename_mapping, replace_columns, row_index, same_value,
+                                       split_flat, stack_rows, summary, unknown_key, verl_key_args)
 
-__all__ = ["DataProto"]
+__all__ = ["DataProto", "DataProtoItem"]
 
 Index = Union[int, slice, Sequence[int], Sequence[bool], np.ndarray, torch.Tensor]
 _MISSING = object()
@@ -84,16 +86,7 @@ class DataProto:
     @classmethod
     def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None) -> "DataProto":
         """Split one flat dict: torch tensors become ``tensors``, numpy arrays/lists/tuples ``non_tensors``."""
-        tensors, non_tensors = {}, {}
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                tensors[key] = value
-            elif isinstance(value, (np.ndarray, list, tuple)):
-                non_tensors[key] = value
-            else:
-                raise TypeError(f"DataProto.from_single_dict: {key!r} is a {type(value).__name__}; expected a torch.Tensor "
-                                f"or a numpy array / list with one entry per row (pass per-batch values as meta_info)")
-        return cls(tensors, non_tensors, meta_info)
+        return cls(*split_flat(data), meta_info)
 
     # -- validation and basic access ---------------------------------------------------------
 
@@ -150,21 +143,25 @@ class DataProto:
         """True when ``key`` is a tensor or non-tensor column (not a meta_info key)."""
         return key in self.tensors or key in self.non_tensors
 
-    def __iter__(self) -> Iterator["DataProto"]:
-        """Rows, each as a DataProto of batch size 1 (use ``keys()`` for the column names)."""
+    def __iter__(self) -> Iterator[DataProtoItem]:
+        """Rows, each a ``DataProtoItem`` (use ``keys()`` for the column names)."""
         return (self[i] for i in range(len(self)))
 
     def __getitem__(self, index: str | Index) -> Any:
-        """``data["key"]``: the column. Otherwise rows: an int gives a DataProto of batch size 1
-        and a slice a DataProto, both views; a list/array/tensor of ints (in that order, repeats
-        allowed) or a boolean mask (numpy, torch or list, one entry per row) gives a copy."""
+        """``data["key"]``: the column. An int: the row, a ``DataProtoItem`` (no batch dimension, as
+        in verl and torch). Otherwise rows as a DataProto: a slice gives a view; a list/array/tensor
+        of ints (in that order, repeats allowed) or a boolean mask (one entry per row) a copy."""
         if isinstance(index, str):
             if index in self.tensors:
                 return self.tensors[index]
             if index in self.non_tensors:
                 return self.non_tensors[index]
             raise KeyError(unknown_key("column", index, self.keys()))
-        return self._take(self._rows(index))
+        rows = self._rows(index)
+        if is_row_number(index):
+            i = rows.start
+            return DataProtoItem({k: v[i] for k, v in self.tensors.items()}, {k: v[i] for k, v in self.non_tensors.items()}, self.meta_info)
+        return self._take(rows)
 
     def __setitem__(self, key: str, value: Any) -> None:
         """Add or replace one column: a ``torch.Tensor`` goes to ``tensors``, an array or list to
@@ -228,10 +225,12 @@ class DataProto:
         size = positive_int(size, "DataProto.split", "size")
         return [self[i:i + size] for i in range(0, len(self), size)]
 
-    def repeat(self, n: int, interleave: bool = True) -> "DataProto":
-        """Each row ``n`` times: rows [a, b] give [a, a, b, b] when ``interleave`` (how GRPO lays
-        out a group of samples per prompt), [a, b, a, b] otherwise. Copies."""
-        n, rows = positive_int(n, "DataProto.repeat", "n"), np.arange(len(self))
+    def repeat(self, n: int | None = None, interleave: bool = True, *, repeat_times: int | None = None) -> "DataProto":
+        """Each row ``n`` (verl: ``repeat_times``) times: rows [a, b] give [a, a, b, b] when
+        ``interleave`` (how GRPO lays out a group of samples per prompt), [a, b, a, b] otherwise. Copies."""
+        if (n is None) == (repeat_times is None):
+            raise TypeError("DataProto.repeat takes the number of copies once: n (or verl's repeat_times)")
+        n, rows = positive_int(n if n is not None else repeat_times, "DataProto.repeat", "n"), np.arange(len(self))
         return self._take(np.repeat(rows, n) if interleave else np.tile(rows, n))
 
     def reorder(self, indices: Index) -> "DataProto":
@@ -277,31 +276,30 @@ class DataProto:
         for i, item in enumerate(items):
             if not isinstance(item, DataProto):
                 raise TypeError(f"DataProto.concat: item {i} is a {type(item).__name__}; expected DataProto")
-        check_concat(items)
-        first = items[0]
-        non_tensors = {}
-        for key in first.non_tensors:
-            try:
-                non_tensors[key] = np.concatenate([item.non_tensors[key] for item in items])
-            except ValueError as e:
-                shapes = [item.non_tensors[key].shape for item in items]
-                raise ValueError(f"DataProto.concat: non-tensor {key!r} cannot be stacked (shapes {shapes}): {e}") from None
-        tensors = {key: torch.cat([item.tensors[key] for item in items]) for key in first.tensors}
-        return DataProto(tensors, non_tensors, merge_meta(items))
+        return DataProto(*stack_rows(items))
 
     # -- columns -------------------------------------------------------------------------------
 
-    def select(self, tensor_keys: Keys = None, non_tensor_keys: Keys = None, meta_keys: Keys = None) -> "DataProto":
+    def select(self, tensor_keys: Keys = None, non_tensor_keys: Keys = None, meta_keys: Keys = None, **verl_names: Any) -> "DataProto":
         """A DataProto with exactly the named columns (an omitted column argument names none, so
         ``select(tensor_keys=["input_ids"])`` has no non-tensor), and all of meta_info unless
-        ``meta_keys`` names some. A str is one key. The columns are shared, not copied."""
+        ``meta_keys`` names some. A str is one key. The columns are shared, not copied.
+        With verl's names (``batch_keys``, ``non_tensor_batch_keys``, ``meta_info_keys``,
+        ``deepcopy``) it means what verl's ``select`` means: an omitted argument keeps every key of its kind."""
+        if verl_names:
+            deep, keys = verl_key_args("select", verl_names, (tensor_keys, non_tensor_keys, meta_keys))
+            out = DataProto(*(pick(src, k, kind, "select") for (src, _, kind), k in zip(self._kinds(None, None, None), keys)))
+            return copy.deepcopy(out) if deep else out
         picked = [pick(src, [] if keys is None and kind != "meta_info key" else keys, kind, "select")
                   for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
         return DataProto(*picked)
 
-    def pop(self, tensor_keys: Keys = None, non_tensor_keys: Keys = None, meta_keys: Keys = None) -> "DataProto":
+    def pop(self, tensor_keys: Keys = None, non_tensor_keys: Keys = None, meta_keys: Keys = None, **verl_names: Any) -> "DataProto":
         """Remove the named keys from ``self`` and return them as a DataProto (an omitted argument
-        names none, meta_info included). Every key is checked before anything is removed."""
+        names none, meta_info included; verl's argument names work too). Every key is checked
+        before anything is removed."""
+        if verl_names:
+            _, (tensor_keys, non_tensor_keys, meta_keys) = verl_key_args("pop", verl_names, (tensor_keys, non_tensor_keys, meta_keys))
         kinds = [(src, [] if keys is None else keys, kind) for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]
         picked = [pick(src, keys, kind, "pop") for src, keys, kind in kinds]
         for (src, _, _), removed in zip(kinds, picked):
@@ -317,19 +315,7 @@ class DataProto:
         """Rename columns in place (tensor or non-tensor, wherever each lives); returns ``self``.
         Swaps such as ``rename(["a", "b"], ["b", "a"])`` work; renaming onto another existing
         column is an error."""
-        old, new = key_list(old_keys), key_list(new_keys)
-        if len(old) != len(new):
-            raise ValueError(f"DataProto.rename: {len(old)} old names {old} but {len(new)} new names {new}")
-        for names in (old, new):
-            if len(set(names)) != len(names):
-                raise ValueError(f"DataProto.rename: duplicate name in {names}")
-        for key in old:
-            if key not in self:
-                raise KeyError(unknown_key("column", key, self.keys()))
-        clash = [k for k in new if k in self and k not in old]
-        if clash:
-            raise ValueError(f"DataProto.rename: {clash[0]!r} is already a column; pop it first or choose another name")
-        mapping = dict(zip(old, new))
+        mapping = rename_mapping(key_list(old_keys), key_list(new_keys), self.keys())
         for columns in (self.tensors, self.non_tensors):
             replace_columns(columns, {mapping.get(k, k): v for k, v in columns.items()})
         return self

@@ -17,7 +17,7 @@ from armor_core.metrics import merge_metrics
 if TYPE_CHECKING:
     from armor_core.protocol import DataProto
 
-__all__ = ["check_concat", "describe_tensor", "key_list", "merge_meta", "pick", "positive_int", "replace_columns", "row_index", "same_value", "summary", "unknown_key"]
+__all__ = ["check_concat", "describe_tensor", "is_row_number", "key_list", "merge_meta", "pick", "positive_int", "rename_mapping", "replace_columns", "row_index", "same_value", "split_flat", "stack_rows", "summary", "unknown_key", "verl_key_args"]
 
 Keys = Union[str, Sequence[str], None]
 
@@ -34,6 +34,22 @@ def pick(source: dict, keys: Keys, kind: str, op: str) -> dict:
         if key not in source:
             raise KeyError(f"DataProto.{op}: {unknown_key(kind, key, list(source))}")
     return {key: source[key] for key in keys}
+
+
+VERL_KEY_ARGS = ("batch_keys", "non_tensor_batch_keys", "meta_info_keys")
+
+
+def verl_key_args(op: str, given: dict[str, Any], armor_keys: tuple) -> tuple[bool, tuple]:
+    """``(deepcopy, (tensor, non-tensor, meta keys))`` from verl's keyword arguments of ``select``/``pop``;
+    mixing them with ARMOR's names, or an unknown name, is a TypeError naming both spellings."""
+    unknown = sorted(set(given) - {*VERL_KEY_ARGS, *(("deepcopy",) if op == "select" else ())})
+    if unknown:
+        raise TypeError(f"DataProto.{op}: unknown argument {unknown[0]!r}; it takes tensor_keys, non_tensor_keys, meta_keys "
+                        f"(or verl's {', '.join(VERL_KEY_ARGS)})")
+    if any(k is not None for k in armor_keys):
+        raise TypeError(f"DataProto.{op}: use ARMOR's names (tensor_keys, non_tensor_keys, meta_keys) or verl's "
+                        f"({', '.join(VERL_KEY_ARGS)}), not both in one call")
+    return bool(given.get("deepcopy", False)), tuple(given.get(k) for k in VERL_KEY_ARGS)
 
 
 def unknown_key(kind: str, key: Any, available: list[str]) -> str:
@@ -111,6 +127,13 @@ def merge_meta(items: list[DataProto]) -> dict[str, Any]:
     return ref
 
 
+def is_row_number(index: Any) -> bool:
+    """True for one row's number (a Python, numpy or 0-d tensor integer), which selects a row, not rows."""
+    if isinstance(index, torch.Tensor):
+        return index.ndim == 0 and not index.dtype.is_floating_point and index.dtype != torch.bool
+    return isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_))
+
+
 def row_index(index: Any, n: int) -> slice | np.ndarray:
     """A row index into ``n`` rows as a slice (a view) or an int64 array of row numbers (a copy)."""
     if isinstance(index, torch.Tensor):
@@ -154,3 +177,48 @@ def check_concat(items: Sequence[DataProto]) -> None:
             ref = first.tensors[key]
             if (t.dtype, t.shape[1:], t.device) != (ref.dtype, ref.shape[1:], ref.device):
                 raise ValueError(f"DataProto.concat: tensor {key!r} is {describe_tensor(t)} in item {i} but {describe_tensor(ref)} in item 0")
+
+
+def split_flat(data: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``from_single_dict``: torch tensors to tensor columns, numpy arrays/lists/tuples to non-tensor columns."""
+    tensors, non_tensors = {}, {}
+    for key, value in data.items():
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, (np.ndarray, list, tuple)):
+            non_tensors[key] = value
+        else:
+            raise TypeError(f"DataProto.from_single_dict: {key!r} is a {type(value).__name__}; expected a torch.Tensor "
+                            f"or a numpy array / list with one entry per row (pass per-batch values as meta_info)")
+    return tensors, non_tensors
+
+
+def stack_rows(items: list) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray], dict[str, Any]]:
+    """``concat``'s columns and meta_info, after ``check_concat``."""
+    check_concat(items)
+    first = items[0]
+    non_tensors = {}
+    for key in first.non_tensors:
+        try:
+            non_tensors[key] = np.concatenate([item.non_tensors[key] for item in items])
+        except ValueError as e:
+            shapes = [item.non_tensors[key].shape for item in items]
+            raise ValueError(f"DataProto.concat: non-tensor {key!r} cannot be stacked (shapes {shapes}): {e}") from None
+    tensors = {key: torch.cat([item.tensors[key] for item in items]) for key in first.tensors}
+    return tensors, non_tensors, merge_meta(items)
+
+
+def rename_mapping(old: list[str], new: list[str], columns: list[str]) -> dict[str, str]:
+    """``rename``'s old -> new names, checked before anything is renamed."""
+    if len(old) != len(new):
+        raise ValueError(f"DataProto.rename: {len(old)} old names {old} but {len(new)} new names {new}")
+    for names in (old, new):
+        if len(set(names)) != len(names):
+            raise ValueError(f"DataProto.rename: duplicate name in {names}")
+    for key in old:
+        if key not in columns:
+            raise KeyError(unknown_key("column", key, columns))
+    clash = [k for k in new if k in columns and k not in old]
+    if clash:
+        raise ValueError(f"DataProto.rename: {clash[0]!r} is already a column; pop it first or choose another name")
+    return dict(zip(old, new))

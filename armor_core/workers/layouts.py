@@ -10,8 +10,9 @@ padded. Capacity bounds the attention cost: packed attention is quadratic in the
 
 Prompt sharing (``pack_groups``): rows that repeat a prompt (GRPO's ``rollout.n`` samples) are laid
 out as one segment, the prompt once and then each response, with a boolean 4D mask that lets each
-response attend to the prompt and to itself. ``layout_rows`` picks the layout per micro-batch
-(``LAYOUTS`` in order, the grouped one only where its estimated cost is lower).
+response attend to the prompt and to itself (the groups and the mask: ``prompt_groups.py``).
+``layout_rows`` picks the layout per micro-batch (``LAYOUTS`` in order, the grouped one only where
+its estimated cost is lower).
 """
 
 from __future__ import annotations

