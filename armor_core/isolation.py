@@ -8,8 +8,8 @@ make timings, and with some kernels results, depend on what else runs. So, per n
    ``cpus_per_worker`` whole cores out of the cores this process may use
    (``os.sched_getaffinity``) and ``gpus_per_worker`` GPUs out of the ones the user made visible
    (``CUDA_VISIBLE_DEVICES``, never widened). :func:`check_exclusive` refuses a plan in which two
-   workers claim the same core or GPU, naming both. On GPU machines :func:`device_health` reads
-   free memory, temperature and uncorrected ECC errors through NVML (``pynvml``) or
+   workers claim the same core or GPU, naming both. On GPU machines ``gpu_health.device_health``
+   reads free memory, temperature and uncorrected ECC errors through NVML (``pynvml``) or
    ``nvidia-smi``, and :func:`check_health` can refuse a device.
 2. Each worker, first thing in its process, calls :func:`apply_assignment`: core affinity,
    torch/OpenMP/MKL thread counts equal to its cores, ``CUDA_VISIBLE_DEVICES`` narrowed to its
@@ -27,16 +27,17 @@ import json
 import math
 import os
 import random
-import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from armor_core import gpu_health
+from armor_core.gpu_health import device_health
+
 __all__ = [
     "Assignment", "IsolationError", "ProcessIsolator", "apply_assignment", "check_exclusive", "check_health", "detect_available_cpus",
-    "detect_visible_gpus", "device_health", "format_assignment", "parse_visible_devices", "plan_assignment", "write_assignment",
+    "detect_visible_gpus", "format_assignment", "parse_visible_devices", "plan_assignment", "write_assignment",
 ]
 
 ENV_GPUS = "CUDA_VISIBLE_DEVICES"
@@ -229,114 +230,21 @@ def apply_assignment(a: Assignment, seed: int, *, hide_gpus_when_none: bool = Tr
     }
 
 
-# -- GPU health ---------------------------------------------------------------------------------
-
-_SMI_FIELDS = "index,uuid,name,memory.free,memory.total,temperature.gpu,ecc.errors.uncorrected.volatile.total"
-
-
-def _num(text: str) -> float | None:
-    try:
-        v = float(text.strip())
-    except ValueError:  # "[N/A]", "[Not Supported]"
-        return None
-    return v if math.isfinite(v) else None
-
-
-def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
-    """Rows of ``nvidia-smi --query-gpu=<_SMI_FIELDS> --format=csv,noheader,nounits``."""
-    out = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 7:
-            continue
-        ecc = _num(parts[6])
-        out.append({"index": int(parts[0]), "uuid": parts[1], "name": parts[2], "memory_free_mib": _num(parts[3]),
-                    "memory_total_mib": _num(parts[4]), "temperature_c": _num(parts[5]),
-                    "ecc_uncorrected": None if ecc is None else int(ecc), "source": "nvidia-smi"})
-    return out
-
-
-def _nvml_health(nv: Any) -> list[dict[str, Any]]:
-    def get(fn: Any, *args: Any) -> Any:
-        try:
-            out = fn(*args)
-        except nv.NVMLError:  # not supported on this device (ECC on consumer cards, ...)
-            return None
-        return out.decode() if isinstance(out, bytes) else out  # older pynvml returns bytes
-
-    nv.nvmlInit()
-    try:
-        rows = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            mem = get(nv.nvmlDeviceGetMemoryInfo, h)
-            rows.append({"index": i, "uuid": get(nv.nvmlDeviceGetUUID, h), "name": get(nv.nvmlDeviceGetName, h),
-                         "memory_free_mib": None if mem is None else mem.free / 2**20, "memory_total_mib": None if mem is None else mem.total / 2**20,
-                         "temperature_c": get(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-                         "ecc_uncorrected": get(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
-                         "source": "nvml"})
-        return rows
-    finally:
-        nv.nvmlShutdown()
-
-
-def device_health() -> list[dict[str, Any]]:
-    """Free memory, temperature and uncorrected ECC errors of every GPU of this machine; ``[]`` without GPUs.
-
-    Through NVML (``pynvml``) when importable, else ``nvidia-smi``; neither (a CPU-only machine) or
-    a failing one gives ``[]``. Entries are physical devices (NVML order, with UUIDs), not the
-    CUDA ordinals of a mask; a value the device does not report is None.
-    """
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        return _nvml_health(pynvml)
-    except Exception:  # not installed, or no driver: nvidia-smi says the same or nothing
-        pass
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        res = subprocess.run([smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_nvidia_smi(res.stdout) if res.returncode == 0 else []
-
-
-def _health_of(gpu: str, health: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    # a mask entry is a UUID ("GPU-8f3...", possibly abbreviated) or an index; MIG ids are not matched
-    for h in health:
-        uuid = str(h.get("uuid") or "")
-        if (gpu.startswith("GPU-") and uuid.startswith(gpu)) or (gpu.isdigit() and int(gpu) == h.get("index")):
-            return h
-    return None
+# -- GPU health (readings in gpu_health.py) -------------------------------------------------
 
 
 def check_health(assignments: Iterable[Assignment], health: Sequence[Mapping[str, Any]], *, min_free_mib: float | None = 1024.0,
                  max_temperature_c: float | None = 90.0, max_ecc_errors: int | None = 0) -> None:
-    """Refuse a plan that puts a worker on an unhealthy GPU (a None limit is not checked).
+    """Refuse a plan that puts a worker on an unhealthy GPU (``health``: ``device_health()``; a None limit is not checked).
 
     Index entries are matched to NVML indices, which equal CUDA ordinals under
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; give UUIDs in ``CUDA_VISIBLE_DEVICES`` to be sure.
 
     :raises IsolationError: naming each worker, device and reading that fails a limit.
     """
-    problems = []
-    for a in assignments:
-        for gpu in a.gpus:
-            h = _health_of(gpu, health)
-            if h is None:
-                continue
-            dev = f"{a.name}: GPU {gpu} ({h.get('name')}, {h.get('uuid')})"
-            free, temp, ecc = h.get("memory_free_mib"), h.get("temperature_c"), h.get("ecc_uncorrected")
-            if min_free_mib is not None and free is not None and free < min_free_mib:
-                problems.append(f"{dev} has {free:.0f} MiB free, needs >= {min_free_mib:.0f} (another process is using it?)")
-            if max_temperature_c is not None and temp is not None and temp > max_temperature_c:
-                problems.append(f"{dev} is at {temp:.0f} C, limit {max_temperature_c:.0f} C")
-            if max_ecc_errors is not None and ecc is not None and ecc > max_ecc_errors:
-                problems.append(f"{dev} reports {ecc} uncorrected ECC errors since boot, limit {max_ecc_errors}")
-    if problems:
-        raise IsolationError("unhealthy GPUs: " + "; ".join(problems) + ". Exclude them from CUDA_VISIBLE_DEVICES or relax the limits.")
+    found = gpu_health.problems(assignments, health, min_free_mib, max_temperature_c, max_ecc_errors)
+    if found:
+        raise IsolationError("unhealthy GPUs: " + "; ".join(found) + ". Exclude them from CUDA_VISIBLE_DEVICES or relax the limits.")
 
 
 # -- report -------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from armor_core import isolation
+from armor_core import gpu_health, isolation
+from armor_core.gpu_health import device_health, parse_nvidia_smi
 from armor_core.isolation import (
     Assignment,
     IsolationError,
@@ -21,9 +22,7 @@ from armor_core.isolation import (
     check_health,
     detect_available_cpus,
     detect_visible_gpus,
-    device_health,
     format_assignment,
-    parse_nvidia_smi,
     plan_assignment,
     write_assignment,
 )
@@ -153,7 +152,7 @@ SMI = "0, GPU-aaaa-1111, NVIDIA H200, 140000, 143771, 35, 0\n1, GPU-bbbb-2222, N
 
 def test_device_health_is_empty_without_nvml_or_nvidia_smi(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
-    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_health.shutil, "which", lambda name: None)
     assert device_health() == []
 
 
