@@ -16,8 +16,9 @@ truncated or emptied file, a missing optimizer state, an edited ``trainer_state.
 skipped with a warning naming the file, and the previous intact one is used; if checkpoints
 exist but none is intact, ``CheckpointError`` says so. A checkpoint written before manifests
 existed is accepted when its ``trainer_state.json`` reads correctly, with a warning that its
-other files were not verified. Loading uses safetensors and ``torch.load(weights_only=True)``:
-no arbitrary pickle.
+other files were not verified. Every file is safetensors or JSON (worker states through
+``armor_core/state_io.py``); the ``.pt`` states of checkpoints written before that are still read,
+with ``torch.load(weights_only=True)``: no arbitrary pickle.
 """
 
 from __future__ import annotations

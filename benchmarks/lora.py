@@ -45,9 +45,8 @@ def dir_bytes(path: Path) -> int:
 
 
 def run(run_dir: Path, overrides: list[str]) -> dict:
-    import torch
-
     from armor_core.config import load_config
+    from armor_core.state_io import load_checkpoint_state
     from armor_core.trainer import Trainer
 
     trainer = Trainer(load_config(None, [*overrides, f"trainer.run_dir={run_dir}"]))
@@ -58,7 +57,7 @@ def run(run_dir: Path, overrides: list[str]) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "timing_s/step" in r]
     ckpt = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
-    optim = torch.load(ckpt / "actor_state.pt", weights_only=True)["optimizer"]
+    optim = load_checkpoint_state(ckpt / "actor_state")["optimizer"]
     return {
         "peak_rss_gb": max(r.get("perf/max_rss_gb", float("nan")) for r in steps),
         "optimizer_mb": tensor_bytes(optim) / 1e6,

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from armor_core.state_io import load_checkpoint_state, save_state
 from armor_core.workers.lora import ADAPTER_DIR, MergedView, check_resume, load_adapter_state, merged_weights, save_adapter
 
 __all__ = ["ActorWeights"]
@@ -75,7 +76,8 @@ class ActorWeights:
         """Model (as a HF directory), optimizer, scheduler, RNG; resumable on any number of ranks.
 
         Rank 0 writes the full model and the full optimizer state keyed by parameter name (gathered
-        from the shards under FSDP2, so every rank takes part); each rank writes its RNG state.
+        from the shards under FSDP2, so every rank takes part); each rank writes its RNG state. The
+        states are safetensors + JSON (``armor_core/state_io.py``): no pickle.
         """
         from armor_core.workers.parallel import full_model_state, full_optimizer_state
 
@@ -90,10 +92,10 @@ class ActorWeights:
             else:
                 self.gen_model.save_pretrained(out, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
-            torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "world_size": self.world_size},
-                       p / "actor_state.pt")
+            save_state({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "world_size": self.world_size},
+                       p / "actor_state")
             (p / "guard_worker.json").write_text(json.dumps(self.guard.state_dict()))
-        torch.save({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}.pt")
+        save_state({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}")
 
     def load_checkpoint(self, path: str) -> None:
         from safetensors.torch import load_file
@@ -110,12 +112,12 @@ class ActorWeights:
             missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
         if unexpected or missing:
             raise RuntimeError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        st = torch.load(p / "actor_state.pt", weights_only=True)
+        st = load_checkpoint_state(p / "actor_state")  # or an older checkpoint's actor_state.pt
         load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
-        rng_file = p / f"actor_rng_rank{self.rank}.pt"
-        if rng_file.exists():  # resumed on more ranks than saved: the new ranks keep their seeded generator
-            torch.set_rng_state(torch.load(rng_file, weights_only=True)["torch_rng"])
+        rng = load_checkpoint_state(p / f"actor_rng_rank{self.rank}", missing_ok=True)
+        if rng is not None:  # None: resumed on more ranks than saved; the new ranks keep their seeded generator
+            torch.set_rng_state(rng["torch_rng"])
         self.global_step = int(st["global_step"])
         guard_file = p / "guard_worker.json"
         if guard_file.exists():

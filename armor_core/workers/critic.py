@@ -21,6 +21,7 @@ import torch
 from armor_core.config import ArmorConfig, from_dict
 from armor_core.masked import masked_mean
 from armor_core.protocol import DataProto
+from armor_core.state_io import load_checkpoint_state, save_state
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
 from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, scalar, seed_everything
 from armor_core.workers.precision import autocast, compute_dtype
@@ -176,7 +177,7 @@ class CriticWorker:
         model, optim = full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
         if self.rank == 0:
             save_file({k: v.contiguous() for k, v in model.items()}, str(p / "critic.safetensors"))
-            torch.save({"optimizer": optim}, p / "critic_state.pt")
+            save_state({"optimizer": optim}, p / "critic_state")
 
     def load_checkpoint(self, path: str) -> None:
         from safetensors.torch import load_file
@@ -187,4 +188,5 @@ class CriticWorker:
         missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))
         if missing or unexpected:
             raise RuntimeError(f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        load_full_optimizer_state(self.model, self.optimizer, torch.load(p / "critic_state.pt", weights_only=True)["optimizer"])
+        state = load_checkpoint_state(p / "critic_state")  # or an older checkpoint's critic_state.pt
+        load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])

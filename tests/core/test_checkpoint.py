@@ -86,8 +86,10 @@ def _save_two(tmp_path):
     def write(d, s):
         (d / "model").mkdir()
         (d / "model" / "model.safetensors").write_bytes(bytes([s]) * 4096)
-        (d / "actor_state.pt").write_bytes(b"optimizer" * 100 + bytes([s]))
-        (d / "actor_rng_rank0.pt").write_bytes(b"rng")
+        (d / "actor_state.safetensors").write_bytes(b"optimizer" * 100 + bytes([s]))
+        (d / "actor_state.json").write_text('{"format": 1, "state": {"optimizer": {"__tensor__": "optimizer"}}}')
+        (d / "actor_rng_rank0.safetensors").write_bytes(b"rng")
+        (d / "actor_rng_rank0.json").write_text('{"format": 1, "state": {"torch_rng": {"__tensor__": "torch_rng"}}}')
 
     ck = CheckpointManager(tmp_path, keep=3)
     for step in (1, 2):
@@ -116,10 +118,10 @@ def test_no_intact_checkpoint_stops_with_an_error_naming_each_damaged_file(tmp_p
 
     newest = _save_two(tmp_path)
     (newest / "model" / "model.safetensors").write_bytes(b"")
-    (newest.parent / "step_000001" / "actor_state.pt").unlink()
+    (newest.parent / "step_000001" / "actor_state.safetensors").unlink()
     ck = CheckpointManager(tmp_path)
     with pytest.warns(UserWarning), pytest.raises(CheckpointError, match=r"no intact checkpoint in .*checkpoints \(step_000002: model/model.safetensors has 0 bytes.*"
-                                                                          r"step_000001: actor_state.pt is missing\)") as err:
+                                                                          r"step_000001: actor_state.safetensors is missing\)") as err:
         ck.latest()
     assert isinstance(err.value, UserFacingError)  # the CLI prints it as one line, exit code 2
 
