@@ -102,7 +102,7 @@ def main() -> None:
         real_tokens = int(batch["attention_mask"].sum())
         rows = []
         for layouts in (("grouped", "packed"), ("packed",), ()):
-            worker.layouts = layouts
+            worker.logp.layouts = layouts
             times, waste, sharing = [], [], []
             for step in range(a.warmup + a.steps):
                 t0 = time.perf_counter()

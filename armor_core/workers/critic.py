@@ -1,9 +1,11 @@
 """The critic worker (built only when the advantage estimator declares ``requires_critic``).
 
-The value model is the policy's backbone (a copy of the same pretrained weights) with a scalar
-head: ``V(s_t)`` for each response position, read from the hidden state that predicts token t,
-the same positions the actor reads its log-probs from. The head starts at zero so the first
-advantages are the plain returns rather than noise from a random head.
+The value model (``values.ValueModel``) is the policy's backbone (a copy of the same pretrained
+weights) with a scalar head: ``V(s_t)`` for each response position, read from the hidden state that
+predicts token t, the same positions the actor reads its log-probs from, and computed in the same
+layouts (``values.ResponseValues``: packed rows, shared prompts once; ``critic/padding_waste``).
+The head starts at zero so the first advantages are the plain returns rather than noise from a
+random head. ``model.gradient_checkpointing`` applies to the critic's backbone too.
 
 Data parallelism follows the actor (``workers/parallel.py``): ``critic.num_workers`` ranks, DDP or
 FSDP2 as ``actor.strategy`` says, value-loss token/sequence counts summed over ranks and the loss
@@ -25,6 +27,7 @@ from armor_core.state_io import load_checkpoint_state, save_state
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
 from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, scalar, seed_everything
 from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.values import ResponseValues, ValueModel
 
 __all__ = ["CriticWorker", "ValueModel", "value_loss"]
 
@@ -67,20 +70,6 @@ def value_loss(
     return loss_mat, metrics
 
 
-class ValueModel(torch.nn.Module):
-    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.value_head = torch.nn.Linear(hidden_size, 1)
-        torch.nn.init.zeros_(self.value_head.weight)
-        torch.nn.init.zeros_(self.value_head.bias)
-
-    def forward(self, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state[:, -response_length - 1 : -1, :]
-        return self.value_head(hidden.float())[..., 0].clone()  # not a view: FSDP2 hooks its backward on the output
-
-
 class CriticWorker:
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, assignment: dict | None = None) -> None:
         from transformers import AutoModel
@@ -103,10 +92,13 @@ class CriticWorker:
             init_distributed(self.device, rank, world_size)
         path = resolve_model_path(cfg.model.path)
         backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)  # master weights, as the actor's
+        if cfg.model.gradient_checkpointing:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
         self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device, self.compute_dtype)
         sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
+        self.values = ResponseValues(self.model, self.device, self.compute_dtype, self.autocast, rank, sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
         self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
         built()
@@ -135,9 +127,8 @@ class CriticWorker:
         return micro_batches(attention_mask.sum(-1), c.micro_batch_size, budget, key)
 
     def _values(self, data: DataProto, rows: torch.Tensor, response_length: int) -> torch.Tensor:
-        """V(s_t), (rows, R) float32, for ``rows`` of ``data``."""
-        with self.autocast():
-            return self.train_module(*(data[k][rows].to(self.device) for k in ("input_ids", "attention_mask", "position_ids")), response_length).float()
+        """V(s_t), (rows, R) float32, for ``rows`` of ``data`` (in the layout ``self.values`` chooses)."""
+        return self.values.forward(self.train_module, data, rows, response_length)
 
     def update_critic(self, data: DataProto, step: int) -> dict[str, float]:
         c = self.cfg.critic
@@ -146,6 +137,7 @@ class CriticWorker:
         mask_all = data["response_mask"].float()
         n_tok, n_seq = global_counts(mask_all, self.world_size)  # the aggregation divides by the whole batch's counts
         sums: dict[str, list[float]] = {}
+        self.values.positions = [0, 0, 0]  # the update's own forwards, not compute_values'
         for _ in range(c.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             # every rank runs as many backward passes as the others (token budgets can split ranks' shares unevenly)
@@ -165,7 +157,7 @@ class CriticWorker:
             sums.setdefault("critic/grad_norm", []).append(gn)
             if math.isfinite(gn):
                 self.optimizer.step()
-        return {k: sum(v) / len(v) for k, v in sums.items()}
+        return {**{k: sum(v) / len(v) for k, v in sums.items()}, **self.values.padding_metrics(prefix="critic/")}
 
     def save_checkpoint(self, path: str) -> None:
         """Rank 0 writes the full value model and optimizer state (by parameter name); any world size resumes them."""
