@@ -33,8 +33,9 @@ class Run:
     """One run directory as the report sees it.
 
     ``metrics`` maps a metric key to ``{step: value}`` (non-finite values kept as float NaN/inf);
-    ``events`` are the guard's decisions from ``guard_events.jsonl``, each once (every data-parallel
-    rank writes the worker-side ones); ``notes`` say what could not be read.
+    ``events`` are the guard's decisions from ``guard_events.jsonl``, each once (runs written before
+    only rank 0 recorded worker-side verdicts hold one copy per data-parallel rank); ``notes`` say
+    what could not be read.
     """
 
     label: str

@@ -64,7 +64,7 @@ class ActorWorker(ActorWeights):
         self.policy_loss = pm.get("policy_loss", cfg.actor.policy_loss, where="actor.policy_loss")
         self.loss_agg = pm.get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
         self.kl_loss = pm.get("kl_estimator", cfg.actor.kl_loss_type, where="actor.kl_loss_type") if cfg.actor.use_kl_loss else None
-        self.guard = GuardRunner(cfg.guard.guards, pm, run_dir, enable=cfg.guard.enable)
+        self.guard = GuardRunner(cfg.guard.guards, pm, run_dir if rank == 0 else None, enable=cfg.guard.enable)  # verdicts are collective: one record
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
         self._load_policy(cfg)

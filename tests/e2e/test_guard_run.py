@@ -73,3 +73,11 @@ def test_update_size_undoes_a_huge_step_and_lowers_a_learning_rate_that_is_too_h
     ckpt = tmp_path / "us" / "checkpoints"
     w2, w3 = (load_file(str(ckpt / f"step_00000{s}" / "model" / "model.safetensors")) for s in (2, 3))
     assert all(torch.equal(w2[k], w3[k]) for k in w2)  # ... and undone: step 3 left the weights as step 2 made them
+
+
+def test_two_ranks_record_each_worker_side_verdict_once(ray_cluster, tmp_path):
+    # the grad-stage verdict is taken on every rank (collectively); only rank 0 writes it down
+    assert run(tmp_path, "dp", "trainer.faults=[{kind: nan_grad, steps: [2]}]", "actor.num_workers=2", "trainer.total_steps=3")
+    events = [json.loads(x) for x in (tmp_path / "dp" / "guard_events.jsonl").read_text().splitlines()]
+    keys = [(e["step"], e["stage"], e["guard"]) for e in events]
+    assert (2, "grad", "non_finite") in keys and len(keys) == len(set(keys))
