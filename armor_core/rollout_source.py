@@ -21,6 +21,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -208,10 +209,18 @@ class RolloutSource:
         if self.queued is not None:
             self.queued = _Queued(self.queued.gen_in, None)
 
-    def reset(self) -> None:
-        """After loading a checkpoint: the data position and the weights went back; async batches in flight are dropped."""
+    def reset(self, checkpoint: Path | None = None) -> None:
+        """After loading a checkpoint: the data position and the weights went back. Async batches in
+        flight are dropped, or, on a resume (``checkpoint``), replaced by the ones it saved."""
         if self.async_rollout is not None:
             self.async_rollout.drop()
+            if checkpoint is not None:
+                self.async_rollout.restore(checkpoint)
+
+    def save(self, directory: Path) -> None:
+        """Into a checkpoint being written: the async batches in flight (``AsyncRollout.save``)."""
+        if self.async_rollout is not None:
+            self.async_rollout.save(directory)
 
 
 def _joined(gen_in: Any, out: Any) -> Any:

@@ -101,3 +101,9 @@ class RolloutAPI(WorkerAPI, Protocol):
 
     def generate(self, prompts: DataProto, greedy: bool = False) -> DataProto:
         """Responses and ``policy_version`` per row; metrics ``perf/worker_s``, ``perf/weights_load_s``."""
+
+    def rng_state(self) -> dict[str, Any]:
+        """The sampling RNG state (checkpointed with the batches in flight)."""
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``rng_state`` returned."""

@@ -72,6 +72,15 @@ class RolloutWorker:
         self.load_s = time.perf_counter() - t0
         return {"perf/weights_load_s": self.load_s}
 
+    def rng_state(self) -> dict:
+        """torch's generator state (what the ``hf`` backend samples from; a vLLM engine keeps its own)."""
+        return {"torch_rng": torch.get_rng_state(), **({"cuda_rng": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {})}
+
+    def set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"])
+
     def generate(self, prompts: DataProto, greedy: bool = False) -> DataProto:
         t0 = time.perf_counter()
         with autocast(self.device, self.compute_dtype):

@@ -61,7 +61,7 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     trainer.ckpt, trainer.step = ck, 64
     trainer.cfg = SimpleNamespace(trainer=SimpleNamespace(keep_checkpoints=2))
     trainer.loader = SimpleNamespace(state_dict=lambda: {"pos": 64}, load_state_dict=lambda s: loaded.append(("loader", s)))
-    trainer._load = lambda path, restore_guards=True: loaded.append(path.name)
+    trainer._load = lambda path, resume=True: loaded.append(path.name)
     # a generation already queued for the next step came from the weights being discarded: its
     # prompts are kept (the loader has moved past them), its samples are not
     from armor_core.rollout_source import RolloutSource, _Queued
