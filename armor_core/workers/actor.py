@@ -9,6 +9,10 @@ NCCL on GPU) and wraps the model in DDP or shards it with FSDP2 (``actor.strateg
 ``workers/parallel.py``); the loss aggregation contract (sum of micro-batch losses
 over ranks = full-batch loss, see ``hookspecs.armor_register_loss_aggregations``) is what makes
 N workers equal one worker on the same global batch.
+
+Two concerns live in bases of ``ActorWorker``: the weights leaving and returning (``ActorWeights``,
+``workers/actor_weights.py``) and the optimizer step under the guards (``GuardedStep``,
+``workers/guarded_step.py``). Here: set-up, generation, log-probs and the loss (``_accumulate``).
 """
 
 from __future__ import annotations
@@ -20,17 +24,18 @@ from typing import Any
 import torch
 
 from armor_core.config import ArmorConfig, from_dict
-from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, call_with_params
+from armor_core.interfaces import call_with_params
 from armor_core.kl_penalty import compute_kl_loss
 from armor_core.protocol import DataProto
 from armor_core.schedule import lr_factor
 from armor_core.workers.actor_weights import ActorWeights
-from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, global_sums, init_distributed, mismatch_stats
-from armor_core.workers.common import (build_on_one_thread, isolate, iter_micro_batches, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks,
+from armor_core.workers.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
+from armor_core.workers.common import (add_metric, build_on_one_thread, isolate, iter_micro_batches, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks,
                                       scalar, seed_everything)
+from armor_core.workers.guarded_step import GuardedStep
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
-from armor_core.workers.optim import adamw, local_params, update_stats, zero_advantage_is_inert
+from armor_core.workers.optim import adamw, zero_advantage_is_inert
 from armor_core.workers.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
@@ -38,12 +43,7 @@ from armor_core.workers.rollout_correction import correction_weights
 __all__ = ["ActorWorker"]
 
 
-def _add(sums: dict[str, list[float]], key: str, value: Any) -> None:
-    """One value of a metric; ``update_actor`` reports each metric's mean (max / min for ``_max`` / ``_min``)."""
-    sums.setdefault(key, []).append(scalar(value))
-
-
-class ActorWorker(ActorWeights):
+class ActorWorker(ActorWeights, GuardedStep):
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None, assignment: dict | None = None) -> None:
         from armor_core.guard import GuardRunner
         from armor_core.plugins import get_plugin_manager
@@ -273,7 +273,7 @@ class ActorWorker(ActorWeights):
         rows, skipped = self._rows_with_gradient(mini, mask_all)
         if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
             parts["actor/entropy"] += scalar(self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq))
-            _add(sums, "actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
+            add_metric(sums, "actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
         t0 = time.perf_counter()
         micro = equal_micro_batches([(rows[i], 1.0) for i in self._split(mini["attention_mask"][rows])], self.world_size)
         loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
@@ -286,7 +286,7 @@ class ActorWorker(ActorWeights):
             old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
             if first and "rollout_log_probs" in mini:  # the rollout/train mismatch, measured for free
                 for k, v in mismatch_stats(log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight, self.world_size).items():
-                    _add(sums, k, v)
+                    add_metric(sums, k, v)
             adv = mini["advantages"][idx].to(self.device)
             loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
             if correction != "none" and "rollout_log_probs" in mini:  # the rows came from another policy than `old`
@@ -308,66 +308,12 @@ class ActorWorker(ActorWeights):
             parts["actor/pg_loss"] += scalar(pg_loss)
             parts["actor/entropy"] += scalar(ent_loss)
             for k, v in pm_metrics.items():
-                _add(sums, k if k.startswith("rollout_correction/") else f"actor/{k}", v)
+                add_metric(sums, k if k.startswith("rollout_correction/") else f"actor/{k}", v)
         if not micro:  # no row (on any rank) had a gradient: it is 0, and Adam's step still moves the weights
             for p in self.model.parameters():
                 p.grad = torch.zeros_like(p)
         self._seconds["fwd_bwd"] += time.perf_counter() - t0
         return parts
-
-    def _guarded_step(self, parts: dict[str, float], step: int, first: bool, sums: dict[str, list[float]]) -> None:
-        """Clip the accumulated gradients, show them to the guards (stage ``grad``), and step the
-        optimizer unless a guard said skip; then stage ``step`` (if a guard watches it) may undo it."""
-        a = self.cfg.actor
-        nan_fault = self.faults.at("nan_grad", step)
-        if nan_fault and (nan_fault.value is None or int(nan_fault.value) == self.rank):
-            g = next(p for p in self.model.parameters() if p.grad is not None).grad
-            (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
-        t0 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf"))
-        self._seconds["optimizer"] += time.perf_counter() - t0  # clipping is part of the optimizer's step
-        gn = agreed_norm(scalar(grad_norm), self.world_size, a.strategy == "fsdp2")
-        _add(sums, "actor/grad_norm", gn)
-        for k, v in zip(parts, global_sums(list(parts.values()), self.world_size)):
-            _add(sums, k, v)
-        # every rank must reach the same verdict from the same numbers: the norm is agreed
-        # above, the loss is global (its contributions summed over micro-batches and ranks)
-        stats = {"grad_norm": gn, "pg_loss": sums["actor/pg_loss"][-1]}
-        if first and "rollout/logprob_diff_mean" in sums:
-            stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
-        verdict = self.guard.observe("grad", stats, step)
-        if verdict.action in ("skip", "rollback"):
-            self.optimizer.zero_grad(set_to_none=True)
-            _add(sums, "actor/skipped_updates", 1.0)
-            return
-        if verdict.action == "scale":
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(verdict.scale)
-        self._apply_worker_adjustments(verdict, sums)
-        lr_fault = self.faults.at("lr_scale", step)
-        if lr_fault:
-            saved = [g["lr"] for g in self.optimizer.param_groups]
-            for g in self.optimizer.param_groups:
-                g["lr"] *= lr_fault.value
-        before = local_params(self.model, clone=True) if self.watch_step else None
-        t0 = time.perf_counter()
-        self.optimizer.step()
-        self._seconds["optimizer"] += time.perf_counter() - t0
-        if lr_fault:
-            for g, lr in zip(self.optimizer.param_groups, saved):
-                g["lr"] = lr
-        self.scheduler.step()
-        if before is not None:
-            stats = update_stats(self.model, before, self.world_size > 1 and self.cfg.actor.strategy == "fsdp2", float(self.scheduler.base_lrs[0]))
-            _add(sums, "actor/update_ratio", stats["update_ratio"])
-            verdict = self.guard.observe("step", stats, step)
-            self._apply_worker_adjustments(verdict, sums)
-            if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
-                torch._foreach_copy_(local_params(self.model), before)
-                _add(sums, "actor/skipped_updates", 1.0)
-                return
-        _add(sums, "actor/skipped_updates", 0.0)
 
     def update_then_generate(self, data: DataProto, prompts: DataProto, step: int, stale: bool = False) -> tuple[dict[str, float], DataProto]:
         """``update_actor(data, step)``, the weight sync if the rollout engine needs one, then
@@ -376,24 +322,3 @@ class ActorWorker(ActorWeights):
         metrics = self.update_actor(data, step)
         metrics["perf/sync_s"] = self.sync_weights()["perf/worker_s"] if self.needs_weight_sync() else 0.0
         return metrics, self.generate(prompts, stale=stale)
-
-    def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
-        if verdict.adjustments:  # decided from global statistics, so identical on every rank
-            self.apply_adjustments(verdict.adjustments)
-            for k, v in verdict.adjustments.items():
-                _add(sums, f"guard/adjust/{k}", v)
-
-    ADJUSTABLE = ADJUSTABLE_COEFFICIENTS
-
-    def apply_adjustments(self, adjustments: dict[str, float]) -> None:
-        """Coefficients a guard changed (absolute values). ``lr`` is the base rate the schedule scales."""
-        for key, value in adjustments.items():
-            if key not in self.ADJUSTABLE:
-                raise ValueError(f"a guard asked to adjust {key!r}; adjustable: {', '.join(self.ADJUSTABLE)}")
-            if key == "lr":
-                self.scheduler.base_lrs = [float(value)] * len(self.optimizer.param_groups)
-                factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = float(value) * factor
-            else:
-                setattr(self.cfg.actor, key, float(value))

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 
-__all__ = ["build_on_one_thread", "isolate", "iter_micro_batches", "memory_metrics", "micro_batches", "quiet_transformers", "reset_memory_peaks", "scalar",
+__all__ = ["add_metric", "build_on_one_thread", "isolate", "iter_micro_batches", "memory_metrics", "micro_batches", "quiet_transformers", "reset_memory_peaks", "scalar",
            "seed_everything"]
 
 
@@ -94,6 +94,11 @@ def micro_batches(lengths: torch.Tensor, rows: int, max_tokens: int | None = Non
 
 def scalar(x: Any) -> float:
     return float(x.detach().float().item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+def add_metric(sums: dict[str, list[float]], key: str, value: Any) -> None:
+    """One value of a metric; ``update_actor`` reports each metric's mean (max / min for ``_max`` / ``_min``)."""
+    sums.setdefault(key, []).append(scalar(value))
 
 
 def memory_metrics(device: torch.device) -> dict[str, float]:
