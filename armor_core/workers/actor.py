@@ -74,6 +74,8 @@ class ActorWorker(ActorWeights, GuardedStep):
         # one rank and DDP compute in model.dtype under autocast; FSDP2 casts through its MixedPrecisionPolicy
         self.autocast = lambda enabled=not self.sharded: autocast(self.device, self.compute_dtype, enabled)
         self.logp = ResponseLogProbs(self.model, self.device, self.compute_dtype, cfg.rollout.temperature, self.chunk_tokens, self.autocast, self._split, rank)
+        self.logp.check_module = self.gen_model if self.sharded else self.model  # full weights, not a DDP wrapper: no collective
+        self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 
         from armor_core.faults import Faults
@@ -173,7 +175,7 @@ class ActorWorker(ActorWeights, GuardedStep):
 
     def compute_log_prob(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
-        lp, ent = self.logp.all_rows(self.model, data, with_entropy=True)
+        lp, ent = self.logp.all_rows(self.model, data, with_entropy=True, world_size=self.collective)
         mask = data["response_mask"]
         return DataProto.from_dict(tensors={"old_log_probs": lp * mask, "entropys": ent * mask},
                                    meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
@@ -182,7 +184,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         t0 = time.perf_counter()
         if self.lora:  # the reference policy is the base model: the same module with its adapters off
             with adapters_off(self.model):
-                lp, _ = self.logp.all_rows(self.model, data, with_entropy=False)
+                lp, _ = self.logp.all_rows(self.model, data, with_entropy=False, world_size=self.collective)
         elif self.ref_model is None:
             raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
         else:

@@ -96,7 +96,7 @@ class CriticWorker:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
         self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device, self.compute_dtype)
-        sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
+        self.sharded = sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
         self.values = ResponseValues(self.model, self.device, self.compute_dtype, self.autocast, rank, sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
@@ -116,8 +116,11 @@ class CriticWorker:
         self.model.eval()
         R = data["responses"].shape[1]
         vals = []
-        for sl in self._split(data["attention_mask"]):
-            vals.append(self._values(data, sl, R).cpu())
+        # a sharded forward is a collective: every rank runs as many as the rank with the most micro-batches
+        for sl, weight in equal_micro_batches([(sl, 1.0) for sl in self._split(data["attention_mask"])], self.world_size if self.sharded else 1):
+            values = self._values(data, sl, R).cpu()
+            if weight:  # not a stand-in
+                vals.append(values)
         return DataProto.from_dict(tensors={"values": torch.cat(vals) * data["response_mask"]})
 
     def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from armor_core.protocol import DataProto
+from armor_core.workers.collectives import equal_micro_batches
 from armor_core.workers.layouts import LAYOUTS, LayoutStats, PackedRows, attention_weight_of, forward_response_log_probs, grouped_mask_supported, layout_rows
 
 __all__ = ["LayoutChoice", "ResponseLogProbs"]
@@ -80,25 +81,35 @@ class ResponseLogProbs(LayoutChoice):
         super().__init__(model, compute_dtype, f"actor rank {rank}", "log-probs")
         self.device, self.compute_dtype, self.temperature, self.chunk_tokens = device, compute_dtype, temperature, chunk_tokens
         self.autocast, self.split, self.rank = autocast, split, rank
+        # the module a layout is checked on: one whose forward is no collective (not a DDP wrapper, not
+        # FSDP2 shards), since only this rank runs the check; None: the module being run
+        self.check_module: torch.nn.Module | None = None
 
     def forward(self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
         when ``module`` is in training mode and grad is enabled."""
         ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-        packed = self.choose(ids, attn, pos, resp.shape[1], lambda p: self._layout_diff(module, p, ids, attn, pos, resp))
+        check = self.check_module if self.check_module is not None else module
+        packed = self.choose(ids, attn, pos, resp.shape[1], lambda p: self._layout_diff(check, p, ids, attn, pos, resp))
         with self.autocast():
             lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.temperature, with_entropy, packed, self.chunk_tokens)
         self.count(stats)
         return lp, ent
 
     @torch.no_grad()
-    def all_rows(self, model: torch.nn.Module, data: DataProto, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``forward`` over every micro-batch of ``data`` in eval mode, on CPU."""
+    def all_rows(self, model: torch.nn.Module, data: DataProto, with_entropy: bool, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward`` over every micro-batch of ``data`` in eval mode, on CPU.
+
+        :param world_size: > 1 when ``model``'s forward is a collective (FSDP2 shards): every rank
+            then runs as many forwards as the rank with the most micro-batches (stand-ins, discarded).
+        """
         was_training = model.training
         model.eval()
         lps, ents = [], []
-        for rows in self.split(data["attention_mask"]):
+        for rows, weight in equal_micro_batches([(rows, 1.0) for rows in self.split(data["attention_mask"])], world_size):
             lp, ent = self.forward(model, data, rows, with_entropy)
+            if not weight:  # a stand-in
+                continue
             lps.append(lp.cpu())
             if ent is not None:
                 ents.append(ent.cpu())
