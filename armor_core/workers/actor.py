@@ -125,6 +125,8 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
         self.train_module: torch.nn.Module = wrap(self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload)
+        if self.sharded and self.ref_model is not None:  # sharded like the policy: 1/N of it per rank (its forward is then a collective)
+            self.ref_model = wrap(self.ref_model, "fsdp2", self.world_size, self.device, self.compute_dtype, a.offload)
         self.optimizer = adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
         self.zero_adv_inert = zero_advantage_is_inert(self.policy_loss.fn, a)
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
@@ -188,7 +190,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         elif self.ref_model is None:
             raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
         else:
-            lp, _ = self.logp.all_rows(self.ref_model, data, with_entropy=False)
+            lp, _ = self.logp.all_rows(self.ref_model, data, with_entropy=False, world_size=self.collective)
         return DataProto.from_dict(tensors={"ref_log_prob": lp * data["response_mask"]},
                                    meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
 

@@ -1,7 +1,8 @@
 """Forwards without a backward under FSDP2 over two ranks: a sharded forward is a collective, so
 ranks whose shares split into different numbers of micro-batches (token budgets) must still run as
 many forwards as each other, and a layout is checked on a module whose forward is no collective.
-Log-probs and values equal the one-worker results on the same rows."""
+The reference model is sharded like the policy. Log-probs (policy and reference) equal the
+one-worker results on the same rows."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def _forwards(rank: int, world: int) -> dict:
 
     strategy = "fsdp2" if world > 1 else "ddp"
     actor, critic, data = ActorWorker(_config(strategy), rank=rank, world_size=world), CriticWorker(_config(strategy), rank=rank, world_size=world), _batch(rank)
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in actor.ref_model.parameters())
     return {"old": actor.compute_log_prob(data)["old_log_probs"], "ref": actor.compute_ref_log_prob(data)["ref_log_prob"],
-            "values": critic.compute_values(data)["values"]}
+            "values": critic.compute_values(data)["values"], "ref_elements": (local, sum(p.numel() for p in actor.ref_model.parameters()))}
 
 
 def test_sharded_forwards_match_across_unequal_micro_batch_counts(tmp_path):
@@ -50,6 +52,9 @@ def test_sharded_forwards_match_across_unequal_micro_batch_counts(tmp_path):
     counts = [len(micro_batches(_batch(r)["attention_mask"].sum(-1), 64, int(BUDGET), "budget")) for r in (0, 1)]
     assert counts == [4, 2]  # without stand-ins rank 1 would stop after two forwards and rank 0 wait for it
     sharded = run_ranks(_forwards, 2, tmp_path)
+    # the reference model is sharded like the policy: each rank holds about half of it
+    total = sharded[0]["ref_elements"][1]
+    assert all(r["ref_elements"][0] < 0.6 * total for r in sharded) and sum(r["ref_elements"][0] for r in sharded) >= total
     for rank, got in enumerate(sharded):
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
