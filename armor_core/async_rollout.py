@@ -34,6 +34,7 @@ from weights that were taken back.
 
 from __future__ import annotations
 
+import shutil
 import time
 import warnings
 from collections import deque
@@ -126,8 +127,6 @@ class AsyncRollout:
                 item.gen_in.save(target / f"{k}_prompts.safetensors")
                 item.result().save(target / f"{k}_rows.safetensors")
         except (TypeError, ValueError) as e:  # a ground truth or extra that is not JSON
-            import shutil
-
             shutil.rmtree(target)
             warnings.warn(f"async rollout: the batches in flight are not saved with the checkpoint ({e}); a resume regenerates them", stacklevel=2)
             return

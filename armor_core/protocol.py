@@ -288,7 +288,7 @@ class DataProto:
         ``deepcopy``) it means what verl's ``select`` means: an omitted argument keeps every key of its kind."""
         if verl_names:
             deep, keys = verl_key_args("select", verl_names, (tensor_keys, non_tensor_keys, meta_keys))
-            out = DataProto(*(pick(src, k, kind, "select") for (src, _, kind), k in zip(self._kinds(None, None, None), keys)))
+            out = DataProto(*(pick(src, k, kind, "select") for src, k, kind in self._kinds(*keys)))  # None: every key of its kind
             return copy.deepcopy(out) if deep else out
         picked = [pick(src, [] if keys is None and kind != "meta_info key" else keys, kind, "select")
                   for src, keys, kind in self._kinds(tensor_keys, non_tensor_keys, meta_keys)]

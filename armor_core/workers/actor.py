@@ -73,8 +73,9 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.global_step = 0
         # one rank and DDP compute in model.dtype under autocast; FSDP2 casts through its MixedPrecisionPolicy
         self.autocast = lambda enabled=not self.sharded: autocast(self.device, self.compute_dtype, enabled)
-        self.logp = ResponseLogProbs(self.model, self.device, self.compute_dtype, cfg.rollout.temperature, self.chunk_tokens, self.autocast, self._split, rank)
-        self.logp.check_module = self.gen_model if self.sharded else self.model  # full weights, not a DDP wrapper: no collective
+        # layouts are checked on full weights, not a DDP wrapper or shards: a forward that is no collective
+        self.logp = ResponseLogProbs(self.model, self.gen_model if self.sharded else self.model, self.device, self.compute_dtype, cfg.rollout.temperature,
+                                     self.chunk_tokens, self.autocast, self._split, rank)
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 

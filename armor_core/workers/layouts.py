@@ -304,6 +304,14 @@ class LayoutStats:
     needed: int
     batch: int
 
+    @staticmethod
+    def of(packed: "PackedRows | None", attention_mask: torch.Tensor) -> "LayoutStats":
+        """The stats of a forward in layout ``packed``, or of the padded batch ``attention_mask`` when None."""
+        if packed is not None:
+            return LayoutStats(packed.kind, packed.computed, packed.real_tokens, packed.batch_tokens)
+        real = int(attention_mask.sum())
+        return LayoutStats("padded", attention_mask.numel(), real, real)
+
 
 #: masked attention runs at about half the FLOP rate of the linear layers on CPU (measured with
 #: benchmarks/mfu.py), so an attended pair costs twice its FLOPs in ``attention_weight_of``
@@ -352,15 +360,13 @@ def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, 
     if packed is None and not chunk_tokens:
         logits = forward_response_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
         lp, ent = response_log_probs(logits, responses, temperature, with_entropy)
-        real = int(attention_mask.sum())
-        return lp, ent, LayoutStats("padded", attention_mask.numel(), real, real)
+        return lp, ent, LayoutStats.of(None, attention_mask)
     if packed is None:
         bs, T = input_ids.shape
         R = responses.shape[1]
         index = (torch.arange(bs, device=input_ids.device)[:, None] * T + torch.arange(T - R - 1, T - 1, device=input_ids.device)).reshape(-1)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         lp, ent = _head_log_probs(model, inputs, index, responses.reshape(-1), temperature, with_entropy, chunk_tokens)
-        real = int(attention_mask.sum())
-        return lp.view(bs, R), (ent.view(bs, R) if ent is not None else None), LayoutStats("padded", attention_mask.numel(), real, real)
+        return lp.view(bs, R), (ent.view(bs, R) if ent is not None else None), LayoutStats.of(None, attention_mask)
     lp, ent = packed_response_log_probs(model, packed, responses, temperature, with_entropy, chunk_tokens)
-    return lp, ent, LayoutStats(packed.kind, packed.computed, packed.real_tokens, packed.batch_tokens)
+    return lp, ent, LayoutStats.of(packed, attention_mask)

@@ -23,15 +23,19 @@ __all__ = ["LayoutChoice", "ResponseLogProbs"]
 
 
 class LayoutChoice:
-    """The layouts a model may use: each kind is compared once with the padded forward (``differs``:
-    the mean absolute difference on valid response positions) and dropped, with a warning naming
-    ``who``, when it changes the result beyond rounding.
+    """The layouts a model may use: each kind is compared once with the padded forward (the mean
+    absolute difference on valid response positions) and dropped, with a warning naming ``who``,
+    when it changes the result beyond rounding.
 
     :param model: the module whose layouts are offered (``grouped`` needs a 4D-mask-capable model).
+    :param check_module: the module a layout is checked on: one whose forward is no collective (not
+        a DDP wrapper, not FSDP2 shards), since only this rank runs the check.
+    :param autocast: ``autocast()`` context for the compute dtype.
     """
 
-    def __init__(self, model: torch.nn.Module, compute_dtype: torch.dtype, who: str, quantity: str) -> None:
-        self.who, self.quantity = who, quantity
+    def __init__(self, model: torch.nn.Module, check_module: torch.nn.Module, compute_dtype: torch.dtype, autocast: Callable[..., Any],
+                 who: str, quantity: str) -> None:
+        self.check_module, self.autocast, self.who, self.quantity = check_module, autocast, who, quantity
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(model))
         self.checked: set[str] = set()
         self.attention_weight = attention_weight_of(model)  # for choosing between layouts by cost
@@ -39,11 +43,12 @@ class LayoutChoice:
         self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see padding_metrics
 
     def choose(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, response_length: int,
-               differs: Callable[[PackedRows], float]) -> PackedRows | None:
-        """The layout of one micro-batch, or None for the padded forward."""
+               run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor]) -> PackedRows | None:
+        """The layout of one micro-batch, or None for the padded forward. ``run(module, layout)``
+        computes the (bs, R) result in a layout (None: padded), to compare a new layout with."""
         packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
         while packed is not None and packed.kind not in self.checked:
-            diff = differs(packed)
+            diff = self._difference(run, packed, attn, response_length)
             if diff <= self.tolerance:
                 self.checked.add(packed.kind)
                 break
@@ -52,6 +57,20 @@ class LayoutChoice:
             self.layouts = tuple(k for k in self.layouts if k != packed.kind)
             packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
         return packed
+
+    @torch.no_grad()
+    def _difference(self, run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor], packed: PackedRows, attn: torch.Tensor, R: int) -> float:
+        """Mean |result in ``packed`` - padded result| on valid response positions, the check module in eval mode."""
+        module = self.check_module
+        was_training = module.training
+        module.eval()
+        try:
+            with self.autocast():
+                diff = (run(module, packed) - run(module, None)).float()
+        finally:
+            module.train(was_training)
+        valid = valid_response_positions(attn, R)
+        return float(diff[valid].abs().mean()) if valid.any() else 0.0
 
     def count(self, stats: LayoutStats) -> None:
         for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
@@ -76,21 +95,18 @@ class ResponseLogProbs(LayoutChoice):
     :param autocast: ``autocast(enabled=default)`` context for the compute dtype.
     :param split: row positions of each micro-batch, from an attention mask."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, temperature: float, chunk_tokens: int,
-                 autocast: Callable[..., Any], split: Callable[[torch.Tensor], list[torch.Tensor]], rank: int = 0) -> None:
-        super().__init__(model, compute_dtype, f"actor rank {rank}", "log-probs")
+    def __init__(self, model: torch.nn.Module, check_module: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, temperature: float,
+                 chunk_tokens: int, autocast: Callable[..., Any], split: Callable[[torch.Tensor], list[torch.Tensor]], rank: int = 0) -> None:
+        super().__init__(model, check_module, compute_dtype, autocast, f"actor rank {rank}", "log-probs")
         self.device, self.compute_dtype, self.temperature, self.chunk_tokens = device, compute_dtype, temperature, chunk_tokens
-        self.autocast, self.split, self.rank = autocast, split, rank
-        # the module a layout is checked on: one whose forward is no collective (not a DDP wrapper, not
-        # FSDP2 shards), since only this rank runs the check; None: the module being run
-        self.check_module: torch.nn.Module | None = None
+        self.split, self.rank = split, rank
 
     def forward(self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
         when ``module`` is in training mode and grad is enabled."""
         ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-        check = self.check_module if self.check_module is not None else module
-        packed = self.choose(ids, attn, pos, resp.shape[1], lambda p: self._layout_diff(check, p, ids, attn, pos, resp))
+        packed = self.choose(ids, attn, pos, resp.shape[1],
+                             lambda m, p: forward_response_log_probs(m, ids, attn, pos, resp, self.temperature, False, p, self.chunk_tokens)[0])
         with self.autocast():
             lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.temperature, with_entropy, packed, self.chunk_tokens)
         self.count(stats)
@@ -115,17 +131,3 @@ class ResponseLogProbs(LayoutChoice):
                 ents.append(ent.cpu())
         model.train(was_training)
         return torch.cat(lps), (torch.cat(ents) if ents else None)
-
-    @torch.no_grad()
-    def _layout_diff(self, module: torch.nn.Module, packed: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, resp: torch.Tensor) -> float:
-        """Mean |log-prob difference| between the layout ``packed`` and the padded forward, on valid positions."""
-        was_training = module.training
-        module.eval()
-        try:
-            with self.autocast():
-                laid_out, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, self.temperature, False, packed, self.chunk_tokens)
-                padded, _, _ = forward_response_log_probs(module, ids, attn, pos, resp, self.temperature, False, None, self.chunk_tokens)
-        finally:
-            module.train(was_training)
-        valid = valid_response_positions(attn, resp.shape[1])
-        return float((laid_out - padded)[valid].abs().mean()) if valid.any() else 0.0

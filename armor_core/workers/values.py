@@ -18,7 +18,7 @@ import torch
 
 from armor_core.protocol import DataProto
 from armor_core.workers.layouts import LayoutStats, PackedRows
-from armor_core.workers.logprobs import LayoutChoice, valid_response_positions
+from armor_core.workers.logprobs import LayoutChoice
 
 __all__ = ["ResponseValues", "ValueModel"]
 
@@ -55,8 +55,8 @@ class ResponseValues(LayoutChoice):
 
     def __init__(self, model: ValueModel, device: torch.device, compute_dtype: torch.dtype, autocast: Callable[[], Any], rank: int = 0,
                  sharded: bool = False) -> None:
-        super().__init__(model.backbone, compute_dtype, f"critic rank {rank}", "values")
-        self.model, self.device, self.autocast = model, device, autocast
+        super().__init__(model.backbone, model, compute_dtype, autocast, f"critic rank {rank}", "values")
+        self.device = device
         if sharded:
             self.layouts = ()
 
@@ -64,23 +64,8 @@ class ResponseValues(LayoutChoice):
         """V(s_t), (rows, R) float32, for ``rows`` of ``data`` through ``module`` (the model or its
         data-parallel wrapper); with gradient when grad is enabled."""
         ids, attn, pos = (data[k][rows].to(self.device) for k in ("input_ids", "attention_mask", "position_ids"))
-        packed = self.choose(ids, attn, pos, response_length, lambda p: self._layout_diff(p, ids, attn, pos, response_length))
+        packed = self.choose(ids, attn, pos, response_length, lambda m, p: m(ids, attn, pos, response_length, p))
         with self.autocast():
             values = module(ids, attn, pos, response_length, packed).float()
-        real = int(attn.sum())
-        self.count(LayoutStats(packed.kind, packed.computed, packed.real_tokens, packed.batch_tokens) if packed is not None
-                   else LayoutStats("padded", attn.numel(), real, real))
+        self.count(LayoutStats.of(packed, attn))
         return values
-
-    @torch.no_grad()
-    def _layout_diff(self, packed: PackedRows, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, R: int) -> float:
-        """Mean |value difference| between the layout ``packed`` and the padded forward, on valid positions."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.autocast():
-                diff = (self.model(ids, attn, pos, R, packed) - self.model(ids, attn, pos, R)).float()
-        finally:
-            self.model.train(was_training)
-        valid = valid_response_positions(attn, R)
-        return float(diff[valid].abs().mean()) if valid.any() else 0.0

@@ -75,20 +75,25 @@ def test_an_update_in_a_layout_equals_the_padded_update():
 
 
 def test_a_layout_that_changes_the_result_is_dropped_with_a_warning():
+    import contextlib
+
     from armor_core.models import load_model, resolve_model_path
 
-    choice = LayoutChoice(load_model(resolve_model_path("builtin:arithmetic-tiny"), "float32"), torch.float32, "critic rank 3", "values")
+    model = load_model(resolve_model_path("builtin:arithmetic-tiny"), "float32")
+    choice = LayoutChoice(model, model, torch.float32, contextlib.nullcontext, "critic rank 3", "values")
     ids, attn, pos, resp = shared_prompt_batch()
     tried = []
 
-    def differs(packed):
-        tried.append(packed.kind)
-        return 0.5 if packed.kind == "grouped" else 0.0
+    def run(module, packed):  # a "model" whose grouped layout is off by 0.5 everywhere
+        assert module is model  # checked on the check module
+        if packed is not None:
+            tried.append(packed.kind)
+        return torch.full(resp.shape, 0.5 if packed is not None and packed.kind == "grouped" else 0.0)
 
     with pytest.warns(UserWarning, match=r"critic rank 3: the grouped layout changes this model's values \(mean \|diff\| 5.00e-01 > 1e-04\); not using it"):
-        packed = choice.choose(ids, attn, pos, resp.shape[1], differs)
+        packed = choice.choose(ids, attn, pos, resp.shape[1], run)
     assert packed.kind == "packed" and tried == ["grouped", "packed"] and choice.layouts == ("packed",) and choice.checked == {"packed"}
-    assert choice.choose(ids, attn, pos, resp.shape[1], differs).kind == "packed" and tried == ["grouped", "packed"]  # checked once
+    assert choice.choose(ids, attn, pos, resp.shape[1], run).kind == "packed" and tried == ["grouped", "packed"]  # checked once
 
 
 def test_gradient_checkpointing_reaches_the_critic_and_changes_nothing():
