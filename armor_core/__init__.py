@@ -35,7 +35,7 @@ __all__ = [
 def __getattr__(name: str):
     # DataProto pulls in torch; import it on first use so `armor --help` stays fast
     if name in ("DataProto", "DataProtoItem"):
-        from armor_core import protocol
+        from armor_core import dataproto
 
-        return getattr(protocol, name)
+        return getattr(dataproto, name)
     raise AttributeError(f"module 'armor_core' has no attribute {name!r}")

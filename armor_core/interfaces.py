@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, run
 if TYPE_CHECKING:
     import torch
 
-    from armor_core.protocol import DataProto
+    from armor_core.dataproto.protocol import DataProto
 
 __all__ = [
     "ADJUSTABLE_COEFFICIENTS",

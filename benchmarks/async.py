@@ -33,8 +33,8 @@ from pathlib import Path
 
 
 def run(run_dir: Path, overrides: list[str], target: float) -> dict:
-    from armor_core.config import load_config
-    from armor_core.trainer import Trainer
+    from armor_core.config.schema import load_config
+    from armor_core.loop.trainer import Trainer
 
     trainer = Trainer(load_config(None, [*overrides, f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]"]))
     try:

@@ -64,11 +64,11 @@ class Lab:
         return text.replace(f"{self.root}/", "").replace(str(self.root), ".")
 
     def armor(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "armor_core.cli", "run", *args], capture_output=True, text=True, timeout=timeout, cwd=self.root)
+        return subprocess.run([sys.executable, "-m", "armor_core.cli.main", "run", *args], capture_output=True, text=True, timeout=timeout, cwd=self.root)
 
     def model(self, name: str, damage: Callable[[Path], Any]) -> Path:
         """A copy of the built-in model, damaged by ``damage(directory)``."""
-        from armor_core.models import resolve_model_path
+        from armor_core.models.loading import resolve_model_path
 
         d = self.root / "models" / name
         shutil.copytree(resolve_model_path("builtin:arithmetic-tiny"), d)
@@ -134,7 +134,7 @@ def refused(what: str, extra: Callable[[Lab], list[str]], pattern: str) -> Case:
 
 def damaged_checkpoint(damage: str) -> Callable[[Lab], Outcome]:
     def run(lab: Lab) -> Outcome:
-        from armor_core.checkpoint import CheckpointManager
+        from armor_core.storage.checkpoint import CheckpointManager
 
         copy = lab.root / "ckpt" / re.sub(r"\W+", "_", damage)
         shutil.copytree(lab.trained() / "checkpoints", copy / "checkpoints")
@@ -152,7 +152,7 @@ def damaged_checkpoint(damage: str) -> Callable[[Lab], Outcome]:
 
 
 def disk_full(lab: Lab) -> Outcome:
-    from armor_core.checkpoint import CheckpointError, CheckpointManager
+    from armor_core.storage.checkpoint import CheckpointError, CheckpointManager
 
     ck = CheckpointManager(lab.root / "disk")
     ck.save(1, lambda d: (d / "w.txt").write_text("one"), {"step": 1})
@@ -200,9 +200,9 @@ def _loud(prompt: str, response: str, ground_truth: Any, extra: Any) -> float:
 def bad_score(response: str) -> Callable[[Lab], Outcome]:
     def run(lab: Lab) -> Outcome:
         from armor_core import RewardDomain, hookimpl
-        from armor_core.config import RewardConfig
+        from armor_core.config.schema import RewardConfig
         from armor_core.plugins import PluginManager
-        from armor_core.rewards import RewardManager
+        from armor_core.rewards.manager import RewardManager
 
         class Plugin:
             @hookimpl
@@ -211,7 +211,7 @@ def bad_score(response: str) -> Callable[[Lab], Outcome]:
 
         pm = PluginManager(load_entrypoints=False, disabled=())
         pm.register(Plugin(), name="faults_benchmark")
-        quiet = logging.getLogger("armor_core.rewards")
+        quiet = logging.getLogger("armor_core.rewards.manager")
         level, quiet.level = quiet.level, logging.CRITICAL  # the failure's log entry (with its traceback) is not the table's
         try:
             batch = RewardManager(RewardConfig(failure_score=0.0), pm).score(["p"], [response], ["loud"], [None], None)
@@ -270,7 +270,7 @@ def _shard_without_second(d: Path) -> None:
 
 
 def _locked(lab: Lab) -> Outcome:
-    from armor_core.run_dir import RunDirLock
+    from armor_core.storage.run_dir import RunDirLock
 
     with RunDirLock(lab.trained()):  # as a second `armor run` into the directory would meet the first
         return cli(lambda lab: [*SMALL, f"trainer.run_dir={lab.run_dir}", "--resume"], 2, r"is in use by another armor run")(lab)

@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def model_kwargs(preset: str, max_positions: int) -> dict:
-    """Keyword arguments of ``armor_core.models.build_tiny_model`` for a preset."""
+    """Keyword arguments of ``armor_core.models.loading.build_tiny_model`` for a preset."""
     shape = dict(PRESETS[preset])
     vocab = shape.pop("vocab_size")
     return dict(arch="qwen2", vocab_size=vocab, max_position_embeddings=max_positions, tie_word_embeddings=False, **shape)
@@ -78,7 +78,7 @@ def count_parameters(preset: str) -> int:
     """Parameters of a preset, counted on the meta device (nothing allocated)."""
     import torch
 
-    from armor_core.models import build_tiny_model
+    from armor_core.models.loading import build_tiny_model
 
     with torch.device("meta"):
         model = build_tiny_model(**model_kwargs(preset, 4096), seed=None)
@@ -87,7 +87,7 @@ def count_parameters(preset: str) -> int:
 
 def build_model_dir(out: Path, preset: str, max_positions: int) -> int:
     """Save a random model of ``preset`` with the built-in tokenizer under ``out``; returns its parameter count."""
-    from armor_core.models import build_tiny_model, load_tokenizer, resolve_model_path
+    from armor_core.models.loading import build_tiny_model, load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path("builtin:arithmetic-tiny"))
     model = build_tiny_model(**model_kwargs(preset, max_positions), pad_token_id=tokenizer.pad_token_id,
@@ -173,8 +173,8 @@ def preflight(args: argparse.Namespace) -> str | None:
 
 
 def run_backend(args: argparse.Namespace, backend: str, model_dir: Path, run_dir: Path, weight_gb: float) -> dict:
-    from armor_core.config import load_config
-    from armor_core.trainer import Trainer
+    from armor_core.config.schema import load_config
+    from armor_core.loop.trainer import Trainer
 
     cfg = load_config(None, overrides(args, backend, model_dir, run_dir))
     trainer = Trainer(cfg)

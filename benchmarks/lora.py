@@ -45,9 +45,9 @@ def dir_bytes(path: Path) -> int:
 
 
 def run(run_dir: Path, overrides: list[str]) -> dict:
-    from armor_core.config import load_config
-    from armor_core.state_io import load_checkpoint_state
-    from armor_core.trainer import Trainer
+    from armor_core.config.schema import load_config
+    from armor_core.storage.state_io import load_checkpoint_state
+    from armor_core.loop.trainer import Trainer
 
     trainer = Trainer(load_config(None, [*overrides, f"trainer.run_dir={run_dir}"]))
     try:
@@ -74,9 +74,9 @@ def memory_case(lora_rank: int, hidden: int, layers: int) -> dict:
 
     import torch
 
-    from armor_core.config import load_config, to_dict
-    from armor_core.models import build_tiny_model, load_tokenizer, resolve_model_path
-    from armor_core.protocol import DataProto
+    from armor_core.config.schema import load_config, to_dict
+    from armor_core.models.loading import build_tiny_model, load_tokenizer, resolve_model_path
+    from armor_core.dataproto.protocol import DataProto
     from armor_core.workers.actor import ActorWorker
 
     tmp = Path(tempfile.mkdtemp(prefix="armor-lora-mem-"))

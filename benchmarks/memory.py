@@ -57,7 +57,7 @@ def run_case(pass_: str, chunk: int, rows: int, length: int, reps: int, vocab: i
     """One case in this process: returns peak bytes above the baseline and seconds per token."""
     import torch
 
-    from armor_core.models import build_tiny_model
+    from armor_core.models.loading import build_tiny_model
     from armor_core.workers.common import quiet_transformers
     from armor_core.workers.layouts import forward_response_log_probs
     from armor_core.workers.lm_head import install_response_head
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192], help="response lengths R (tokens)")
     p.add_argument("--rows", type=int, default=4)
-    from armor_core.config import ActorConfig
+    from armor_core.config.schema import ActorConfig
 
     p.add_argument("--chunk", type=int, default=ActorConfig().logprob_chunk_tokens, help="tokens per block of the chunked path (default: actor.logprob_chunk_tokens's)")
     p.add_argument("--sweep", type=int, nargs="+", metavar="CHUNK", help="time the chunked update for each of these chunk sizes instead")

@@ -43,8 +43,8 @@ def matmul_peak(size: int, reps: int = 5) -> float:
 
 def build_worker(tmp: Path, hidden: int, layers: int, heads: int, max_new: int):
     """An ActorWorker (in this process, no Ray) on a fresh ~10M-parameter Qwen2 saved under ``tmp``."""
-    from armor_core.config import load_config, to_dict
-    from armor_core.models import build_tiny_model, load_tokenizer, resolve_model_path
+    from armor_core.config.schema import load_config, to_dict
+    from armor_core.models.loading import build_tiny_model, load_tokenizer, resolve_model_path
     from armor_core.workers.actor import ActorWorker
     from armor_core.workers.common import quiet_transformers
 
@@ -62,8 +62,8 @@ def build_worker(tmp: Path, hidden: int, layers: int, heads: int, max_new: int):
 
 def grpo_batch(cfg, response_length: int, seed: int = 0):
     """16 built-in arithmetic prompts x 8 samples, random response tokens of lengths in [R/2, R]."""
-    from armor_core.protocol import DataProto
-    from armor_core.data import prepare_data
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.data import prepare_data
 
     train, _ = prepare_data(cfg)
     enc = train.encoded["tensors"]

@@ -24,9 +24,9 @@ import random
 import time
 from typing import Any
 
-from armor_core.config import RewardConfig
+from armor_core.config.schema import RewardConfig
 from armor_core.plugins import PluginManager
-from armor_core.rewards import RewardManager
+from armor_core.rewards.manager import RewardManager
 
 
 def arithmetic_rows(rng: random.Random, n: int) -> list[tuple[str, str, str]]:

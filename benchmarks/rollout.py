@@ -32,9 +32,9 @@ import time
 
 import torch
 
-from armor_core.config import RolloutConfig
-from armor_core.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
-from armor_core.protocol import DataProto
+from armor_core.config.schema import RolloutConfig
+from armor_core.models.loading import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+from armor_core.dataproto.protocol import DataProto
 from armor_plugins.rollout.hf import HFRollout
 
 
@@ -85,7 +85,7 @@ def _lora_backends(model, tok, rank: int, batch: int) -> dict:
     """``hf`` (the peft model itself) and ``vllm`` in both LoRA modes, each on its own copy of a rank-``rank`` policy."""
     import copy
 
-    from armor_core.workers.lora import apply_lora
+    from armor_core.models.lora import apply_lora
     from armor_plugins.rollout.vllm import VLLMRollout
 
     out = {}

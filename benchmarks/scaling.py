@@ -26,8 +26,8 @@ from pathlib import Path
 
 
 def run_one(run_dir: Path, overrides: list[str]) -> list[dict]:
-    from armor_core.config import load_config
-    from armor_core.trainer import Trainer
+    from armor_core.config.schema import load_config
+    from armor_core.loop.trainer import Trainer
 
     cfg = load_config(None, [*overrides, f"trainer.run_dir={run_dir}"])
     trainer = Trainer(cfg)

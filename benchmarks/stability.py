@@ -3,7 +3,7 @@
     python benchmarks/stability.py --steps 150     # every scenario and the guard's cost (about 15 minutes on 2 cores)
     python benchmarks/stability.py --only nan_grad --steps 100
 
-Scenarios (``trainer.faults``, see armor_core/faults.py): NaN gradients at a few steps; the learning
+Scenarios (``trainer.faults``, see armor_core/loop/faults.py): NaN gradients at a few steps; the learning
 rate x100 for three steps; a poisoned batch (rewards flipped) for ten steps; rollouts from weights
 four steps old for ten steps; Inf in a reward; and a learning rate ten times the default for the
 whole run. Each runs with ``guard.enable=false`` and with the guard stack below, and is compared
@@ -48,8 +48,8 @@ GUARD_STACK = ("guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rol
 def run_one(run_dir: Path, overrides: list[str]) -> dict:
     from safetensors.torch import load_file
 
-    from armor_core.config import load_config
-    from armor_core.trainer import Trainer
+    from armor_core.config.schema import load_config
+    from armor_core.loop.trainer import Trainer
 
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config(None, [*overrides, f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]", "trainer.save_freq=10", "trainer.keep_checkpoints=3"])
@@ -112,7 +112,7 @@ def main() -> int:
 
     import ray
 
-    from armor_core.config import load_config
+    from armor_core.config.schema import load_config
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     assert load_config(None, []).actor.lr == DEFAULT_LR, "the built-in recipe's learning rate changed; update DEFAULT_LR"

@@ -82,7 +82,7 @@ class PeakRSS:
 
 
 def armor_config(steps: int, run_dir: str, val_freq: int = 0):
-    from armor_core.config import load_config
+    from armor_core.config.schema import load_config
 
     s = SETTINGS
     return load_config(None, [
@@ -101,7 +101,7 @@ def greedy_accuracy(model, tokenizer, cfg, val_encoded, rewards) -> float:
     held-out prompts with the ``hf`` rollout, scored by their reward domain; the share scoring 1."""
     import numpy as np
 
-    from armor_core.protocol import DataProto
+    from armor_core.dataproto.protocol import DataProto
     from armor_plugins.rollout.hf import HFRollout
 
     data = DataProto.from_dict(tensors=dict(val_encoded["tensors"]), non_tensors=dict(val_encoded["non_tensors"]))
@@ -118,7 +118,7 @@ def greedy_accuracy(model, tokenizer, cfg, val_encoded, rewards) -> float:
 
 
 def run_armor(steps: int, eval_every: int) -> dict:
-    from armor_core.trainer import Trainer
+    from armor_core.loop.trainer import Trainer
     from armor_core.workers.api import ActorAPI
 
     with tempfile.TemporaryDirectory() as tmp, PeakRSS() as mem:
@@ -154,10 +154,10 @@ def run_trl(steps: int, eval_every: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from armor_core.models import load_model, load_tokenizer, resolve_model_path
+    from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
-    from armor_core.rewards import RewardManager
-    from armor_core.data import prepare_data
+    from armor_core.rewards.manager import RewardManager
+    from armor_core.loop.data import prepare_data
 
     s = SETTINGS
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,7 +178,7 @@ def run_trl(steps: int, eval_every: int) -> dict:
             return out
 
         # ARMOR's data order: the batches its loader draws, one after another
-        from armor_core.data import PromptLoader
+        from armor_core.loop.data import PromptLoader
 
         loader = PromptLoader(train.encoded, s["prompts_per_step"], shuffle=True, seed=s["seed"])
         ordered = []

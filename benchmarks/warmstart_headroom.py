@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from armor_core.config import RolloutConfig
-from armor_core.models import encode_prompts, load_model, load_tokenizer
+from armor_core.config.schema import RolloutConfig
+from armor_core.models.loading import encode_prompts, load_model, load_tokenizer
 from armor_core.plugins import get_plugin_manager
-from armor_core.protocol import DataProto
+from armor_core.dataproto.protocol import DataProto
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.tasks.arithmetic import generate_arithmetic
 

@@ -7,7 +7,7 @@ act as data-parallel ranks 0..N-1. The driver talks to the group, not to ranks:
 - ``group.dispatch(API.method, data, *args)`` splits a DataProto into N shares (balanced by valid
   tokens, see ``balanced_split``), runs the method on each rank with its share, and concatenates
   the returned DataProtos in the original row order; metric dicts (returned, or a DataProto's
-  ``meta_info["metrics"]``) are merged by ``armor_core.metrics.merge_metrics``.
+  ``meta_info["metrics"]``) are merged by ``armor_core.dataproto.metrics.merge_metrics``.
 
 A method is named by reference to the group's protocol (``armor_core.workers.api``: ``ActorAPI``,
 ``CriticAPI``, ``RolloutAPI``), never by a string: the group checks at start-up that its worker

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from armor_core.metrics import merge_metrics
+from armor_core.dataproto.metrics import merge_metrics
 
 if TYPE_CHECKING:
     from armor_core.engine import WorkerGroup
@@ -63,7 +63,7 @@ class Pending:
 
 
 def _merge(outs: list[Any], parts: list[np.ndarray]) -> Any:
-    from armor_core.protocol import DataProto
+    from armor_core.dataproto.protocol import DataProto
 
     if len(outs) == 1:
         return outs[0]

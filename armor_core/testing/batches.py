@@ -61,7 +61,7 @@ def left_padded_batch(ids: list[list[int]], pad: int = 0) -> Any:
     """A rollout backend's input: the token-id rows left-padded with ``pad`` to one width, with
     ``attention_mask`` and ``position_ids`` (0 on padding), a ``uid`` per row and a ``meta_info``
     entry that a backend must carry over."""
-    from armor_core.protocol import DataProto
+    from armor_core.dataproto.protocol import DataProto
 
     width = max(len(r) for r in ids)
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in ids])

@@ -107,7 +107,7 @@ def check_guard(guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None
     is plain JSON, and an instance loaded from it mid-way continues with the same verdicts.
     Returns ``[(stage, step, verdict)]`` for further asserts.
     """
-    from armor_core.guard import OPT_IN_STAGES
+    from armor_core.loop.guard import OPT_IN_STAGES
 
     guard, twin = guard_cls(**params), guard_cls(**params)
     listed = getattr(guard, "stages", None)
@@ -192,9 +192,9 @@ def check_rollout_backend(backend_cls: type, model: Any, tokenizer: Any, prompts
     prompts. Checks: ``responses``, ``response_mask`` and ``rollout_log_probs`` of one shape, the
     mask 0/1 and right-padded, log-probs finite and <= 0 on the response, 0 after it; greedy
     decoding is deterministic. Returns the sampled DataProto."""
-    from armor_core.config import RolloutConfig
-    from armor_core.models import encode_prompts
-    from armor_core.protocol import DataProto
+    from armor_core.config.schema import RolloutConfig
+    from armor_core.models.loading import encode_prompts
+    from armor_core.dataproto.protocol import DataProto
 
     ids, mask, pos, _ = encode_prompts(tokenizer, prompts or ["1+2=", "12+34=", "5="], max_length=32)
     batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos})
@@ -216,7 +216,7 @@ def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) ->
     """Build ``tracker_cls(run_dir, config)`` (the default config unless given) and log a few steps, NaN and inf included (a tracker
     must never end a run over a value), call ``resume`` and ``summary`` when it has them, then
     ``close``. Returns the closed tracker for asserts on what it wrote."""
-    from armor_core.config import load_config
+    from armor_core.config.schema import load_config
 
     tracker = tracker_cls(run_dir, config if config is not None else load_config(None, []))
     for step, value in ((1, 0.5), (2, math.nan), (3, math.inf)):

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from armor_core.config import ArmorConfig, from_dict
+from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.interfaces import call_with_params
-from armor_core.kl_penalty import compute_kl_loss
-from armor_core.protocol import DataProto
-from armor_core.schedule import lr_factor
+from armor_core.loop.kl_penalty import compute_kl_loss
+from armor_core.dataproto.protocol import DataProto
+from armor_core.workers.schedule import lr_factor
 from armor_core.workers.actor_weights import ActorWeights
 from armor_core.workers.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
 from armor_core.workers.common import (add_metric, build_on_one_thread, isolate, iter_micro_batches, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks,
@@ -36,7 +36,7 @@ from armor_core.workers.guarded_step import GuardedStep
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
 from armor_core.workers.optim import adamw, zero_advantage_is_inert
-from armor_core.workers.lora import MergedView, adapters_off, apply_lora
+from armor_core.models.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
 
@@ -45,7 +45,7 @@ __all__ = ["ActorWorker"]
 
 class ActorWorker(ActorWeights, GuardedStep):
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None, assignment: dict | None = None) -> None:
-        from armor_core.guard import GuardRunner
+        from armor_core.loop.guard import GuardRunner
         from armor_core.plugins import get_plugin_manager
 
         self.cfg: ArmorConfig = from_dict(config)
@@ -79,7 +79,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 
-        from armor_core.faults import Faults
+        from armor_core.loop.faults import Faults
 
         self.faults = Faults(cfg.trainer.faults)
         stale = self.faults.any("stale_rollout")
@@ -92,7 +92,7 @@ class ActorWorker(ActorWeights, GuardedStep):
     def _load_policy(self, cfg: ArmorConfig) -> None:
         """The policy in float32 master weights (LoRA adapters on it), its tokenizer, the chunked
         response head, and the frozen reference copy when a KL term needs one."""
-        from armor_core.models import load_model, load_tokenizer, resolve_model_path
+        from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
 
         m, a = cfg.model, cfg.actor
         path = resolve_model_path(m.path)

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from armor_core.state_io import load_checkpoint_state, save_state
-from armor_core.workers.lora import ADAPTER_DIR, MergedView, check_resume, load_adapter_state, merged_weights, save_adapter
+from armor_core.storage.state_io import load_checkpoint_state, save_state
+from armor_core.models.lora import ADAPTER_DIR, MergedView, check_resume, load_adapter_state, merged_weights, save_adapter
 
 __all__ = ["ActorWeights"]
 
@@ -77,7 +77,7 @@ class ActorWeights:
 
         Rank 0 writes the full model and the full optimizer state keyed by parameter name (gathered
         from the shards under FSDP2, so every rank takes part); each rank writes its RNG state. The
-        states are safetensors + JSON (``armor_core/state_io.py``): no pickle.
+        states are safetensors + JSON (``armor_core/storage/state_io.py``): no pickle.
         """
         from armor_core.workers.parallel import full_model_state, full_optimizer_state
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from armor_core.protocol import DataProto
+    from armor_core.dataproto.protocol import DataProto
 
 __all__ = ["ActorAPI", "CriticAPI", "RolloutAPI", "TrainableAPI", "WorkerAPI"]
 

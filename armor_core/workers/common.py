@@ -18,7 +18,7 @@ __all__ = ["add_metric", "build_on_one_thread", "isolate", "iter_micro_batches",
 
 def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
     """First thing in a worker: take the cores and GPUs the ProcessIsolator planned for it."""
-    from armor_core.isolation import Assignment, apply_assignment
+    from armor_core.engine.isolation import Assignment, apply_assignment
 
     if assignment is not None:
         return apply_assignment(Assignment(assignment["group"], assignment["rank"], tuple(assignment["cpus"]), tuple(assignment["gpus"]), assignment.get("node", "")), cfg.trainer.seed)

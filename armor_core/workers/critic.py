@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from armor_core.config import ArmorConfig, from_dict
-from armor_core.masked import masked_mean
-from armor_core.protocol import DataProto
-from armor_core.state_io import load_checkpoint_state, save_state
+from armor_core.config.schema import ArmorConfig, from_dict
+from armor_core.ops.masked import masked_mean
+from armor_core.dataproto.protocol import DataProto
+from armor_core.storage.state_io import load_checkpoint_state, save_state
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
 from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, scalar, seed_everything
 from armor_core.workers.precision import autocast, compute_dtype
@@ -74,7 +74,7 @@ class CriticWorker:
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, assignment: dict | None = None) -> None:
         from transformers import AutoModel
 
-        from armor_core.models import resolve_model_path
+        from armor_core.models.loading import resolve_model_path
         from armor_core.plugins import get_plugin_manager
 
         from armor_core.workers.parallel import wrap

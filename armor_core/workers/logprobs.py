@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from armor_core.protocol import DataProto
+from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.collectives import equal_micro_batches
 from armor_core.workers.layouts import LAYOUTS, LayoutStats, PackedRows, attention_weight_of, forward_response_log_probs, grouped_mask_supported, layout_rows
 

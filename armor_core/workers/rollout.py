@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from armor_core.config import ArmorConfig, from_dict
-from armor_core.protocol import DataProto
+from armor_core.config.schema import ArmorConfig, from_dict
+from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.common import build_on_one_thread, isolate, quiet_transformers, seed_everything
 from armor_core.workers.precision import autocast, compute_dtype
 
@@ -27,7 +27,7 @@ SEED_OFFSET = 104729  # rollout workers draw from other seeds than the actor ran
 
 class RolloutWorker:
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, assignment: dict | None = None) -> None:
-        from armor_core.models import load_model, load_tokenizer, resolve_model_path
+        from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
         from armor_core.plugins import get_plugin_manager
 
         self.cfg: ArmorConfig = from_dict(config)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from armor_core.masked import masked_mean
+from armor_core.ops.masked import masked_mean
 
 MODES = ("none", "tis_token", "tis_seq", "mask_token", "mask_seq")
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: past any sensible cap, far from float32 overflow

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from armor_core.protocol import DataProto
+from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.layouts import LayoutStats, PackedRows
 from armor_core.workers.logprobs import LayoutChoice
 

@@ -1,5 +1,5 @@
 """KL(pi || pi_ref) estimators. (The KL loss term, the in-reward penalty and its controllers are
-the core's: ``armor_core/kl_penalty.py``.)
+the core's: ``armor_core/loop/kl_penalty.py``.)
 
 Samples come from pi, so with ``x = log pi(y) - log pi_ref(y)`` per token (Schulman,
 "Approximating KL divergence", 2020):

@@ -59,7 +59,7 @@ def prepare_prompts(backend: str, prompts: Any, n: int) -> tuple[Any, torch.Tens
 def assemble_output(prompts: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                     responses: torch.Tensor, response_mask: torch.Tensor, log_probs: torch.Tensor) -> Any:
     """The rollout contract's DataProto: prompts, responses, masks and positions of the whole sequence."""
-    from armor_core.protocol import DataProto
+    from armor_core.dataproto.protocol import DataProto
 
     device = input_ids.device
     responses, response_mask, log_probs = (x.to(device) for x in (responses, response_mask, log_probs))

@@ -11,7 +11,7 @@ Choices, and why:
   serialisation, no second process, no ``__main__`` guard). vLLM reads the variable at engine start
   and caches it, so the backend sets it when unset and refuses a ``1``.
 - **The engine starts from the model directory** (``model.name_or_path``, i.e. what
-  ``armor_core.models.load_model`` loaded) and is then given the actor's current weights once, so it
+  ``armor_core.models.loading.load_model`` loaded) and is then given the actor's current weights once, so it
   generates with the model object it was handed even when that object changed after loading.
 - **Weight sync** goes through ``llm.collective_rpc("reload_weights", ...)``, vLLM's in-place
   reload in checkpoint (Hugging Face) naming; the prefix cache is reset afterwards because its KV
@@ -77,7 +77,7 @@ from typing import Any, Iterable
 import torch
 
 from armor_core import hookimpl
-from armor_core.workers.lora import MergedView, merged_weights, save_adapter
+from armor_core.models.lora import MergedView, merged_weights, save_adapter
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from armor_core.workers.lora import peft_model_of
+from armor_core.models.lora import peft_model_of
 
 __all__ = ["LORA_MODES", "backend_options", "engine_arguments", "start_engine"]
 
@@ -105,7 +105,7 @@ def _model_dir(model: Any) -> str:
     if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
         raise ValueError(
             f"vllm rollout: the engine loads the model from its directory, but this model's name_or_path is {path!r}, "
-            "not a local directory with config.json. Load the model with armor_core.models.load_model(DIR) "
+            "not a local directory with config.json. Load the model with armor_core.models.loading.load_model(DIR) "
             "(or save_pretrained(DIR) first), or set rollout.backend_kwargs.model=DIR"
         )
     return str(path)

@@ -40,8 +40,8 @@ def test_registered_domains(pm):
 
 def test_math_through_the_reward_manager_under_a_tight_limit(pm):
     # a fresh worker imports sympy (about 1 s) in math's warm-up, outside the 1 s per-row limit
-    from armor_core.config import RewardConfig
-    from armor_core.rewards import RewardManager
+    from armor_core.config.schema import RewardConfig
+    from armor_core.rewards.manager import RewardManager
 
     with RewardManager(RewardConfig(timeout_s=1.0, failure_score=-1.0), pm) as rm:
         batch = rm.score(["q", "q", "q"], [r"\boxed{\sqrt{8}}", r"\boxed{(x+1)^2}", "#### 3"], ["math", "math", "gsm8k"],
@@ -105,8 +105,8 @@ def test_bad_option_values_are_errors(params, message):
 
 def test_extraction_and_decimal_separator_come_from_the_config(pm):
     # gsm8k runs in-process, so this starts no worker; math's parameters are checked at start all the same
-    from armor_core.config import ConfigError, RewardConfig
-    from armor_core.rewards import RewardManager
+    from armor_core.config.schema import ConfigError, RewardConfig
+    from armor_core.rewards.manager import RewardManager
 
     kwargs = {"math": {"extraction": "lenient", "decimal_separator": "comma"}, "gsm8k": {"decimal_separator": "comma"}}
     with RewardManager(RewardConfig(domain_kwargs=kwargs), pm) as rm:
@@ -140,8 +140,8 @@ def test_a_ground_truth_solution_ending_in_a_final_answer_line():
 
 @pytest.mark.parametrize("ground_truth", [{"answer": "4"}, [{"answer": "4"}]])
 def test_a_dict_ground_truth_is_refused_at_load_naming_the_row_and_when_scored(pm, ground_truth):
-    from armor_core.config import ConfigError, RewardConfig
-    from armor_core.rewards import RewardManager
+    from armor_core.config.schema import ConfigError, RewardConfig
+    from armor_core.rewards.manager import RewardManager
 
     rm = RewardManager(RewardConfig(), pm)
     rows = [{"data_source": "math", "ground_truth": "4", "_where": "t.jsonl, line 1"},
@@ -160,8 +160,8 @@ def test_a_dict_ground_truth_is_refused_at_load_naming_the_row_and_when_scored(p
     ({"overlong_max_length": 10, "overlong_penalty_factor": 0.5}, (-0.5, 1.0)),
 ])
 def test_declared_score_range_follows_the_parameters(pm, params, expected):
-    from armor_core.config import RewardConfig
-    from armor_core.rewards import RewardManager
+    from armor_core.config.schema import RewardConfig
+    from armor_core.rewards.manager import RewardManager
 
     rm = RewardManager(RewardConfig(domain_kwargs={"math": params, "gsm8k": params}), pm)
     for name in ("math", "gsm8k"):

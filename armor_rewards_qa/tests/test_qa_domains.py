@@ -7,9 +7,9 @@ import json
 import pytest
 
 import armor_rewards_qa
-from armor_core.config import RewardConfig
+from armor_core.config.schema import RewardConfig
 from armor_core.plugins import PluginManager
-from armor_core.rewards import RewardManager
+from armor_core.rewards.manager import RewardManager
 from armor_rewards_qa.domains import accepted_answers, choice_truth, multiple_choice_reward, short_answer_reward
 
 PROMPT = "Which planet is known as the Red Planet?\nA. Venus\nB. Mars\nC. Jupiter\nD. Saturn"
@@ -130,7 +130,7 @@ def test_through_the_reward_manager_with_domain_kwargs(pm):
 
 
 def test_the_single_example_cli_check(pm, monkeypatch, capsys):
-    from armor_core.reward_cli import add_parser
+    from armor_core.cli.reward import add_parser
 
     monkeypatch.setattr("armor_core.plugins._default", pm)
 

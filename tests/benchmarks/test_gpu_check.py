@@ -29,7 +29,7 @@ def test_defaults_and_bad_arguments():
 
 
 def test_every_run_config_is_one_armor_accepts(tmp_path):
-    from armor_core.config import load_config
+    from armor_core.config.schema import load_config
 
     args = gpu_check.parse_args(["--max-new-tokens", "128", "--sleep-level", "2", "actor.logprob_chunk_tokens=512"])
     for backend in ("hf", "vllm"):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from armor_core import AdvantageEstimator, RewardResult, Verdict, hookimpl
-from armor_core.config import ConfigError, load_config
-from armor_core.config_plugins import validate_plugins
+from armor_core.config.schema import ConfigError, load_config
+from armor_core.config.plugin_checks import validate_plugins
 from armor_core.plugins import DuplicatePluginError, PluginError, PluginManager, UnknownPluginError, get_plugin
 from armor_core.testing import check_advantage_estimator, check_policy_loss, check_reward_domain, isolated_plugin_manager, registered
 

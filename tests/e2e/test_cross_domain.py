@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from armor_core.cli import main
-from armor_core.config import ConfigError, load_config
-from armor_core.config_plugins import validate_plugins
-from armor_core.recipes import recipe_names
-from armor_core.validation import accuracy_by_source, main_scores
+from armor_core.cli.main import main
+from armor_core.config.schema import ConfigError, load_config
+from armor_core.config.plugin_checks import validate_plugins
+from armor_core.config.recipes import recipe_names
+from armor_core.loop.validation import accuracy_by_source, main_scores
 
 SHORT = ["trainer.total_steps=2", "data.train_size=64", "data.val_size=48", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
          "rollout.n=2", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1"]

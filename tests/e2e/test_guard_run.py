@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from armor_core.config import load_config
-from armor_core.trainer import Trainer
+from armor_core.config.schema import load_config
+from armor_core.loop.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from armor_core.cli import main
-from armor_core.config import load_config
-from armor_core.data import DataError
-from armor_core.models import ModelPathError, build_char_tokenizer, build_tiny_model
-from armor_core.trainer import Trainer
+from armor_core.cli.main import main
+from armor_core.config.schema import load_config
+from armor_core.loop.data import DataError
+from armor_core.models.loading import ModelPathError, build_char_tokenizer, build_tiny_model
+from armor_core.loop.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

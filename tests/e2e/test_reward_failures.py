@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from armor_core.config import load_config
-from armor_core.reward_checks import RewardFailureError
-from armor_core.trainer import run_training
+from armor_core.config.schema import load_config
+from armor_core.rewards.checks import RewardFailureError
+from armor_core.loop.trainer import run_training
 
 pytestmark = pytest.mark.slow
 

@@ -72,7 +72,7 @@ def installed_dist(tmp_path):
 
 
 def _armor(*args):
-    return subprocess.run([sys.executable, "-m", "armor_core.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "armor_core.cli.main", *args], capture_output=True, text=True)
 
 
 def test_installed_plugin_is_listed_and_usable(installed_dist):
@@ -89,7 +89,7 @@ def test_installed_plugin_is_listed_and_usable(installed_dist):
     ok = _armor("run", "--print-config", "algorithm.adv_estimator=sign", "guard.guards=[{name: loss_ceiling, params: {ceiling: 5}}]")
     assert ok.returncode == 0, ok.stderr
 
-    blocked = subprocess.run([sys.executable, "-m", "armor_core.cli", "plugins", "--json"], capture_output=True, text=True,
+    blocked = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"], capture_output=True, text=True,
                              env={**__import__("os").environ, "ARMOR_DISABLE_PLUGINS": "thirdparty"})
     names = {r["name"] for r in json.loads(blocked.stdout)}
     assert "sign" not in names and "loss_ceiling" not in names

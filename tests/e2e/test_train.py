@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from armor_core.config import load_config
-from armor_core.trainer import Trainer
+from armor_core.config.schema import load_config
+from armor_core.loop.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
 
 
 def test_resume_skips_a_truncated_newest_checkpoint_with_a_warning(ray_cluster, tmp_path):
-    from armor_core.checkpoint import CheckpointWarning
+    from armor_core.storage.checkpoint import CheckpointWarning
 
     run(tmp_path, "trainer.save_freq=1", name="d")
     weights = tmp_path / "d" / "checkpoints" / "step_000002" / "model" / "model.safetensors"

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from armor_core.config import load_config  # noqa: E402
-from armor_core.trainer import Trainer  # noqa: E402
+from armor_core.config.schema import load_config  # noqa: E402
+from armor_core.loop.trainer import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

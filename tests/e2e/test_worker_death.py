@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from armor_core.config import load_config
+from armor_core.config.schema import load_config
 from armor_core.engine import WorkerDiedError, WorkerGroup
-from armor_core.trainer import Trainer
+from armor_core.loop.trainer import Trainer
 
 
 @pytest.fixture(params=[True, False], ids=["channel", "ray_calls"])

@@ -20,7 +20,7 @@ from armor_plugins.advantages.rloo import compute_rloo_advantage
 from armor_plugins.losses.aggregation import AGGREGATIONS
 from armor_plugins.losses.cispo import compute_policy_loss_cispo
 from armor_plugins.losses.gspo import compute_policy_loss_gspo
-from armor_core.kl_penalty import apply_kl_penalty, compute_kl_loss
+from armor_core.loop.kl_penalty import apply_kl_penalty, compute_kl_loss
 from armor_plugins.losses.kl import KL_ESTIMATORS
 from armor_plugins.losses.ppo_clip import compute_policy_loss_ppo_clip
 

@@ -1,0 +1,95 @@
+"""``armor run [CONFIG] [key=value ...]``: validate the config, assemble the plugins it names, check the
+model files and the run directory (``preflight``), train."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="train a policy with RL (no arguments: the built-in recipe on CPU)",
+        description="Train with the config in CONFIG (YAML), overridden by key=value pairs (e.g. actor.lr=1e-5 rollout.n=16). "
+        "Without CONFIG, the built-in recipe runs: a tiny Qwen2 model learns two-number addition with GRPO on CPU. "
+        "Every key, its default and its help: `armor run --help-config`.",
+    )
+    p.add_argument("config", nargs="?", help="YAML config file, or recipe:NAME for a recipe shipped with ARMOR, e.g. recipe:cross_domain (optional)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=50")
+    p.add_argument("--print-config", action="store_true", help="print the merged config and exit")
+    p.add_argument("--help-config", action="store_true", help="print every config key with its default and help, and exit")
+    p.add_argument("--resume", action="store_true", help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with")
+    p.add_argument("--allow-config-change", dest="allow_config_change", action="append", default=[], metavar="KEY,...",
+                   help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. The run's length, "
+                        "checkpoint and validation schedule, loggers, faults and engine.* may always change")
+    p.add_argument("--dry-run", action="store_true", help="validate the config, data and plugins, print the plan, and exit")
+    p.set_defaults(func=main)
+
+
+def split_config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    # argparse puts a first key=value into `config` when no YAML is given
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
+def _check_resume(args: argparse.Namespace, cfg) -> None:
+    """``--resume`` continues with the config the run was started with, but for the changes allowed;
+    without it the run directory must hold no checkpoint."""
+    from armor_core.config.schema import ConfigError, to_dict
+    from armor_core.storage.run_dir import RunDirError, check_resume_config
+
+    allowed = [key for item in args.allow_config_change for key in item.split(",")]
+    if not args.resume:
+        if allowed:
+            raise ConfigError("--allow-config-change applies to --resume only")
+        from armor_core.storage.checkpoint import CheckpointManager
+
+        # the trainer refuses too, but only after loading the data; here --dry-run says it as well
+        if CheckpointManager(cfg.trainer.run_dir).latest() is not None:
+            raise RunDirError(f"{cfg.trainer.run_dir} already holds checkpoints; pass --resume to continue that run, "
+                              "or choose another trainer.run_dir")
+        return
+    for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed):
+        print(f"--resume: config changed as allowed: {line}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from armor_core.cli.main import user_errors
+    from armor_core.config.schema import help_for, load_config, to_yaml
+    from armor_core.config.plugin_checks import validate_plugins
+    from armor_core.errors import one_line
+    from armor_core.loop.preflight import check_run
+
+    if args.help_config:
+        for key, help_text, default in help_for():
+            print(f"{key} = {default!r}\n    {help_text}")
+        return 0
+    config_path, overrides = split_config_and_overrides(args.config, args.overrides)
+    try:
+        cfg = load_config(config_path, overrides)
+        plan = validate_plugins(cfg)
+        if args.print_config:
+            print(to_yaml(cfg), end="")
+            return 0
+        check_run(cfg)  # model files, tokenizer, guard parameters: before any worker starts
+        if args.dry_run:
+            _check_resume(args, cfg)
+            print("config and plugins are valid; this run would use:")
+            for key, impl in plan.items():
+                print(f"  {key}: {getattr(impl, '__name__', type(impl).__name__)}")
+            from armor_core.loop.data import prepare_data
+
+            prepare_data(cfg)
+            return 0
+        from armor_core.storage.run_dir import RunDirLock
+        from armor_core.loop.trainer import run_training
+
+        with RunDirLock(cfg.trainer.run_dir):  # held until the run ends: a second run into the directory stops here
+            _check_resume(args, cfg)
+            run_training(cfg, resume=args.resume)
+        return 0
+    except user_errors() as e:
+        print(one_line(e), file=sys.stderr)
+        return 2

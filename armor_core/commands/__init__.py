@@ -1,1 +1,0 @@
-"""Subcommands of the ``armor`` CLI, one module each, each exposing ``add_parser(subparsers)``."""

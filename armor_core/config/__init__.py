@@ -1,0 +1,3 @@
+"""The run configuration: ``schema`` (typed dataclasses with help text, loading and checks), ``fields`` (field-level
+range and type checks), ``plugin_checks`` (every plugin name resolved before Ray starts), ``recipes`` (shipped configs).
+"""

@@ -1,0 +1,186 @@
+"""One training step on the driver, stage by stage: ``Step.run``.
+
+    rows      RolloutSource.collect: generated (now, queued by the last update call, or by async
+              rollout workers) and scored; dynamic sampling refills dropped groups   guard: reward
+    logprobs  old log-probs (unless exactly on-policy), reference log-probs (KL), values (critic)
+    adv       KL-in-reward penalty, then the advantage estimator                     guard: advantage
+    update    critic, then actor (RolloutSource.update: with the next generation or the weight sync)
+
+Timing (``StepTimer``), guards (``GuardRunner.observe`` per stage) and faults (``Faults``) are
+collaborators called at the stage they concern. The trainer runs the loop around this: it counts
+steps, shows the ``update`` stage to the guards, acts on their verdicts (rollback, adjustments),
+and logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from armor_core.interfaces import call_with_params
+from armor_core.workers.api import ActorAPI, CriticAPI
+from armor_core.loop.step_timer import StepTimer
+
+__all__ = ["Scorer", "Step", "StepResult", "batch_metrics"]
+
+UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs")
+
+
+class Scorer:
+    """Scores of generated rows: responses decoded, then ``RewardManager.score`` routes each row by its ``data_source``.
+
+    Each row's components go into the batch as ``reward_components``, ``{domain: (score, weight)}``
+    (its score is the weighted sum), for estimators that treat them separately (``normalize_components``).
+    """
+
+    def __init__(self, rewards: Any, tokenizer: Any) -> None:
+        self.rewards, self.tokenizer = rewards, tokenizer
+
+    def decode(self, batch: Any) -> list[str]:
+        # plain lists and one batch_decode: per-row tensor indexing cost more than the decoding
+        rows = [[t for t, keep in zip(r, m) if keep] for r, m in zip(batch["responses"].tolist(), batch["response_mask"].tolist())]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+    def __call__(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        scores, metrics, _ = self.score(batch)
+        return scores, metrics
+
+    def score(self, batch: Any) -> tuple[torch.Tensor, dict[str, float], list[str]]:
+        """(B,) scores, the reward metrics, and the decoded responses (validation votes on them)."""
+        nt = batch.non_tensors
+        lengths = batch["response_mask"].sum(-1).tolist()
+        # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
+        extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
+        texts = self.decode(batch)
+        out = self.rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras)
+        batch["reward_components"] = out.components
+        return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics), texts
+
+
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    timer: StepTimer
+    verdicts: list = field(default_factory=list)  # the guards' verdicts at the reward and advantage stages
+    batch: Any = None  # None: nothing was trained on (dynamic sampling kept no group)
+    scores: torch.Tensor | None = None
+
+
+class Step:
+    """The stages of one step; built once per run by the trainer."""
+
+    def __init__(self, cfg: Any, pm: Any, estimator: Any, actor: Any, critic: Any, rollout: Any, scorer: Scorer, guard: Any, faults: Any, kl_ctrl: Any) -> None:
+        self.cfg, self.pm, self.estimator = cfg, pm, estimator
+        self.actor, self.critic, self.rollout, self.scorer = actor, critic, rollout, scorer
+        self.guard, self.faults, self.kl_ctrl = guard, faults, kl_ctrl
+
+    def run(self, step: int) -> StepResult:
+        """Step ``step`` (1-based) up to and including the updates."""
+        res = StepResult({}, StepTimer())
+        batch, scores = self.rollout.collect(step, lambda b: self._scores(b, step), res.timer, res.metrics)
+        if not len(batch):  # algorithm.filter_groups kept no group: nothing to learn from this step
+            res.metrics["guard/skipped_step"] = 1.0
+            return res
+        batch["token_level_scores"] = _on_last_token(scores, batch["response_mask"])
+        res.verdicts.append(self.guard.observe("reward", {"score/mean": scores.mean().item(), "score/min": scores.min().item(), "score/max": scores.max().item()}, step))
+        batch = self._log_probs(batch, res)
+        batch = self._advantages(batch, res)
+        res.verdicts.append(self.guard.observe("advantage", {k: v for k, v in res.metrics.items() if k.startswith(("critic/advantages/", "rollout/"))}, step))
+        if any(v.action in ("skip", "rollback") for v in res.verdicts):
+            res.metrics["guard/skipped_step"] = 1.0
+        else:
+            self._update(batch, step, res)
+        res.batch, res.scores = batch, scores
+        return res
+
+    def _scores(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        scores, metrics = self.scorer(batch)
+        return self.faults.rewards(scores, step), metrics
+
+    def _log_probs(self, batch: Any, res: StepResult) -> Any:
+        """Old log-probs (unless the update is exactly on-policy), reference log-probs (KL), values (critic)."""
+        cfg, timer = self.cfg, res.timer
+        if not (cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size):
+            with timer("old_log_prob") as stage:
+                old = self.actor.dispatch(ActorAPI.compute_log_prob, batch)
+                stage.worker_s = old.meta_info.pop("metrics", {}).get("perf/worker_s")
+            batch = batch.union(old.select(tensor_keys=["old_log_probs"]))
+            if "rollout_log_probs" in batch:
+                mask = batch["response_mask"].float()
+                diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask
+                res.metrics["rollout/logprob_diff_mean"] = (diff.sum() / mask.sum().clamp(min=1)).item()
+                res.metrics["rollout/logprob_diff_max"] = diff.max().item()
+        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+            with timer("ref") as stage:
+                ref = self.actor.dispatch(ActorAPI.compute_ref_log_prob, batch)
+                stage.worker_s = ref.meta_info.pop("metrics", {}).get("perf/worker_s")
+                batch = batch.union(ref)
+        if self.critic is not None:
+            with timer("values"):
+                batch = batch.union(self.critic.dispatch(CriticAPI.compute_values, batch))
+        return batch
+
+    def _advantages(self, batch: Any, res: StepResult) -> Any:
+        """The KL penalty folded into the reward (if configured), then the advantage estimator."""
+        a, mask = self.cfg.algorithm, batch["response_mask"].float()
+        with res.timer("adv"):
+            if self.kl_ctrl is not None:
+                from armor_core.loop.kl_penalty import apply_kl_penalty
+
+                behaviour = batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
+                kl_est = self.pm.get("kl_estimator", a.kl_penalty, where="algorithm.kl_penalty")
+                rewards, kl_m = apply_kl_penalty(batch["token_level_scores"], behaviour, batch["ref_log_prob"], mask, self.kl_ctrl.value, kl_est)
+                self.kl_ctrl.update(kl_m["reward_kl"], self.cfg.data.train_batch_size)
+                res.metrics.update({f"actor/{k}": v for k, v in kl_m.items()})
+            else:
+                rewards = batch["token_level_scores"]
+            batch["token_level_rewards"] = rewards
+            available = {"values": batch["values"] if "values" in batch else None, "gamma": a.gamma, "lam": a.lam, "norm_adv_by_std": a.norm_adv_by_std,
+                         "reward_components": batch["reward_components"] if "reward_components" in batch else None}
+            index = torch.as_tensor(np.asarray(batch.non_tensors["uid"], dtype=np.int64))
+            adv, ret = call_with_params(self.estimator.fn, rewards, mask, index, available=available, extra=a.adv_kwargs, where="algorithm.adv_kwargs")
+            batch["advantages"], batch["returns"] = adv.float(), ret.float()
+        res.metrics.update(_masked_stats("critic/advantages", adv, mask))
+        res.metrics.update(_masked_stats("critic/returns", ret, mask))
+        return batch
+
+    def _update(self, batch: Any, step: int, res: StepResult) -> None:
+        if self.critic is not None:
+            with res.timer("update_critic"):
+                res.metrics.update(self.critic.dispatch(CriticAPI.update_critic, batch, step))
+        update_in = batch.select(tensor_keys=[k for k in UPDATE_KEYS if k in batch])
+        res.metrics.update(self.rollout.update(update_in, step, res.timer))
+
+
+def _on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's score on its last response token (0 elsewhere), as token-level rewards."""
+    mask = response_mask.float()
+    resp_len = mask.sum(-1)
+    last = (resp_len - 1).clamp(min=0).long()
+    out = torch.zeros_like(mask)
+    has = resp_len > 0
+    out[has, last[has]] = scores[has]
+    return out
+
+
+def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    m = mask.bool()
+    if not m.any():
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    v = x[m].float()
+    return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
+
+
+def batch_metrics(batch: Any, scores: torch.Tensor) -> dict[str, float]:
+    """Scores, rewards and lengths of the batch a step trained on."""
+    resp_len = batch["response_mask"].float().sum(-1)
+    return {
+        "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(), "critic/score/min": scores.min().item(),
+        "critic/rewards/mean": (batch["token_level_rewards"].sum(-1)).mean().item(),
+        "response_length/mean": resp_len.mean().item(), "response_length/max": resp_len.max().item(), "response_length/min": resp_len.min().item(),
+        "response_length/clip_ratio": (resp_len >= batch["responses"].shape[1]).float().mean().item(),
+        "prompt_length/mean": float(batch["attention_mask"].sum(-1).float().mean() - resp_len.mean()),
+    }

@@ -1,0 +1,383 @@
+"""The RL loop on the driver. One step:
+
+1. take a batch of prompts, repeat each ``rollout.n`` times (interleaved, so a group is contiguous);
+2. generate responses in the actor workers (the rollout engine lives there), or, with
+   ``rollout.mode=async``, take a batch rollout workers of their own generated meanwhile
+   (``async_rollout.py``);
+3. score each row with the reward domain its ``data_source`` routes to; the score sits on the last
+   response token; with ``algorithm.filter_groups``, drop groups that all scored alike and repeat
+   1-3 until the batch is full;
+4. old log-probs (skipped when the update is exactly on-policy), reference log-probs (when KL is
+   used), values (when the estimator ``requires_critic``); KL folded into the reward if configured;
+5. advantages from the configured estimator;
+6. critic update, actor update;
+7. the StabilityGuard looks at each stage and may skip the update or roll back;
+8. new weights to the rollout engine; metrics; checkpoint and validation on schedule.
+
+The driver holds no model (only a tokenizer, to decode responses for the reward). It never asks
+which algorithm it runs: the estimator, losses, KL estimators, guards and rollout backend are
+plugins looked up by their config names, and their metadata (``requires_critic``) decides what
+gets built.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from armor_core.config.schema import ArmorConfig, to_dict
+from armor_core.loop.data import PromptLoader, prepare_data
+from armor_core.engine import WorkerDiedError
+from armor_core.loop.rollout_source import RolloutSource
+from armor_core.loop.step import Scorer, Step, batch_metrics
+from armor_core.loop.step_timer import ENGINE_STAGES
+from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI
+
+__all__ = ["Trainer", "run_training"]
+
+
+class Trainer:
+    def __init__(self, cfg: ArmorConfig, resume: bool = False) -> None:
+        from armor_core.storage.checkpoint import CheckpointManager
+        from armor_core.config.plugin_checks import validate_plugins
+        from armor_core.loop.guard import GuardRunner
+        from armor_core.models.loading import load_tokenizer, resolve_model_path
+        from armor_core.plugins import get_plugin_manager
+        from armor_core.rewards.manager import RewardManager
+
+        self.cfg = cfg
+        self.t_start = time.perf_counter()
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.pm = get_plugin_manager()
+        validate_plugins(cfg, self.pm)
+        self.estimator = self.pm.get("advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator")
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
+        self.rewards = RewardManager(cfg.reward, self.pm, watch_failures=True)  # a domain failing on most rows stops the run
+        self.scorer = Scorer(self.rewards, self.tokenizer)
+        self.train_ds, self.val_ds = prepare_data(cfg, self.pm, self.tokenizer, self.rewards)
+        for ds in (self.train_ds, self.val_ds):
+            if ds is not None and (ds.dropped_too_long or ds.skipped):
+                print(f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped as longer than "
+                      f"data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as invalid")
+        self.loader = PromptLoader(self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+        self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
+        if not resume and self.ckpt.latest() is not None:
+            raise RuntimeError(f"{self.run_dir} already holds checkpoints; pass --resume to continue, or choose another trainer.run_dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        self.guard = GuardRunner(cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable)
+        from armor_core.loop.faults import Faults
+
+        self.faults = Faults(cfg.trainer.faults)
+        self.kl_ctrl = None
+        if cfg.algorithm.use_kl_in_reward:
+            from armor_core.loop.kl_penalty import build_kl_controller
+
+            a = cfg.algorithm
+            self.kl_ctrl = build_kl_controller(a.kl_ctrl_type, a.kl_coef, a.kl_target, a.kl_horizon)
+        self.trackers = [self.pm.get("metric_tracker", name)(self.run_dir, cfg) for name in cfg.trainer.loggers]
+        self._log_s = 0.0  # seconds the trackers spent since the last step began
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.val_history: list[dict[str, float]] = []
+        # the driver's tensors are small; its extra torch threads would only spin on the workers'
+        # cores. Set back by close(), or here if starting fails.
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(cfg.engine.driver_threads)
+        try:
+            self._start_workers()
+            if resume:
+                self._resume()
+                for tracker in self.trackers:  # the steps after the checkpoint are logged again
+                    getattr(tracker, "resume", lambda step: None)(self.step)
+        except BaseException:  # e.g. a checkpoint that does not fit this config: free the workers' cores before saying why
+            for group in self._groups():
+                group.shutdown()
+            for tracker in self.trackers:
+                tracker.close()
+            torch.set_num_threads(self._threads_before)
+            raise
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        from armor_core.engine import WorkerGroup, init_ray
+        from armor_core.workers.actor import ActorWorker
+        from armor_core.workers.critic import CriticWorker
+
+        from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
+
+        e, a = self.cfg.engine, self.cfg.actor
+        asynchronous = self.cfg.rollout.mode == "async"
+        groups = {"actor": a.num_workers, **({"critic": self.cfg.critic.num_workers or a.num_workers} if self.estimator.requires_critic else {}),
+                  **({"rollout": self.cfg.rollout.num_workers} if asynchronous else {})}
+        n_workers = sum(groups.values())
+        cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
+        self.cfg.engine.cpus_per_worker = cpus  # workers read their thread count from it
+        # isolate before any worker starts: a plan with two workers on one core is an error now, not a slow run later
+        isolator, plan = None, {}
+        if e.isolate and not e.address:
+            isolator = ProcessIsolator(cpus, e.gpus_per_worker, self.cfg.trainer.seed)
+            for asg in isolator.plan(groups):
+                plan.setdefault(asg.group, []).append({"assignment": {"group": asg.group, "rank": asg.rank, "cpus": list(asg.cpus), "gpus": list(asg.gpus), "node": asg.node}})
+        t0 = time.perf_counter()
+        init_ray(e.address, e.num_cpus, n_workers * cpus)
+        self.startup_s = {"ray_init": time.perf_counter() - t0}
+        conf = to_dict(self.cfg)
+        t0 = time.perf_counter()
+        self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
+                                 name="actor", api=ActorAPI, init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"),
+                                 channel=e.direct_channel)
+        self.critic = None
+        if "critic" in groups:
+            self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
+                                      name="critic", api=CriticAPI, init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"), channel=e.direct_channel)
+        self.async_rollout = None
+        if asynchronous:
+            from armor_core.loop.async_rollout import AsyncRollout
+            from armor_core.workers.rollout import RolloutWorker
+
+            # channel=False: Ray runs a rollout worker's calls in the order sent, weight pushes between generations
+            group = WorkerGroup(RolloutWorker, groups["rollout"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
+                                name="rollout", api=RolloutAPI, init_kwargs={"config": conf}, rank_kwargs=plan.get("rollout"), channel=False)
+            self.async_rollout = AsyncRollout(group, self.actor, self.loader, self.cfg.rollout.n, self.cfg.rollout.max_staleness)
+        self.startup_s["workers"] = time.perf_counter() - t0
+        # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
+        self.rollout = RolloutSource(self.cfg, self.actor, self.loader, self.faults, self.async_rollout, any(self.actor.call(ActorAPI.needs_weight_sync)))
+        self.stepper = Step(self.cfg, self.pm, self.estimator, self.actor, self.critic, self.rollout, self.scorer, self.guard, self.faults, self.kl_ctrl)
+        # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
+        records = [{**place, **rec} for g in self._groups() for place, rec in zip(g.placement, g.call(g.api.isolation_record))]
+        if isolator is not None:
+            isolator.report(records, self.run_dir)  # printed, and saved as isolation.json
+        else:
+            from armor_core.engine.isolation import write_assignment
+
+            # on a joined cluster the driver cannot know which cores another node's raylet (or the other
+            # raylets on one machine) hands out, so nothing is pinned; workers still run cpus_per_worker threads
+            reason = "joined Ray cluster (engine.address): cores are not pinned" if e.address else "engine.isolate=false"
+            write_assignment(self.run_dir, [{**r, "isolated": False, "reason": reason} for r in records])
+
+    def _groups(self) -> list[Any]:
+        return [g for g in (getattr(self, "actor", None), getattr(self, "critic", None), getattr(getattr(self, "async_rollout", None), "group", None)) if g is not None]
+
+    def _resume(self) -> None:
+        path = self.ckpt.latest()
+        if path is None:
+            print(f"--resume: no checkpoint in {self.ckpt.root}; starting from step 0")
+            return
+        self._load(path)
+        print(f"resumed from {path} at step {self.step}")
+
+    def _load(self, path: Path, resume: bool = True) -> None:
+        """Weights, optimizer and trainer state from checkpoint ``path``; on a ``resume`` also the
+        guards' state and the async batches in flight (a rollback keeps what the guards learned,
+        e.g. how often they rolled back, and regenerates)."""
+        state = self.ckpt.trainer_state(path)
+        self.actor.call(ActorAPI.load_checkpoint, str(path))
+        if self.critic is not None:
+            self.critic.call(CriticAPI.load_checkpoint, str(path))
+        self.step = int(state["step"])
+        self.loader.load_state_dict(state["loader"])
+        self.rollout.reset(path if resume else None)
+        if resume:
+            self.guard.load_state_dict(state.get("guard", {}))
+        if self.kl_ctrl is not None and "kl_ctrl" in state:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.val_history = state.get("val_history", [])
+
+    def save_checkpoint(self) -> Path:
+        state = {"step": self.step, "loader": self.rollout.loader_state(), "guard": self.guard.state_dict(),
+                 "val_history": self.val_history, **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {})}
+
+        def write(tmp: Path) -> None:
+            self.actor.call(ActorAPI.save_checkpoint, str(tmp))
+            if self.critic is not None:
+                self.critic.call(CriticAPI.save_checkpoint, str(tmp))
+            self.rollout.save(tmp)
+
+        return self.ckpt.save(self.step, write, state)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float]:
+        """One step (``step.Step.run``), then the ``update`` stage shown to the guards and their verdicts acted on."""
+        t_step = time.perf_counter() - self._log_s
+        res = self.stepper.run(self.step + 1)
+        # the trackers' time on the metrics logged since the last step began (a step's metrics are
+        # logged after it ends): engine time every step costs, so it is part of the step
+        res.timer.add("log", self._log_s)
+        self._log_s = 0.0
+        self.step += 1
+        metrics = res.metrics
+        if res.batch is not None:
+            after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step)
+            self._act_on([*res.verdicts, after], metrics)
+            metrics.update(batch_metrics(res.batch, res.scores))
+            metrics["training/epoch"] = float(self.loader.epoch)
+        metrics.update(res.timer.t)
+        metrics.update(self.guard.pop_metrics())
+        step_s = time.perf_counter() - t_step
+        metrics["timing_s/step"] = step_s
+        metrics["timing_s/other"] = step_s - sum(res.timer.t.values())
+        metrics["perf/engine_overhead_frac"] = sum(metrics.get(f"timing_s/{k}", 0.0) for k in ENGINE_STAGES) / step_s
+        if res.batch is not None:
+            n_tokens = float(res.batch["attention_mask"].sum())
+            metrics["perf/total_num_tokens"] = n_tokens
+            metrics["perf/throughput"] = n_tokens / step_s
+        return metrics
+
+    def _act_on(self, verdicts: list, metrics: dict[str, float]) -> None:
+        """Roll back if any guard asked, then apply every adjustment (after: a rollback restores the old optimizer)."""
+        rollbacks = [v for v in verdicts if v.action == "rollback"]
+        if rollbacks:
+            sinces = [v.since for v in rollbacks if v.since is not None]
+            self._rollback(metrics, min(sinces) if sinces else None)
+        from armor_core.loop.guard import merge_adjustments
+
+        adjustments = merge_adjustments([v for v in verdicts if v.adjustments])
+        if adjustments:  # applied from the next update on, identically on every rank
+            self.actor.call(ActorAPI.apply_adjustments, adjustments)
+            metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
+
+    def _rollback(self, metrics: dict[str, float], since: int | None = None) -> None:
+        """Restore the newest checkpoint older than ``since`` (the first suspected update), or the newest."""
+        path = self.ckpt.latest() if since is None else self.ckpt.before(since)
+        metrics["guard/rollback"] = 1.0
+        if path is None and since is not None and self.ckpt.latest() is not None:
+            oldest = self.ckpt.completed()[0]
+            print(f"step {self.step}: no checkpoint older than step {since} is kept (trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); "
+                  f"rolling back to the oldest one, {oldest.name}, which may already be affected")
+            path = oldest
+        if path is None:
+            print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
+            return
+        position, step = self.loader.state_dict(), self.step
+        self.rollout.forget_samples()  # generated by the weights just discarded: its prompts are sampled again
+        self._load(path, resume=False)
+        # roll back the weights, not the data or the clock: the offending batches are skipped and
+        # step numbers stay monotonic in the logs (a rollback is an event at this step)
+        self.loader.load_state_dict(position)
+        self.step = step
+        print(f"step {self.step}: rolled back to {path.name}")
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        """Held-out metrics (``validation.run_validation``): greedy accuracy per data source, and
+        ``mean@n`` / ``best@n`` / ``maj@n`` with ``trainer.val_n > 1``."""
+        if self.val_ds is None:
+            return {}
+        from armor_core.dataproto.protocol import DataProto
+        from armor_core.loop.validation import run_validation
+
+        enc = self.val_ds.encoded
+        data = DataProto.from_dict(tensors=dict(enc["tensors"]), non_tensors=dict(enc["non_tensors"]))
+        t = self.cfg.trainer
+        out = run_validation(data, lambda prompts, greedy: self.rollout.generate(prompts, self.step, greedy=greedy), self.scorer, self.rollout.ranks,
+                             t.val_n, t.val_sampled)
+        out["val/step"] = float(self.step)
+        self.val_history.append(out)
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def log(self, metrics: dict[str, float]) -> None:
+        t0 = time.perf_counter()
+        for t in self.trackers:
+            t.log(metrics, self.step)
+        self._log_s += time.perf_counter() - t0  # charged to the next step (see train_step)
+
+    def fit(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        before = self.val_history[0] if self.val_history else None
+        if before is None and t.val_before_train and self.val_ds is not None:
+            before = self.validate()
+            self.log(before)
+        step_metrics: list[dict[str, float]] = []
+        try:
+            while self.step < t.total_steps and (t.total_epochs is None or self.loader.epoch < t.total_epochs):
+                m = self.train_step()
+                if t.val_freq and self.step % t.val_freq == 0 and self.step < t.total_steps:
+                    val = self.validate()
+                    m.update(val)
+                    self._act_on([self.guard.observe("validation", val, self.step)], m)
+                    m.update(self.guard.pop_metrics())
+                step_metrics.append(m)
+                self.log(m)
+                if t.save_freq and self.step % t.save_freq == 0:
+                    self.save_checkpoint()
+            after = self.validate() if self.val_ds is not None else {}
+            if after:
+                self.log(after)
+            latest = self.ckpt.latest()
+            if latest is None or latest.name != self.ckpt.name_of(self.step):  # the last step is not saved yet
+                self.save_checkpoint()
+            summary = self._summary(before, after, step_metrics)
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            for tr in self.trackers:  # optional: trackers that keep a run summary (wandb, mlflow)
+                getattr(tr, "summary", lambda s: None)(summary)
+        except WorkerDiedError as e:
+            last = self.ckpt.latest()
+            where = (f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
+                     if last else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from step 0.")
+            raise WorkerDiedError(f"step {self.step + 1}: {e} {where}") from e
+        finally:
+            for tr in self.trackers:
+                tr.close()
+        return summary
+
+    def _summary(self, before, after, steps) -> dict[str, Any]:
+        timing = {}
+        for m in steps:
+            for k, v in m.items():
+                if k.startswith("timing_s/"):
+                    timing.setdefault(k, []).append(v)
+        return {
+            "steps": self.step, "wall_s": time.perf_counter() - self.t_start, "startup_s": self.startup_s,
+            "val_before": before, "val_after": after,
+            "timing_s_mean": {k: float(np.mean(v)) for k, v in timing.items()},
+            "final_score_mean": steps[-1].get("critic/score/mean") if steps else None,
+            "train_rows": len(self.train_ds.rows), "train_dropped_too_long": self.train_ds.dropped_too_long, "train_skipped_invalid": self.train_ds.skipped,
+            "checkpoint": str(self.ckpt.latest()) if self.ckpt.latest() else None,
+        }
+
+    def close(self) -> None:
+        self.rewards.close()
+        for g in self._groups():
+            g.shutdown()
+        torch.set_num_threads(self._threads_before)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console(highlight=False, soft_wrap=True)
+    table = Table(title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s; held-out accuracy per data_source")
+    for name in ("", "before", "after", "change"):
+        table.add_column(name, justify="right" if name else "left")
+    b, a = summary.get("val_before") or {}, summary.get("val_after") or {}
+    # per data_source first, the overall figure (val/acc_<mode>) last
+    for k in sorted((k for k in set(b) | set(a) if k.startswith("val/") and "/acc_" in k), key=lambda k: (k.count("/") < 2, k)):
+        change = f"{(a[k] - b[k]) * 100:+.1f} pts" if k in a and k in b else "-"
+        table.add_row(k, f"{b[k]:.3f}" if k in b else "-", f"{a[k]:.3f}" if k in a else "-", change)
+    c.print(table)
+    t = summary["timing_s_mean"]
+    if t:
+        c.print("seconds per step by stage: " + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1])))
+    c.print(f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; checkpoint: {summary['checkpoint']}")
+
+
+def run_training(cfg: ArmorConfig, resume: bool = False) -> dict[str, Any]:
+    trainer = Trainer(cfg, resume=resume)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    print_summary(summary)
+    return summary

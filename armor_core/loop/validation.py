@@ -1,0 +1,102 @@
+"""Held-out validation: greedy accuracy per ``data_source`` and, with ``trainer.val_n = n > 1``,
+``n`` samples per prompt scored as verl reports them.
+
+For each data source, over its prompts:
+
+- ``val/<source>/acc_greedy``: the greedy response is correct (its main domain scored 1);
+- ``val/<source>/mean@n``: the share of the ``n`` samples that are correct (pass@1 estimated from n);
+- ``val/<source>/best@n``: at least one of the ``n`` samples is correct (pass@n);
+- ``val/<source>/maj@n``: the answer given most often among the ``n`` samples is correct (majority
+  vote, self-consistency). The vote is on the response text with whitespace collapsed (a tie goes
+  to the answer seen first): exact for short-answer tasks; where responses carry reasoning before
+  the answer, ``maj@n`` counts identical responses only.
+
+``val/acc_greedy`` and ``val/mean@n`` etc. without a source are over all prompts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["accuracy_by_source", "at_n_metrics", "main_scores", "run_validation", "vote_key"]
+
+
+def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.ndarray:
+    """(B,) each row's score from its main domain: the one with the largest weight in its route (the
+    first on a tie), i.e. the correctness check that components such as ``format`` and ``length``
+    are added to. ``components``: per row ``{domain: (score, weight)}``, as in ``RewardBatch.components``."""
+    return np.array([max(c.values(), key=lambda score_weight: score_weight[1])[0] for c in components], dtype=np.float64)
+
+
+def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "", main: Any = None) -> dict[str, float]:
+    """``{prefix}{source}/acc_{mode}``, ``{prefix}{source}/score_{mode}`` and ``{prefix}acc_{mode}``.
+
+    A row is correct when its main domain scored 1 (to float tolerance: the reward domains'
+    exact-match scale); ``main`` holds those scores (``main_scores``), and without it the row's
+    score is used. ``score_{mode}`` is the mean weighted score.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    correct = np.asarray(scores if main is None else main, dtype=np.float64) >= 1.0 - 1e-6
+    sources = np.asarray(sources)
+    out: dict[str, float] = {}
+    for src in sorted(set(sources.tolist())):
+        sel = sources == src
+        out[f"{prefix}{src}/acc_{mode}"] = float(correct[sel].mean())
+        out[f"{prefix}{src}/score_{mode}"] = float(scores[sel].mean())
+    out[f"{prefix}acc_{mode}"] = float(correct.mean()) if len(scores) else 0.0
+    return out
+
+
+def vote_key(response: str) -> str:
+    """What a majority vote compares: the response with whitespace collapsed."""
+    return " ".join(response.split())
+
+
+def at_n_metrics(correct: np.ndarray, responses: Sequence[str], sources: Sequence[str], n: int, prefix: str = "val/") -> dict[str, float]:
+    """``mean@n``, ``best@n`` and ``maj@n`` per source and overall. ``correct`` and ``responses``
+    hold ``n`` consecutive samples per prompt; ``sources`` one entry per prompt."""
+    correct = np.asarray(correct, dtype=bool).reshape(-1, n)
+    if correct.shape[0] != len(sources) or len(responses) != correct.size:
+        raise ValueError(f"at_n_metrics: {correct.size} scores and {len(responses)} responses for {len(sources)} prompts x n={n}")
+    majority = np.zeros(correct.shape[0], dtype=bool)
+    for p in range(correct.shape[0]):
+        keys = [vote_key(r) for r in responses[p * n : (p + 1) * n]]
+        top = Counter(keys).most_common(1)[0][0]  # Counter keeps first-seen order among equal counts
+        majority[p] = correct[p, keys.index(top)]
+    sources = np.asarray(sources)
+    out: dict[str, float] = {}
+    for label, sel in [(f"{s}/", sources == s) for s in sorted(set(sources.tolist()))] + [("", np.ones(len(sources), dtype=bool))]:
+        if sel.any():
+            out[f"{prefix}{label}mean@{n}"] = float(correct[sel].mean())
+            out[f"{prefix}{label}best@{n}"] = float(correct[sel].any(axis=1).mean())
+            out[f"{prefix}{label}maj@{n}"] = float(majority[sel].mean())
+    return out
+
+
+def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any, ranks: int, val_n: int, sampled: bool) -> dict[str, float]:
+    """Validation metrics of ``data`` (the encoded held-out prompts, a DataProto).
+
+    :param generate: ``generate(prompts, greedy) -> rows`` (the trainer's rollout, any worker layout).
+    :param scorer: ``step.Scorer``: scores generated rows and returns their decoded responses.
+    :param ranks: the batch is padded to a multiple of this (every rank gets rows).
+    """
+    from armor_core.dataproto.protocol import DataProto
+
+    out: dict[str, float] = {}
+    runs = [("greedy", True, 1)] + ([("sampled", False, 1)] if sampled else []) + ([(f"@{val_n}", False, val_n)] if val_n > 1 else [])
+    for mode, greedy, n in runs:
+        rows = data.repeat(n, interleave=True) if n > 1 else data
+        pad = (-len(rows)) % ranks
+        padded = DataProto.concat([rows, rows[:pad]]) if pad else rows
+        gen = generate(padded.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy)[: len(rows)]
+        full = rows.select(non_tensor_keys=list(rows.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
+        scores, _, texts = scorer.score(full)
+        main = main_scores(full.non_tensors["reward_components"])  # correctness, without format or length components
+        if n == 1:
+            out.update(accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/", main=main))
+        else:
+            out.update(at_n_metrics(main >= 1.0 - 1e-6, texts, data.non_tensors["data_source"], n))
+    return out

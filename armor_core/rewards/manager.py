@@ -1,0 +1,373 @@
+"""Reward routing and scoring on the driver: which domains score a row, with what weight, under what
+time limit, and what happens when a domain fails.
+
+Routing. A row's ``data_source`` picks its domains: ``reward.domain_map[data_source]`` (a domain
+name, or ``{domain: weight}`` to score one row with several domains, e.g. correctness 1.0 plus
+format 0.1), else the domain of the same name. Every source is resolved when the rows are loaded
+(``check_rows``), so a typo fails at start, not at step 500. ``reward.domain_kwargs[domain]`` are
+keyword parameters bound to the domain's function; an unknown one is an error naming the key.
+
+Failures. A domain that raises on a row, times out, or returns a score that is not finite or lies
+outside its ``score_range`` gives that row ``reward.failure_score`` for that domain and is counted
+(``reward/failures``, ``reward/timeouts``); the error and an example row are logged once per kind
+of error. A training run's manager also watches the failure rate (``reward_checks.FailureWatch``).
+
+Ground truths. A domain may declare ``RewardDomain.validate_ground_truth``, a ``check(ground_truth,
+extra)`` raising ValueError for a ground truth the domain cannot read (the math pack's refuses a
+dict; ``multiple_choice`` a letter that is not among the row's options). ``check_rows`` calls it on
+every row routed to the domain, so a malformed dataset fails at load, naming the row, or with
+``data.skip_invalid`` the row is skipped.
+
+Time limits. Verifiers can hang, and ``signal.alarm`` works only in the main thread of the main
+interpreter, so checks run in worker processes (``armor_core.rewards.pool``) that are killed and
+replaced when one check exceeds ``reward.timeout_s``. ``reward.num_workers`` processes are used,
+or, with 0, one helper process started on first use. The exception is an inline domain: its
+author declares it pure Python, cheap and unable to hang (the built-in task's integer check), and
+it runs in the calling process, because the process hop (~0.1 ms a row) costs more than the check
+itself. A domain is inline when it is registered with ``RewardDomain(..., inline=True)``; the mark is the
+author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import logging
+import math
+import pickle
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from armor_core.config.schema import ConfigError, RewardConfig
+from armor_core.interfaces import RewardDomain
+from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
+from armor_core.rewards.pool import Outcome, Pool, evaluate
+
+__all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
+
+logger = logging.getLogger(__name__)
+
+_SHOWN_CHARS = 200
+
+
+@dataclass
+class RewardBatch:
+    """The scores of one batch of B rows.
+
+    :param scores: (B,) float32, the weighted sum over each row's domains.
+    :param sub_scores: ``"<domain>/<sub>"`` -> (B,) float32, plus ``"<domain>/score"`` (the
+        domain's own score, ``failure_score`` where it failed). NaN where the row has no such
+        sub-score (not routed to that domain, or the domain failed on it); the metrics are nanmeans.
+    :param metrics: ``reward/mean``; ``reward/failures`` and ``reward/timeouts`` (failed checks in
+        this batch; timeouts are failures too); ``reward/<domain>/<sub>``, ``reward/<domain>/score``,
+        ``reward/<domain>/failures``; ``reward/source/<data_source>/score``.
+    :param errors: per row, what failed (``"math: TimeoutError: ..."``) or None.
+    :param components: per row ``{domain: (score, weight)}`` (score as in ``sub_scores``), for
+        estimators that normalise each domain separately and for ``main_scores``.
+    """
+
+    scores: np.ndarray
+    sub_scores: dict[str, np.ndarray]
+    metrics: dict[str, float]
+    errors: list[str | None] = field(default_factory=list)
+    components: list[dict[str, tuple[float, float]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Bound:
+    domain: RewardDomain  # its fn has the configured parameters bound
+    inline: bool
+    spec: bytes | None  # the pickled domain, for worker processes
+    score_range: tuple[float, float] | None
+    check_ground_truth: Any  # the domain's validate_ground_truth, or None
+
+
+def ground_truth_of(row: Mapping[str, Any]) -> Any:
+    """A row's ground truth: ``ground_truth``, or verl's ``reward_model.ground_truth``; None if absent."""
+    gt = row.get("ground_truth")
+    if gt is None and isinstance(row.get("reward_model"), Mapping):
+        gt = row["reward_model"].get("ground_truth")
+    return None if gt is None or (isinstance(gt, str) and not gt.strip()) else gt
+
+
+# -- the manager ----------------------------------------------------------------------------------
+
+
+class RewardManager:
+    """Routes rows to reward domains and scores batches. Build one per run on the driver; ``close()`` it.
+
+    :param cfg: the ``reward`` section of the run config.
+    :param pm: the plugin manager to find domains in (default: the process-wide one).
+    :param watch_failures: stop with ``RewardFailureError`` when a domain fails on more than
+        ``reward.max_failure_fraction`` of its rows over the last ``reward.failure_window`` batches
+        (a training run); without it failures are only counted (``armor reward``).
+    :raises ConfigError: a domain named in ``domain_map`` or ``domain_kwargs`` is not installed, a
+        weight is not a number, or a parameter is not accepted by its domain.
+    """
+
+    def __init__(self, cfg: RewardConfig, pm: Any = None, *, watch_failures: bool = False) -> None:
+        if pm is None:
+            from armor_core.plugins import get_plugin_manager
+
+            pm = get_plugin_manager()
+        self.cfg = cfg
+        self._pm = pm
+        self._known: list[str] = pm.names("reward_domain")
+        self._bound: dict[str, _Bound] = {}
+        self._routes: dict[str, dict[str, float]] = {}
+        self._pool: Pool | None = None
+        self._lock = threading.RLock()
+        self._logged: set[tuple[str, str]] = set()
+        self._watch = FailureWatch(cfg.max_failure_fraction, cfg.failure_window) if watch_failures else None
+        if not isinstance(cfg.domain_kwargs, Mapping):
+            raise ConfigError(f"reward.domain_kwargs must be a mapping {{domain: {{key: value}}}}, got {cfg.domain_kwargs!r}")
+        for name in cfg.domain_kwargs:
+            self._domain(str(name), where=f"reward.domain_kwargs.{name}")
+        for source in cfg.domain_map:
+            self.domains_for(str(source))
+
+    # -- resolution ---------------------------------------------------------------------------
+
+    def _domain(self, name: str, where: str) -> _Bound:
+        bound = self._bound.get(name)
+        if bound is not None:
+            return bound
+        if name not in self._known:
+            close = difflib.get_close_matches(name, self._known, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown reward domain {name!r}.{hint} Known domains: {', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}")
+        domain: RewardDomain = self._pm.get("reward_domain", name)
+        params = self.cfg.domain_kwargs.get(name) or {}
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"reward.domain_kwargs.{name} must be a mapping of parameters, got {params!r}")
+        params = dict(params)
+        check_params(name, domain.fn, params)
+        inline = domain.inline
+        bound_domain = dataclasses.replace(domain, fn=functools.partial(domain.fn, **params)) if params else domain
+        spec = None
+        if not inline:
+            try:
+                spec = pickle.dumps(bound_domain)
+            except Exception as e:
+                raise ConfigError(
+                    f"reward domain {name!r} ({getattr(domain.fn, '__qualname__', domain.fn)!r}) cannot be sent to a reward worker "
+                    f"process: {e}. Register a module-level function (not a lambda or closure), or set "
+                    f"register it with RewardDomain(..., inline=True) if it is pure, cheap and cannot hang"
+                ) from e
+        score_range = resolve_score_range(name, domain.score_range, domain.fn, params)
+        bound = self._bound[name] = _Bound(bound_domain, inline, spec, score_range, domain.validate_ground_truth)
+        return bound
+
+    def domain(self, name: str) -> RewardDomain:
+        """The domain ``name`` with its configured parameters bound (ConfigError if not installed)."""
+        return self._domain(name, where="reward domain").domain
+
+    def domains_for(self, data_source: str) -> dict[str, float]:
+        """``{domain: weight}`` for rows of ``data_source``.
+
+        :raises ConfigError: the source maps to no installed domain; the message lists the known ones.
+        """
+        route = self._routes.get(data_source)
+        if route is not None:
+            return route
+        where = f"reward.domain_map.{data_source}"
+        spec = self.cfg.domain_map.get(data_source)
+        if spec is None:
+            if data_source not in self._known:
+                close = difflib.get_close_matches(str(data_source), self._known, n=1, cutoff=0.5)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"data_source {data_source!r} maps to no reward domain (no reward.domain_map entry and no domain of that name).{hint} "
+                    f"Known domains: {', '.join(self._known) or 'none'}. Map it with reward.domain_map.{data_source}=<domain>"
+                )
+            route = {data_source: 1.0}
+        elif isinstance(spec, str):
+            route = {spec: 1.0}
+        elif isinstance(spec, Mapping) and spec:
+            route = {}
+            for name, weight in spec.items():
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                    raise ConfigError(f"{where}.{name}={weight!r}: a weight must be a finite number")
+                route[str(name)] = float(weight)
+        else:
+            raise ConfigError(f"{where}={spec!r}: expected a domain name or a mapping {{domain: weight}}")
+        for name in route:
+            self._domain(name, where)
+        self._routes[data_source] = route
+        return route
+
+    def check_rows(self, rows: Iterable[Mapping[str, Any]], where: str, *, skip_invalid: bool = False) -> list[str]:
+        """Fail now, naming ``where`` and the row, if a row's source routes nowhere, lacks a required
+        ground truth, or has one a domain's ground-truth check refuses (see the module docstring).
+
+        With ``skip_invalid`` a row whose ground truth is refused is removed from ``rows`` (then a
+        list) instead, and the problems of the removed rows are returned, one each; the other
+        problems stay errors. A row is located by its ``_where`` field (``"train.jsonl:12"``, as
+        the data loader sets it), else its ``_line``, else its 0-based index in ``rows``.
+        """
+        needs_gt: dict[str, str | None] = {}  # data_source -> a domain requiring a ground truth
+        gt_checks: dict[str, list[tuple[str, Any]]] = {}  # data_source -> (domain, its ground-truth check)
+        missing: list[str] = []
+        n_missing = 0
+        kept, refused = [], []
+        for i, row in enumerate(rows):
+            source = row.get("data_source")
+            if source is None:
+                raise ConfigError(f"{_locate(row, i, where)}: the row has no 'data_source' field; every row needs one to pick its reward domain")
+            if source not in needs_gt:
+                try:
+                    route = self.domains_for(source)
+                except ConfigError as e:
+                    raise ConfigError(f"{_locate(row, i, where)}: {e}") from None
+                needs_gt[source] = next((d for d in route if self._bound[d].domain.requires_ground_truth), None)
+                gt_checks[source] = [(d, self._bound[d].check_ground_truth) for d in route if self._bound[d].check_ground_truth]
+            domain, gt = needs_gt[source], ground_truth_of(row)
+            if domain is not None and gt is None:
+                n_missing += 1
+                if len(missing) < 5:
+                    missing.append(f"{_locate(row, i, where)} (data_source {source!r} -> domain {domain!r})")
+            problem = _ground_truth_problem(gt_checks[source], gt, row) if gt is not None else None
+            if problem is None:
+                kept.append(row)
+            elif skip_invalid:
+                refused.append(f"{_locate(row, i, where)}: {problem}")
+            else:
+                raise ConfigError(f"{_locate(row, i, where)}: {problem} (set data.skip_invalid=true to skip such rows instead)")
+        if n_missing:
+            raise ConfigError(
+                f"{where}: {n_missing} row(s) have no ground_truth but their reward domain requires one: {'; '.join(missing)}"
+                f"{' ...' if n_missing > len(missing) else ''}. Add a 'ground_truth' field, or route them to a domain that needs none"
+            )
+        if refused and not kept:
+            raise ConfigError(f"{where}: every row was skipped as invalid (data.skip_invalid=true), e.g. {refused[0]}")
+        if refused:
+            rows[:] = kept  # type: ignore[index]
+        return refused
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], data_sources: Sequence[str],
+              ground_truths: Sequence[Any], extras: Sequence[Mapping[str, Any]] | None = None) -> RewardBatch:
+        """Score B rows; every list has one entry per row (``extras`` may be None)."""
+        n = len(prompts)
+        extras = extras if extras is not None else [{}] * n
+        for name, seq in (("responses", responses), ("data_sources", data_sources), ("ground_truths", ground_truths), ("extras", extras)):
+            if len(seq) != n:
+                raise ValueError(f"RewardManager.score: {name} has {len(seq)} entries but prompts has {n}")
+        with self._lock:
+            checks = [(i, d, w) for i, source in enumerate(data_sources) for d, w in self.domains_for(source).items()]
+            outcomes: list[Outcome | None] = [None] * len(checks)
+            jobs, job_checks = [], []
+            for c, (i, d, _) in enumerate(checks):
+                bound, args = self._bound[d], (prompts[i], responses[i], ground_truths[i], dict(extras[i] or {}))
+                if bound.inline:
+                    outcomes[c] = evaluate(bound.domain, *args)
+                else:
+                    jobs.append((bound.spec, args))
+                    job_checks.append(c)
+            if jobs:
+                if self._pool is None:
+                    self._pool = Pool(max(1, self.cfg.num_workers), self.cfg.timeout_s)
+                for c, outcome in zip(job_checks, self._pool.run(jobs)):
+                    outcomes[c] = outcome
+            return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)  # type: ignore[arg-type]
+
+    def _assemble(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[Outcome], prompts: Sequence[str],
+                  responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any]) -> RewardBatch:
+        scores = np.zeros(n, dtype=np.float64)
+        subs: dict[str, np.ndarray] = {}
+        errors: list[str | None] = [None] * n
+        components: list[dict[str, tuple[float, float]]] = [{} for _ in range(n)]
+        failures: Counter[str] = Counter()
+        first_error: dict[str, str] = {}
+        timeouts = 0
+
+        def column(key: str) -> np.ndarray:
+            if key not in subs:  # not setdefault: that would build a fresh array for every row
+                subs[key] = np.full(n, np.nan, dtype=np.float32)
+            return subs[key]
+
+        for (i, d, weight), out in zip(checks, outcomes):
+            problem = range_problem(out.score, self._bound[d].score_range) if out.status == "ok" else None
+            if problem:
+                out = Outcome("error", kind="score_range", message=problem)
+            if out.status == "ok":
+                value = out.score
+                for key, sub in (out.subs or {}).items():
+                    column(f"{d}/{key}")[i] = sub
+            else:
+                value = self.cfg.failure_score
+                failures[d] += 1
+                timeouts += out.status == "timeout"
+                errors[i] = f"{errors[i]}; {d}: {out.message}" if errors[i] else f"{d}: {out.message}"
+                first_error.setdefault(d, f"{out.message} (data_source {data_sources[i]!r}, ground_truth {_shown(ground_truths[i])})")
+                self._log_failure(d, out, data_sources[i], prompts[i], responses[i], ground_truths[i])
+            column(f"{d}/score")[i] = value
+            components[i][d] = (float(np.float32(value)), weight)  # float32, as the sub-score column holds it
+            scores[i] += weight * value
+        metrics: dict[str, float] = {"reward/failures": float(sum(failures.values())), "reward/timeouts": float(timeouts)}
+        if n:
+            metrics["reward/mean"] = float(scores.mean())
+        for key, values in subs.items():
+            finite = ~np.isnan(values)
+            if finite.any():  # an all-NaN column has no mean; never put NaN in the metrics
+                metrics[f"reward/{key}"] = float(values[finite].mean())
+        for d in {d for _, d, _ in checks}:
+            metrics[f"reward/{d}/failures"] = float(failures[d])
+        sources = np.asarray(data_sources, dtype=object)
+        for source in set(data_sources):
+            metrics[f"reward/source/{source}/score"] = float(scores[sources == source].mean())
+        if self._watch is not None:
+            self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
+        return RewardBatch(scores.astype(np.float32), subs, metrics, errors, components)
+
+    def _log_failure(self, domain: str, out: Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
+        key = (domain, out.kind)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        example = f"data_source={_shown(source)} prompt={_shown(prompt)} response={_shown(response)} ground_truth={_shown(ground_truth)}"
+        note = f"(logged once per kind of error; each failure scores reward.failure_score={self.cfg.failure_score:g} and is counted in reward/failures)"
+        if out.status == "timeout":
+            logger.warning("reward domain %r timed out: %s %s\n  example row: %s", domain, out.message, note, example)
+        else:
+            logger.error("reward domain %r failed on a row: %s %s\n  example row: %s\n%s", domain, out.message, note, example, out.trace)
+
+    def close(self) -> None:
+        """Stop the worker processes (also done when the manager is garbage-collected)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def __enter__(self) -> "RewardManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _shown(x: Any) -> str:
+    s = repr(x)
+    return s if len(s) <= _SHOWN_CHARS else s[:_SHOWN_CHARS] + "...'"
+
+
+def _ground_truth_problem(checks: list[tuple[str, Any]], ground_truth: Any, row: Mapping[str, Any]) -> str | None:
+    """What the first domain check that refuses ``ground_truth`` says, or None."""
+    for name, check in checks:
+        try:
+            check(ground_truth, row.get("extra") or {})
+        except ValueError as e:
+            return f"reward domain {name!r} cannot read this ground_truth: {e}"
+    return None
+
+
+def _locate(row: Mapping[str, Any], index: int, where: str) -> str:
+    if "_where" in row:
+        return str(row["_where"])
+    return f"{where}: line {row['_line']}" if "_line" in row else f"{where}: row {index}"

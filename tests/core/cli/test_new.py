@@ -1,0 +1,125 @@
+"""``armor new``: the generated packages install, pass their own tests and show in ``armor plugins``;
+names are checked; ``armor_core.testing.check_guard`` holds guards to the contract."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+
+from armor_core import Verdict, hookimpl, hookspecs, interfaces
+from armor_core.cli.main import main
+from armor_core.cli.new import KINDS, write_plugin
+from armor_core.errors import UserFacingError
+from armor_core.testing import check_guard, registered
+
+GENERATED = {"guard": "spike_cap", "reward": "last_word", "estimator": "group_centered"}
+
+
+def _run(*args: str, cwd=None, timeout: int = 300) -> str:
+    out = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(tmp_path):
+    assert [main(["new", kind, name, "--out", str(tmp_path)]) for kind, name in GENERATED.items()] == [0, 0, 0]
+    dirs = [tmp_path / d for d in ("armor-spike-cap", "armor-last-word", "armor-group-centered")]
+    assert all((d / "pyproject.toml").is_file() and (d / "README.md").is_file() for d in dirs)
+    installs = [arg for d in dirs for arg in ("-e", str(d))]
+    try:
+        _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *installs)
+        report = _run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(str(d / "tests") for d in dirs), cwd=tmp_path)
+        assert "6 passed" in report
+        listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
+        ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
+        assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}
+    finally:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", *(d.name for d in dirs)], capture_output=True, timeout=300)
+    listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
+    assert not [e for e in listed if e["name"] in GENERATED.values()]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_module_docstring_is_the_installed_contract(tmp_path, kind):
+    module = write_plugin(kind, "probe", tmp_path) / "armor_probe" / "__init__.py"
+    doc = ast.get_docstring(ast.parse(module.read_text()))
+    spec = KINDS[kind]
+    assert inspect.getdoc(getattr(hookspecs, spec.hook)) in doc
+    for name in spec.types:
+        assert inspect.getdoc(getattr(interfaces, name)) in doc
+    if kind == "guard":
+        assert all(f"``{stage}`` ({where})" in doc for stage, (where, _) in interfaces.GUARD_STAGES.items())
+
+
+@pytest.mark.parametrize("name, message", [
+    ("Bad-Name", "'Bad-Name' is not a lowercase Python identifier.*Try 'bad_name'"),
+    ("2fast", "'2fast' is not a lowercase Python identifier"),
+    ("class", "'class' is not a lowercase Python identifier"),
+    ("grad_spike", "the entry point 'grad_spike' is already installed"),
+])
+def test_a_name_that_cannot_be_a_plugin_name_is_refused(tmp_path, name, message):
+    with pytest.raises(UserFacingError, match=message):
+        write_plugin("guard", name, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_registered_name_or_an_existing_directory_is_refused(tmp_path, capsys):
+    class Registered:
+        @hookimpl
+        def armor_register_reward_domains(self, register):
+            register("taken", lambda prompt, response, ground_truth, extra: 0.0)
+
+    with registered(Registered()), pytest.raises(UserFacingError, match="a reward_domain named 'taken' is already registered"):
+        write_plugin("reward", "taken", tmp_path)
+    (tmp_path / "armor-mine").mkdir()
+    assert main(["new", "reward", "mine", "--out", str(tmp_path)]) == 2
+    assert "armor-mine already exists; nothing was written" in capsys.readouterr().err
+    assert list((tmp_path / "armor-mine").iterdir()) == []
+
+
+# -- check_guard ----------------------------------------------------------------------------------------
+
+
+def test_check_guard_passes_every_installed_guard():
+    from armor_core.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    for name in pm.names("stability_guard"):
+        check_guard(pm.get("stability_guard", name))
+    verdicts = check_guard(pm.get("stability_guard", "non_finite"))
+    assert {v.action for stage, step, v in verdicts if step == 21} == {"skip"}  # the NaN round
+
+
+class _Counting:
+    """Skips every third update; the count is its state."""
+
+    stages = ("grad",)
+
+    def __init__(self, keep_state: bool = True, adjust: str = "") -> None:
+        self.n, self.keep_state, self.adjust = 0, keep_state, adjust
+
+    def observe(self, stage, stats, step):
+        self.n += 1
+        if self.adjust:
+            return Verdict("adjust", adjustments={self.adjust: 0.1})
+        return Verdict("skip", f"update {self.n}") if self.n % 3 == 0 else Verdict.proceed()
+
+    def state_dict(self):
+        return {"n": self.n if self.keep_state else 0}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def test_check_guard_catches_lost_state_and_unknown_coefficients():
+    verdicts = check_guard(_Counting)
+    assert [v.action for _, _, v in verdicts].count("skip") == len(verdicts) // 3
+    with pytest.raises(AssertionError, match="an instance restored from state_dict"):
+        check_guard(_Counting, keep_state=False)
+    with pytest.raises(AssertionError, match=r"adjusts \['temperature'\]"):
+        check_guard(_Counting, adjust="temperature")

@@ -1,0 +1,51 @@
+"""Validation with several samples per prompt: mean@n, best@n, maj@n per data source, in training
+(``trainer.val_n``) and in ``armor eval --n`` (which also writes per-row results)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from armor_core.loop.validation import at_n_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread
+
+
+def test_at_n_metrics_by_hand():
+    # 3 prompts x n=4: two from "a", one from "b"
+    responses = ["12", "13", "12 ", "7",      # a: "12" twice (the vote), correct twice
+                 "5", "6", "6", "5",          # a: 5 and 6 twice each: the tie goes to the first seen, "5", which is wrong
+                 "x", "y", "z", "y"]          # b: "y" wins the vote and is right
+    correct = np.array([1, 0, 1, 0,
+                        0, 1, 1, 0,
+                        0, 1, 0, 1], dtype=bool)
+    out = at_n_metrics(correct, responses, ["a", "a", "b"], 4)
+    assert out["val/a/mean@4"] == pytest.approx(4 / 8)
+    assert out["val/a/best@4"] == 1.0 and out["val/b/best@4"] == 1.0
+    assert out["val/a/maj@4"] == pytest.approx(0.5)  # prompt 0 right, prompt 1 wrong
+    assert out["val/b/maj@4"] == 1.0
+    assert out["val/mean@4"] == pytest.approx(6 / 12) and out["val/maj@4"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="12 scores and 11 responses for 3 prompts x n=4"):
+        at_n_metrics(correct, responses[:-1], ["a", "a", "b"], 4)
+
+
+def test_armor_eval_n_samples_and_writes_each_row(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    run = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "eval", "builtin:arithmetic-tiny", "--data", "task:arithmetic", "--size", "12",
+                          "--n", "4", "--output", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    for k in ("mean@4", "best@4", "maj@4", "arithmetic/mean@4", "acc_greedy"):
+        assert 0.0 <= result[k] <= 1.0, k
+    assert result["best@4"] >= result["mean@4"]  # any of 4 right is at least the average
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12 and all(len(r["@4"]["responses"]) == 4 == len(r["@4"]["scores"]) and len(r["greedy"]["responses"]) == 1 for r in rows)
+    mean = np.mean([s >= 1.0 for r in rows for s in r["@4"]["scores"]])  # arithmetic alone: the score is the correctness
+    assert result["mean@4"] == pytest.approx(mean)
+    bad = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "eval", "builtin:arithmetic-tiny", "--data", "task:arithmetic", "--n", "4",
+                          "--output", str(tmp_path / "missing" / "rows.jsonl")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr

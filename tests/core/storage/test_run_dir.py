@@ -1,0 +1,63 @@
+"""The run directory: one run at a time, and a resume that keeps the config the run started with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from armor_core.config.schema import load_config, to_dict
+from armor_core.storage.run_dir import RunDirError, RunDirLock, check_resume_config, config_changes
+
+
+def _started(tmp_path, *overrides):
+    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", *overrides])
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))  # as the trainer writes it
+
+
+def test_config_changes_compares_leaf_keys_a_list_or_dict_whole():
+    saved = {"a": {"b": 1, "c": [1, 2], "kw": {"x": 1}}, "d": "x"}
+    current = {"a": {"b": 2, "c": [1, 2], "kw": {"x": 1, "y": 2}}, "d": "x", "e": 0}
+    # e: absent from the saved config (a key added since): not a change
+    assert config_changes(saved, current, ["a.b", "a.c", "a.kw", "d", "e"]) == ["a.b", "a.kw"]
+
+
+def test_a_resume_with_a_changed_config_names_the_keys_unless_allowed(tmp_path):
+    _started(tmp_path, "actor.lr=1e-5")
+    changed = to_dict(load_config(None, [f"trainer.run_dir={tmp_path}", "actor.lr=2e-5", "trainer.seed=7", "data.train_batch_size=32"]))
+    with pytest.raises(RunDirError, match=r"data.train_batch_size \(16 -> 32\), actor.lr \(1e-05 -> 2e-05\), trainer.seed \(1 -> 7\).*"
+                                          r"--allow-config-change data.train_batch_size,actor.lr,trainer.seed"):
+        check_resume_config(tmp_path, changed)
+    with pytest.raises(RunDirError, match=r"trainer.seed \(1 -> 7\)\. "):
+        check_resume_config(tmp_path, changed, ["actor.lr", "data"])  # a section allows its keys
+    assert check_resume_config(tmp_path, changed, ["actor.lr", "data", "trainer.seed"]) == [
+        "data.train_batch_size: 16 -> 32", "actor.lr: 1e-05 -> 2e-05", "trainer.seed: 1 -> 7"]
+
+
+def test_running_longer_elsewhere_or_logging_otherwise_needs_no_permission(tmp_path):
+    _started(tmp_path)
+    longer = load_config(None, [f"trainer.run_dir={tmp_path}", "trainer.total_steps=500", "trainer.save_freq=5", "engine.num_cpus=8", "trainer.loggers=[jsonl]"])
+    assert check_resume_config(tmp_path, to_dict(longer)) == []
+    assert check_resume_config(tmp_path / "never_started", to_dict(longer)) == []
+
+
+def test_the_cli_refuses_a_changed_resume_before_starting_anything(tmp_path, capsys):
+    from armor_core.cli.main import main
+
+    _started(tmp_path)
+    assert main(["run", "--dry-run", "--resume", f"trainer.run_dir={tmp_path}", "actor.lr=1e-3"]) == 2
+    assert "--allow-config-change actor.lr" in capsys.readouterr().err
+    assert main(["run", "--dry-run", f"trainer.run_dir={tmp_path}", "--allow-config-change", "actor.lr"]) == 2
+    assert "applies to --resume only" in capsys.readouterr().err
+
+
+def test_one_run_at_a_time_in_a_run_directory(tmp_path):
+    import os
+
+    with RunDirLock(tmp_path / "run"):
+        with pytest.raises(RunDirError, match=rf"{tmp_path / 'run'} is in use by another armor run \(pid {os.getpid()}\)"):
+            with RunDirLock(tmp_path / "run"):
+                pass
+    with RunDirLock(tmp_path / "run"):  # released when the first run ended
+        pass
