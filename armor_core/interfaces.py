@@ -47,7 +47,7 @@ class AdvantageEstimator:
         so a group whose scores all agree gets advantage 0 (``algorithm.filter_groups`` needs this).
     """
 
-    fn: Callable[..., tuple["torch.Tensor", "torch.Tensor"]]
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     requires_critic: bool = False
     grouped: bool = False
     description: str = ""
@@ -57,7 +57,7 @@ class AdvantageEstimator:
 class PolicyLoss:
     """``fn(log_prob, old_log_prob, advantages, response_mask, **params) -> (loss_mat, metrics)``."""
 
-    fn: Callable[..., tuple["torch.Tensor", dict[str, Any]]]
+    fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]]
     description: str = ""
 
 
@@ -65,7 +65,7 @@ class PolicyLoss:
 class KLEstimator:
     """``fn(log_prob, ref_log_prob) -> kl`` per token, (bs, response_length)."""
 
-    fn: Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     description: str = ""
 
 
@@ -73,7 +73,7 @@ class KLEstimator:
 class LossAggregation:
     """``fn(loss_mat, response_mask, *, global_num_tokens, global_num_seqs, norm_constant) -> loss``."""
 
-    fn: Callable[..., "torch.Tensor"]
+    fn: Callable[..., torch.Tensor]
     description: str = ""
 
 
@@ -108,7 +108,7 @@ class RewardDomain:
         ``data.skip_invalid``, a counted skip), not a failed score at every step.
     """
 
-    fn: Callable[[str, str, Any, Mapping[str, Any]], "float | RewardResult"]
+    fn: Callable[[str, str, Any, Mapping[str, Any]], float | RewardResult]
     requires_ground_truth: bool = True
     inline: bool = False
     description: str = ""
@@ -116,7 +116,9 @@ class RewardDomain:
     validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
     warmup: Callable[[], None] | None = None
 
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None) -> RewardResult:
+    def __call__(
+        self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None
+    ) -> RewardResult:
         out = self.fn(prompt, response, ground_truth, dict(extra or {}))
         if isinstance(out, RewardResult):
             return out
@@ -139,13 +141,25 @@ ADJUSTABLE_COEFFICIENTS = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_c
 #: each stage a guard is shown: where it runs and the statistics it carries
 GUARD_STAGES: dict[str, tuple[str, str]] = {
     "reward": ("driver, after scoring", "score/mean, score/min, score/max"),
-    "advantage": ("driver, after the estimator", "critic/advantages/mean, /max, /min; rollout/* known by then (logprob_diff_mean and _max "
-                  "when old log-probs were computed; staleness_mean and _max in async mode)"),
-    "grad": ("each actor rank, after backward, per mini-batch", "grad_norm (agreed over ranks), pg_loss (summed over ranks); on the first "
-             "mini-batch also rollout/logprob_diff_mean and _max"),
-    "step": ("each actor rank, after optimizer.step; only for guards that list it in `stages`", "update_ratio, update_norm, param_norm, lr"),
-    "update": ("driver, after the updates", "every actor/* and rollout/* metric of the step (actor/pg_loss, actor/grad_norm, actor/entropy, "
-               "actor/pg_clipfrac, actor/ppo_kl, actor/kl_loss, actor/skipped_updates, ...)"),
+    "advantage": (
+        "driver, after the estimator",
+        "critic/advantages/mean, /max, /min; rollout/* known by then (logprob_diff_mean and _max "
+        "when old log-probs were computed; staleness_mean and _max in async mode)",
+    ),
+    "grad": (
+        "each actor rank, after backward, per mini-batch",
+        "grad_norm (agreed over ranks), pg_loss (summed over ranks); on the first "
+        "mini-batch also rollout/logprob_diff_mean and _max",
+    ),
+    "step": (
+        "each actor rank, after optimizer.step; only for guards that list it in `stages`",
+        "update_ratio, update_norm, param_norm, lr",
+    ),
+    "update": (
+        "driver, after the updates",
+        "every actor/* and rollout/* metric of the step (actor/pg_loss, actor/grad_norm, actor/entropy, "
+        "actor/pg_clipfrac, actor/ppo_kl, actor/kl_loss, actor/skipped_updates, ...)",
+    ),
     "validation": ("driver, after a validation", "val/* (val/acc_greedy, val/<data_source>/acc_greedy, ...)"),
 }
 
@@ -174,7 +188,7 @@ class Verdict:
     since: int | None = None
 
     @classmethod
-    def proceed(cls) -> "Verdict":
+    def proceed(cls) -> Verdict:
         return cls()
 
 
@@ -235,7 +249,7 @@ class RolloutBackend(Protocol):
     ``update_lora(peft_model)`` is called instead of ``update_weights``.
     """
 
-    def generate(self, prompts: "DataProto", greedy: bool = False, **sampling_overrides: Any) -> "DataProto": ...
+    def generate(self, prompts: DataProto, greedy: bool = False, **sampling_overrides: Any) -> DataProto: ...
 
     def update_weights(self, named_tensors: Any) -> None: ...
 
@@ -272,7 +286,14 @@ KINDS: dict[str, tuple[str, type | None]] = {
 }
 
 
-def call_with_params(fn: Callable[..., Any], /, *args: Any, available: Mapping[str, Any], extra: Mapping[str, Any] | None = None, where: str = "") -> Any:
+def call_with_params(
+    fn: Callable[..., Any],
+    /,
+    *args: Any,
+    available: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+    where: str = "",
+) -> Any:
     """Call ``fn(*args, **kw)`` passing only the keyword parameters ``fn`` declares.
 
     ``available`` are values the core offers (``gamma``, ``values``, ...), passed when declared.
@@ -285,7 +306,9 @@ def call_with_params(fn: Callable[..., Any], /, *args: Any, available: Mapping[s
     kwargs = {k: v for k, v in available.items() if k in params or takes_var_kw}
     for key, value in (extra or {}).items():
         if key not in params and not takes_var_kw:
-            allowed = [k for k, p in list(params.items())[len(args):] if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+            allowed = [
+                k for k, p in list(params.items())[len(args) :] if p.kind is not inspect.Parameter.VAR_POSITIONAL
+            ]
             raise TypeError(f"{where or fn.__name__}: unknown parameter {key!r}; {fn.__name__} accepts {allowed}")
         kwargs[key] = value
     return fn(*args, **kwargs)

@@ -105,7 +105,9 @@ class PluginManager:
         self.disabled_entries = {tuple(d.split(":", 1)) for d in self.disabled if ":" in d}
         for kind, _ in self.disabled_entries:
             if kind not in KINDS:
-                raise PluginError(f"{DISABLE_ENV}: {kind!r} in '{kind}:...' is not a plugin kind; kinds are {', '.join(KINDS)}")
+                raise PluginError(
+                    f"{DISABLE_ENV}: {kind!r} in '{kind}:...' is not a plugin kind; kinds are {', '.join(KINDS)}"
+                )
         for name in self.disabled:
             if ":" not in name:
                 self._pm.set_blocked(name)
@@ -128,7 +130,9 @@ class PluginManager:
                     continue
                 if self._pm.get_plugin(ep.name) is not None:
                     other = self._dists.get(ep.name, ("?", "?"))[0]
-                    raise DuplicatePluginError(f"two plugins are named {ep.name!r}: from {other} and from {dist_name}; block one with {DISABLE_ENV}={ep.name}")
+                    raise DuplicatePluginError(
+                        f"two plugins are named {ep.name!r}: from {other} and from {dist_name}; block one with {DISABLE_ENV}={ep.name}"
+                    )
                 try:
                     plugin = ep.load()
                 except Exception as e:  # an installed plugin that fails to import must say which one
@@ -140,8 +144,10 @@ class PluginManager:
                 self._dists[ep.name] = (dist_name, dist.version)
         unknown = sorted(d for d in self.disabled if ":" not in d and d not in seen)
         if unknown:
-            raise PluginError(f"{DISABLE_ENV}: {', '.join(map(repr, unknown))} is no installed plugin (entry point of group {ENTRY_POINT_GROUP!r}); "
-                              f"installed: {', '.join(sorted(seen))}. To block one implementation write kind:name, e.g. stability_guard:kl")
+            raise PluginError(
+                f"{DISABLE_ENV}: {', '.join(map(repr, unknown))} is no installed plugin (entry point of group {ENTRY_POINT_GROUP!r}); "
+                f"installed: {', '.join(sorted(seen))}. To block one implementation write kind:name, e.g. stability_guard:kl"
+            )
 
     # -- registration -------------------------------------------------------------------------
 
@@ -195,15 +201,23 @@ class PluginManager:
                 plugin_name = impl.plugin_name
                 dist, version = self._distribution_of(plugin_name, impl.plugin)
 
-                def register(name: str, obj: Any, *, _kind=kind, _plugin=plugin_name, _dist=dist, _ver=version, _wrap=wrapper) -> None:
+                def register(
+                    name: str, obj: Any, *, _kind=kind, _plugin=plugin_name, _dist=dist, _ver=version, _wrap=wrapper
+                ) -> None:
                     if not isinstance(name, str) or not _NAME_RE.match(name):
-                        raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r}: names are lowercase, e.g. 'my_estimator'")
+                        raise PluginError(
+                            f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r}: names are lowercase, e.g. 'my_estimator'"
+                        )
                     if _wrap is not None and not isinstance(obj, _wrap):
                         if not callable(obj):
-                            raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a function or {_wrap.__name__}")
+                            raise PluginError(
+                                f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a function or {_wrap.__name__}"
+                            )
                         obj = _wrap(fn=obj, description=(inspect.getdoc(obj) or "").split("\n")[0])
                     if _wrap is None and not callable(obj):
-                        raise PluginError(f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a class")
+                        raise PluginError(
+                            f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a class"
+                        )
                     if (_kind, name) in self.disabled_entries:
                         return
                     existing = catalog[_kind].get(name)

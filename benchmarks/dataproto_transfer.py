@@ -43,8 +43,12 @@ def make_batch(rows: int, seq: int) -> tuple[DataProto, dict[str, Any]]:
         "log_probs": -torch.rand(rows, seq, generator=gen) * 5,
         "mask": torch.rand(rows, seq, generator=gen) > 0.1,
     }
-    prompts = [f"Question {i}: what is {i} * 17 + {i % 7}? Think step by step and answer with a number." for i in range(rows)]
-    data = DataProto.from_dict(tensors=tensors, non_tensors={"prompt": np.array(prompts, dtype=object)}, meta_info={"step": 1})
+    prompts = [
+        f"Question {i}: what is {i} * 17 + {i % 7}? Think step by step and answer with a number." for i in range(rows)
+    ]
+    data = DataProto.from_dict(
+        tensors=tensors, non_tensors={"prompt": np.array(prompts, dtype=object)}, meta_info={"step": 1}
+    )
     return data, {**tensors, "prompt": prompts}
 
 
@@ -84,7 +88,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--idle-ms", type=float, default=0.0, help="the worker sleeps this long before answering (taken out of the times)")
+    parser.add_argument(
+        "--idle-ms",
+        type=float,
+        default=0.0,
+        help="the worker sleeps this long before answering (taken out of the times)",
+    )
     args = parser.parse_args()
     idle_s = args.idle_ms / 1000
 
@@ -132,8 +141,10 @@ def main() -> None:
         else:
             fns[name, path] = lambda obj=obj: pickle_round_trip(obj)
     medians = median_ms(fns, args.runs, args.warmup)
-    print(f"batch {args.rows} x {args.seq}: int64 input_ids + float32 log_probs + bool mask + {args.rows} strings; "
-          f"median of {args.runs} runs after {args.warmup} warm-up; the worker idles {args.idle_ms:g} ms before answering (not counted)")
+    print(
+        f"batch {args.rows} x {args.seq}: int64 input_ids + float32 log_probs + bool mask + {args.rows} strings; "
+        f"median of {args.runs} runs after {args.warmup} warm-up; the worker idles {args.idle_ms:g} ms before answering (not counted)"
+    )
     print(f"{'variant':30} {'path':7} {'payload MB':>10} {'round trip ms':>14} {'MB/s':>7}")
     for name, path, obj in cases:
         remote = path in ("ray", "channel")

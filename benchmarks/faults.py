@@ -32,8 +32,16 @@ from typing import Any, Callable
 
 from armor_core.testing.damage import CHECKPOINT_DAMAGE
 
-SMALL = ["data.train_size=64", "data.val_size=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
-         "rollout.max_new_tokens=4", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1"]
+SMALL = [
+    "data.train_size=64",
+    "data.val_size=8",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=4",
+    "trainer.loggers=[jsonl]",
+    "engine.cpus_per_worker=1",
+]
 _SHOWN = 180  # characters of a message the table shows
 
 
@@ -48,7 +56,7 @@ class Case:
     name: str
     fault: str
     expected: str
-    run: Callable[["Lab"], Outcome]
+    run: Callable[[Lab], Outcome]
     trains: bool = False  # starts workers: a minute or more, where the other cases take seconds
 
 
@@ -64,7 +72,13 @@ class Lab:
         return text.replace(f"{self.root}/", "").replace(str(self.root), ".")
 
     def armor(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "armor_core.cli.main", "run", *args], capture_output=True, text=True, timeout=timeout, cwd=self.root)
+        return subprocess.run(
+            [sys.executable, "-m", "armor_core.cli.main", "run", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.root,
+        )
 
     def model(self, name: str, damage: Callable[[Path], Any]) -> Path:
         """A copy of the built-in model, damaged by ``damage(directory)``."""
@@ -119,14 +133,22 @@ def cli(args: Callable[[Lab], list[str]], code: int, pattern: str) -> Callable[[
         proc = lab.armor(*args(lab))
         said = lab.relative(message(proc.stderr))
         one_line = sum(line.startswith("error: ") for line in proc.stderr.splitlines()) <= 1
-        return Outcome(f"exit {proc.returncode}: {shown(said)}", proc.returncode == code and one_line and bool(re.search(pattern, said)))
+        return Outcome(
+            f"exit {proc.returncode}: {shown(said)}",
+            proc.returncode == code and one_line and bool(re.search(pattern, said)),
+        )
 
     return run
 
 
 def refused(what: str, extra: Callable[[Lab], list[str]], pattern: str) -> Case:
     """``armor run`` with a bad input: exit 2 and one line naming it, before any worker starts."""
-    return Case(what, what, "exit 2, one line naming it", cli(lambda lab: [*extra(lab), f"trainer.run_dir={lab.root / 'refused'}"], 2, pattern))
+    return Case(
+        what,
+        what,
+        "exit 2, one line naming it",
+        cli(lambda lab: [*extra(lab), f"trainer.run_dir={lab.root / 'refused'}"], 2, pattern),
+    )
 
 
 # -- checkpoints and the disk (the component --resume calls) --------------------------------------
@@ -145,8 +167,10 @@ def damaged_checkpoint(damage: str) -> Callable[[Lab], Outcome]:
             warnings.simplefilter("always")
             latest = CheckpointManager(copy).latest()
         said = lab.relative(str(caught[0].message)) if caught else "no warning"
-        return Outcome(f"resumes from {latest.name if latest else None}; warning: {shown(said)}",
-                       latest == steps[-2] and bool(caught) and rel in said)
+        return Outcome(
+            f"resumes from {latest.name if latest else None}; warning: {shown(said)}",
+            latest == steps[-2] and bool(caught) and rel in said,
+        )
 
     return run
 
@@ -166,7 +190,10 @@ def disk_full(lab: Lab) -> Outcome:
         return Outcome("saved?", False)
     except CheckpointError as e:
         kept = CheckpointManager(lab.root / "disk").latest()
-        return Outcome(f"CheckpointError: {shown(lab.relative(str(e)))}", kept is not None and kept.name == "step_000001" and "is full" in str(e))
+        return Outcome(
+            f"CheckpointError: {shown(lab.relative(str(e)))}",
+            kept is not None and kept.name == "step_000001" and "is full" in str(e),
+        )
 
 
 # -- the channel and the reward domains (in-process: no command line makes these) -----------------
@@ -187,7 +214,9 @@ def silent_listener(lab: Lab) -> Outcome:
         return Outcome("connected?", False)
     except TimeoutError as e:
         waited = time.monotonic() - t0
-        return Outcome(f"TimeoutError after {waited:.1f} s: {shown(str(e))}", waited < 10 and str(mute.getsockname()[1]) in str(e))
+        return Outcome(
+            f"TimeoutError after {waited:.1f} s: {shown(str(e))}", waited < 10 and str(mute.getsockname()[1]) in str(e)
+        )
     finally:
         channel.HANDSHAKE_TIMEOUT_S = saved
         mute.close()
@@ -212,12 +241,18 @@ def bad_score(response: str) -> Callable[[Lab], Outcome]:
         pm = PluginManager(load_entrypoints=False, disabled=())
         pm.register(Plugin(), name="faults_benchmark")
         quiet = logging.getLogger("armor_core.rewards.manager")
-        level, quiet.level = quiet.level, logging.CRITICAL  # the failure's log entry (with its traceback) is not the table's
+        level, quiet.level = (
+            quiet.level,
+            logging.CRITICAL,
+        )  # the failure's log entry (with its traceback) is not the table's
         try:
             batch = RewardManager(RewardConfig(failure_score=0.0), pm).score(["p"], [response], ["loud"], [None], None)
         finally:
             quiet.level = level
-        return Outcome(f"row fails (scored reward.failure_score={batch.scores[0]:g}): {shown(batch.errors[0] or 'no error')}", batch.errors[0] is not None)
+        return Outcome(
+            f"row fails (scored reward.failure_score={batch.scores[0]:g}): {shown(batch.errors[0] or 'no error')}",
+            batch.errors[0] is not None,
+        )
 
     return run
 
@@ -226,8 +261,13 @@ def bad_score(response: str) -> Callable[[Lab], Outcome]:
 
 
 def killed_worker(lab: Lab) -> Outcome:
-    proc = lab.armor(*SMALL, "trainer.total_steps=3", "trainer.save_freq=1", f"trainer.run_dir={lab.run_dir}",
-                     "trainer.faults=[{kind: kill_worker, steps: [3]}]")
+    proc = lab.armor(
+        *SMALL,
+        "trainer.total_steps=3",
+        "trainer.save_freq=1",
+        f"trainer.run_dir={lab.run_dir}",
+        "trainer.faults=[{kind: kill_worker, steps: [3]}]",
+    )
     said = lab.relative(message(proc.stderr))
     return Outcome(f"exit {proc.returncode}: {shown(said)}", proc.returncode == 2 and "--resume" in said)
 
@@ -238,19 +278,34 @@ def resumed_past_damage(lab: Lab) -> Outcome:
         killed_worker(lab)
     newest = sorted((lab.run_dir / "checkpoints").glob("step_*"))[-1] / "model" / "model.safetensors"
     newest.write_bytes(newest.read_bytes()[:1000])
-    proc = lab.armor(*SMALL, "trainer.total_steps=3", "trainer.save_freq=1", f"trainer.run_dir={lab.run_dir}", "--resume")  # faults may change
-    steps = [json.loads(line)["step"] for line in (lab.run_dir / "metrics.jsonl").read_text().splitlines() if "actor/pg_loss" in line]
+    proc = lab.armor(
+        *SMALL, "trainer.total_steps=3", "trainer.save_freq=1", f"trainer.run_dir={lab.run_dir}", "--resume"
+    )  # faults may change
+    steps = [
+        json.loads(line)["step"]
+        for line in (lab.run_dir / "metrics.jsonl").read_text().splitlines()
+        if "actor/pg_loss" in line
+    ]
     said = lab.relative(message(proc.stderr))
-    return Outcome(f"exit {proc.returncode}; warning: {shown(said)}; metrics.jsonl training steps {steps}",
-                   proc.returncode == 0 and "is damaged and is skipped" in said and steps == [1, 2, 3])
+    return Outcome(
+        f"exit {proc.returncode}; warning: {shown(said)}; metrics.jsonl training steps {steps}",
+        proc.returncode == 0 and "is damaged and is skipped" in said and steps == [1, 2, 3],
+    )
 
 
 def failing_domain(lab: Lab) -> Outcome:
-    rows = "".join(json.dumps({"prompt": f"{i}+1=", "data_source": "gsm8k", "ground_truth": "forty"}) + "\n" for i in range(16))
+    rows = "".join(
+        json.dumps({"prompt": f"{i}+1=", "data_source": "gsm8k", "ground_truth": "forty"}) + "\n" for i in range(16)
+    )
     train = lab.data("gsm8k_words.jsonl", rows.encode())
-    proc = lab.armor(*SMALL, f"data.train_files=[{train}]", "trainer.total_steps=3", f"trainer.run_dir={lab.root / 'failing'}")
+    proc = lab.armor(
+        *SMALL, f"data.train_files=[{train}]", "trainer.total_steps=3", f"trainer.run_dir={lab.root / 'failing'}"
+    )
     said = lab.relative(message(proc.stderr))
-    return Outcome(f"exit {proc.returncode}: {shown(said)}", proc.returncode == 2 and "reward domain 'gsm8k' failed on 16 of its 16 rows" in said)
+    return Outcome(
+        f"exit {proc.returncode}: {shown(said)}",
+        proc.returncode == 2 and "reward domain 'gsm8k' failed on 16 of its 16 rows" in said,
+    )
 
 
 def _row(**fields: Any) -> bytes:
@@ -266,65 +321,166 @@ def _train_file(name: str, content: bytes) -> Callable[[Lab], list[str]]:
 
 def _shard_without_second(d: Path) -> None:
     (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
 
 
 def _locked(lab: Lab) -> Outcome:
     from armor_core.storage.run_dir import RunDirLock
 
     with RunDirLock(lab.trained()):  # as a second `armor run` into the directory would meet the first
-        return cli(lambda lab: [*SMALL, f"trainer.run_dir={lab.run_dir}", "--resume"], 2, r"is in use by another armor run")(lab)
+        return cli(
+            lambda lab: [*SMALL, f"trainer.run_dir={lab.run_dir}", "--resume"], 2, r"is in use by another armor run"
+        )(lab)
 
 
 CASES: list[Case] = [
     # config: every value is checked before anything starts
-    refused("config: rollout.temperature=nan", lambda lab: ["rollout.temperature=nan"], r"rollout.temperature=nan is not a finite number"),
+    refused(
+        "config: rollout.temperature=nan",
+        lambda lab: ["rollout.temperature=nan"],
+        r"rollout.temperature=nan is not a finite number",
+    ),
     refused("config: actor.lr=nan", lambda lab: ["actor.lr=nan"], r"actor.lr=nan is not a finite number"),
     refused("config: actor.betas=[0.9]", lambda lab: ["actor.betas=[0.9]"], r"actor.betas=\[0.9\] has 1 item"),
-    refused("config: trainer.total_epochs=-1", lambda lab: ["trainer.total_epochs=-1"], r"trainer.total_epochs=-1 is out of range"),
+    refused(
+        "config: trainer.total_epochs=-1",
+        lambda lab: ["trainer.total_epochs=-1"],
+        r"trainer.total_epochs=-1 is out of range",
+    ),
     refused("config: trainer.seed=-1", lambda lab: ["trainer.seed=-1"], r"trainer.seed=-1 is out of range"),
-    refused("config: an override that is not YAML (guard.guards=[{name:grad_spike,params:{window:0}}])",
-            lambda lab: ["guard.guards=[{name:grad_spike,params:{window:0}}]"], r"not valid YAML"),
-    refused("guard: a parameter the guard refuses (grad_spike window=0)", lambda lab: ["guard.guards=[{name: grad_spike, params: {window: 0}}]"],
-            r"guard.guards\[0\].*window=0 must be >= 1"),
-    refused("guard: an unknown guard parameter", lambda lab: ["guard.guards=[{name: grad_spike, params: {windw: 3}}]"], r"unexpected keyword argument 'windw'"),
-    refused("task: a parameter the task refuses (data.task_kwargs={digits: 0})", lambda lab: ["data.task_kwargs={digits: 0}"], r"data.task=arithmetic.*digits"),
+    refused(
+        "config: an override that is not YAML (guard.guards=[{name:grad_spike,params:{window:0}}])",
+        lambda lab: ["guard.guards=[{name:grad_spike,params:{window:0}}]"],
+        r"not valid YAML",
+    ),
+    refused(
+        "guard: a parameter the guard refuses (grad_spike window=0)",
+        lambda lab: ["guard.guards=[{name: grad_spike, params: {window: 0}}]"],
+        r"guard.guards\[0\].*window=0 must be >= 1",
+    ),
+    refused(
+        "guard: an unknown guard parameter",
+        lambda lab: ["guard.guards=[{name: grad_spike, params: {windw: 3}}]"],
+        r"unexpected keyword argument 'windw'",
+    ),
+    refused(
+        "task: a parameter the task refuses (data.task_kwargs={digits: 0})",
+        lambda lab: ["data.task_kwargs={digits: 0}"],
+        r"data.task=arithmetic.*digits",
+    ),
     # data files
-    refused("data: a JSONL line that is not UTF-8", _train_file("latin1.jsonl", _ROW + '{"prompt": "café"}'.encode("latin-1")),
-            r"latin1.jsonl, line 2: not UTF-8"),
-    refused("data: a .parquet file that is not Parquet", _train_file("fake.parquet", b"prompt,answer"), r"fake.parquet"),
-    refused("data: a missing data file", lambda lab: [f"data.train_files=[{lab.root / 'nowhere.jsonl'}]"], r"nowhere.jsonl' does not exist"),
-    refused("reward: a dict ground truth for the math domain", _train_file("dict_gt.jsonl", _row(data_source="math", ground_truth={"answer": "4"})),
-            r"dict_gt.jsonl, line 1: reward domain 'math' cannot read this ground_truth"),
+    refused(
+        "data: a JSONL line that is not UTF-8",
+        _train_file("latin1.jsonl", _ROW + '{"prompt": "café"}'.encode("latin-1")),
+        r"latin1.jsonl, line 2: not UTF-8",
+    ),
+    refused(
+        "data: a .parquet file that is not Parquet", _train_file("fake.parquet", b"prompt,answer"), r"fake.parquet"
+    ),
+    refused(
+        "data: a missing data file",
+        lambda lab: [f"data.train_files=[{lab.root / 'nowhere.jsonl'}]"],
+        r"nowhere.jsonl' does not exist",
+    ),
+    refused(
+        "reward: a dict ground truth for the math domain",
+        _train_file("dict_gt.jsonl", _row(data_source="math", ground_truth={"answer": "4"})),
+        r"dict_gt.jsonl, line 1: reward domain 'math' cannot read this ground_truth",
+    ),
     # model files: found in the driver, before any worker starts
-    refused("model: a hub name, not a local directory", lambda lab: ["model.path=Qwen/Qwen2.5-0.5B"], r"does not exist.*never downloads"),
-    refused("model: truncated model.safetensors", lambda lab: [f"model.path={lab.model('truncated', lambda d: (d / 'model.safetensors').write_bytes((d / 'model.safetensors').read_bytes()[:6000]))}"],
-            r"truncated/model.safetensors: tensor"),
-    refused("model: missing config.json", lambda lab: [f"model.path={lab.model('no_config', lambda d: (d / 'config.json').unlink())}"], r"no_config' has no config.json"),
-    refused("model: an index naming a missing shard", lambda lab: [f"model.path={lab.model('sharded', _shard_without_second)}"],
-            r"index.json names the shard 'model-00002-of-00002.safetensors'"),
-    refused("model: a corrupt tokenizer.json", lambda lab: [f"model.path={lab.model('bad_tok', lambda d: (d / 'tokenizer.json').write_text('{'))}"],
-            r"bad_tok/tokenizer.json is not valid JSON"),
+    refused(
+        "model: a hub name, not a local directory",
+        lambda lab: ["model.path=Qwen/Qwen2.5-0.5B"],
+        r"does not exist.*never downloads",
+    ),
+    refused(
+        "model: truncated model.safetensors",
+        lambda lab: [
+            f"model.path={lab.model('truncated', lambda d: (d / 'model.safetensors').write_bytes((d / 'model.safetensors').read_bytes()[:6000]))}"
+        ],
+        r"truncated/model.safetensors: tensor",
+    ),
+    refused(
+        "model: missing config.json",
+        lambda lab: [f"model.path={lab.model('no_config', lambda d: (d / 'config.json').unlink())}"],
+        r"no_config' has no config.json",
+    ),
+    refused(
+        "model: an index naming a missing shard",
+        lambda lab: [f"model.path={lab.model('sharded', _shard_without_second)}"],
+        r"index.json names the shard 'model-00002-of-00002.safetensors'",
+    ),
+    refused(
+        "model: a corrupt tokenizer.json",
+        lambda lab: [f"model.path={lab.model('bad_tok', lambda d: (d / 'tokenizer.json').write_text('{'))}"],
+        r"bad_tok/tokenizer.json is not valid JSON",
+    ),
     # training runs: a worker killed, a resume past a damaged checkpoint, a reward domain failing on every row
-    Case("kill -9", "kill -9 of the actor worker during step 3 (trainer.faults kill_worker)", "exit 2 naming the worker; checkpoints kept",
-         killed_worker, trains=True),
-    Case("resume damaged", "--resume after that kill, the newest checkpoint's weights truncated", "exit 0: older checkpoint, warning naming the file, "
-         "no duplicate metrics rows", resumed_past_damage, trains=True),
-    Case("failing domain", "a reward domain failing on every row (gsm8k, ground truths in words)", "exit 2 naming the domain, at step 1",
-         failing_domain, trains=True),
+    Case(
+        "kill -9",
+        "kill -9 of the actor worker during step 3 (trainer.faults kill_worker)",
+        "exit 2 naming the worker; checkpoints kept",
+        killed_worker,
+        trains=True,
+    ),
+    Case(
+        "resume damaged",
+        "--resume after that kill, the newest checkpoint's weights truncated",
+        "exit 0: older checkpoint, warning naming the file, no duplicate metrics rows",
+        resumed_past_damage,
+        trains=True,
+    ),
+    Case(
+        "failing domain",
+        "a reward domain failing on every row (gsm8k, ground truths in words)",
+        "exit 2 naming the domain, at step 1",
+        failing_domain,
+        trains=True,
+    ),
     # the run directory
-    Case("already holds checkpoints", "`armor run` into a run directory that holds checkpoints, without --resume", "exit 2",
-         cli(lambda lab: [*SMALL, f"trainer.run_dir={lab.trained()}"], 2, r"already holds checkpoints; pass --resume")),
-    Case("changed config on resume", "--resume with actor.lr changed", "exit 2 naming the key",
-         cli(lambda lab: [*SMALL, f"trainer.run_dir={lab.trained()}", "actor.lr=1e-3", "--resume"], 2, r"actor.lr")),
+    Case(
+        "already holds checkpoints",
+        "`armor run` into a run directory that holds checkpoints, without --resume",
+        "exit 2",
+        cli(lambda lab: [*SMALL, f"trainer.run_dir={lab.trained()}"], 2, r"already holds checkpoints; pass --resume"),
+    ),
+    Case(
+        "changed config on resume",
+        "--resume with actor.lr changed",
+        "exit 2 naming the key",
+        cli(lambda lab: [*SMALL, f"trainer.run_dir={lab.trained()}", "actor.lr=1e-3", "--resume"], 2, r"actor.lr"),
+    ),
     Case("locked", "a second `armor run` into a run directory in use", "exit 2", _locked),
     # checkpoints as --resume reads them; the disk; the channel; reward scores
-    *[Case(f"checkpoint {d}", f"newest checkpoint: {d}", "the older checkpoint, with a warning naming the file", damaged_checkpoint(d))
-      for d in CHECKPOINT_DAMAGE],
-    Case("disk full", "disk full while a checkpoint is written (the writer raises ENOSPC)", "CheckpointError naming the directory; previous kept", disk_full),
-    Case("silent listener", "a channel peer that accepts and never answers (handshake limit set to 1 s)", "TimeoutError naming the address",
-         silent_listener),
-    Case("score out of range", "a reward domain returning 5 (declared range [0, 1])", "the row fails, naming the range", bad_score("5")),
+    *[
+        Case(
+            f"checkpoint {d}",
+            f"newest checkpoint: {d}",
+            "the older checkpoint, with a warning naming the file",
+            damaged_checkpoint(d),
+        )
+        for d in CHECKPOINT_DAMAGE
+    ],
+    Case(
+        "disk full",
+        "disk full while a checkpoint is written (the writer raises ENOSPC)",
+        "CheckpointError naming the directory; previous kept",
+        disk_full,
+    ),
+    Case(
+        "silent listener",
+        "a channel peer that accepts and never answers (handshake limit set to 1 s)",
+        "TimeoutError naming the address",
+        silent_listener,
+    ),
+    Case(
+        "score out of range",
+        "a reward domain returning 5 (declared range [0, 1])",
+        "the row fails, naming the range",
+        bad_score("5"),
+    ),
     Case("score nan", "a reward domain returning NaN", "the row fails", bad_score("nan")),
 ]
 
@@ -338,19 +494,27 @@ def run_cases(cases: list[Case], lab: Lab) -> list[tuple[Case, Outcome, float]]:
         except Exception as e:  # the table reports it; the other cases still run
             outcome = Outcome(f"the case itself failed: {type(e).__name__}: {shown(str(e))}", False)
         results.append((case, outcome, time.perf_counter() - t0))
-        print(f"{'ok  ' if outcome.ok else 'FAIL'} {case.name} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+        print(
+            f"{'ok  ' if outcome.ok else 'FAIL'} {case.name} ({time.perf_counter() - t0:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return results
 
 
 def table(results: list[tuple[Case, Outcome, float]]) -> str:
     lines = ["| fault tried | what happens | expected | pass |", "|---|---|---|---|"]
     for case, outcome, _ in results:
-        lines.append(f"| {case.fault.replace('|', chr(92) + '|')} | {outcome.happened} | {case.expected} | {'yes' if outcome.ok else '**no**'} |")
+        lines.append(
+            f"| {case.fault.replace('|', chr(92) + '|')} | {outcome.happened} | {case.expected} | {'yes' if outcome.ok else '**no**'} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="*", default=[], help="run the cases whose name contains one of these words")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--keep", type=Path, help="keep the scratch files in this directory")

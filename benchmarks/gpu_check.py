@@ -32,15 +32,33 @@ from pathlib import Path
 
 PRESETS = {
     # Qwen2.5-0.5B's config, with an untied head
-    "0.5b": dict(vocab_size=151_936, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, rope_theta=1_000_000.0),
+    "0.5b": dict(
+        vocab_size=151_936,
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate_size=4864,
+        rope_theta=1_000_000.0,
+    ),
     # the same vocabulary on a model small enough for the CPU smoke run
-    "tiny": dict(vocab_size=151_936, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=256, rope_theta=10_000.0),
+    "tiny": dict(
+        vocab_size=151_936,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=2,
+        intermediate_size=256,
+        rope_theta=10_000.0,
+    ),
 }
 BACKENDS = ("hf", "vllm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), default="0.5b", help="model shapes (random weights)")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -51,8 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=16384, help="actor.max_tokens_per_micro_batch")
-    p.add_argument("--sleep-level", type=int, choices=[0, 1, 2], default=1, help="vLLM sleep between generation and training (0: never)")
-    p.add_argument("--keep", metavar="DIR", help="keep the model and the runs under DIR (default: a temporary directory, removed)")
+    p.add_argument(
+        "--sleep-level",
+        type=int,
+        choices=[0, 1, 2],
+        default=1,
+        help="vLLM sleep between generation and training (0: never)",
+    )
+    p.add_argument(
+        "--keep", metavar="DIR", help="keep the model and the runs under DIR (default: a temporary directory, removed)"
+    )
     p.add_argument("--json", action="store_true", help="print the summaries as JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="further config overrides (key=value) for every run")
     args = p.parse_args(argv)
@@ -60,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.warmup < args.steps:
-        p.error(f"--warmup must be in [0, --steps) so that some steps are measured; got {args.warmup} with --steps {args.steps}")
+        p.error(
+            f"--warmup must be in [0, --steps) so that some steps are measured; got {args.warmup} with --steps {args.steps}"
+        )
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         p.error(f"overrides are key=value, got {bad[0]!r}")
@@ -71,7 +99,9 @@ def model_kwargs(preset: str, max_positions: int) -> dict:
     """Keyword arguments of ``armor_core.models.loading.build_tiny_model`` for a preset."""
     shape = dict(PRESETS[preset])
     vocab = shape.pop("vocab_size")
-    return dict(arch="qwen2", vocab_size=vocab, max_position_embeddings=max_positions, tie_word_embeddings=False, **shape)
+    return dict(
+        arch="qwen2", vocab_size=vocab, max_position_embeddings=max_positions, tie_word_embeddings=False, **shape
+    )
 
 
 def count_parameters(preset: str) -> int:
@@ -90,8 +120,12 @@ def build_model_dir(out: Path, preset: str, max_positions: int) -> int:
     from armor_core.models.loading import build_tiny_model, load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path("builtin:arithmetic-tiny"))
-    model = build_tiny_model(**model_kwargs(preset, max_positions), pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    model = build_tiny_model(
+        **model_kwargs(preset, max_positions),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return sum(p.numel() for p in model.parameters())
@@ -100,11 +134,23 @@ def build_model_dir(out: Path, preset: str, max_positions: int) -> int:
 def overrides(args: argparse.Namespace, backend: str, model_dir: Path, run_dir: Path) -> list[str]:
     """The config of one backend's run."""
     out = [
-        f"model.path={model_dir}", f"model.dtype={args.dtype}", f"trainer.device={args.device}", f"trainer.run_dir={run_dir}",
-        f"trainer.total_steps={args.steps}", "trainer.val_freq=0", "trainer.val_before_train=false", "trainer.loggers=[jsonl]",
-        f"data.train_batch_size={args.batch}", f"actor.ppo_mini_batch_size={args.batch}", f"rollout.n={args.n}", "data.val_size=16",
-        f"rollout.max_new_tokens={args.max_new_tokens}", f"actor.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch}",
-        "actor.skip_zero_advantage=false", "actor.lr=1e-6", f"rollout.backend={backend}",
+        f"model.path={model_dir}",
+        f"model.dtype={args.dtype}",
+        f"trainer.device={args.device}",
+        f"trainer.run_dir={run_dir}",
+        f"trainer.total_steps={args.steps}",
+        "trainer.val_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.loggers=[jsonl]",
+        f"data.train_batch_size={args.batch}",
+        f"actor.ppo_mini_batch_size={args.batch}",
+        f"rollout.n={args.n}",
+        "data.val_size=16",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"actor.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch}",
+        "actor.skip_zero_advantage=false",
+        "actor.lr=1e-6",
+        f"rollout.backend={backend}",
     ]
     if args.device == "cuda":
         out.append("engine.gpus_per_worker=1")
@@ -127,21 +173,36 @@ def summarize(rows: list[dict], warmup: int, weight_gb: float, rows_per_step: in
     def peak(key: str) -> float:
         return max((r[key] for r in steps if key in r), default=float("nan"))
 
-    gen_tps = [r["response_length/mean"] * rows_per_step / r["timing_s/gen"] for r in steps if r.get("timing_s/gen", 0) > 0]
+    gen_tps = [
+        r["response_length/mean"] * rows_per_step / r["timing_s/gen"] for r in steps if r.get("timing_s/gen", 0) > 0
+    ]
     sync = [r["timing_s/update_weights"] / weight_gb for r in steps if r.get("timing_s/update_weights", 0) > 0]
     return {
-        "steps": len(steps), "step_s": med("timing_s/step"), "tokens_per_s": med("perf/throughput"),
+        "steps": len(steps),
+        "step_s": med("timing_s/step"),
+        "tokens_per_s": med("perf/throughput"),
         "gen_tokens_per_s": statistics.median(gen_tps) if gen_tps else float("nan"),
-        "peak_allocated_gb": peak("perf/max_memory_allocated_gb"), "gpu_used_gb": peak("perf/gpu_memory_used_gb"),
-        "max_rss_gb": peak("perf/max_rss_gb"), "sync_s_per_gb": statistics.median(sync) if sync else 0.0,
-        "logprob_diff_mean": med("rollout/logprob_diff_mean"), "logprob_diff_max": peak("rollout/logprob_diff_max"),
+        "peak_allocated_gb": peak("perf/max_memory_allocated_gb"),
+        "gpu_used_gb": peak("perf/gpu_memory_used_gb"),
+        "max_rss_gb": peak("perf/max_rss_gb"),
+        "sync_s_per_gb": statistics.median(sync) if sync else 0.0,
+        "logprob_diff_mean": med("rollout/logprob_diff_mean"),
+        "logprob_diff_max": peak("rollout/logprob_diff_max"),
     }
 
 
 def format_table(results: dict[str, dict]) -> str:
-    cols = [("backend", None), ("step s", "step_s"), ("tokens/s", "tokens_per_s"), ("gen tokens/s", "gen_tokens_per_s"),
-            ("peak alloc GB", "peak_allocated_gb"), ("GPU used GB", "gpu_used_gb"), ("sync s/GB", "sync_s_per_gb"),
-            ("|dlogp| mean", "logprob_diff_mean"), ("|dlogp| max", "logprob_diff_max")]
+    cols = [
+        ("backend", None),
+        ("step s", "step_s"),
+        ("tokens/s", "tokens_per_s"),
+        ("gen tokens/s", "gen_tokens_per_s"),
+        ("peak alloc GB", "peak_allocated_gb"),
+        ("GPU used GB", "gpu_used_gb"),
+        ("sync s/GB", "sync_s_per_gb"),
+        ("|dlogp| mean", "logprob_diff_mean"),
+        ("|dlogp| max", "logprob_diff_max"),
+    ]
     rows = []
     for backend, s in results.items():
         if "error" in s:
@@ -150,7 +211,11 @@ def format_table(results: dict[str, dict]) -> str:
         cells = [backend]
         for _, key in cols[1:]:
             v = s[key]
-            cells.append("-" if v != v else (f"{v:.2e}" if key.startswith("logprob") else f"{v:,.3g}" if v < 100 else f"{v:,.0f}"))
+            cells.append(
+                "-"
+                if v != v
+                else (f"{v:.2e}" if key.startswith("logprob") else f"{v:,.3g}" if v < 100 else f"{v:,.0f}")
+            )
         rows.append(cells)
     header = [c for c, _ in cols]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
@@ -165,8 +230,10 @@ def preflight(args: argparse.Namespace) -> str | None:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        return ("no CUDA GPU here (torch.cuda.is_available() is False); this check is for a GPU machine. "
-                "For the CPU smoke run: --preset tiny --device cpu --steps 2 --warmup 0 --backends hf")
+        return (
+            "no CUDA GPU here (torch.cuda.is_available() is False); this check is for a GPU machine. "
+            "For the CPU smoke run: --preset tiny --device cpu --steps 2 --warmup 0 --backends hf"
+        )
     if "vllm" in args.backends and importlib.util.find_spec("vllm") is None:
         return "--backends includes vllm, but vLLM is not installed (pip install vllm on a GPU machine); or pass --backends hf"
     return None
@@ -196,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         n_params = build_model_dir(root / "model", args.preset, 64 + args.max_new_tokens + 64)
         weight_gb = n_params * (2 if args.dtype == "bfloat16" else 4) / 1e9
-        print(f"model: {args.preset} ({n_params / 1e9:.3f}B parameters, {weight_gb:.2f} GB in {args.dtype}); "
-              f"{args.steps} steps x {args.batch} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, on {args.device}")
+        print(
+            f"model: {args.preset} ({n_params / 1e9:.3f}B parameters, {weight_gb:.2f} GB in {args.dtype}); "
+            f"{args.steps} steps x {args.batch} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, on {args.device}"
+        )
         results = {}
         for backend in args.backends:
             try:

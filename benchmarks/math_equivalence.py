@@ -42,11 +42,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-SUITE_FILES = ("tests/test_all.py", "tests/test_numina_cases.py", "tests/test_open_thoughts.py",
-               "tests/test_yujianll.py", "tests/test_boxed.py")
+SUITE_FILES = (
+    "tests/test_all.py",
+    "tests/test_numina_cases.py",
+    "tests/test_open_thoughts.py",
+    "tests/test_yujianll.py",
+    "tests/test_boxed.py",
+)
 _ROOT = Path(__file__).resolve().parents[1]
-_DEFAULT_SUITES = [Path(p) for p in (os.environ.get("MATH_VERIFY_REPO", ""), _ROOT.parent / "Math-Verify",
-                                     "/work/.mirror/huggingface+Math-Verify/repo") if str(p)]
+_DEFAULT_SUITES = [
+    Path(p)
+    for p in (
+        os.environ.get("MATH_VERIFY_REPO", ""),
+        _ROOT.parent / "Math-Verify",
+        "/work/.mirror/huggingface+Math-Verify/repo",
+    )
+    if str(p)
+]
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 MODES = ("boxed", "equivalence", "lenient")
 REFERENCE = "math-verify"  # the suite's own library, installed version: a baseline, not an ARMOR mode
@@ -75,8 +87,9 @@ def read_suite_file(suite: Path, path: str, rev: str) -> str:
     """One file of the suite: from a bare git directory at ``rev``, else from the working tree."""
     git = _git_dir(suite)
     if git is not None and not (suite / path).is_file():
-        return subprocess.run(["git", "--git-dir", str(git), "show", f"{rev}:{path}"], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["git", "--git-dir", str(git), "show", f"{rev}:{path}"], check=True, capture_output=True, text=True
+        ).stdout
     return (suite / path).read_text(encoding="utf-8")
 
 
@@ -105,8 +118,13 @@ def _value(node: ast.expr) -> Any:
             else:
                 out.append(str(_value(part)))
         return "".join(out)
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "math" and callable(getattr(math, node.func.attr, None))):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "math"
+        and callable(getattr(math, node.func.attr, None))
+    ):
         return getattr(math, node.func.attr)(*(ast.literal_eval(a) for a in node.args))
     raise ValueError(f"line {node.lineno}: not a literal: {ast.unparse(node)[:80]}")
 
@@ -138,8 +156,16 @@ def rows_from(source: str, name: str) -> list[Row]:
             for i, element in enumerate(deco.args[1].elts):
                 values = dict(zip(names, _value(element)))
                 options = {k: v for k, v in values.items() if k not in ("gold", "pred", label)}
-                rows.append(Row(f"{name}::{test.name}[{i}]", values["gold"], values["pred"], int(values[label]),
-                                _match_types(test), options))
+                rows.append(
+                    Row(
+                        f"{name}::{test.name}[{i}]",
+                        values["gold"],
+                        values["pred"],
+                        int(values[label]),
+                        _match_types(test),
+                        options,
+                    )
+                )
     return rows
 
 
@@ -161,16 +187,21 @@ def _reference_parse(text: str, match_types: tuple[str, ...] | None) -> list:
 
 
 def scorers() -> dict[str, Callable[[Row], int]]:
-    from math_verify import verify
-
     from armor_rewards_math.domains import math_reward
     from armor_rewards_math.extract import clean_answer
     from armor_rewards_math.verify import is_equivalent
+    from math_verify import verify
 
     def reference(row: Row) -> int:  # the suite's own verdict, with the installed math-verify
         gold, pred = (_reference_parse(t, row.match_types) for t in (row.gold, row.pred))
-        return int(verify(gold, pred, float_rounding=row.options.get("precision", 6),
-                          allow_set_relation_comp=row.options.get("allow_set_relation_comp", False)))
+        return int(
+            verify(
+                gold,
+                pred,
+                float_rounding=row.options.get("precision", 6),
+                allow_set_relation_comp=row.options.get("allow_set_relation_comp", False),
+            )
+        )
 
     def answer(text: str, match_types: tuple[str, ...] | None) -> str:
         parsed = _reference_parse(text, match_types)
@@ -236,21 +267,29 @@ def report(rows: list[Row], results: dict[str, list[int | str]], seconds: dict[s
         for row, got in zip(rows, results[mode]):
             if got != row.expected:
                 options = f" {row.options}" if row.options else ""
-                print(f"- {row.where}{options} expected {row.expected}, got {got}\n"
-                      f"    gold {row.gold[-100:]!r}\n    pred {row.pred[-100:]!r}")
+                print(
+                    f"- {row.where}{options} expected {row.expected}, got {got}\n"
+                    f"    gold {row.gold[-100:]!r}\n    pred {row.pred[-100:]!r}"
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", type=Path, default=next((p for p in _DEFAULT_SUITES if p.exists()), None),
-                        help="a checkout or bare git directory of huggingface/Math-Verify "
-                             "(default: $MATH_VERIFY_REPO, ../Math-Verify, or the local mirror)")
+    parser.add_argument(
+        "--suite",
+        type=Path,
+        default=next((p for p in _DEFAULT_SUITES if p.exists()), None),
+        help="a checkout or bare git directory of huggingface/Math-Verify "
+        "(default: $MATH_VERIFY_REPO, ../Math-Verify, or the local mirror)",
+    )
     parser.add_argument("--rev", default="HEAD", help="the revision to read from a git copy")
     parser.add_argument("--errors", action="store_true", help="list every disagreement, per mode")
     args = parser.parse_args()
     if args.suite is None or not args.suite.exists():
-        parser.error(f"no copy of Math-Verify at {args.suite or ' or '.join(map(str, _DEFAULT_SUITES))}; "
-                     "git clone https://github.com/huggingface/Math-Verify and pass --suite PATH")
+        parser.error(
+            f"no copy of Math-Verify at {args.suite or ' or '.join(map(str, _DEFAULT_SUITES))}; "
+            "git clone https://github.com/huggingface/Math-Verify and pass --suite PATH"
+        )
     rows = load_suite(args.suite, args.rev)
     print(f"Math-Verify tests at {suite_commit(args.suite, args.rev)}: {len(rows)} (gold, pred, expected) rows\n")
     results, seconds = score(rows)

@@ -53,7 +53,9 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def run_case(pass_: str, chunk: int, rows: int, length: int, reps: int, vocab: int, hidden: int, layers: int, threads: int) -> dict:
+def run_case(
+    pass_: str, chunk: int, rows: int, length: int, reps: int, vocab: int, hidden: int, layers: int, threads: int
+) -> dict:
     """One case in this process: returns peak bytes above the baseline and seconds per token."""
     import torch
 
@@ -65,8 +67,15 @@ def run_case(pass_: str, chunk: int, rows: int, length: int, reps: int, vocab: i
     quiet_transformers()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = build_tiny_model("qwen2", vocab, hidden_size=hidden, num_layers=layers, num_heads=max(1, hidden // 32),
-                             max_position_embeddings=PROMPT + length + 8, attn_implementation="sdpa")
+    model = build_tiny_model(
+        "qwen2",
+        vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=max(1, hidden // 32),
+        max_position_embeddings=PROMPT + length + 8,
+        attn_implementation="sdpa",
+    )
     if chunk:
         why = install_response_head(model)
         if why:
@@ -102,8 +111,15 @@ def run_case(pass_: str, chunk: int, rows: int, length: int, reps: int, vocab: i
         t0 = time.perf_counter()
         step(*data)
         times.append(time.perf_counter() - t0)
-    return {"pass": pass_, "chunk": chunk, "rows": rows, "length": length, "baseline_gb": baseline / 1e9,
-            "peak_above_gb": (peak_rss_bytes() - baseline) / 1e9, "s_per_ktok": statistics.median(times) / (rows * length) * 1e3}
+    return {
+        "pass": pass_,
+        "chunk": chunk,
+        "rows": rows,
+        "length": length,
+        "baseline_gb": baseline / 1e9,
+        "peak_above_gb": (peak_rss_bytes() - baseline) / 1e9,
+        "s_per_ktok": statistics.median(times) / (rows * length) * 1e3,
+    }
 
 
 def plain_estimate_gb(pass_: str, rows: int, length: int, vocab: int) -> float:
@@ -113,13 +129,35 @@ def plain_estimate_gb(pass_: str, rows: int, length: int, vocab: int) -> float:
 
 def spawn(args: argparse.Namespace, pass_: str, chunk: int, length: int) -> dict:
     """Run one case in a fresh process (a process's peak RSS only ever grows)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", pass_, str(chunk), str(length), "--rows", str(args.rows),
-           "--reps", str(args.reps), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--layers", str(args.layers),
-           "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--case",
+        pass_,
+        str(chunk),
+        str(length),
+        "--rows",
+        str(args.rows),
+        "--reps",
+        str(args.reps),
+        "--vocab",
+        str(args.vocab),
+        "--hidden",
+        str(args.hidden),
+        "--layers",
+        str(args.layers),
+        "--threads",
+        str(args.threads),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
-        return {"pass": pass_, "chunk": chunk, "rows": args.rows, "length": length,
-                "error": f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['killed'])[-1]}"}
+        return {
+            "pass": pass_,
+            "chunk": chunk,
+            "rows": args.rows,
+            "length": length,
+            "error": f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['killed'])[-1]}",
+        }
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -145,34 +183,56 @@ def check_targets(results: list[dict]) -> list[str]:
     if big:
         top = max(big, key=lambda r: r["length"])
         ok = top["peak_above_gb"] <= PEAK_TARGET_GB
-        lines.append(f"{'met' if ok else 'MISSED'}: chunked update at {top['rows']} x {top['length']}: "
-                     f"{top['peak_above_gb']:.2f} GB above baseline (target <= {PEAK_TARGET_GB:.0f} GB)")
+        lines.append(
+            f"{'met' if ok else 'MISSED'}: chunked update at {top['rows']} x {top['length']}: "
+            f"{top['peak_above_gb']:.2f} GB above baseline (target <= {PEAK_TARGET_GB:.0f} GB)"
+        )
     for (pass_, length, chunked), r in sorted(by.items()):
         plain = by.get((pass_, length, False))
         if chunked and plain:
             ratio = r["s_per_ktok"] / plain["s_per_ktok"]
-            lines.append(f"{'met' if ratio <= TIME_TARGET else 'MISSED'}: {pass_} at {r['rows']} x {length}: chunked/plain time per token "
-                         f"{ratio:.2f}x (target <= {TIME_TARGET}x); peak {plain['peak_above_gb']:.2f} -> {r['peak_above_gb']:.2f} GB")
+            lines.append(
+                f"{'met' if ratio <= TIME_TARGET else 'MISSED'}: {pass_} at {r['rows']} x {length}: chunked/plain time per token "
+                f"{ratio:.2f}x (target <= {TIME_TARGET}x); peak {plain['peak_above_gb']:.2f} -> {r['peak_above_gb']:.2f} GB"
+            )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192], help="response lengths R (tokens)")
     p.add_argument("--rows", type=int, default=4)
     from armor_core.config.schema import ActorConfig
 
-    p.add_argument("--chunk", type=int, default=ActorConfig().logprob_chunk_tokens, help="tokens per block of the chunked path (default: actor.logprob_chunk_tokens's)")
-    p.add_argument("--sweep", type=int, nargs="+", metavar="CHUNK", help="time the chunked update for each of these chunk sizes instead")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=ActorConfig().logprob_chunk_tokens,
+        help="tokens per block of the chunked path (default: actor.logprob_chunk_tokens's)",
+    )
+    p.add_argument(
+        "--sweep",
+        type=int,
+        nargs="+",
+        metavar="CHUNK",
+        help="time the chunked update for each of these chunk sizes instead",
+    )
     p.add_argument("--passes", nargs="+", choices=["update", "reference"], default=["update", "reference"])
     p.add_argument("--reps", type=int, default=2, help="timed passes per case, after one untimed pass")
     p.add_argument("--vocab", type=int, default=VOCAB)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--plain-limit-gb", type=float, default=12.0, help="run the plain path only where its logits' estimate fits in this")
+    p.add_argument(
+        "--plain-limit-gb",
+        type=float,
+        default=12.0,
+        help="run the plain path only where its logits' estimate fits in this",
+    )
     p.add_argument("--json", action="store_true", help="print the results as one JSON list instead of a table")
     p.add_argument("--case", nargs=3, metavar=("PASS", "CHUNK", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -183,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--lengths, --chunk and --sweep take positive token counts")
     if args.case:
         pass_, chunk, length = args.case[0], int(args.case[1]), int(args.case[2])
-        print(json.dumps(run_case(pass_, chunk, args.rows, length, args.reps, args.vocab, args.hidden, args.layers, args.threads)))
+        print(
+            json.dumps(
+                run_case(pass_, chunk, args.rows, length, args.reps, args.vocab, args.hidden, args.layers, args.threads)
+            )
+        )
         return 0
 
     results = []
@@ -198,16 +262,31 @@ def main(argv: list[str] | None = None) -> int:
                 if need <= args.plain_limit_gb:
                     results.append(spawn(args, pass_, 0, length))
                 else:
-                    results.append({"pass": pass_, "chunk": 0, "rows": args.rows, "length": length, "skipped": True,
-                                    "error": f"not run: its logits need ~{need:.0f} GB (> --plain-limit-gb {args.plain_limit_gb:g})"})
+                    results.append(
+                        {
+                            "pass": pass_,
+                            "chunk": 0,
+                            "rows": args.rows,
+                            "length": length,
+                            "skipped": True,
+                            "error": f"not run: its logits need ~{need:.0f} GB (> --plain-limit-gb {args.plain_limit_gb:g})",
+                        }
+                    )
                 results.append(spawn(args, pass_, args.chunk, length))
     if args.json:
         print(json.dumps(results))
         return 0
     base = next((r["baseline_gb"] for r in results if "baseline_gb" in r), float("nan"))
-    print(f"vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, prompt {PROMPT} tokens, {args.threads} threads; "
-          f"baseline (model + gradients + AdamW state) {base:.2f} GB RSS")
-    print(table(["pass", "rows x R", "path", "peak above baseline (GB)", "ms / token", "note"], [fmt_row(r) for r in results]))
+    print(
+        f"vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, prompt {PROMPT} tokens, {args.threads} threads; "
+        f"baseline (model + gradients + AdamW state) {base:.2f} GB RSS"
+    )
+    print(
+        table(
+            ["pass", "rows x R", "path", "peak above baseline (GB)", "ms / token", "note"],
+            [fmt_row(r) for r in results],
+        )
+    )
     if args.sweep:
         return 0
     verdicts = check_targets(results)

@@ -50,13 +50,30 @@ def build_worker(tmp: Path, hidden: int, layers: int, heads: int, max_new: int):
 
     quiet_transformers()
     tokenizer = load_tokenizer(resolve_model_path("builtin:arithmetic-tiny"))
-    model = build_tiny_model("qwen2", len(tokenizer), hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                             max_position_embeddings=max(256, 2 * max_new))
+    model = build_tiny_model(
+        "qwen2",
+        len(tokenizer),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=4 * hidden,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        max_position_embeddings=max(256, 2 * max_new),
+    )
     model.save_pretrained(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
-    cfg = load_config(None, [f"model.path={tmp / 'model'}", f"rollout.max_new_tokens={max_new}", f"trainer.run_dir={tmp / 'run'}",
-                             "data.train_size=64", "data.val_size=8"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tmp / 'model'}",
+            f"rollout.max_new_tokens={max_new}",
+            f"trainer.run_dir={tmp / 'run'}",
+            "data.train_size=64",
+            "data.val_size=8",
+        ],
+    )
     return ActorWorker(to_dict(cfg)), cfg
 
 
@@ -72,13 +89,20 @@ def grpo_batch(cfg, response_length: int, seed: int = 0):
     bs, R = len(prompts), response_length
     lengths = torch.randint(R // 2, R + 1, (bs,), generator=g)
     resp_mask = (torch.arange(R)[None, :] < lengths[:, None]).long()
-    responses = torch.where(resp_mask.bool(), torch.randint(3, 19, (bs, R), generator=g), torch.zeros(bs, R, dtype=torch.long))
+    responses = torch.where(
+        resp_mask.bool(), torch.randint(3, 19, (bs, R), generator=g), torch.zeros(bs, R, dtype=torch.long)
+    )
     last = prompts["position_ids"][:, -1:]
-    return DataProto.from_dict(tensors={
-        "input_ids": torch.cat([prompts["input_ids"], responses], 1), "attention_mask": torch.cat([prompts["attention_mask"], resp_mask], 1),
-        "position_ids": torch.cat([prompts["position_ids"], last + torch.arange(1, R + 1)], 1), "responses": responses,
-        "response_mask": resp_mask, "advantages": torch.randn(bs, R, generator=g) * resp_mask,
-    })
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([prompts["input_ids"], responses], 1),
+            "attention_mask": torch.cat([prompts["attention_mask"], resp_mask], 1),
+            "position_ids": torch.cat([prompts["position_ids"], last + torch.arange(1, R + 1)], 1),
+            "responses": responses,
+            "response_mask": resp_mask,
+            "advantages": torch.randn(bs, R, generator=g) * resp_mask,
+        }
+    )
 
 
 def main() -> None:
@@ -110,16 +134,33 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
                 waste.append(m["perf/padding_waste"])
                 sharing.append(m["perf/prompt_sharing"])
-            step_s = statistics.median(times[a.warmup:])
+            step_s = statistics.median(times[a.warmup :])
             needed = real_tokens * (1 - statistics.median(sharing))
-            rows.append((layouts[0] if layouts else "padded", step_s, 6 * params * needed / step_s, 6 * params * real_tokens / step_s, statistics.median(waste)))
+            rows.append(
+                (
+                    layouts[0] if layouts else "padded",
+                    step_s,
+                    6 * params * needed / step_s,
+                    6 * params * real_tokens / step_s,
+                    statistics.median(waste),
+                )
+            )
 
-    print(f"threads {a.threads}; float32 matmul peak ({a.mm_size}x{a.mm_size} torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s")
-    print(f"model: Qwen2 hidden {a.hidden}, {a.layers} layers, {params / 1e6:.2f}M parameters; batch: 128 rows, "
-          f"{real_tokens} real tokens (prompts 7, responses {a.response_length // 2}-{a.response_length})")
-    print(f"\n{'training forward':18} {'s/update':>9} {'hardware GFLOP/s':>17} {'% of peak':>10} {'effective GFLOP/s':>18} {'padding waste':>14}")
+    print(
+        f"threads {a.threads}; float32 matmul peak ({a.mm_size}x{a.mm_size} torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"model: Qwen2 hidden {a.hidden}, {a.layers} layers, {params / 1e6:.2f}M parameters; batch: 128 rows, "
+        f"{real_tokens} real tokens (prompts 7, responses {a.response_length // 2}-{a.response_length})"
+    )
+    print(
+        f"\n{'training forward':18} {'s/update':>9} {'hardware GFLOP/s':>17} {'% of peak':>10} {'effective GFLOP/s':>18} {'padding waste':>14}"
+    )
     for kind, step_s, flops, effective, waste in rows:
-        print(f"{kind:18} {step_s:9.3f} {flops / 1e9:17.1f} {100 * flops / peak:9.1f}% {effective / 1e9:18.1f} {100 * waste:13.1f}%")
+        print(
+            f"{kind:18} {step_s:9.3f} {flops / 1e9:17.1f} {100 * flops / peak:9.1f}% {effective / 1e9:18.1f} {100 * waste:13.1f}%"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -48,7 +48,9 @@ def read_rows(name: str) -> list[dict]:
 
 def judge_mc(row: dict) -> tuple[bool, bool, str]:
     """(reading as expected, score as expected, what was read) for one multiple-choice row."""
-    v = judge_choice(row["prompt"], row["response"], row["ground_truth"], {"options": row["options"]} if "options" in row else {})
+    v = judge_choice(
+        row["prompt"], row["response"], row["ground_truth"], {"options": row["options"]} if "options" in row else {}
+    )
     read = "hedged" if v.hedged else (sorted(v.choice.letters) or None)
     expect = row["expect"]
     expected_read = expect if expect in (None, "hedged") else sorted([expect] if isinstance(expect, str) else expect)
@@ -59,12 +61,19 @@ def judge_short(row: dict) -> tuple[bool, bool, str]:
     """(reading as expected, score as expected, what was read) for one short-answer row."""
     result = short_answer_reward(row["prompt"], row["response"], row["ground_truth"], {}, **row["params"])
     correct, hedged = bool(result.sub_scores["correct"]), bool(result.sub_scores["hedged"])
-    return (correct == bool(row["correct"]) and hedged == bool(row["hedged"]), correct == bool(row["correct"]),
-            f"correct={int(correct)} hedged={int(hedged)} f1={result.sub_scores['f1']:.2f}")
+    return (
+        correct == bool(row["correct"]) and hedged == bool(row["hedged"]),
+        correct == bool(row["correct"]),
+        f"correct={int(correct)} hedged={int(hedged)} f1={result.sub_scores['f1']:.2f}",
+    )
 
 
-SETS = (("multiple_choice", "extraction_mc.jsonl", False), ("multiple_choice", "extraction_mc_fresh.jsonl", True),
-        ("short_answer", "extraction_short.jsonl", False), ("short_answer", "extraction_short_fresh.jsonl", True))
+SETS = (
+    ("multiple_choice", "extraction_mc.jsonl", False),
+    ("multiple_choice", "extraction_mc_fresh.jsonl", True),
+    ("short_answer", "extraction_short.jsonl", False),
+    ("short_answer", "extraction_short_fresh.jsonl", True),
+)
 JUDGES = {"multiple_choice": judge_mc, "short_answer": judge_short}
 
 
@@ -87,7 +96,9 @@ def table(results: dict[tuple[str, str, str], list[tuple[bool, bool]]]) -> str:
                 rows = results.get((domain, split, lang), [])
                 if rows:
                     n = len(rows)
-                    lines.append(f"| {domain} | {split} | {lang} | {n} | {sum(r[0] for r in rows) / n:.3f} | {sum(r[1] for r in rows) / n:.3f} |")
+                    lines.append(
+                        f"| {domain} | {split} | {lang} | {n} | {sum(r[0] for r in rows) / n:.3f} | {sum(r[1] for r in rows) / n:.3f} |"
+                    )
     return "\n".join(lines)
 
 

@@ -29,11 +29,28 @@ from armor_rewards_safety.xstest import DEFAULT_DATA, MODELS, read_completions, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=DEFAULT_DATA, help="folder of xstest_v2_completions_<model>.csv, or a bare git clone of paul-rottger/exaggerated-safety")
-    ap.add_argument("--errors", type=int, default=0, help="print up to this many tuning-split mistakes of the learned classifier per model")
-    ap.add_argument("--splits", default="tune,held_out", help="comma-separated splits to print in the table: tune while choosing rules, "
-                    "so that held-out rows are measured only for a final candidate")
-    ap.add_argument("--learned-model", default="builtin", help="the learned model to measure: 'builtin' or a file written by armor_rewards_safety.train")
+    ap.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="folder of xstest_v2_completions_<model>.csv, or a bare git clone of paul-rottger/exaggerated-safety",
+    )
+    ap.add_argument(
+        "--errors",
+        type=int,
+        default=0,
+        help="print up to this many tuning-split mistakes of the learned classifier per model",
+    )
+    ap.add_argument(
+        "--splits",
+        default="tune,held_out",
+        help="comma-separated splits to print in the table: tune while choosing rules, "
+        "so that held-out rows are measured only for a final candidate",
+    )
+    ap.add_argument(
+        "--learned-model",
+        default="builtin",
+        help="the learned model to measure: 'builtin' or a file written by armor_rewards_safety.train",
+    )
     args = ap.parse_args()
     splits = args.splits.split(",")
     if set(splits) - {"tune", "held_out"}:
@@ -52,8 +69,10 @@ def main() -> None:
                     results.setdefault(key, []).append((human, verdict.label != "compliance"))
             if split == "tune" and human != (verdict.label != "compliance") and shown < args.errors:
                 shown += 1
-                print(f"--- {name} {row['id']} human={row['final_label']} ours={verdict.label} refusals={verdict.refusals} "
-                      f"content={verdict.content_size} p={verdict.probability}")
+                print(
+                    f"--- {name} {row['id']} human={row['final_label']} ours={verdict.label} refusals={verdict.refusals} "
+                    f"content={verdict.content_size} p={verdict.probability}"
+                )
                 print(row["completion"][:600].replace("\n", " | "))
     print("| split | model | rows | rules: accuracy | recall | precision | learned: accuracy | recall | precision |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -43,7 +43,9 @@ def gsm8k_rows(rng: random.Random, n: int) -> list[tuple[str, str, str]]:
     for _ in range(n):
         a, b = rng.randint(2, 500), rng.randint(2, 50)
         text = f"She buys {b} boxes of {a} pens, so {a} * {b} = {a * b} pens in total.\n"
-        rows.append(("Word problem", text + f"#### {a * b if rng.random() < 0.6 else a * b + 1:,}", f"... #### {a * b}"))
+        rows.append(
+            ("Word problem", text + f"#### {a * b if rng.random() < 0.6 else a * b + 1:,}", f"... #### {a * b}")
+        )
     return rows
 
 
@@ -77,7 +79,13 @@ def safety_rows(rng: random.Random, n: int) -> list[tuple[str, str, str]]:
     return [("A request", rng.choice(_RESPONSES), rng.choice(["safe", "unsafe"])) for _ in range(n)]
 
 
-DOMAINS = {"arithmetic": arithmetic_rows, "gsm8k": gsm8k_rows, "math": math_rows, "refusal": safety_rows, "safety": safety_rows}
+DOMAINS = {
+    "arithmetic": arithmetic_rows,
+    "gsm8k": gsm8k_rows,
+    "math": math_rows,
+    "refusal": safety_rows,
+    "safety": safety_rows,
+}
 
 
 def _nested(opening: str, closing: str, depth: int, leaf: str = "1") -> str:
@@ -87,7 +95,10 @@ def _nested(opening: str, closing: str, depth: int, leaf: str = "1") -> str:
 def adversarial_rows() -> list[tuple[str, str, str, str, str, dict[str, Any]]]:
     """(name, domain, prompt, response, ground truth, domain parameters); "limit" rows are the
     largest of their kind that the limits let through to math-verify."""
-    big, few_shot = "7" * 5000, "Example: what is 2+5? Adding the two numbers gives seven, so the answer is \\boxed{7}.\n\n"
+    big, few_shot = (
+        "7" * 5000,
+        "Example: what is 2+5? Adding the two numbers gives seven, so the answer is \\boxed{7}.\n\n",
+    )
     megabyte = "We reason step by step about the problem. " * 23_000  # 966,000 characters, under the 1 MB limit
     terms = "+".join(["a", r"\frac{x}{y}", r"\sqrt{3}"] * 4)
     return [
@@ -107,7 +118,14 @@ def adversarial_rows() -> list[tuple[str, str, str, str, str, dict[str, Any]]]:
         ("parentheses, load 120 (limit)", "math", "q", "\\boxed{" + _nested("(", ")", 3, terms[:38]) + "}", "5", {}),
         ("braces around parentheses (limit)", "math", "q", "\\boxed{{(" + terms[:50] + ")}}", "5", {}),
         ("16 subscripts (limit)", "math", "q", "\\boxed{" + "+".join(f"x_{{{i}}}" for i in range(16)) + "}", "5", {}),
-        ("300 characters (limit)", "math", "q", "\\boxed{" + "+".join(f"x{i}" for i in range(70))[:300].rstrip("+x") + "}", "5", {}),
+        (
+            "300 characters (limit)",
+            "math",
+            "q",
+            "\\boxed{" + "+".join(f"x{i}" for i in range(70))[:300].rstrip("+x") + "}",
+            "5",
+            {},
+        ),
         ("4 unions (limit)", "math", "q", "\\boxed{" + r" \cup ".join(f"[{i},{i}.5)" for i in range(5)) + "}", "x", {}),
         ("64 chained boxes (limit)", "math", "q", ", ".join(f"\\boxed{{x_{{{i}}}}}" for i in range(64)), "x", {}),
         ("1 MB response, box at the end", "math", "q", megabyte + r"\boxed{5}", "5", {}),
@@ -142,7 +160,9 @@ def adversarial(pm: PluginManager) -> float:
         result = fn(prompt, response, gold, {}, **params)
         seconds = time.perf_counter() - start
         worst = max(worst, seconds)
-        print(f"{name:<34} {domain:<7} {seconds:>7.3f} {result.score:>6.1f} {result.sub_scores.get('refused', 0.0):>8.0f}")
+        print(
+            f"{name:<34} {domain:<7} {seconds:>7.3f} {result.score:>6.1f} {result.sub_scores.get('refused', 0.0):>8.0f}"
+        )
     print(f"worst case: {worst:.3f} s/row ({'under' if worst < 1.0 else 'OVER'} the 1 s target)")
     return worst
 
@@ -159,6 +179,7 @@ def direct(pm: PluginManager, domain: str, rows: list, batch: int) -> float:
 
 def managed(pm: PluginManager, domain: str, rows: list, batch: int, workers: int) -> tuple[float, float]:
     with RewardManager(RewardConfig(num_workers=workers, timeout_s=10.0), pm) as rm:
+
         def run(chunk: list) -> None:
             rm.score([r[0] for r in chunk], [r[1] for r in chunk], [domain] * len(chunk), [r[2] for r in chunk], None)
 
@@ -175,8 +196,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1024, help="rows per domain")
     parser.add_argument("--batch", type=int, default=64, help="rows per RewardManager.score call")
-    parser.add_argument("--section", choices=["all", "throughput", "adversarial"], default="all",
-                        help="throughput: rows/s of every domain; adversarial: worst-case s/row of math and gsm8k")
+    parser.add_argument(
+        "--section",
+        choices=["all", "throughput", "adversarial"],
+        default="all",
+        help="throughput: rows/s of every domain; adversarial: worst-case s/row of math and gsm8k",
+    )
     args = parser.parse_args()
     import armor_rewards_math
     import armor_rewards_safety
@@ -194,7 +219,7 @@ def main() -> None:
         rate = direct(pm, domain, rows, args.batch)
         print(f"{domain:<11} {'direct':<22} {rate:>10.0f} {1000 / rate:>8.3f} {'':>8}")
         inline = pm.get("reward_domain", domain).inline
-        for workers in ([0] if inline else [0, 2]):
+        for workers in [0] if inline else [0, 2]:
             rate, first = managed(pm, domain, rows, args.batch, workers)
             path = "manager, in-process" if inline else f"manager, {max(1, workers)} worker(s)"
             print(f"{domain:<11} {path:<22} {rate:>10.0f} {1000 / rate:>8.3f} {first:>8.2f}")

@@ -33,8 +33,8 @@ import time
 import torch
 
 from armor_core.config.schema import RolloutConfig
-from armor_core.models.loading import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from armor_core.dataproto.protocol import DataProto
+from armor_core.models.loading import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from armor_plugins.rollout.hf import HFRollout
 
 
@@ -42,8 +42,15 @@ def _model_dir(args: argparse.Namespace, tmp: str) -> str:
     if args.model:
         return args.model
     tok = build_char_tokenizer("".join(chr(c) for c in range(32, 127)))
-    model = build_tiny_model("qwen2", len(tok), hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
-                             max_position_embeddings=1024, seed=0)
+    model = build_tiny_model(
+        "qwen2",
+        len(tok),
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.hidden // 32,
+        max_position_embeddings=1024,
+        seed=0,
+    )
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     return tmp
@@ -53,12 +60,18 @@ def _prompts(batch: int, vocab: int, length: int = 32) -> DataProto:
     gen = torch.Generator().manual_seed(batch)
     ids = torch.randint(4, vocab, (batch, length), generator=gen)  # ids 0-3 are the char tokenizer's specials
     mask = torch.ones_like(ids)
-    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1)})
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1)}
+    )
 
 
 def _time(backend, prompts: DataProto, new_tokens: int) -> tuple[float, int]:
     t0 = time.perf_counter()
-    out = backend(prompts, new_tokens) if isinstance(backend, _LoraStep) else backend.generate(prompts, max_new_tokens=new_tokens, temperature=1.0)
+    out = (
+        backend(prompts, new_tokens)
+        if isinstance(backend, _LoraStep)
+        else backend.generate(prompts, max_new_tokens=new_tokens, temperature=1.0)
+    )
     return time.perf_counter() - t0, int(out["response_mask"].sum())
 
 
@@ -96,7 +109,11 @@ def _lora_backends(model, tok, rank: int, batch: int) -> dict:
                 if "lora_B" in pname:
                     p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
         kw = {"kv_cache_memory_bytes": 1 << 30, "lora_mode": mode}
-        backend = HFRollout(policy, tok, RolloutConfig(micro_batch_size=batch)) if mode is None else VLLMRollout(policy, tok, RolloutConfig(micro_batch_size=batch, backend_kwargs=kw))
+        backend = (
+            HFRollout(policy, tok, RolloutConfig(micro_batch_size=batch))
+            if mode is None
+            else VLLMRollout(policy, tok, RolloutConfig(micro_batch_size=batch, backend_kwargs=kw))
+        )
         out[name] = _LoraStep(backend, policy)
     return out
 
@@ -108,9 +125,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed calls per backend and configuration")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random model (heads of 32 dims)")
     parser.add_argument("--layers", type=int, default=4, help="layers of the random model")
-    parser.add_argument("--model", default=None, help="a local model directory or builtin:NAME instead of the random model")
-    parser.add_argument("--lora-rank", type=int, default=0, help="compare the LoRA rollouts instead: hf, vllm merged and vllm adapter (rollout.backend_kwargs.lora_mode) for a rank-R policy")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    parser.add_argument(
+        "--model", default=None, help="a local model directory or builtin:NAME instead of the random model"
+    )
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="compare the LoRA rollouts instead: hf, vllm merged and vllm adapter (rollout.backend_kwargs.lora_mode) for a rank-R policy",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -123,20 +151,36 @@ def main() -> None:
         head = f"model: {path if args.model else 'random qwen2'} ({params / 1e6:.2f}M parameters, {model.dtype}), {args.threads} threads, torch {torch.__version__}"
         if args.lora_rank:
             backends = _lora_backends(model, tok, args.lora_rank, max(args.batch))
-            print(f"{head}; LoRA r={args.lora_rank}: every timed call is one step's rollout, the adapters' update followed (update_lora) then generate")
+            print(
+                f"{head}; LoRA r={args.lora_rank}: every timed call is one step's rollout, the adapters' update followed (update_lora) then generate"
+            )
         else:
             t0 = time.perf_counter()
-            vllm_backend = VLLMRollout(model, tok, RolloutConfig(micro_batch_size=max(args.batch), backend_kwargs={"kv_cache_memory_bytes": 1 << 30}))
+            vllm_backend = VLLMRollout(
+                model,
+                tok,
+                RolloutConfig(micro_batch_size=max(args.batch), backend_kwargs={"kv_cache_memory_bytes": 1 << 30}),
+            )
             start_s = time.perf_counter() - t0
-            backends = {"hf": HFRollout(model, tok, RolloutConfig(micro_batch_size=max(args.batch))), "vllm": vllm_backend}
+            backends = {
+                "hf": HFRollout(model, tok, RolloutConfig(micro_batch_size=max(args.batch))),
+                "vllm": vllm_backend,
+            }
             sync_s = []
             for _ in range(3):
                 t0 = time.perf_counter()
                 vllm_backend.update_weights(model.state_dict().items())
                 sync_s.append(time.perf_counter() - t0)
-            print(f"{head}; vLLM engine start {start_s:.1f} s, weight sync (update_weights) {statistics.median(sync_s) * 1000:.0f} ms")
+            print(
+                f"{head}; vLLM engine start {start_s:.1f} s, weight sync (update_weights) {statistics.median(sync_s) * 1000:.0f} ms"
+            )
         names = list(backends)
-        print(f"{'batch':>5} {'new tok':>7} | " + " ".join(f"{n + ' tok/s':>18}" for n in names) + " | " + " ".join(f"{n + ' s/call':>19}" for n in names))
+        print(
+            f"{'batch':>5} {'new tok':>7} | "
+            + " ".join(f"{n + ' tok/s':>18}" for n in names)
+            + " | "
+            + " ".join(f"{n + ' s/call':>19}" for n in names)
+        )
         for new_tokens in args.new_tokens:
             for batch in args.batch:
                 prompts = _prompts(batch, len(tok))
@@ -151,9 +195,19 @@ def main() -> None:
                         tokens[name].append(n)
                 rate = {name: statistics.median(n / s for n, s in zip(tokens[name], times[name])) for name in backends}
                 sec = {name: statistics.median(times[name]) for name in backends}
-                print(f"{batch:>5} {new_tokens:>7} | " + " ".join(f"{rate[n]:>18.0f}" for n in names) + " | " + " ".join(f"{sec[n]:>19.3f}" for n in names), flush=True)
+                print(
+                    f"{batch:>5} {new_tokens:>7} | "
+                    + " ".join(f"{rate[n]:>18.0f}" for n in names)
+                    + " | "
+                    + " ".join(f"{sec[n]:>19.3f}" for n in names),
+                    flush=True,
+                )
         if args.lora_rank:
-            print("median update_lora (ms): " + ", ".join(f"{n} {statistics.median(b.update_s) * 1000:.1f}" for n, b in backends.items()))
+            print(
+                "median update_lora (ms): "
+                + ", ".join(f"{n} {statistics.median(b.update_s) * 1000:.1f}" for n, b in backends.items())
+            )
+
 
 if __name__ == "__main__":
     main()

@@ -35,7 +35,9 @@ def run_one(run_dir: Path, overrides: list[str]) -> list[dict]:
         trainer.fit()
     finally:
         trainer.close()
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "timing_s/step" in line]
+    return [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "timing_s/step" in line
+    ]
 
 
 def main() -> None:
@@ -49,26 +51,51 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     args = p.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    common = [f"data.train_batch_size={args.batch}", f"actor.ppo_mini_batch_size={args.batch}", f"rollout.n={args.n}",
-              f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.total_steps={args.warmup + args.steps}", "trainer.val_before_train=false",
-              "data.val_size=2", "trainer.loggers=[jsonl]", "trainer.val_freq=0", f"data.train_size={args.batch * (args.warmup + args.steps)}"]
+    common = [
+        f"data.train_batch_size={args.batch}",
+        f"actor.ppo_mini_batch_size={args.batch}",
+        f"rollout.n={args.n}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"trainer.total_steps={args.warmup + args.steps}",
+        "trainer.val_before_train=false",
+        "data.val_size=2",
+        "trainer.loggers=[jsonl]",
+        "trainer.val_freq=0",
+        f"data.train_size={args.batch * (args.warmup + args.steps)}",
+    ]
     configs = [("1 worker", 1, "ddp"), ("2 workers, DDP", 2, "ddp"), ("2 workers, FSDP2", 2, "fsdp2")]
     root = Path(tempfile.mkdtemp(prefix="armor_scaling_"))
     rows = []
     try:
         for label, n, strategy in configs:
             cpus = max(1, cores // n)
-            steps = run_one(root / f"{n}_{strategy}", [*common, f"actor.num_workers={n}", f"actor.strategy={strategy}", f"engine.cpus_per_worker={cpus}"])
-            measured = steps[args.warmup:]
+            steps = run_one(
+                root / f"{n}_{strategy}",
+                [*common, f"actor.num_workers={n}", f"actor.strategy={strategy}", f"engine.cpus_per_worker={cpus}"],
+            )
+            measured = steps[args.warmup :]
             med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731
             tokens = statistics.median(m["perf/total_num_tokens"] for m in measured)
-            rows.append((label, f"{n} x {cpus}", med("timing_s/step"), med("timing_s/update_actor"), med("timing_s/update_weights"), med("timing_s/gen"),
-                         tokens / med("timing_s/step")))
+            rows.append(
+                (
+                    label,
+                    f"{n} x {cpus}",
+                    med("timing_s/step"),
+                    med("timing_s/update_actor"),
+                    med("timing_s/update_weights"),
+                    med("timing_s/gen"),
+                    tokens / med("timing_s/step"),
+                )
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"settings: builtin:arithmetic-tiny, GRPO, {args.batch} prompts x {args.n} samples = {args.batch * args.n} rows per step, "
-          f"max_new_tokens={args.max_new_tokens}, {args.warmup} warm-up + {args.steps} measured steps (medians), {cores} cores")
-    print(f"{'config':<18} {'workers x cores':>15} {'step s':>8} {'update s':>9} {'sync s':>7} {'gen s':>7} {'tokens/s':>9}")
+    print(
+        f"settings: builtin:arithmetic-tiny, GRPO, {args.batch} prompts x {args.n} samples = {args.batch * args.n} rows per step, "
+        f"max_new_tokens={args.max_new_tokens}, {args.warmup} warm-up + {args.steps} measured steps (medians), {cores} cores"
+    )
+    print(
+        f"{'config':<18} {'workers x cores':>15} {'step s':>8} {'update s':>9} {'sync s':>7} {'gen s':>7} {'tokens/s':>9}"
+    )
     for label, wc, step, upd, sync, gen, tps in rows:
         print(f"{label:<18} {wc:>15} {step:>8.3f} {upd:>9.3f} {sync:>7.3f} {gen:>7.3f} {tps:>9.0f}")
 

@@ -41,8 +41,10 @@ SCENARIOS = {
 #: ``armor run actor.lr=... "guard.guards=[{name: update_size}]"`` and the ``actor/update_ratio`` metric
 MAX_UPDATE_RATIO = 2e-3
 
-GUARD_STACK = ("guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rollout_mismatch, params: {max_diff_mean: 0.05}}, "
-               f"{{name: update_size, params: {{max_ratio: {MAX_UPDATE_RATIO}}}}}, {{name: reward_collapse}}]")
+GUARD_STACK = (
+    "guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rollout_mismatch, params: {max_diff_mean: 0.05}}, "
+    f"{{name: update_size, params: {{max_ratio: {MAX_UPDATE_RATIO}}}}}, {{name: reward_collapse}}]"
+)
 
 
 def run_one(run_dir: Path, overrides: list[str]) -> dict:
@@ -52,7 +54,16 @@ def run_one(run_dir: Path, overrides: list[str]) -> dict:
     from armor_core.loop.trainer import Trainer
 
     shutil.rmtree(run_dir, ignore_errors=True)
-    cfg = load_config(None, [*overrides, f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]", "trainer.save_freq=10", "trainer.keep_checkpoints=3"])
+    cfg = load_config(
+        None,
+        [
+            *overrides,
+            f"trainer.run_dir={run_dir}",
+            "trainer.loggers=[jsonl]",
+            "trainer.save_freq=10",
+            "trainer.keep_checkpoints=3",
+        ],
+    )
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     out = {"acc": None, "finite": False, "actions": {}, "error": None}
@@ -92,8 +103,13 @@ def guard_cost(root: Path, repeats: int, steps: int) -> tuple[float, float, list
     per = {"off": [], "on": []}
     for i in range(repeats):
         for guard in ("off", "on"):
-            ovr = [f"trainer.total_steps={steps}", "trainer.val_freq=0", "trainer.val_before_train=false", "data.val_size=16",
-                   *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
+            ovr = [
+                f"trainer.total_steps={steps}",
+                "trainer.val_freq=0",
+                "trainer.val_before_train=false",
+                "data.val_size=16",
+                *(["guard.enable=false"] if guard == "off" else [GUARD_STACK]),
+            ]
             r = run_one(root / f"cost-{guard}-{i}", ovr)
             per[guard].append(statistics.median(r["step_times"][5:]))
     off, on = statistics.median(per["off"]), statistics.median(per["on"])
@@ -106,7 +122,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=250, help="training steps per run (default: the built-in recipe's 250)")
     p.add_argument("--out", default="runs/stability", help="where the runs go")
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("--cost-repeats", type=int, default=3, help="off/on pairs of clean runs for the guard's cost (0 skips it)")
+    p.add_argument(
+        "--cost-repeats", type=int, default=3, help="off/on pairs of clean runs for the guard's cost (0 skips it)"
+    )
     p.add_argument("--cost-steps", type=int, default=60, help="steps per cost run")
     args = p.parse_args()
 
@@ -115,12 +133,16 @@ def main() -> int:
     from armor_core.config.schema import load_config
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    assert load_config(None, []).actor.lr == DEFAULT_LR, "the built-in recipe's learning rate changed; update DEFAULT_LR"
+    assert load_config(None, []).actor.lr == DEFAULT_LR, (
+        "the built-in recipe's learning rate changed; update DEFAULT_LR"
+    )
     base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=50"]
     root = Path(args.out)
     results = {}
     for guard in ("off", "on"):
-        results[("clean", guard)] = run_one(root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])])
+        results[("clean", guard)] = run_one(
+            root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
+        )
         print(f"clean guard {guard}: {results[('clean', guard)]}", file=sys.stderr)
     for name in args.only or list(SCENARIOS):
         for guard in ("off", "on"):
@@ -131,18 +153,26 @@ def main() -> int:
     ray.shutdown()
 
     clean = results[("clean", "on")]["acc"]
-    fmt = lambda r: ("died" if r["error"] else f"{r['acc']:.3f}")  # noqa: E731
-    print(f"\nstability benchmark: built-in recipe, {args.steps} steps, seed 1; clean run accuracy {results[('clean', 'off')]['acc']:.3f} (guard off), {clean:.3f} (guard on)")
-    print(f"{'scenario':16s} {'off: acc':>9s} {'finite':>7s} {'on: acc':>9s} {'finite':>7s} {'within 5 pts':>12s}  actions")
+    fmt = lambda r: "died" if r["error"] else f"{r['acc']:.3f}"  # noqa: E731
+    print(
+        f"\nstability benchmark: built-in recipe, {args.steps} steps, seed 1; clean run accuracy {results[('clean', 'off')]['acc']:.3f} (guard off), {clean:.3f} (guard on)"
+    )
+    print(
+        f"{'scenario':16s} {'off: acc':>9s} {'finite':>7s} {'on: acc':>9s} {'finite':>7s} {'within 5 pts':>12s}  actions"
+    )
     for name in args.only or list(SCENARIOS):
         off, on = results[(name, "off")], results[(name, "on")]
         ok = on["acc"] is not None and abs(on["acc"] - clean) <= 0.05 and on["finite"]
         actions = ", ".join(f"{k} x{v}" for k, v in sorted(on["actions"].items())) or "-"
-        print(f"{name:16s} {fmt(off):>9s} {str(off['finite']):>7s} {fmt(on):>9s} {str(on['finite']):>7s} {str(ok):>12s}  {actions}")
+        print(
+            f"{name:16s} {fmt(off):>9s} {str(off['finite']):>7s} {fmt(on):>9s} {str(on['finite']):>7s} {str(ok):>12s}  {actions}"
+        )
     if cost:
         off_s, on_s, pairs = cost
-        print(f"guard cost on the clean recipe ({args.cost_repeats} interleaved off/on pairs of {args.cost_steps} steps, median step time): "
-              f"{off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%; pairs {', '.join(f'{x:+.1f}%' for x in pairs)})")
+        print(
+            f"guard cost on the clean recipe ({args.cost_repeats} interleaved off/on pairs of {args.cost_steps} steps, median step time): "
+            f"{off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%; pairs {', '.join(f'{x:+.1f}%' for x in pairs)})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
     for page in write_overlays(root, ["clean", *(args.only or SCENARIOS)]):

@@ -43,9 +43,20 @@ import time
 from pathlib import Path
 
 SETTINGS = {
-    "model": "builtin:arithmetic-tiny", "task": "arithmetic", "seed": 1, "train_size": 4096, "val_size": 500,
-    "prompts_per_step": 16, "group_size": 8, "lr": 5e-5, "temperature": 1.0, "max_new_tokens": 8,
-    "clip_eps": 0.2, "grad_clip": 1.0, "kl_beta": 0.0, "loss_aggregation": "token-mean (TRL loss_type=dapo)",
+    "model": "builtin:arithmetic-tiny",
+    "task": "arithmetic",
+    "seed": 1,
+    "train_size": 4096,
+    "val_size": 500,
+    "prompts_per_step": 16,
+    "group_size": 8,
+    "lr": 5e-5,
+    "temperature": 1.0,
+    "max_new_tokens": 8,
+    "clip_eps": 0.2,
+    "grad_clip": 1.0,
+    "kl_beta": 0.0,
+    "loss_aggregation": "token-mean (TRL loss_type=dapo)",
     "advantage": "GRPO, group std normalised (TRL scale_rewards=group)",
 }
 
@@ -72,7 +83,7 @@ class PeakRSS:
             self.peak = max(self.peak, total)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.thread.start()
         return self
 
@@ -85,15 +96,40 @@ def armor_config(steps: int, run_dir: str, val_freq: int = 0):
     from armor_core.config.schema import load_config
 
     s = SETTINGS
-    return load_config(None, [
-        f"model.path={s['model']}", f"data.task={s['task']}", f"trainer.seed={s['seed']}", f"data.train_size={s['train_size']}",
-        f"data.val_size={s['val_size']}", f"data.train_batch_size={s['prompts_per_step']}", f"actor.ppo_mini_batch_size={s['prompts_per_step']}",
-        f"rollout.n={s['group_size']}", f"actor.lr={s['lr']}", f"rollout.temperature={s['temperature']}", f"rollout.max_new_tokens={s['max_new_tokens']}",
-        f"actor.clip_ratio_low={s['clip_eps']}", f"actor.clip_ratio_high={s['clip_eps']}", f"actor.grad_clip={s['grad_clip']}",
-        "actor.use_kl_loss=false", "actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std=true",
-        "rollout.top_k=0", "rollout.top_p=1.0", "actor.lr_schedule=constant", "actor.warmup_steps=0", "actor.weight_decay=0.0",
-        "actor.ppo_epochs=1", f"actor.micro_batch_size={s['prompts_per_step'] * s['group_size']}", f"trainer.total_steps={steps}", f"trainer.val_freq={val_freq}", f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]",
-    ])
+    return load_config(
+        None,
+        [
+            f"model.path={s['model']}",
+            f"data.task={s['task']}",
+            f"trainer.seed={s['seed']}",
+            f"data.train_size={s['train_size']}",
+            f"data.val_size={s['val_size']}",
+            f"data.train_batch_size={s['prompts_per_step']}",
+            f"actor.ppo_mini_batch_size={s['prompts_per_step']}",
+            f"rollout.n={s['group_size']}",
+            f"actor.lr={s['lr']}",
+            f"rollout.temperature={s['temperature']}",
+            f"rollout.max_new_tokens={s['max_new_tokens']}",
+            f"actor.clip_ratio_low={s['clip_eps']}",
+            f"actor.clip_ratio_high={s['clip_eps']}",
+            f"actor.grad_clip={s['grad_clip']}",
+            "actor.use_kl_loss=false",
+            "actor.loss_agg_mode=token-mean",
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std=true",
+            "rollout.top_k=0",
+            "rollout.top_p=1.0",
+            "actor.lr_schedule=constant",
+            "actor.warmup_steps=0",
+            "actor.weight_decay=0.0",
+            "actor.ppo_epochs=1",
+            f"actor.micro_batch_size={s['prompts_per_step'] * s['group_size']}",
+            f"trainer.total_steps={steps}",
+            f"trainer.val_freq={val_freq}",
+            f"trainer.run_dir={run_dir}",
+            "trainer.loggers=[jsonl]",
+        ],
+    )
 
 
 def greedy_accuracy(model, tokenizer, cfg, val_encoded, rewards) -> float:
@@ -105,12 +141,16 @@ def greedy_accuracy(model, tokenizer, cfg, val_encoded, rewards) -> float:
     from armor_plugins.rollout.hf import HFRollout
 
     data = DataProto.from_dict(tensors=dict(val_encoded["tensors"]), non_tensors=dict(val_encoded["non_tensors"]))
-    out = HFRollout(model, tokenizer, cfg.rollout).generate(data.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy=True)
+    out = HFRollout(model, tokenizer, cfg.rollout).generate(
+        data.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy=True
+    )
     mask = out["response_mask"].bool()
     texts = [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(out["responses"], mask)]
     nt = data.non_tensors
     extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], mask.sum(-1).tolist())]
-    scores = np.asarray(rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras).scores)
+    scores = np.asarray(
+        rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras).scores
+    )
     return float((scores >= 1.0 - 1e-6).mean())
 
 
@@ -142,7 +182,14 @@ def run_armor(steps: int, eval_every: int) -> dict:
             threads = trainer.actor.call(ActorAPI.ping)[0]["threads"]
         finally:
             trainer.close()
-    return {"step_s": step_s, "tokens": tokens, "evals": evals, "peak_rss": mem.peak, "threads": threads, "breakdown": breakdown}
+    return {
+        "step_s": step_s,
+        "tokens": tokens,
+        "evals": evals,
+        "peak_rss": mem.peak,
+        "threads": threads,
+        "breakdown": breakdown,
+    }
 
 
 # -- TRL --------------------------------------------------------------------------------------------
@@ -154,10 +201,10 @@ def run_trl(steps: int, eval_every: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from armor_core.loop.data import prepare_data
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.rewards.manager import RewardManager
-    from armor_core.loop.data import prepare_data
 
     s = SETTINGS
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,13 +235,41 @@ def run_trl(steps: int, eval_every: int) -> dict:
         rows = HFDataset.from_list(ordered)
         model = load_model(path, "float32")
         args = GRPOConfig(
-            output_dir=str(Path(tmp) / "trl"), max_steps=steps, per_device_train_batch_size=s["prompts_per_step"] * s["group_size"],
-            num_generations=s["group_size"], gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-            learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
-            max_grad_norm=s["grad_clip"], temperature=s["temperature"], top_p=1.0, top_k=0, max_completion_length=s["max_new_tokens"],
-            beta=s["kl_beta"], epsilon=s["clip_eps"], loss_type="dapo", scale_rewards="group", use_cpu=True, bf16=False, fp16=False,
-            report_to="none", logging_steps=1, save_strategy="no", seed=s["seed"], data_seed=s["seed"], dataloader_num_workers=0,
-            disable_tqdm=True, log_completions=False, remove_unused_columns=False, shuffle_dataset=False,
+            output_dir=str(Path(tmp) / "trl"),
+            max_steps=steps,
+            per_device_train_batch_size=s["prompts_per_step"] * s["group_size"],
+            num_generations=s["group_size"],
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            learning_rate=s["lr"],
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            adam_beta1=0.9,
+            adam_beta2=0.999,
+            max_grad_norm=s["grad_clip"],
+            temperature=s["temperature"],
+            top_p=1.0,
+            top_k=0,
+            max_completion_length=s["max_new_tokens"],
+            beta=s["kl_beta"],
+            epsilon=s["clip_eps"],
+            loss_type="dapo",
+            scale_rewards="group",
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            report_to="none",
+            logging_steps=1,
+            save_strategy="no",
+            seed=s["seed"],
+            data_seed=s["seed"],
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            log_completions=False,
+            remove_unused_columns=False,
+            shuffle_dataset=False,
         )
 
         class Clock(TrainerCallback):
@@ -216,7 +291,9 @@ def run_trl(steps: int, eval_every: int) -> dict:
                 self.clock += dt
                 self.step_s.append(dt)
                 if state.global_step % eval_every == 0 or state.global_step == steps:
-                    self.evals.append((state.global_step, greedy_accuracy(model, tokenizer, cfg, val.encoded, rewards), self.clock))
+                    self.evals.append(
+                        (state.global_step, greedy_accuracy(model, tokenizer, cfg, val.encoded, rewards), self.clock)
+                    )
                 self.last = time.perf_counter()
 
         parts: dict[str, list[float]] = {"gen": [], "gen_and_score": []}
@@ -238,16 +315,32 @@ def run_trl(steps: int, eval_every: int) -> dict:
 
         clock = Clock()
         with PeakRSS() as mem:
-            trainer = TimedGRPO(model=model, reward_funcs=arithmetic_reward, args=args, train_dataset=rows, processing_class=tokenizer, callbacks=[clock])
+            trainer = TimedGRPO(
+                model=model,
+                reward_funcs=arithmetic_reward,
+                args=args,
+                train_dataset=rows,
+                processing_class=tokenizer,
+                callbacks=[clock],
+            )
             trainer.train()
         rewards.close()
     # num_tokens is cumulative (prompt + completion tokens seen); per step: its differences.
     # Logging happens after on_step_end, so the step's own log is the one after it.
     cum = clock.tokens
     tokens = [b - a for a, b in zip([0.0, *cum[:-1]], cum)][: len(clock.step_s)]
-    breakdown = [{"timing_s/gen": g, "timing_s/score_and_adv": gs - g, "timing_s/update_and_rest": st - gs}
-                 for g, gs, st in zip(parts["gen"], parts["gen_and_score"], clock.step_s)]
-    return {"step_s": clock.step_s, "tokens": tokens, "evals": clock.evals, "peak_rss": mem.peak, "threads": torch.get_num_threads(), "breakdown": breakdown}
+    breakdown = [
+        {"timing_s/gen": g, "timing_s/score_and_adv": gs - g, "timing_s/update_and_rest": st - gs}
+        for g, gs, st in zip(parts["gen"], parts["gen_and_score"], clock.step_s)
+    ]
+    return {
+        "step_s": clock.step_s,
+        "tokens": tokens,
+        "evals": clock.evals,
+        "peak_rss": mem.peak,
+        "threads": torch.get_num_threads(),
+        "breakdown": breakdown,
+    }
 
 
 # -- the table ---------------------------------------------------------------------------------------
@@ -257,18 +350,27 @@ def summarise(r: dict, warmup: int, target: float) -> dict:
     import numpy as np
 
     steps = np.array(r["step_s"][warmup:])
-    toks = np.array(r["tokens"][warmup:len(r["step_s"])])
+    toks = np.array(r["tokens"][warmup : len(r["step_s"])])
     reached = next(((step, clock) for step, acc, clock in r["evals"] if acc >= target), None)
     # the first crossing of a noisy curve moves by whole evaluation intervals with the sampling's
     # luck; the first evaluation at which the mean of the last three reaches the target moves less
     ev = r["evals"]
-    smooth = next(((ev[i][0], ev[i][2]) for i in range(2, len(ev)) if sum(e[1] for e in ev[i - 2 : i + 1]) / 3 >= target), None)
+    smooth = next(
+        ((ev[i][0], ev[i][2]) for i in range(2, len(ev)) if sum(e[1] for e in ev[i - 2 : i + 1]) / 3 >= target), None
+    )
     return {
-        "s_per_step": float(np.median(steps)), "tokens_per_s": float(toks.sum() / steps[: len(toks)].sum()) if len(toks) else float("nan"),
-        "peak_rss_mb": r["peak_rss"] / 2**20, "acc_start": r["evals"][0][1], "acc_end": r["evals"][-1][1], "steps": r["evals"][-1][0],
-        "to_target_s": reached[1] if reached else None, "to_target_step": reached[0] if reached else None,
-        "to_target_smooth_s": smooth[1] if smooth else None, "to_target_smooth_step": smooth[0] if smooth else None,
-        "train_s": sum(r["step_s"]), "threads": r["threads"],
+        "s_per_step": float(np.median(steps)),
+        "tokens_per_s": float(toks.sum() / steps[: len(toks)].sum()) if len(toks) else float("nan"),
+        "peak_rss_mb": r["peak_rss"] / 2**20,
+        "acc_start": r["evals"][0][1],
+        "acc_end": r["evals"][-1][1],
+        "steps": r["evals"][-1][0],
+        "to_target_s": reached[1] if reached else None,
+        "to_target_step": reached[0] if reached else None,
+        "to_target_smooth_s": smooth[1] if smooth else None,
+        "to_target_smooth_step": smooth[0] if smooth else None,
+        "train_s": sum(r["step_s"]),
+        "threads": r["threads"],
     }
 
 
@@ -282,7 +384,13 @@ def main() -> None:
     ap.add_argument("--side", choices=["armor", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1], help="one pair of runs per seed (data order, sampling, the TRL/ARMOR seed)")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="one pair of runs per seed (data order, sampling, the TRL/ARMOR seed)",
+    )
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:
@@ -300,8 +408,24 @@ def main() -> None:
                 out = Path(tmp) / f"{side}.json"
                 print(f"seed {seed}: running {side} ({python}) ...", flush=True)
                 t0 = time.perf_counter()
-                proc = subprocess.run([python, __file__, "--side", side, "--out", str(out), "--steps", str(a.steps), "--eval-every", str(a.eval_every),
-                                       "--seed", str(seed)], capture_output=True, text=True)
+                proc = subprocess.run(
+                    [
+                        python,
+                        __file__,
+                        "--side",
+                        side,
+                        "--out",
+                        str(out),
+                        "--steps",
+                        str(a.steps),
+                        "--eval-every",
+                        str(a.eval_every),
+                        "--seed",
+                        str(seed),
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if proc.returncode:
                     sys.exit(f"{side} run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
                 results[side] = json.loads(out.read_text())
@@ -320,31 +444,48 @@ def print_over_seeds(runs: list[dict], a) -> None:
     import numpy as np
 
     print(f"\nover {len(runs)} seeds ({', '.join(str(r['seed']) for r in runs)}):")
-    print(f"{'seed':>6} {'s/step ARMOR':>13} {'s/step TRL':>11} {'to target ARMOR':>16} {'to target TRL':>14} {'ratio':>7} "
-          f"{'mean-of-3 ratio':>16} {'final acc ARMOR':>16} {'final acc TRL':>14}")
+    print(
+        f"{'seed':>6} {'s/step ARMOR':>13} {'s/step TRL':>11} {'to target ARMOR':>16} {'to target TRL':>14} {'ratio':>7} "
+        f"{'mean-of-3 ratio':>16} {'final acc ARMOR':>16} {'final acc TRL':>14}"
+    )
     ratios, smooth_ratios, step_ratios, finals = [], [], [], []
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in runs:
         arm, trl = (summarise(r["results"][k], a.warmup, a.target) for k in ("armor", "trl"))
         ratio = trl["to_target_s"] / arm["to_target_s"] if arm["to_target_s"] and trl["to_target_s"] else None
-        smooth = trl["to_target_smooth_s"] / arm["to_target_smooth_s"] if arm["to_target_smooth_s"] and trl["to_target_smooth_s"] else None
+        smooth = (
+            trl["to_target_smooth_s"] / arm["to_target_smooth_s"]
+            if arm["to_target_smooth_s"] and trl["to_target_smooth_s"]
+            else None
+        )
         ratios.append(ratio)
         smooth_ratios.append(smooth)
         step_ratios.append(trl["s_per_step"] / arm["s_per_step"])
         finals.append(arm["acc_end"] - trl["acc_end"])
-        print(f"{r['seed']:>6} {arm['s_per_step']:13.3f} {trl['s_per_step']:11.3f} {fmt(arm['to_target_s'], '16.1f')} {fmt(trl['to_target_s'], '14.1f')} "
-              f"{fmt(ratio, '6.2f')}x {fmt(smooth, '15.2f')}x {arm['acc_end']:16.3f} {trl['acc_end']:14.3f}")
-    med = lambda xs: f"{np.median([x for x in xs if x is not None]):.2f}x ({sum(x is not None for x in xs)} of {len(xs)} seeds reached it on both)" if any(x is not None for x in xs) else "-"  # noqa: E731
-    print(f"median over seeds: seconds per step {np.median(step_ratios):.2f}x faster; train seconds to accuracy >= {a.target}: first evaluation "
-          f"{med(ratios)}, mean of 3 evaluations {med(smooth_ratios)}; final accuracy ARMOR - TRL {np.median(finals):+.3f}")
+        print(
+            f"{r['seed']:>6} {arm['s_per_step']:13.3f} {trl['s_per_step']:11.3f} {fmt(arm['to_target_s'], '16.1f')} {fmt(trl['to_target_s'], '14.1f')} "
+            f"{fmt(ratio, '6.2f')}x {fmt(smooth, '15.2f')}x {arm['acc_end']:16.3f} {trl['acc_end']:14.3f}"
+        )
+    med = lambda xs: (
+        f"{np.median([x for x in xs if x is not None]):.2f}x ({sum(x is not None for x in xs)} of {len(xs)} seeds reached it on both)"
+        if any(x is not None for x in xs)
+        else "-"
+    )  # noqa: E731
+    print(
+        f"median over seeds: seconds per step {np.median(step_ratios):.2f}x faster; train seconds to accuracy >= {a.target}: first evaluation "
+        f"{med(ratios)}, mean of 3 evaluations {med(smooth_ratios)}; final accuracy ARMOR - TRL {np.median(finals):+.3f}"
+    )
+
 
 def print_table(results: dict, a) -> None:
     import numpy as np
 
     arm, trl = (summarise(results[k], a.warmup, a.target) for k in ("armor", "trl"))
     print("\nsettings: " + ", ".join(f"{k}={v}" for k, v in SETTINGS.items()))
-    print(f"steps={a.steps}, eval every {a.eval_every} steps on {SETTINGS['val_size']} held-out problems (greedy), "
-          f"median over steps after {a.warmup} warm-up steps, target accuracy {a.target}, torch threads armor={arm['threads']} trl={trl['threads']}")
+    print(
+        f"steps={a.steps}, eval every {a.eval_every} steps on {SETTINGS['val_size']} held-out problems (greedy), "
+        f"median over steps after {a.warmup} warm-up steps, target accuracy {a.target}, torch threads armor={arm['threads']} trl={trl['threads']}"
+    )
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     rows = [
         ("seconds per step (median)", "s_per_step", ".3f", "trl/armor"),
@@ -363,16 +504,28 @@ def print_table(results: dict, a) -> None:
         x, y = arm[key], trl[key]
         ratio = "-"
         if how and x is not None and y is not None:
-            ratio = {"trl/armor": lambda: f"{y / x:.2f}x", "armor/trl": lambda: f"{x / y:.2f}x", "armor-trl": lambda: f"{x - y:+.3f}"}[how]()
+            ratio = {
+                "trl/armor": lambda: f"{y / x:.2f}x",
+                "armor/trl": lambda: f"{x / y:.2f}x",
+                "armor-trl": lambda: f"{x - y:+.3f}",
+            }[how]()
         print(f"{label:38} {fmt(x, f):>10} {fmt(y, f):>10} {ratio:>12}")
-    print("\naccuracy curve (step: armor / trl): " + ", ".join(
-        f"{sa}: {aa:.3f} / {at:.3f}" for (sa, aa, _), (_, at, _) in zip(results["armor"]["evals"], results["trl"]["evals"])))
+    print(
+        "\naccuracy curve (step: armor / trl): "
+        + ", ".join(
+            f"{sa}: {aa:.3f} / {at:.3f}"
+            for (sa, aa, _), (_, at, _) in zip(results["armor"]["evals"], results["trl"]["evals"])
+        )
+    )
     for side in ("armor", "trl"):
         b = results[side].get("breakdown") or []
         keys = sorted({k for m in b for k in m if k.startswith("timing_s/")})
-        med = {k: float(np.median([m.get(k, 0.0) for m in b[a.warmup:]])) for k in keys}
-        print(f"{side.upper()} step breakdown (median s): " + ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in sorted(med.items(), key=lambda kv: -kv[1])))
-    b = results["armor"]["breakdown"][a.warmup:]
+        med = {k: float(np.median([m.get(k, 0.0) for m in b[a.warmup :]])) for k in keys}
+        print(
+            f"{side.upper()} step breakdown (median s): "
+            + ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in sorted(med.items(), key=lambda kv: -kv[1]))
+        )
+    b = results["armor"]["breakdown"][a.warmup :]
     for k in ("perf/engine_overhead_frac", "perf/padding_waste"):
         print(f"ARMOR {k} (median): {np.median([m[k] for m in b if k in m]):.3f}")
 

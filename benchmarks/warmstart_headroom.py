@@ -20,9 +20,9 @@ import time
 import torch
 
 from armor_core.config.schema import RolloutConfig
+from armor_core.dataproto.protocol import DataProto
 from armor_core.models.loading import encode_prompts, load_model, load_tokenizer
 from armor_core.plugins import get_plugin_manager
-from armor_core.dataproto.protocol import DataProto
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.tasks.arithmetic import generate_arithmetic
 
@@ -68,7 +68,9 @@ def main() -> None:
     sampled = roll.generate(val, n=args.n)
     gen_s = time.perf_counter() - t0
     tokens = int(sampled["response_mask"].sum())
-    print(f"hf rollout: {len(sampled)} samples, {tokens} tokens in {gen_s:.2f}s ({tokens / gen_s:.0f} tokens/s, {len(sampled) / gen_s:.0f} samples/s)")
+    print(
+        f"hf rollout: {len(sampled)} samples, {tokens} tokens in {gen_s:.2f}s ({tokens / gen_s:.0f} tokens/s, {len(sampled) / gen_s:.0f} samples/s)"
+    )
 
     before = _accuracy(roll, tok, val_rows, val)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -86,16 +88,22 @@ def main() -> None:
         adv, _ = adv_fn(rewards, mask, index)
         R = mask.shape[1]
         model.train()
-        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]).logits[:, -R - 1 : -1]
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits[:, -R - 1 : -1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, out["responses"][..., None]).squeeze(-1)
         loss_mat, _ = loss_fn(logp, out["rollout_log_probs"], adv, mask)
-        loss = agg_fn(loss_mat, mask, global_num_tokens=mask.sum(), global_num_seqs=(mask.sum(-1) > 0).sum(), norm_constant=None)
+        loss = agg_fn(
+            loss_mat, mask, global_num_tokens=mask.sum(), global_num_seqs=(mask.sum(-1) > 0).sum(), norm_constant=None
+        )
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % 10 == 0:
-            print(f"step {step + 1}: batch reward {scores.mean():.3f}  held-out greedy accuracy {_accuracy(roll, tok, val_rows, val):.3f}  {time.perf_counter() - t0:.1f}s")
+            print(
+                f"step {step + 1}: batch reward {scores.mean():.3f}  held-out greedy accuracy {_accuracy(roll, tok, val_rows, val):.3f}  {time.perf_counter() - t0:.1f}s"
+            )
     after = _accuracy(roll, tok, val_rows, val)
     print(f"| model | before | after {args.steps} GRPO steps | gain | RL seconds |")
     print(f"| {args.model} | {before:.3f} | {after:.3f} | {after - before:+.3f} | {time.perf_counter() - t0:.1f} |")

@@ -32,7 +32,19 @@ def one_thread():
 
 
 #: the entry points that register the built-in algorithms (estimators, policy losses, KL estimators, aggregations)
-ALGORITHM_PLUGINS = {"grpo", "gae", "rloo", "reinforce_plus_plus", "opo", "pass_at_k", "ppo_clip", "gspo", "cispo", "kl_estimators", "loss_aggregations"}
+ALGORITHM_PLUGINS = {
+    "grpo",
+    "gae",
+    "rloo",
+    "reinforce_plus_plus",
+    "opo",
+    "pass_at_k",
+    "ppo_clip",
+    "gspo",
+    "cispo",
+    "kl_estimators",
+    "loss_aggregations",
+}
 
 
 @pytest.fixture(scope="module")

@@ -91,11 +91,17 @@ def test_each_worker_class_implements_its_protocol_with_the_same_parameters():
             declared = list(inspect.signature(getattr(api, name)).parameters)
             # ray.remote(cls) in this process (an earlier test) adds its tracing parameter to the class's methods
             implemented = [p for p in inspect.signature(getattr(worker, name)).parameters if p != "_ray_trace_ctx"]
-            assert implemented == declared, f"{worker.__name__}.{name}{implemented} differs from {api.__name__}.{name}{declared}"
+            assert implemented == declared, (
+                f"{worker.__name__}.{name}{implemented} differs from {api.__name__}.{name}{declared}"
+            )
 
 
 def test_the_driver_names_worker_methods_by_reference_never_by_string():
     calls = re.compile(r"\.(call|dispatch|submit|submit_call|submit_pair|call_rank)\(\s*(\d+,\s*)?[\"']")
-    offenders = [f"{path}:{i}" for path in (TESTS.parent / "armor_core").rglob("*.py")
-                 for i, line in enumerate(path.read_text().splitlines(), 1) if calls.search(line)]
+    offenders = [
+        f"{path}:{i}"
+        for path in (TESTS.parent / "armor_core").rglob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if calls.search(line)
+    ]
     assert not offenders, f"worker methods named by a string (use armor_core.workers.api): {offenders}"

@@ -18,26 +18,49 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="model directory")
     p.add_argument("--data", required=True, help="JSONL/Parquet file, or task:NAME")
     p.add_argument("--size", type=int, default=500, help="rows for task:NAME (default 500)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="response length limit (default: rollout.max_new_tokens)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="response length limit (default: rollout.max_new_tokens)"
+    )
     p.add_argument("--sampled", action="store_true", help="also report sampled accuracy at rollout.temperature")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt at rollout.temperature; above 1 also reports mean@n, best@n (pass@n), maj@n")
-    p.add_argument("--output", "-o", default=None, help="write one JSONL line per row: prompt, data_source, ground_truth, and per mode its responses and scores")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        help="samples per prompt at rollout.temperature; above 1 also reports mean@n, best@n (pass@n), maj@n",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        default=None,
+        help="write one JSONL line per row: prompt, data_source, ground_truth, and per mode its responses and scores",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("overrides", nargs="*", help="config overrides, e.g. reward.domain_map... or rollout.temperature=0.7")
+    p.add_argument(
+        "overrides", nargs="*", help="config overrides, e.g. reward.domain_map... or rollout.temperature=0.7"
+    )
     p.set_defaults(func=main)
 
 
-def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str] = (), sampled: bool = False, max_new_tokens: int | None = None,
-             n: int = 1, output: str | None = None) -> dict[str, float]:
+def evaluate(
+    model_dir: str,
+    data: str,
+    *,
+    size: int = 500,
+    overrides: list[str] = (),
+    sampled: bool = False,
+    max_new_tokens: int | None = None,
+    n: int = 1,
+    output: str | None = None,
+) -> dict[str, float]:
     import torch
 
     from armor_core.config.schema import load_config
+    from armor_core.dataproto.protocol import DataProto
     from armor_core.loop.data import encode_dataset, load_rows, task_rows
+    from armor_core.loop.validation import accuracy_by_source, at_n_metrics, main_scores
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
-    from armor_core.dataproto.protocol import DataProto
     from armor_core.rewards.manager import RewardManager
-    from armor_core.loop.validation import accuracy_by_source, at_n_metrics, main_scores
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
     if max_new_tokens:
@@ -52,27 +75,47 @@ def evaluate(model_dir: str, data: str, *, size: int = 500, overrides: list[str]
         else:
             ds = load_rows([data], skip_invalid=cfg.data.skip_invalid)
         rewards.check_rows(ds.rows, ds.source, skip_invalid=cfg.data.skip_invalid)
-        enc = encode_dataset(ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, cfg.data.apply_chat_template_kwargs)
+        enc = encode_dataset(
+            ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, cfg.data.apply_chat_template_kwargs
+        )
         model = load_model(path, cfg.model.dtype)
         rollout = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")(model, tok, cfg.rollout)
         prompts = DataProto.from_dict(tensors=enc["tensors"], non_tensors=enc["non_tensors"])
         torch.manual_seed(cfg.trainer.seed)
         result: dict[str, float] = {"rows": float(len(prompts))}
-        per_row: list[dict] = [{"prompt": p, "data_source": s, "ground_truth": g} for p, s, g in
-                               zip(prompts.non_tensors["raw_prompt"], prompts.non_tensors["data_source"], prompts.non_tensors["ground_truth"])]
-        for mode, greedy, k in [("greedy", True, 1)] + ([("sampled", False, 1)] if sampled else []) + ([(f"@{n}", False, n)] if n > 1 else []):
+        per_row: list[dict] = [
+            {"prompt": p, "data_source": s, "ground_truth": g}
+            for p, s, g in zip(
+                prompts.non_tensors["raw_prompt"],
+                prompts.non_tensors["data_source"],
+                prompts.non_tensors["ground_truth"],
+            )
+        ]
+        for mode, greedy, k in (
+            [("greedy", True, 1)]
+            + ([("sampled", False, 1)] if sampled else [])
+            + ([(f"@{n}", False, n)] if n > 1 else [])
+        ):
             rows = prompts.repeat(k, interleave=True) if k > 1 else prompts
             out = rollout.generate(rows, greedy=greedy)
-            texts = [tok.decode(r[m.bool()].tolist(), skip_special_tokens=True) for r, m in zip(out["responses"], out["response_mask"])]
+            texts = [
+                tok.decode(r[m.bool()].tolist(), skip_special_tokens=True)
+                for r, m in zip(out["responses"], out["response_mask"])
+            ]
             nt = rows.non_tensors
-            scored = rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"]))
+            scored = rewards.score(
+                list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"])
+            )
             main = main_scores(scored.components)
             if k == 1:
                 result.update(accuracy_by_source(scored.scores, nt["data_source"], mode, main=main))
             else:
                 result.update(at_n_metrics(main >= 1.0 - 1e-6, texts, prompts.non_tensors["data_source"], k, prefix=""))
             for i, row in enumerate(per_row):
-                row[mode] = {"responses": texts[i * k : (i + 1) * k], "scores": [float(x) for x in scored.scores[i * k : (i + 1) * k]]}
+                row[mode] = {
+                    "responses": texts[i * k : (i + 1) * k],
+                    "scores": [float(x) for x in scored.scores[i * k : (i + 1) * k]],
+                }
         if output:
             _write_rows(output, per_row)
         return result
@@ -95,9 +138,19 @@ def main(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise UserFacingError(f"armor eval --n {args.n}: the number of samples per prompt must be at least 1")
     if args.output and not Path(args.output).resolve().parent.is_dir():  # before the generation, not after
-        raise UserFacingError(f"armor eval --output {args.output}: the directory {Path(args.output).resolve().parent} does not exist")
-    result = evaluate(args.model, args.data, size=args.size, overrides=args.overrides, sampled=args.sampled, max_new_tokens=args.max_new_tokens,
-                      n=args.n, output=args.output)
+        raise UserFacingError(
+            f"armor eval --output {args.output}: the directory {Path(args.output).resolve().parent} does not exist"
+        )
+    result = evaluate(
+        args.model,
+        args.data,
+        size=args.size,
+        overrides=args.overrides,
+        sampled=args.sampled,
+        max_new_tokens=args.max_new_tokens,
+        n=args.n,
+        output=args.output,
+    )
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -30,8 +30,10 @@ def export(checkpoint: Path, out: Path, merge: bool) -> str:
 
     adapter, full = checkpoint / ADAPTER_DIR, checkpoint / "model"
     if not adapter.is_dir() and not full.is_dir():
-        raise ValueError(f"{checkpoint} is not a checkpoint: it has neither {ADAPTER_DIR}/ (a LoRA run) nor model/ (full fine-tuning); "
-                         "pass a run's checkpoints/step_N directory")
+        raise ValueError(
+            f"{checkpoint} is not a checkpoint: it has neither {ADAPTER_DIR}/ (a LoRA run) nor model/ (full fine-tuning); "
+            "pass a run's checkpoints/step_N directory"
+        )
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; choose a new directory (nothing is overwritten)")
     if full.is_dir():

@@ -33,12 +33,24 @@ class _Kind:
 
 
 KINDS = {
-    "guard": _Kind("stability_guard", "armor_register_stability_guards", ("StabilityGuard", "Verdict"),
-                   "skips an update whose gradient norm exceeds a limit"),
-    "reward": _Kind("reward_domain", "armor_register_reward_domains", ("RewardDomain", "RewardResult"),
-                    "1 when the response's last word is the ground truth"),
-    "estimator": _Kind("advantage_estimator", "armor_register_advantage_estimators", ("AdvantageEstimator",),
-                       "each response's score minus the mean score of its prompt's samples"),
+    "guard": _Kind(
+        "stability_guard",
+        "armor_register_stability_guards",
+        ("StabilityGuard", "Verdict"),
+        "skips an update whose gradient norm exceeds a limit",
+    ),
+    "reward": _Kind(
+        "reward_domain",
+        "armor_register_reward_domains",
+        ("RewardDomain", "RewardResult"),
+        "1 when the response's last word is the ground truth",
+    ),
+    "estimator": _Kind(
+        "advantage_estimator",
+        "armor_register_advantage_estimators",
+        ("AdvantageEstimator",),
+        "each response's score minus the mean score of its prompt's samples",
+    ),
 }
 
 
@@ -50,8 +62,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "working example whose docstring is the contract for its kind, a test using armor_core.testing and a README. "
         "Then: cd DIR/armor-NAME && pip install -e . && python -m pytest && armor plugins.",
     )
-    p.add_argument("kind", choices=sorted(KINDS), help="guard (stability guard), reward (reward domain) or estimator (advantage estimator)")
-    p.add_argument("name", help="the plugin's name, the value users write in the config: lowercase snake_case, e.g. my_guard")
+    p.add_argument(
+        "kind",
+        choices=sorted(KINDS),
+        help="guard (stability guard), reward (reward domain) or estimator (advantage estimator)",
+    )
+    p.add_argument(
+        "name", help="the plugin's name, the value users write in the config: lowercase snake_case, e.g. my_guard"
+    )
     p.add_argument("--out", default=".", help="directory to write the package into (default: the current directory)")
     p.set_defaults(func=main)
 
@@ -69,8 +87,10 @@ def contract_text(kind: str) -> str:
     parts = [f"Hook ``{spec.hook}``: {inspect.getdoc(getattr(hookspecs, spec.hook))}"]
     parts += [f"``{name}``: {inspect.getdoc(getattr(interfaces, name))}" for name in spec.types]
     if kind == "guard":
-        stages = [textwrap.fill(f"- ``{stage}`` ({where}): {keys}", width=100, subsequent_indent="  ")
-                  for stage, (where, keys) in interfaces.GUARD_STAGES.items()]
+        stages = [
+            textwrap.fill(f"- ``{stage}`` ({where}): {keys}", width=100, subsequent_indent="  ")
+            for stage, (where, keys) in interfaces.GUARD_STAGES.items()
+        ]
         parts.append("Stages (``interfaces.GUARD_STAGES``):\n\n" + "\n".join(stages))
         parts.append(f"Coefficients an ``adjust`` verdict may set: {', '.join(interfaces.ADJUSTABLE_COEFFICIENTS)}.")
     return _docstring_safe("\n\n".join(parts))
@@ -84,20 +104,28 @@ def _class_name(name: str) -> str:
 def _check_name(kind: str, name: str, target: Path) -> None:
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or keyword.iskeyword(name):
         suggestion = re.sub(r"\W", "_", name.lower()).lstrip("0123456789") or "my_plugin"
-        raise UserFacingError(f"armor new {kind}: NAME {name!r} is not a lowercase Python identifier (letters, digits and underscores, "
-                              f"not starting with a digit, not a keyword); it is the value users write in the config. Try {suggestion!r}")
+        raise UserFacingError(
+            f"armor new {kind}: NAME {name!r} is not a lowercase Python identifier (letters, digits and underscores, "
+            f"not starting with a digit, not a keyword); it is the value users write in the config. Try {suggestion!r}"
+        )
     taken = {ep.name: ep.value for ep in metadata.entry_points(group="armor")}
     if name in taken:
-        raise UserFacingError(f"armor new {kind}: the entry point {name!r} is already installed ({taken[name]}); ARMOR would load only one "
-                              f"of the two. Choose another NAME")
+        raise UserFacingError(
+            f"armor new {kind}: the entry point {name!r} is already installed ({taken[name]}); ARMOR would load only one "
+            f"of the two. Choose another NAME"
+        )
     from armor_core.plugins import get_plugin_manager
 
     spec = KINDS[kind]
     if name in get_plugin_manager().names(spec.plugin_kind):
-        raise UserFacingError(f"armor new {kind}: a {spec.plugin_kind} named {name!r} is already registered (armor plugins --kind "
-                              f"{spec.plugin_kind}); two plugins may not register one name. Choose another NAME")
+        raise UserFacingError(
+            f"armor new {kind}: a {spec.plugin_kind} named {name!r} is already registered (armor plugins --kind "
+            f"{spec.plugin_kind}); two plugins may not register one name. Choose another NAME"
+        )
     if target.exists():
-        raise UserFacingError(f"armor new {kind}: {target} already exists; nothing was written. Choose another NAME or --out DIR")
+        raise UserFacingError(
+            f"armor new {kind}: {target} already exists; nothing was written. Choose another NAME or --out DIR"
+        )
 
 
 def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
@@ -107,8 +135,15 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
     target = Path(out) / f"armor-{name.replace('_', '-')}"
     _check_name(kind, name, target)
     module = f"armor_{name}"
-    values = {"name": name, "module": module, "dist": target.name, "cls": _class_name(name), "version": __version__,
-              "summary": KINDS[kind].summary, "contract": contract_text(kind)}
+    values = {
+        "name": name,
+        "module": module,
+        "dist": target.name,
+        "cls": _class_name(name),
+        "version": __version__,
+        "summary": KINDS[kind].summary,
+        "contract": contract_text(kind),
+    }
     templates = resources.files("armor_core.cli") / "templates"
     files = {
         "pyproject.toml": templates / "pyproject.toml.tmpl",
@@ -126,6 +161,8 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
 def main(args: argparse.Namespace) -> int:
     target = write_plugin(args.kind, args.name, args.out)
     kind = KINDS[args.kind].plugin_kind
-    print(f"wrote {target}: pyproject.toml, armor_{args.name}/__init__.py, tests/test_{args.name}.py, README.md\n"
-          f"next: cd {target} && pip install -e . && python -m pytest && armor plugins --kind {kind}")
+    print(
+        f"wrote {target}: pyproject.toml, armor_{args.name}/__init__.py, tests/test_{args.name}.py, README.md\n"
+        f"next: cd {target} && pip install -e . && python -m pytest && armor plugins --kind {kind}"
+    )
     return 0

@@ -27,7 +27,21 @@ def main(args: argparse.Namespace) -> int:
     kinds = [args.kind] if args.kind else list(KINDS)
     entries = [e for k in kinds for e in pm.entries(k)]
     if args.json:
-        print(json.dumps([{"kind": e.kind, "name": e.name, "plugin": e.plugin, "distribution": e.distribution, "version": e.version} for e in entries], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "kind": e.kind,
+                        "name": e.name,
+                        "plugin": e.plugin,
+                        "distribution": e.distribution,
+                        "version": e.version,
+                    }
+                    for e in entries
+                ],
+                indent=2,
+            )
+        )
         return 0
     from rich.console import Console
     from rich.table import Table

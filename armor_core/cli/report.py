@@ -17,8 +17,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (trainer.run_dir of `armor run`)")
     p.add_argument("--out", help="where to write (default: the first RUN_DIR's report/)")
-    p.add_argument("--label", dest="labels", action="append", metavar="NAME",
-                   help="a run's name in the legends, once per RUN_DIR in order (default: the directory names)")
+    p.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        metavar="NAME",
+        help="a run's name in the legends, once per RUN_DIR in order (default: the directory names)",
+    )
     p.set_defaults(func=main)
 
 
@@ -32,5 +37,8 @@ def main(args: argparse.Namespace) -> int:
     for run in report["runs"]:
         for note in run["notes"]:
             print(f"{run['label']}: {note}")
-    print(f"wrote {len(report['plots'])} plots and {out / PAGE}" + (f" (not drawn, no metrics: {', '.join(report['not_drawn'])})" if report["not_drawn"] else ""))
+    print(
+        f"wrote {len(report['plots'])} plots and {out / PAGE}"
+        + (f" (not drawn, no metrics: {', '.join(report['not_drawn'])})" if report["not_drawn"] else "")
+    )
     return 0

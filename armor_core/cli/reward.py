@@ -31,20 +31,39 @@ _BATCH = 256
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``reward`` subcommand to an argparse ``subparsers`` object; it runs ``main``."""
     doc = (__doc__ or "").split("\n\n", 1)
-    p = subparsers.add_parser("reward", help="score responses with a reward domain", description=doc[0],
-                              epilog=doc[1] if len(doc) > 1 else None, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "reward",
+        help="score responses with a reward domain",
+        description=doc[0],
+        epilog=doc[1] if len(doc) > 1 else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("domain", help="the reward domain (`armor plugins` lists them)")
     p.add_argument("--input", "-i", metavar="ROWS.jsonl", help="JSONL rows to score; '-' reads stdin")
     p.add_argument("--prompt", default="", help="one example: the prompt")
     p.add_argument("--response", help="one example: the response to score")
     p.add_argument("--ground-truth", dest="ground_truth", help="one example: the ground truth")
     p.add_argument("--extra", help="one example: other row fields, as a JSON object")
-    p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
-                   help="a domain parameter (reward.domain_kwargs.DOMAIN.KEY); VALUE is read as JSON if it parses (3, true, [\"en\"]), else as text")
-    p.add_argument("--config", metavar="RUN.yaml", help="take timeout_s, failure_score, num_workers and domain_kwargs from this run config's reward section")
+    p.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='a domain parameter (reward.domain_kwargs.DOMAIN.KEY); VALUE is read as JSON if it parses (3, true, ["en"]), else as text',
+    )
+    p.add_argument(
+        "--config",
+        metavar="RUN.yaml",
+        help="take timeout_s, failure_score, num_workers and domain_kwargs from this run config's reward section",
+    )
     p.add_argument("--output", "-o", metavar="OUT.jsonl", help="write the JSON lines here instead of stdout")
     p.add_argument("--timeout", type=float, help="hard time limit per row in seconds, > 0 (reward.timeout_s)")
-    p.add_argument("--workers", type=int, help="scoring processes, at least 1 (reward.num_workers; without it, one started on first use)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="scoring processes, at least 1 (reward.num_workers; without it, one started on first use)",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -67,14 +86,22 @@ def _config(args: argparse.Namespace) -> Any:
             raise ConfigError(f"--param {item!r} is not KEY=VALUE (for example require_format=boxed)")
         params[key.strip()] = _value(value)
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ConfigError(f"--timeout {args.timeout}: give the time limit per row as a number of seconds > 0, e.g. --timeout 10")
+        raise ConfigError(
+            f"--timeout {args.timeout}: give the time limit per row as a number of seconds > 0, e.g. --timeout 10"
+        )
     if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers {args.workers}: give the number of scoring processes, at least 1 "
-                          "(leave it out to start one helper process on first use, as reward.num_workers=0 does)")
+        raise ConfigError(
+            f"--workers {args.workers}: give the number of scoring processes, at least 1 "
+            "(leave it out to start one helper process on first use, as reward.num_workers=0 does)"
+        )
     # the CLI scores DOMAIN itself: the run's data_source routing does not apply
-    return RewardConfig(domain_map={}, failure_score=cfg.failure_score, domain_kwargs={**cfg.domain_kwargs, args.domain: params},
-                        timeout_s=args.timeout if args.timeout is not None else cfg.timeout_s,
-                        num_workers=args.workers if args.workers is not None else cfg.num_workers)
+    return RewardConfig(
+        domain_map={},
+        failure_score=cfg.failure_score,
+        domain_kwargs={**cfg.domain_kwargs, args.domain: params},
+        timeout_s=args.timeout if args.timeout is not None else cfg.timeout_s,
+        num_workers=args.workers if args.workers is not None else cfg.num_workers,
+    )
 
 
 def _prompt_text(prompt: Any) -> str:
@@ -93,7 +120,11 @@ def _rows(stream: IO, requires_gt: bool) -> Iterator[tuple[int, dict | None, str
             try:
                 line = line.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                yield n, None, f"not UTF-8 text (byte 0x{line[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8"
+                yield (
+                    n,
+                    None,
+                    f"not UTF-8 text (byte 0x{line[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8",
+                )
                 continue
         if not line.strip():
             continue
@@ -133,8 +164,13 @@ class _Scorer:
         batch = None
         if rows:
             extras = [{k: v for k, v in r.items() if k not in ("prompt", "response", "ground_truth")} for r in rows]
-            batch = self.manager.score([_prompt_text(r.get("prompt")) for r in rows], [r["response"] for r in rows],
-                                       [self.domain] * len(rows), [ground_truth_of(r) for r in rows], extras)
+            batch = self.manager.score(
+                [_prompt_text(r.get("prompt")) for r in rows],
+                [r["response"] for r in rows],
+                [self.domain] * len(rows),
+                [ground_truth_of(r) for r in rows],
+                extras,
+            )
         i = 0
         prefix = f"{self.domain}/"
         for n, row, problem in self.pending:
@@ -143,8 +179,11 @@ class _Scorer:
                 print(f"{self.where}:{n}: malformed row: {problem}", file=sys.stderr)
                 record: dict[str, Any] = {"line": n, "error": f"malformed row: {problem}"}
             else:
-                subs = {k[len(prefix):]: float(v[i]) for k, v in batch.sub_scores.items()  # type: ignore[union-attr]
-                        if k.startswith(prefix) and k != f"{prefix}score" and v[i] == v[i]}
+                subs = {
+                    k[len(prefix) :]: float(v[i])
+                    for k, v in batch.sub_scores.items()  # type: ignore[union-attr]
+                    if k.startswith(prefix) and k != f"{prefix}score" and v[i] == v[i]
+                }
                 record = {"line": n, "score": float(batch.scores[i]), "sub_scores": subs}  # type: ignore[union-attr]
                 self.scored += 1
                 self.total += record["score"]
@@ -175,7 +214,10 @@ def main(args: argparse.Namespace) -> int:
     from armor_core.rewards.manager import RewardManager
 
     if (args.input is None) == (args.response is None):
-        print("armor reward: give either --input ROWS.jsonl or --response TEXT (with --prompt, --ground-truth)", file=sys.stderr)
+        print(
+            "armor reward: give either --input ROWS.jsonl or --response TEXT (with --prompt, --ground-truth)",
+            file=sys.stderr,
+        )
         return 2
     try:
         extra = json.loads(args.extra) if args.extra else {}
@@ -196,7 +238,11 @@ def main(args: argparse.Namespace) -> int:
                 return 2
             batch = manager.score([args.prompt], [args.response], [args.domain], [args.ground_truth], [extra])
             prefix = f"{args.domain}/"
-            subs = {k[len(prefix):]: float(v[0]) for k, v in batch.sub_scores.items() if k.startswith(prefix) and k != f"{prefix}score" and v[0] == v[0]}
+            subs = {
+                k[len(prefix) :]: float(v[0])
+                for k, v in batch.sub_scores.items()
+                if k.startswith(prefix) and k != f"{prefix}score" and v[0] == v[0]
+            }
             record: dict[str, Any] = {"score": float(batch.scores[0]), "sub_scores": subs}
             if batch.errors[0]:
                 record["error"] = batch.errors[0]
@@ -225,6 +271,9 @@ def main(args: argparse.Namespace) -> int:
             if out is not sys.stdout:
                 out.close()
     mean = scorer.total / scorer.scored if scorer.scored else float("nan")
-    print(f"armor reward {args.domain}: {scorer.scored} rows scored (mean {mean:.4f}), {scorer.failed} failed, "
-          f"{scorer.malformed} malformed", file=sys.stderr)
+    print(
+        f"armor reward {args.domain}: {scorer.scored} rows scored (mean {mean:.4f}), {scorer.failed} failed, "
+        f"{scorer.malformed} malformed",
+        file=sys.stderr,
+    )
     return 1 if scorer.failed or scorer.malformed else 0

@@ -15,15 +15,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Without CONFIG, the built-in recipe runs: a tiny Qwen2 model learns two-number addition with GRPO on CPU. "
         "Every key, its default and its help: `armor run --help-config`.",
     )
-    p.add_argument("config", nargs="?", help="YAML config file, or recipe:NAME for a recipe shipped with ARMOR, e.g. recipe:cross_domain (optional)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="YAML config file, or recipe:NAME for a recipe shipped with ARMOR, e.g. recipe:cross_domain (optional)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=50")
     p.add_argument("--print-config", action="store_true", help="print the merged config and exit")
-    p.add_argument("--help-config", action="store_true", help="print every config key with its default and help, and exit")
-    p.add_argument("--resume", action="store_true", help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with")
-    p.add_argument("--allow-config-change", dest="allow_config_change", action="append", default=[], metavar="KEY,...",
-                   help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. The run's length, "
-                        "checkpoint and validation schedule, loggers, faults and engine.* may always change")
-    p.add_argument("--dry-run", action="store_true", help="validate the config, data and plugins, print the plan, and exit")
+    p.add_argument(
+        "--help-config", action="store_true", help="print every config key with its default and help, and exit"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with",
+    )
+    p.add_argument(
+        "--allow-config-change",
+        dest="allow_config_change",
+        action="append",
+        default=[],
+        metavar="KEY,...",
+        help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. The run's length, "
+        "checkpoint and validation schedule, loggers, faults and engine.* may always change",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate the config, data and plugins, print the plan, and exit"
+    )
     p.set_defaults(func=main)
 
 
@@ -48,8 +66,10 @@ def _check_resume(args: argparse.Namespace, cfg) -> None:
 
         # the trainer refuses too, but only after loading the data; here --dry-run says it as well
         if CheckpointManager(cfg.trainer.run_dir).latest() is not None:
-            raise RunDirError(f"{cfg.trainer.run_dir} already holds checkpoints; pass --resume to continue that run, "
-                              "or choose another trainer.run_dir")
+            raise RunDirError(
+                f"{cfg.trainer.run_dir} already holds checkpoints; pass --resume to continue that run, "
+                "or choose another trainer.run_dir"
+            )
         return
     for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed):
         print(f"--resume: config changed as allowed: {line}")
@@ -57,8 +77,8 @@ def _check_resume(args: argparse.Namespace, cfg) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from armor_core.cli.main import user_errors
-    from armor_core.config.schema import help_for, load_config, to_yaml
     from armor_core.config.plugin_checks import validate_plugins
+    from armor_core.config.schema import help_for, load_config, to_yaml
     from armor_core.errors import one_line
     from armor_core.loop.preflight import check_run
 
@@ -83,8 +103,8 @@ def main(args: argparse.Namespace) -> int:
 
             prepare_data(cfg)
             return 0
-        from armor_core.storage.run_dir import RunDirLock
         from armor_core.loop.trainer import run_training
+        from armor_core.storage.run_dir import RunDirLock
 
         with RunDirLock(cfg.trainer.run_dir):  # held until the run ends: a second run into the directory stops here
             _check_resume(args, cfg)

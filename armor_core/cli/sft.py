@@ -49,22 +49,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="local model directory (or builtin:NAME) to fine-tune")
-    src.add_argument("--init", choices=["tiny-qwen2"], help="start from a fresh char-level Qwen2 (~1M parameters, random init)")
+    src.add_argument(
+        "--init", choices=["tiny-qwen2"], help="start from a fresh char-level Qwen2 (~1M parameters, random init)"
+    )
     p.add_argument("--out", required=True, help="directory to write the fine-tuned model and tokenizer to")
-    p.add_argument("--task", default="arithmetic", help="built-in task (a registered `task` plugin) used when --data is not given (default: arithmetic)")
-    p.add_argument("--task-kwarg", action="append", default=[], metavar="KEY=VALUE", help="task parameter, e.g. digits=3 (repeatable; values are parsed as JSON when they can be)")
+    p.add_argument(
+        "--task",
+        default="arithmetic",
+        help="built-in task (a registered `task` plugin) used when --data is not given (default: arithmetic)",
+    )
+    p.add_argument(
+        "--task-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task parameter, e.g. digits=3 (repeatable; values are parsed as JSON when they can be)",
+    )
     p.add_argument("--data", help="JSONL of {prompt, response} or {prompt, ground_truth} rows, instead of --task")
-    p.add_argument("--val-data", help="held-out JSONL (default: the task's test split, or the last rows of a shuffled --data)")
+    p.add_argument(
+        "--val-data", help="held-out JSONL (default: the task's test split, or the last rows of a shuffled --data)"
+    )
     p.add_argument("--train-size", type=int, default=4096, help="train rows generated from the task (default: 4096)")
     p.add_argument("--val-size", type=int, default=500, help="held-out rows for accuracy (default: 500)")
     p.add_argument("--steps", type=int, default=2000, help="maximum optimizer steps (default: 2000)")
     p.add_argument("--batch-size", type=int, default=64, help="rows per step (default: 64)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default: 1e-3)")
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps (default: 20)")
-    p.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], default="constant", help="after warm-up: constant, or decay to 0 at --steps (default: constant)")
+    p.add_argument(
+        "--lr-schedule",
+        choices=["constant", "cosine", "linear"],
+        default="constant",
+        help="after warm-up: constant, or decay to 0 at --steps (default: constant)",
+    )
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: 0)")
-    p.add_argument("--eval-every", type=int, default=50, help="evaluate held-out greedy accuracy every N steps (default: 50)")
-    p.add_argument("--stop-at-accuracy", type=float, default=None, help="stop at the first evaluation with held-out accuracy >= this (e.g. 0.5)")
+    p.add_argument(
+        "--eval-every", type=int, default=50, help="evaluate held-out greedy accuracy every N steps (default: 50)"
+    )
+    p.add_argument(
+        "--stop-at-accuracy",
+        type=float,
+        default=None,
+        help="stop at the first evaluation with held-out accuracy >= this (e.g. 0.5)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=8, help="generation length for evaluation (default: 8)")
     p.add_argument("--seed", type=int, default=1, help="seed for initialisation, data and order (default: 1)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -120,13 +146,16 @@ def _task_pairs(task: str, split: str, size: int, seed: int, params: dict[str, A
     from armor_core.plugins import get_plugin_manager
 
     fn = get_plugin_manager().get("task", task, where="--task").fn
-    return [{"prompt": r["prompt"], "response": str(r["ground_truth"]), "ground_truth": str(r["ground_truth"])} for r in fn(split, size, seed, **params)]
+    return [
+        {"prompt": r["prompt"], "response": str(r["ground_truth"]), "ground_truth": str(r["ground_truth"])}
+        for r in fn(split, size, seed, **params)
+    ]
 
 
 # -- training -------------------------------------------------------------------------------------
 
 
-def response_only_loss(logits: "torch.Tensor", input_ids: "torch.Tensor", loss_mask: "torch.Tensor") -> "torch.Tensor":
+def response_only_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over response tokens.
 
     :param logits: (bs, T, vocab) from the model on ``input_ids``.
@@ -143,7 +172,7 @@ def response_only_loss(logits: "torch.Tensor", input_ids: "torch.Tensor", loss_m
     return (nll * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _encode_pairs(tokenizer: "PreTrainedTokenizerBase", rows: list[dict[str, str]]) -> list[tuple[list[int], int]]:
+def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]) -> list[tuple[list[int], int]]:
     """Each row as (prompt ids + response ids + EOS, number of prompt tokens)."""
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -156,7 +185,9 @@ def _encode_pairs(tokenizer: "PreTrainedTokenizerBase", rows: list[dict[str, str
     return out
 
 
-def _collate(encoded: list[tuple[list[int], int]], pad_id: int) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+def _collate(
+    encoded: list[tuple[list[int], int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, loss_mask), each (bs, T), right-padded."""
     import torch
 
@@ -171,7 +202,14 @@ def _collate(encoded: list[tuple[list[int], int]], pad_id: int) -> tuple["torch.
     return input_ids, attention, loss_mask
 
 
-def evaluate_greedy(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", rows: list[dict[str, str]], *, max_new_tokens: int = 8, batch_size: int = 256) -> float:
+def evaluate_greedy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, str]],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> float:
     """Greedy exact-match accuracy: the decoded response, stripped, equals ``row["ground_truth"]``."""
     import torch
 
@@ -184,10 +222,16 @@ def evaluate_greedy(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBas
         with torch.no_grad():
             for start in range(0, len(rows), batch_size):
                 chunk = rows[start : start + batch_size]
-                ids, mask, _, kept = encode_prompts(tokenizer, [r["prompt"] for r in chunk], max_length=10**9, truncation="left")
+                ids, mask, _, kept = encode_prompts(
+                    tokenizer, [r["prompt"] for r in chunk], max_length=10**9, truncation="left"
+                )
                 out = model.generate(
-                    input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=False,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
                 )
                 texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
                 correct += sum(t.strip() == chunk[k]["ground_truth"].strip() for k, t in zip(kept, texts))
@@ -197,8 +241,8 @@ def evaluate_greedy(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBas
 
 
 def run_sft(
-    model: "PreTrainedModel",
-    tokenizer: "PreTrainedTokenizerBase",
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     train_rows: list[dict[str, str]],
     val_rows: list[dict[str, str]],
     *,
@@ -224,7 +268,9 @@ def run_sft(
     if not train_rows:
         raise ValueError("no training rows")
     if not val_rows:
-        raise ValueError("no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is held out)")
+        raise ValueError(
+            "no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is held out)"
+        )
     encoded = _encode_pairs(tokenizer, train_rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = _batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
@@ -244,7 +290,9 @@ def run_sft(
             acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
             mean_loss = loss_sum / loss_n
             history.append((step, mean_loss, acc))
-            log(f"step {step}/{steps}: loss {mean_loss:.4f}  held-out greedy accuracy {acc:.3f}  lr {sched.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:.1f}s")
+            log(
+                f"step {step}/{steps}: loss {mean_loss:.4f}  held-out greedy accuracy {acc:.3f}  lr {sched.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:.1f}s"
+            )
             loss_sum, loss_n = 0.0, 0
             if stop_at_accuracy is not None and acc >= stop_at_accuracy:
                 log(f"held-out accuracy {acc:.3f} >= --stop-at-accuracy {stop_at_accuracy}: stopping at step {step}")
@@ -253,7 +301,7 @@ def run_sft(
     return {"steps": step, "val_accuracy": acc, "history": history, "seconds": time.perf_counter() - t0}
 
 
-def _batch_indices(n_rows: int, batch_size: int, gen: "torch.Generator") -> Iterator[list[int]]:
+def _batch_indices(n_rows: int, batch_size: int, gen: torch.Generator) -> Iterator[list[int]]:
     """Endless batches of row indices, without replacement from permutations drawn from ``gen`` as
     they run out (a batch larger than the data takes one whole permutation)."""
     import torch
@@ -266,7 +314,9 @@ def _batch_indices(n_rows: int, batch_size: int, gen: "torch.Generator") -> Iter
         yield batch
 
 
-def _train_step(model: "PreTrainedModel", opt: "torch.optim.Optimizer", sched: Any, batch: tuple["torch.Tensor", ...], step: int) -> float:
+def _train_step(
+    model: PreTrainedModel, opt: torch.optim.Optimizer, sched: Any, batch: tuple[torch.Tensor, ...], step: int
+) -> float:
     """One optimizer step on a collated ``batch`` (gradient norm clipped to 1); returns its loss.
 
     :raises FloatingPointError: the loss is not finite, naming ``step`` (1-based).
@@ -323,7 +373,11 @@ def _main(args: argparse.Namespace) -> int:
     else:
         params = _parse_kwargs(args.task_kwarg)
         train_rows = _task_pairs(args.task, "train", args.train_size, args.seed, params)
-        val_rows = load_pairs(args.val_data) if args.val_data else _task_pairs(args.task, "test", args.val_size, args.seed, params)
+        val_rows = (
+            load_pairs(args.val_data)
+            if args.val_data
+            else _task_pairs(args.task, "test", args.val_size, args.seed, params)
+        )
         source = f"task {args.task} {params or ''}".strip()
     if args.init:
         chars = set(BASE_CHARS).union(*(set(r["prompt"]) | set(r["response"]) for r in train_rows + val_rows))
@@ -333,19 +387,41 @@ def _main(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.model)
         model = load_model(args.model)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / {len(val_rows)} held-out rows from {source}")
+    print(
+        f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / {len(val_rows)} held-out rows from {source}"
+    )
     result = run_sft(
-        model, tokenizer, train_rows, val_rows,
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
-        weight_decay=args.weight_decay, eval_every=args.eval_every, stop_at_accuracy=args.stop_at_accuracy,
-        max_new_tokens=args.max_new_tokens, seed=args.seed,
+        model,
+        tokenizer,
+        train_rows,
+        val_rows,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        lr_schedule=args.lr_schedule,
+        weight_decay=args.weight_decay,
+        eval_every=args.eval_every,
+        stop_at_accuracy=args.stop_at_accuracy,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    record = {k: v for k, v in vars(args).items() if k not in ("func", "command", "version")}  # this command's own options
-    summary = {"args": record, "parameters": n_params, "steps": result["steps"], "val_accuracy": result["val_accuracy"], "history": result["history"]}
+    record = {
+        k: v for k, v in vars(args).items() if k not in ("func", "command", "version")
+    }  # this command's own options
+    summary = {
+        "args": record,
+        "parameters": n_params,
+        "steps": result["steps"],
+        "val_accuracy": result["val_accuracy"],
+        "history": result["history"],
+    }
     (out / "armor_sft.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy {result['val_accuracy']:.3f}")
+    print(
+        f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy {result['val_accuracy']:.3f}"
+    )
     return 0

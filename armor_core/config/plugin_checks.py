@@ -52,16 +52,22 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
         except UnknownPluginError as e:
             raise ConfigError(str(e)) from None
     if cfg.algorithm.filter_groups and not resolved["algorithm.adv_estimator"].grouped:
-        raise ConfigError(f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
-                          f"does not compare a prompt's samples with each other (no groups); use one that does ({_grouped_estimators(pm)}) or set filter_groups=false")
+        raise ConfigError(
+            f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
+            f"does not compare a prompt's samples with each other (no groups); use one that does ({_grouped_estimators(pm)}) or set filter_groups=false"
+        )
     if cfg.algorithm.adv_kwargs.get("normalize_components") and not resolved["algorithm.adv_estimator"].grouped:
-        raise ConfigError(f"algorithm.adv_kwargs.normalize_components=true normalises each reward component within a prompt's group of samples, "
-                          f"but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} has no groups; use one that does ({_grouped_estimators(pm)}) "
-                          "or drop normalize_components")
+        raise ConfigError(
+            f"algorithm.adv_kwargs.normalize_components=true normalises each reward component within a prompt's group of samples, "
+            f"but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} has no groups; use one that does ({_grouped_estimators(pm)}) "
+            "or drop normalize_components"
+        )
     if cfg.rollout.mode == "async" and not getattr(resolved["rollout.backend"], "separate_worker", False):
-        raise ConfigError(f"rollout.mode=async runs the rollout backend in workers of its own, but rollout.backend={cfg.rollout.backend!r} "
-                          "does not declare it can (separate_worker = True on its class: it takes new weights through update_weights, "
-                          "or generates from the model it was given, in a process without the actor); use rollout.mode=sync")
+        raise ConfigError(
+            f"rollout.mode=async runs the rollout backend in workers of its own, but rollout.backend={cfg.rollout.backend!r} "
+            "does not declare it can (separate_worker = True on its class: it takes new weights through update_weights, "
+            "or generates from the model it was given, in a process without the actor); use rollout.mode=sync"
+        )
     # a plugin whose library is an optional install (vllm, wandb, mlflow) says how to install it now, not in a worker
     for key, _kind, name in wanted:
         check = getattr(resolved[key], "check_available", None)

@@ -16,7 +16,7 @@ import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -43,31 +43,57 @@ def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None
 
 @dataclass
 class ModelConfig:
-    path: str = f("builtin:arithmetic-tiny", "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR (builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.")
-    tokenizer_path: Optional[str] = f(None, "Tokenizer directory when it differs from model.path.")
-    dtype: str = f("float32", "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls (autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.", choices=["float32", "bfloat16"])
+    path: str = f(
+        "builtin:arithmetic-tiny",
+        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR (builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.",
+    )
+    tokenizer_path: str | None = f(None, "Tokenizer directory when it differs from model.path.")
+    dtype: str = f(
+        "float32",
+        "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls (autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.",
+        choices=["float32", "bfloat16"],
+    )
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
-    lora_rank: int = f(0, "LoRA rank of the actor's adapters (peft); 0 trains every weight. With LoRA only the adapters train and sit in the optimizer, the reference policy is the model with its adapters switched off (no second copy), and checkpoints hold the adapter.", ge=0)
+    lora_rank: int = f(
+        0,
+        "LoRA rank of the actor's adapters (peft); 0 trains every weight. With LoRA only the adapters train and sit in the optimizer, the reference policy is the model with its adapters switched off (no second copy), and checkpoints hold the adapter.",
+        ge=0,
+    )
     lora_alpha: float = f(16.0, "LoRA scaling numerator: adapters add (lora_alpha / lora_rank) * B A.", gt=0.0)
     lora_dropout: float = f(0.0, "Dropout on the adapters' input during training.", ge=0.0, lt=1.0)
-    lora_target_modules: Any = f("all-linear", "Modules that get adapters: 'all-linear' (every linear layer of the decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].")
+    lora_target_modules: Any = f(
+        "all-linear",
+        "Modules that get adapters: 'all-linear' (every linear layer of the decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].",
+    )
 
 
 @dataclass
 class DataConfig:
-    task: Optional[str] = f("arithmetic", "Built-in task (a registered `task` plugin: arithmetic, facts, or mix for several at once) used when train_files is empty.")
+    task: str | None = f(
+        "arithmetic",
+        "Built-in task (a registered `task` plugin: arithmetic, facts, or mix for several at once) used when train_files is empty.",
+    )
     task_kwargs: dict = f(help="Extra keyword arguments for the task's generator.", factory=dict)
     train_size: int = f(4096, "Rows generated for the train split of a built-in task.", ge=1)
     val_size: int = f(500, "Rows generated for the held-out split of a built-in task (never seen in training).", ge=1)
-    train_files: list = f(help="JSONL or Parquet files of rows {prompt, data_source, ground_truth, ...}.", factory=list, item=str)
+    train_files: list = f(
+        help="JSONL or Parquet files of rows {prompt, data_source, ground_truth, ...}.", factory=list, item=str
+    )
     val_files: list = f(help="Held-out JSONL or Parquet files for validation.", factory=list, item=str)
     train_batch_size: int = f(16, "Prompts per step (each is sampled rollout.n times).", ge=1)
     max_prompt_length: int = f(64, "Prompt tokens allowed; see truncation.", ge=1)
-    truncation: str = f("drop", "What to do with a longer prompt: drop it (counted) or cut its left part, or error.", choices=["drop", "left", "error"])
+    truncation: str = f(
+        "drop",
+        "What to do with a longer prompt: drop it (counted) or cut its left part, or error.",
+        choices=["drop", "left", "error"],
+    )
     shuffle: bool = f(True, "Shuffle the training rows each epoch (seeded by trainer.seed).")
     skip_invalid: bool = f(False, "Skip and count malformed rows instead of stopping with an error.")
     prompt_key: str = f("prompt", "Row field that holds the prompt (text or a list of chat messages).")
-    apply_chat_template_kwargs: dict = f(help="Keyword arguments for the tokenizer's chat template when prompts are chat messages, e.g. {enable_thinking: false} for Qwen3.", factory=dict)
+    apply_chat_template_kwargs: dict = f(
+        help="Keyword arguments for the tokenizer's chat template when prompts are chat messages, e.g. {enable_thinking: false} for Qwen3.",
+        factory=dict,
+    )
 
 
 @dataclass
@@ -80,39 +106,83 @@ class RolloutConfig:
     max_new_tokens: int = f(8, "Maximum response tokens.", ge=1)
     micro_batch_size: int = f(256, "Prompts per generate call.", ge=1)
     backend_kwargs: dict = f(help="Extra keyword arguments for the rollout backend.", factory=dict)
-    mode: str = f("sync", "sync: the actor workers generate (colocated) and train in turn. async: rollout.num_workers rollout workers of their own generate ahead while the actor trains, with weights at most rollout.max_staleness updates old (pair with algorithm.rollout_correction).", choices=["sync", "async"])
-    num_workers: int = f(1, "Rollout workers in async mode (each pinned to cores of its own); prompts are split over them.", ge=1)
-    max_staleness: int = f(1, "Async mode: a batch is trained on only if the policy that generated it is at most this many updates old; this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).", ge=0)
+    mode: str = f(
+        "sync",
+        "sync: the actor workers generate (colocated) and train in turn. async: rollout.num_workers rollout workers of their own generate ahead while the actor trains, with weights at most rollout.max_staleness updates old (pair with algorithm.rollout_correction).",
+        choices=["sync", "async"],
+    )
+    num_workers: int = f(
+        1, "Rollout workers in async mode (each pinned to cores of its own); prompts are split over them.", ge=1
+    )
+    max_staleness: int = f(
+        1,
+        "Async mode: a batch is trained on only if the policy that generated it is at most this many updates old; this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).",
+        ge=0,
+    )
 
 
 @dataclass
 class ActorConfig:
     lr: float = f(5e-5, "Learning rate (AdamW).", gt=0.0)
     weight_decay: float = f(0.0, "AdamW weight decay.", ge=0.0)
-    betas: list = f(help="AdamW betas: [beta1, beta2], each in [0, 1).", factory=lambda: [0.9, 0.999], length=2, item=float, item_range={"ge": 0.0, "lt": 1.0})
+    betas: list = f(
+        help="AdamW betas: [beta1, beta2], each in [0, 1).",
+        factory=lambda: [0.9, 0.999],
+        length=2,
+        item=float,
+        item_range={"ge": 0.0, "lt": 1.0},
+    )
     warmup_steps: int = f(0, "Linear learning-rate warm-up steps.", ge=0)
     lr_schedule: str = f("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine", "linear"])
     grad_clip: float = f(1.0, "Clip the global gradient norm to this value; 0 disables it.", ge=0.0)
     ppo_epochs: int = f(1, "Passes over each batch.", ge=1)
-    ppo_mini_batch_size: int = f(16, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1)
-    micro_batch_size: int = f(64, "Rows per forward/backward on one worker (gradient accumulation); see max_tokens_per_micro_batch.", ge=1)
-    max_tokens_per_micro_batch: Optional[int] = f(None, "Form micro-batches by real token count (prompt + response) instead of rows: consecutive rows while their tokens fit in this budget (verl's dynamic batch size); micro_batch_size is then not used. Applies to the update and the log-prob passes. The loss and gradients are those of any other split (the aggregation divides by global counts). Must hold the longest possible row: data.max_prompt_length + rollout.max_new_tokens.", ge=1)
-    logprob_chunk_tokens: int = f(512, "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the model's full logits (the plain path).", ge=0)
-    offload: bool = f(False, "FSDP2 CPU offload (GPU runs, actor.strategy=fsdp2): parameter, gradient and optimizer-state shards live in CPU memory and are copied to the GPU around each use; the optimizer steps on the CPU.")
+    ppo_mini_batch_size: int = f(
+        16, "Prompts per optimizer step (x rollout.n rows); equal to train_batch_size means one update per batch.", ge=1
+    )
+    micro_batch_size: int = f(
+        64, "Rows per forward/backward on one worker (gradient accumulation); see max_tokens_per_micro_batch.", ge=1
+    )
+    max_tokens_per_micro_batch: int | None = f(
+        None,
+        "Form micro-batches by real token count (prompt + response) instead of rows: consecutive rows while their tokens fit in this budget (verl's dynamic batch size); micro_batch_size is then not used. Applies to the update and the log-prob passes. The loss and gradients are those of any other split (the aggregation divides by global counts). Must hold the longest possible row: data.max_prompt_length + rollout.max_new_tokens.",
+        ge=1,
+    )
+    logprob_chunk_tokens: int = f(
+        512,
+        "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the model's full logits (the plain path).",
+        ge=0,
+    )
+    offload: bool = f(
+        False,
+        "FSDP2 CPU offload (GPU runs, actor.strategy=fsdp2): parameter, gradient and optimizer-state shards live in CPU memory and are copied to the GPU around each use; the optimizer steps on the CPU.",
+    )
     policy_loss: str = f("ppo_clip", "Policy loss (a registered `policy_loss` plugin).")
     policy_loss_kwargs: dict = f(help="Extra keyword arguments for the policy loss.", factory=dict)
     clip_ratio_low: float = f(0.2, "PPO clip range below 1 (eps_low).", ge=0.0)
-    clip_ratio_high: float = f(0.2, "PPO clip range above 1 (eps_high); > clip_ratio_low is DAPO's clip-higher.", ge=0.0)
+    clip_ratio_high: float = f(
+        0.2, "PPO clip range above 1 (eps_high); > clip_ratio_low is DAPO's clip-higher.", ge=0.0
+    )
     clip_ratio_c: float = f(3.0, "Dual-clip bound for negative advantages (must be > 1).", gt=1.0)
     loss_agg_mode: str = f("token-mean", "Loss aggregation (a registered `loss_aggregation` plugin).")
-    loss_norm_constant: Optional[float] = f(None, "Constant normaliser for seq-mean-token-sum-norm; default: rollout.max_new_tokens.", gt=0.0)
+    loss_norm_constant: float | None = f(
+        None, "Constant normaliser for seq-mean-token-sum-norm; default: rollout.max_new_tokens.", gt=0.0
+    )
     entropy_coeff: float = f(0.0, "Entropy bonus coefficient.", ge=0.0)
-    skip_zero_advantage: bool = f(True, "Do not forward rows whose advantages are all 0 (e.g. GRPO groups that all scored the same) when that cannot change the gradient: no entropy bonus, no KL loss, a policy loss that is 0 at advantage 0. Their share of actor/entropy is estimated from the rollout log-probs.")
+    skip_zero_advantage: bool = f(
+        True,
+        "Do not forward rows whose advantages are all 0 (e.g. GRPO groups that all scored the same) when that cannot change the gradient: no entropy bonus, no KL loss, a policy loss that is 0 at advantage 0. Their share of actor/entropy is estimated from the rollout log-probs.",
+    )
     use_kl_loss: bool = f(False, "Add KL(policy || reference) to the loss (GRPO style).")
     kl_loss_coef: float = f(0.001, "Coefficient of the KL loss.", ge=0.0)
     kl_loss_type: str = f("k3", "KL estimator for the KL loss (a registered `kl_estimator` plugin).")
-    num_workers: int = f(1, "Data-parallel actor processes (one update over all of them equals one process on the same batch).", ge=1)
-    strategy: str = f("ddp", "Data-parallel strategy of the actor and critic groups: ddp (every rank holds the whole model) or fsdp2 (fully_shard per decoder layer: parameters, gradients and optimizer state sharded). gloo on CPU, NCCL on GPU.", choices=["ddp", "fsdp2"])
+    num_workers: int = f(
+        1, "Data-parallel actor processes (one update over all of them equals one process on the same batch).", ge=1
+    )
+    strategy: str = f(
+        "ddp",
+        "Data-parallel strategy of the actor and critic groups: ddp (every rank holds the whole model) or fsdp2 (fully_shard per decoder layer: parameters, gradients and optimizer state sharded). gloo on CPU, NCCL on GPU.",
+        choices=["ddp", "fsdp2"],
+    )
 
 
 @dataclass
@@ -122,8 +192,14 @@ class CriticConfig:
     grad_clip: float = f(1.0, "Critic gradient-norm clip; 0 disables it.", ge=0.0)
     ppo_epochs: int = f(1, "Critic passes over each batch.", ge=1)
     micro_batch_size: int = f(64, "Rows per critic forward/backward.", ge=1)
-    max_tokens_per_micro_batch: Optional[int] = f(None, "Critic micro-batches by real token count, as actor.max_tokens_per_micro_batch; default: the actor's.", ge=1)
-    num_workers: Optional[int] = f(None, "Data-parallel critic processes (strategy: actor.strategy); default: actor.num_workers.", ge=1)
+    max_tokens_per_micro_batch: int | None = f(
+        None,
+        "Critic micro-batches by real token count, as actor.max_tokens_per_micro_batch; default: the actor's.",
+        ge=1,
+    )
+    num_workers: int | None = f(
+        None, "Data-parallel critic processes (strategy: actor.strategy); default: actor.num_workers.", ge=1
+    )
 
 
 @dataclass
@@ -135,26 +211,54 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = f(True, "GRPO: divide by the group's standard deviation (False is Dr. GRPO).")
     use_kl_in_reward: bool = f(False, "Fold a KL penalty into the token-level reward (PPO style).")
     kl_penalty: str = f("k1", "KL estimator for the in-reward penalty (a registered `kl_estimator` plugin).")
-    kl_ctrl_type: str = f("fixed", "KL coefficient controller for the in-reward penalty.", choices=["fixed", "adaptive"])
+    kl_ctrl_type: str = f(
+        "fixed", "KL coefficient controller for the in-reward penalty.", choices=["fixed", "adaptive"]
+    )
     kl_coef: float = f(0.001, "Initial KL coefficient of the in-reward penalty.", ge=0.0)
     kl_target: float = f(0.1, "Target KL of the adaptive controller.", gt=0.0)
     kl_horizon: int = f(10000, "Horizon of the adaptive controller.", ge=1)
-    rollout_correction: str = f("none", "Importance weights between the policy that generated the rows (rollout log-probs) and the trained one (old log-probs) on the per-token policy loss: tis_token / tis_seq truncate the token's / sequence's ratio at the cap, mask_token / mask_seq keep it up to the cap and drop the token / sequence beyond.",
-                                choices=["none", "tis_token", "tis_seq", "mask_token", "mask_seq"])
-    filter_groups: bool = f(False, "Dynamic sampling (DAPO): drop the groups whose scores all agree (no learning signal) and generate further batches until data.train_batch_size informative groups are collected, up to max_gen_batches; then train on what there is (warned, counted in dynamic_sampling/short_batch).")
-    max_gen_batches: int = f(4, "Most batches of data.train_batch_size prompts generated for one step under filter_groups.", ge=1)
-    rollout_correction_cap: float = f(2.0, "The largest importance weight (tis_*) or ratio kept (mask_*) of algorithm.rollout_correction.", gt=0.0)
+    rollout_correction: str = f(
+        "none",
+        "Importance weights between the policy that generated the rows (rollout log-probs) and the trained one (old log-probs) on the per-token policy loss: tis_token / tis_seq truncate the token's / sequence's ratio at the cap, mask_token / mask_seq keep it up to the cap and drop the token / sequence beyond.",
+        choices=["none", "tis_token", "tis_seq", "mask_token", "mask_seq"],
+    )
+    filter_groups: bool = f(
+        False,
+        "Dynamic sampling (DAPO): drop the groups whose scores all agree (no learning signal) and generate further batches until data.train_batch_size informative groups are collected, up to max_gen_batches; then train on what there is (warned, counted in dynamic_sampling/short_batch).",
+    )
+    max_gen_batches: int = f(
+        4, "Most batches of data.train_batch_size prompts generated for one step under filter_groups.", ge=1
+    )
+    rollout_correction_cap: float = f(
+        2.0, "The largest importance weight (tis_*) or ratio kept (mask_*) of algorithm.rollout_correction.", gt=0.0
+    )
 
 
 @dataclass
 class RewardConfig:
-    domain_map: dict = f(help="Map data_source -> reward domain name or {domain: weight}; unmapped sources use the domain of the same name.", factory=dict)
+    domain_map: dict = f(
+        help="Map data_source -> reward domain name or {domain: weight}; unmapped sources use the domain of the same name.",
+        factory=dict,
+    )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
-    num_workers: int = f(0, "Processes for reward domains that may hang (math); 0 starts one helper process on first use. Inline domains (arithmetic, gsm8k, refusal, safety) always score in the driver.", ge=0)
+    num_workers: int = f(
+        0,
+        "Processes for reward domains that may hang (math); 0 starts one helper process on first use. Inline domains (arithmetic, gsm8k, refusal, safety) always score in the driver.",
+        ge=0,
+    )
     domain_kwargs: dict = f(help="Per-domain keyword arguments: {domain: {key: value}}.", factory=dict)
-    max_failure_fraction: float = f(0.5, "Stop the run with an error when a domain fails (raises, times out, or scores outside its score_range) on more than this fraction of its rows over the last reward.failure_window scored batches; checkpoints already written are kept. 1 never stops.", ge=0.0, le=1.0)
-    failure_window: int = f(5, "Scored batches (one per training step, more under algorithm.filter_groups; a validation pass is one) over which reward.max_failure_fraction is measured, from the first batch on.", ge=1)
+    max_failure_fraction: float = f(
+        0.5,
+        "Stop the run with an error when a domain fails (raises, times out, or scores outside its score_range) on more than this fraction of its rows over the last reward.failure_window scored batches; checkpoints already written are kept. 1 never stops.",
+        ge=0.0,
+        le=1.0,
+    )
+    failure_window: int = f(
+        5,
+        "Scored batches (one per training step, more under algorithm.filter_groups; a validation pass is one) over which reward.max_failure_fraction is measured, from the first batch on.",
+        ge=1,
+    )
 
 
 @dataclass
@@ -171,19 +275,33 @@ class GuardConfig:
 
 @dataclass
 class EngineConfig:
-    address: Optional[str] = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
-    num_cpus: Optional[int] = f(None, "CPUs for a local Ray cluster; default: all.", ge=1)
-    cpus_per_worker: Optional[float] = f(None, "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the workers.", gt=0.0)
-    isolate: bool = f(True, "ProcessIsolator: pin each worker to cores (and GPUs) of its own and check no two share one (local clusters).")
+    address: str | None = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
+    num_cpus: int | None = f(None, "CPUs for a local Ray cluster; default: all.", ge=1)
+    cpus_per_worker: float | None = f(
+        None,
+        "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the workers.",
+        gt=0.0,
+    )
+    isolate: bool = f(
+        True,
+        "ProcessIsolator: pin each worker to cores (and GPUs) of its own and check no two share one (local clusters).",
+    )
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
-    driver_threads: int = f(1, "Torch threads in the driver process (the trainer loop: rewards, advantages, metrics). Its tensors are small; more threads would spin on cores the workers own, slowing them (as verl's driver, a 1-CPU Ray actor, runs with one).", ge=1)
-    direct_channel: bool = f(True, "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (between steps, a round trip with a 128-row batch each way took 2.0 ms instead of 4.6 ms on a 2-core CPU machine: benchmarks/dataproto_transfer.py). Ray still places, starts, watches and stops the workers.")
+    driver_threads: int = f(
+        1,
+        "Torch threads in the driver process (the trainer loop: rewards, advantages, metrics). Its tensors are small; more threads would spin on cores the workers own, slowing them (as verl's driver, a 1-CPU Ray actor, runs with one).",
+        ge=1,
+    )
+    direct_channel: bool = f(
+        True,
+        "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (between steps, a round trip with a 128-row batch each way took 2.0 ms instead of 4.6 ms on a 2-core CPU machine: benchmarks/dataproto_transfer.py). Ray still places, starts, watches and stops the workers.",
+    )
 
 
 @dataclass
 class TrainerConfig:
     total_steps: int = f(250, "Training steps.", ge=0)
-    total_epochs: Optional[int] = f(None, "Stop after this many passes over the data, if reached first.", ge=1)
+    total_epochs: int | None = f(None, "Stop after this many passes over the data, if reached first.", ge=1)
     # 32 bits: numpy's legacy global generator takes no more, and seed * 1000003 + step must fit torch's 64
     seed: int = f(1, "Seed for data order, sampling and initialisation.", ge=0, lt=2**32)
     run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
@@ -192,16 +310,33 @@ class TrainerConfig:
     val_freq: int = f(50, "Validate every N steps; 0 validates only before and after training.", ge=0)
     val_before_train: bool = f(True, "Validate before the first step (the 'before' of the summary).")
     val_sampled: bool = f(False, "Also report sampled (temperature) accuracy in validation, besides greedy.")
-    val_n: int = f(1, "Samples per held-out prompt at rollout.temperature; above 1, validation also reports mean@n, best@n (pass@n) "
-                   "and maj@n (majority vote) per data_source.", ge=1)
-    loggers: list = f(help="Metric trackers (registered `metric_tracker` plugins): console, jsonl, tensorboard; wandb and mlflow with their extras (pip install 'armor-rl[wandb]' / 'armor-rl[mlflow]').", factory=lambda: ["console", "jsonl", "tensorboard"], item=str)
+    val_n: int = f(
+        1,
+        "Samples per held-out prompt at rollout.temperature; above 1, validation also reports mean@n, best@n (pass@n) "
+        "and maj@n (majority vote) per data_source.",
+        ge=1,
+    )
+    loggers: list = f(
+        help="Metric trackers (registered `metric_tracker` plugins): console, jsonl, tensorboard; wandb and mlflow with their extras (pip install 'armor-rl[wandb]' / 'armor-rl[mlflow]').",
+        factory=lambda: ["console", "jsonl", "tensorboard"],
+        item=str,
+    )
     project_name: str = f("armor", "Project the run is logged under: the wandb project, the MLflow experiment.")
     experiment_name: str = f("", "Run name in wandb and MLflow; empty: the run directory's name.")
-    mlflow_tracking_uri: str = f("", "Where the mlflow tracker logs (a server URL, database or directory); empty: MLFLOW_TRACKING_URI if set, else a file store in <run_dir>/mlruns.")
+    mlflow_tracking_uri: str = f(
+        "",
+        "Where the mlflow tracker logs (a server URL, database or directory); empty: MLFLOW_TRACKING_URI if set, else a file store in <run_dir>/mlruns.",
+    )
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
-    overlap_generation: bool = f(True, "Generate the next step's rollout in the same worker call as this step's update: one round trip to the workers a step instead of two, and no idle worker while the driver reads the update's result. The workers run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a validation, a checkpoint, or the last step.")
-    faults: list = f(help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/loop/faults.py).", factory=list)
+    overlap_generation: bool = f(
+        True,
+        "Generate the next step's rollout in the same worker call as this step's update: one round trip to the workers a step instead of two, and no idle worker while the driver reads the update's result. The workers run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a validation, a checkpoint, or the last step.",
+    )
+    faults: list = f(
+        help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/loop/faults.py).",
+        factory=list,
+    )
 
 
 @dataclass
@@ -244,7 +379,9 @@ def _nearest(key: str) -> str:
 def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
     key = getattr(e, "full_key", None) or ""
     if isinstance(e, ConfigKeyError):
-        return ConfigError(f"{source}: unknown config key '{key}'.{_nearest(key)} See `armor run --print-config` for every key.")
+        return ConfigError(
+            f"{source}: unknown config key '{key}'.{_nearest(key)} See `armor run --print-config` for every key."
+        )
     if isinstance(e, ValidationError):
         msg = str(e).split("\n")[0]
         return ConfigError(f"{source}: invalid value for '{key}': {msg}")
@@ -260,23 +397,41 @@ def _check_ranges(cfg: ArmorConfig) -> None:
 def _check_semantics(cfg: ArmorConfig) -> None:
     """Checks that involve more than one field."""
     if cfg.actor.ppo_mini_batch_size > cfg.data.train_batch_size:
-        raise ConfigError(f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds data.train_batch_size={cfg.data.train_batch_size}")
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds data.train_batch_size={cfg.data.train_batch_size}"
+        )
     if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
-        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}")
+        raise ConfigError(
+            f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
+        )
     longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    for key, budget in (("actor.max_tokens_per_micro_batch", cfg.actor.max_tokens_per_micro_batch), ("critic.max_tokens_per_micro_batch", cfg.critic.max_tokens_per_micro_batch)):
+    for key, budget in (
+        ("actor.max_tokens_per_micro_batch", cfg.actor.max_tokens_per_micro_batch),
+        ("critic.max_tokens_per_micro_batch", cfg.critic.max_tokens_per_micro_batch),
+    ):
         if budget is not None and budget < longest:
-            raise ConfigError(f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + rollout.max_new_tokens = "
-                              f"{cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} tokens; set it to at least {longest}")
+            raise ConfigError(
+                f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + rollout.max_new_tokens = "
+                f"{cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} tokens; set it to at least {longest}"
+            )
     if cfg.actor.offload and (cfg.trainer.device != "cuda" or cfg.actor.strategy != "fsdp2"):
-        raise ConfigError(f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and {cfg.actor.strategy!r}): "
-                          "it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU run they are in CPU memory already, "
-                          "and gloo cannot reduce-scatter the offloaded gradients. Set actor.offload=false")
+        raise ConfigError(
+            f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and {cfg.actor.strategy!r}): "
+            "it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU run they are in CPU memory already, "
+            "and gloo cannot reduce-scatter the offloaded gradients. Set actor.offload=false"
+        )
     if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
-        raise ConfigError(f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree with themselves; set rollout.n >= 2")
+        raise ConfigError(
+            f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree with themselves; set rollout.n >= 2"
+        )
     targets = cfg.model.lora_target_modules
-    if not (targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets))):
-        raise ConfigError(f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]")
+    if not (
+        targets == "all-linear"
+        or (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets))
+    ):
+        raise ConfigError(
+            f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]"
+        )
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
     from armor_core.loop.faults import parse_faults
@@ -310,7 +465,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             except Exception as e:
                 raise ConfigError(f"{p}: not valid YAML: {e}") from e
             if not isinstance(loaded, DictConfig):
-                raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, data:, ...), got {type(loaded).__name__}")
+                raise ConfigError(
+                    f"{p}: the top level must be a mapping of sections (model:, data:, ...), got {type(loaded).__name__}"
+                )
             merged = OmegaConf.merge(merged, loaded)
         for item in overrides:
             if "=" not in item:
@@ -318,8 +475,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             try:
                 merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
             except yaml.YAMLError as e:  # e.g. {name:x}: YAML wants a space after the colon
-                raise ConfigError(f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())}); "
-                                  "in a mapping put a space after each colon, e.g. guard.guards='[{name: grad_spike, params: {window: 20}}]'") from None
+                raise ConfigError(
+                    f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())}); "
+                    "in a mapping put a space after each colon, e.g. guard.guards='[{name: grad_spike, params: {window: 20}}]'"
+                ) from None
     except OmegaConfBaseException as e:
         raise _friendly(e, str(path) if path and not overrides else "config") from e
     cfg: ArmorConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]

@@ -50,7 +50,7 @@ def as_array(value: Any) -> Any:
     return arr
 
 
-def save(data: "DataProto", path: str | Path) -> None:
+def save(data: DataProto, path: str | Path) -> None:
     """Write ``data`` to one safetensors file at ``path`` (see the module docstring for the layout).
 
     :raises TypeError: a non-tensor element or a meta_info value is not plain JSON
@@ -102,7 +102,9 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Columns:
     with f:
         manifest = json.loads((f.metadata() or {}).get("armor", "{}"))
         if manifest.get("format") != _FORMAT:
-            raise ValueError(f"DataProto.load: {path} has no {_FORMAT!r} manifest; it was not written by DataProto.save")
+            raise ValueError(
+                f"DataProto.load: {path} has no {_FORMAT!r} manifest; it was not written by DataProto.save"
+            )
         tensors = {k: f.get_tensor(f"tensor/{k}").to(device) for k in manifest["tensors"]}
         non_tensors = {}
         for key, info in manifest["non_tensors"].items():
@@ -118,7 +120,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Columns:
     return tensors, non_tensors, meta_info
 
 
-def to_state(data: "DataProto") -> dict[str, Any]:
+def to_state(data: DataProto) -> dict[str, Any]:
     """The pickle state of ``data``: ``{"tensors": {name: (dtype, shape, bytes, requires_grad)},
     "non_tensors": ..., "meta_info": ...}``, where ``bytes`` is a (nbytes,) uint8 numpy view of
     the tensor's contiguous CPU copy. The dicts of non-tensors and meta_info are shared, not copied."""
@@ -164,8 +166,10 @@ def _check_json(value: Any, where: str) -> None:
                 raise TypeError(f"DataProto.save: {where} has key {k!r} ({type(k).__name__}); JSON keys must be str")
             _check_json(v, f"{where}[{k!r}]")
     else:
-        raise TypeError(f"DataProto.save: {where} is a {type(value).__name__}, which cannot be saved without pickle; "
-                        f"use str, int, float, bool, None, list or dict with str keys (or drop it before saving)")
+        raise TypeError(
+            f"DataProto.save: {where} is a {type(value).__name__}, which cannot be saved without pickle; "
+            f"use str, int, float, bool, None, list or dict with str keys (or drop it before saving)"
+        )
 
 
 def _json_blob(value: Any) -> torch.Tensor:

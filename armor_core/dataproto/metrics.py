@@ -25,7 +25,9 @@ def merge_metrics(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     values: dict[str, list[Any]] = {}
     for i, part in enumerate(parts):
         if not isinstance(part, Mapping):
-            raise TypeError(f"merge_metrics: part {i} is a {type(part).__name__}; expected a dict of metric name -> value")
+            raise TypeError(
+                f"merge_metrics: part {i} is a {type(part).__name__}; expected a dict of metric name -> value"
+            )
         for name, value in part.items():
             values.setdefault(name, []).append(value)
     merged: dict[str, Any] = {}
@@ -36,5 +38,7 @@ def merge_metrics(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         elif all(v == vals[0] for v in vals):
             merged[name] = vals[0]
         else:
-            raise ValueError(f"merge_metrics: {name!r} has different non-numeric values {vals!r}; only numbers are merged")
+            raise ValueError(
+                f"merge_metrics: {name!r} has different non-numeric values {vals!r}; only numbers are merged"
+            )
     return merged

@@ -17,7 +17,24 @@ from armor_core.dataproto.metrics import merge_metrics
 if TYPE_CHECKING:
     from armor_core.dataproto.protocol import DataProto
 
-__all__ = ["check_concat", "describe_tensor", "is_row_number", "key_list", "merge_meta", "pick", "positive_int", "rename_mapping", "replace_columns", "row_index", "same_value", "split_flat", "stack_rows", "summary", "unknown_key", "verl_key_args"]
+__all__ = [
+    "check_concat",
+    "describe_tensor",
+    "is_row_number",
+    "key_list",
+    "merge_meta",
+    "pick",
+    "positive_int",
+    "rename_mapping",
+    "replace_columns",
+    "row_index",
+    "same_value",
+    "split_flat",
+    "stack_rows",
+    "summary",
+    "unknown_key",
+    "verl_key_args",
+]
 
 Keys = Union[str, Sequence[str], None]
 
@@ -44,11 +61,15 @@ def verl_key_args(op: str, given: dict[str, Any], armor_keys: tuple) -> tuple[bo
     mixing them with ARMOR's names, or an unknown name, is a TypeError naming both spellings."""
     unknown = sorted(set(given) - {*VERL_KEY_ARGS, *(("deepcopy",) if op == "select" else ())})
     if unknown:
-        raise TypeError(f"DataProto.{op}: unknown argument {unknown[0]!r}; it takes tensor_keys, non_tensor_keys, meta_keys "
-                        f"(or verl's {', '.join(VERL_KEY_ARGS)})")
+        raise TypeError(
+            f"DataProto.{op}: unknown argument {unknown[0]!r}; it takes tensor_keys, non_tensor_keys, meta_keys "
+            f"(or verl's {', '.join(VERL_KEY_ARGS)})"
+        )
     if any(k is not None for k in armor_keys):
-        raise TypeError(f"DataProto.{op}: use ARMOR's names (tensor_keys, non_tensor_keys, meta_keys) or verl's "
-                        f"({', '.join(VERL_KEY_ARGS)}), not both in one call")
+        raise TypeError(
+            f"DataProto.{op}: use ARMOR's names (tensor_keys, non_tensor_keys, meta_keys) or verl's "
+            f"({', '.join(VERL_KEY_ARGS)}), not both in one call"
+        )
     return bool(given.get("deepcopy", False)), tuple(given.get(k) for k in VERL_KEY_ARGS)
 
 
@@ -73,7 +94,9 @@ def positive_int(value: Any, op: str, name: str) -> int:
 
 def summary(col: Any) -> str:
     if isinstance(col, torch.Tensor):
-        return f"{tuple(col.shape)} {str(col.dtype).replace('torch.', '')}" + ("" if col.device.type == "cpu" else f" on {col.device}")
+        return f"{tuple(col.shape)} {str(col.dtype).replace('torch.', '')}" + (
+            "" if col.device.type == "cpu" else f" on {col.device}"
+        )
     return f"{col.shape} {col.dtype}" if isinstance(col, np.ndarray) else f"<{type(col).__name__}>"
 
 
@@ -86,7 +109,10 @@ def same_value(a: Any, b: Any) -> bool:
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or (a.dtype, a.shape) != (b.dtype, b.shape):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or (a.dtype, a.shape) != (
+            b.dtype,
+            b.shape,
+        ):
             return False
         a, b = a.detach().cpu(), b.detach().cpu()
         return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
@@ -112,16 +138,22 @@ def merge_meta(items: list[DataProto]) -> dict[str, Any]:
     ref = {k: v for k, v in items[0].meta_info.items() if k != "metrics"}
     for i, item in enumerate(items):
         if "metrics" in item.meta_info and not isinstance(item.meta_info["metrics"], Mapping):
-            raise TypeError(f"DataProto.concat: item {i} meta_info['metrics'] is a {type(item.meta_info['metrics']).__name__}; "
-                            f"expected a dict of metric name -> value")
+            raise TypeError(
+                f"DataProto.concat: item {i} meta_info['metrics'] is a {type(item.meta_info['metrics']).__name__}; "
+                f"expected a dict of metric name -> value"
+            )
         keys = item.meta_info.keys() - {"metrics"}
         if keys != ref.keys():
-            raise ValueError(f"DataProto.concat: item {i} has meta_info keys {sorted(keys)} but item 0 has {sorted(ref)}; "
-                             f"apart from 'metrics', every item needs the same meta_info")
+            raise ValueError(
+                f"DataProto.concat: item {i} has meta_info keys {sorted(keys)} but item 0 has {sorted(ref)}; "
+                f"apart from 'metrics', every item needs the same meta_info"
+            )
         for key in keys:
             if not same_value(item.meta_info[key], ref[key]):
-                raise ValueError(f"DataProto.concat: meta_info[{key!r}] is {reprlib.repr(item.meta_info[key])} in item {i} "
-                                 f"but {reprlib.repr(ref[key])} in item 0")
+                raise ValueError(
+                    f"DataProto.concat: meta_info[{key!r}] is {reprlib.repr(item.meta_info[key])} in item {i} "
+                    f"but {reprlib.repr(ref[key])} in item 0"
+                )
     if any("metrics" in item.meta_info for item in items):
         ref["metrics"] = merge_metrics(item.meta_info["metrics"] for item in items if "metrics" in item.meta_info)
     return ref
@@ -139,8 +171,10 @@ def row_index(index: Any, n: int) -> slice | np.ndarray:
     if isinstance(index, torch.Tensor):
         index = index.detach().cpu().numpy()
     if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer, slice, list, range, np.ndarray)):
-        raise TypeError(f"DataProto: cannot index rows with {type(index).__name__}; use an int, a slice, "
-                        f"a list/array/tensor of ints or a boolean mask (or a str for a column)")
+        raise TypeError(
+            f"DataProto: cannot index rows with {type(index).__name__}; use an int, a slice, "
+            f"a list/array/tensor of ints or a boolean mask (or a str for a column)"
+        )
     if isinstance(index, slice):  # torch has no negative steps: turn those into row numbers
         return index if (index.step or 1) > 0 else np.arange(n)[index]
     rows = np.asarray(index)
@@ -169,14 +203,21 @@ def check_concat(items: Sequence[DataProto]) -> None:
     """Every item has item 0's columns, and each tensor its dtype, trailing shape and device."""
     first = items[0]
     for i, item in enumerate(items[1:], 1):
-        for kind, mine, theirs in (("tensor", first.tensors, item.tensors), ("non-tensor", first.non_tensors, item.non_tensors)):
+        for kind, mine, theirs in (
+            ("tensor", first.tensors, item.tensors),
+            ("non-tensor", first.non_tensors, item.non_tensors),
+        ):
             if mine.keys() != theirs.keys():
-                raise ValueError(f"DataProto.concat: item {i} has different {kind} columns from item 0: missing "
-                                 f"{sorted(mine.keys() - theirs.keys())}, extra {sorted(theirs.keys() - mine.keys())}")
+                raise ValueError(
+                    f"DataProto.concat: item {i} has different {kind} columns from item 0: missing "
+                    f"{sorted(mine.keys() - theirs.keys())}, extra {sorted(theirs.keys() - mine.keys())}"
+                )
         for key, t in item.tensors.items():
             ref = first.tensors[key]
             if (t.dtype, t.shape[1:], t.device) != (ref.dtype, ref.shape[1:], ref.device):
-                raise ValueError(f"DataProto.concat: tensor {key!r} is {describe_tensor(t)} in item {i} but {describe_tensor(ref)} in item 0")
+                raise ValueError(
+                    f"DataProto.concat: tensor {key!r} is {describe_tensor(t)} in item {i} but {describe_tensor(ref)} in item 0"
+                )
 
 
 def split_flat(data: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -188,8 +229,10 @@ def split_flat(data: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[s
         elif isinstance(value, (np.ndarray, list, tuple)):
             non_tensors[key] = value
         else:
-            raise TypeError(f"DataProto.from_single_dict: {key!r} is a {type(value).__name__}; expected a torch.Tensor "
-                            f"or a numpy array / list with one entry per row (pass per-batch values as meta_info)")
+            raise TypeError(
+                f"DataProto.from_single_dict: {key!r} is a {type(value).__name__}; expected a torch.Tensor "
+                f"or a numpy array / list with one entry per row (pass per-batch values as meta_info)"
+            )
     return tensors, non_tensors
 
 

@@ -42,7 +42,16 @@ import numpy as np
 from armor_core.engine.dispatch import Pending, balanced_split, shares
 from armor_core.errors import UserFacingError
 
-__all__ = ["ChannelError", "Pending", "PlacementError", "WorkerDiedError", "WorkerGroup", "balanced_split", "free_port", "init_ray"]
+__all__ = [
+    "ChannelError",
+    "Pending",
+    "PlacementError",
+    "WorkerDiedError",
+    "WorkerGroup",
+    "balanced_split",
+    "free_port",
+    "init_ray",
+]
 
 # how long the other ranks get to finish after one rank raised: a healthy group returns in
 # milliseconds, a group stuck in a collective with the failed rank never does
@@ -67,8 +76,16 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> N
 
     if ray.is_initialized():
         return
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error",
-                        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
+    env = {
+        "env_vars": {
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONWARNINGS": "ignore",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    }
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return
@@ -79,9 +96,20 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> N
 class WorkerGroup:
     """N Ray actors of ``worker_cls`` acting as data-parallel ranks."""
 
-    def __init__(self, worker_cls: type, n: int, *, cpus_per_worker: float, gpus_per_worker: float, name: str, init_kwargs: dict[str, Any],
-                 api: type | None = None, rank_kwargs: list[dict[str, Any]] | None = None, placement_timeout_s: float = 120.0,
-                 channel: bool = True) -> None:
+    def __init__(
+        self,
+        worker_cls: type,
+        n: int,
+        *,
+        cpus_per_worker: float,
+        gpus_per_worker: float,
+        name: str,
+        init_kwargs: dict[str, Any],
+        api: type | None = None,
+        rank_kwargs: list[dict[str, Any]] | None = None,
+        placement_timeout_s: float = 120.0,
+        channel: bool = True,
+    ) -> None:
         """``api``: the protocol the driver calls the workers through (``armor_core.workers.api``);
         None: the worker class itself (tests, benchmarks)."""
         import ray
@@ -91,7 +119,9 @@ class WorkerGroup:
         self.api = api or worker_cls
         missing = [m for m in _declared(self.api) if not callable(getattr(worker_cls, m, None))]
         if missing:
-            raise TypeError(f"worker group '{name}': {worker_cls.__name__} does not define {missing}, declared by {self.api.__name__}")
+            raise TypeError(
+                f"worker group '{name}': {worker_cls.__name__} does not define {missing}, declared by {self.api.__name__}"
+            )
         self.n, self.name, self.workers = n, name, []
         self.conns: list[Any] = []  # the direct channel to each rank, once open
         self._seq = 0  # number of the last call sent over the channel
@@ -103,23 +133,34 @@ class WorkerGroup:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.pg)
-            raise PlacementError(f"worker group '{name}': {n} workers x {bundle} could not be placed within {placement_timeout_s:.0f} s; the cluster has "
-                                  f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower actor.num_workers / "
-                                  "engine.cpus_per_worker / engine.gpus_per_worker, or add nodes (`ray start --address ...`).")
+            raise PlacementError(
+                f"worker group '{name}': {n} workers x {bundle} could not be placed within {placement_timeout_s:.0f} s; the cluster has "
+                f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower actor.num_workers / "
+                "engine.cpus_per_worker / engine.gpus_per_worker, or add nodes (`ray start --address ...`)."
+            )
         node_of_bundle = placement_group_table(self.pg)["bundles_to_node_id"]
         ips = {nd["NodeID"]: nd["NodeManagerAddress"] for nd in ray.nodes()}
-        self.placement = [{"group": name, "rank": r, "node_id": node_of_bundle[r], "node_ip": ips.get(node_of_bundle[r], "?")} for r in range(n)]
+        self.placement = [
+            {"group": name, "rank": r, "node_id": node_of_bundle[r], "node_ip": ips.get(node_of_bundle[r], "?")}
+            for r in range(n)
+        ]
         env = {}
         if n > 1:
             # rank 0's node and a port free there: 127.0.0.1 would not reach it from another machine
-            probe = ray.remote(num_cpus=0)(_address_here).options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0))
+            probe = ray.remote(num_cpus=0)(_address_here).options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0)
+            )
             addr, port = ray.get(probe.remote(), timeout=placement_timeout_s)
             env = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
         remote_cls = ray.remote(worker_cls)
         for rank in range(n):
-            opts = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"armor-{name}-{rank}-{os.getpid()}-{id(self)}",
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
-                        runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(max(1, int(cpus_per_worker)))}})
+            opts = dict(
+                num_cpus=cpus_per_worker,
+                num_gpus=gpus_per_worker,
+                name=f"armor-{name}-{rank}-{os.getpid()}-{id(self)}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
+                runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(max(1, int(cpus_per_worker)))}},
+            )
             per_rank = rank_kwargs[rank] if rank_kwargs else {}
             self.workers.append(remote_cls.options(**opts).remote(**init_kwargs, **per_rank, rank=rank, world_size=n))
         # surface construction errors (bad model path, ...) now, naming the worker
@@ -141,20 +182,26 @@ class WorkerGroup:
                 self.conns.append(connect(tuple(address), key))
             except OSError as e:
                 self.shutdown()
-                raise ChannelError(f"{self.describe(rank)} listens at {address[0]}:{address[1]} for the driver's calls, but the driver could not connect: "
-                                   f"{e}. A firewall between the nodes? engine.direct_channel=false calls the workers through Ray only.") from e
+                raise ChannelError(
+                    f"{self.describe(rank)} listens at {address[0]}:{address[1]} for the driver's calls, but the driver could not connect: "
+                    f"{e}. A firewall between the nodes? engine.direct_channel=false calls the workers through Ray only."
+                ) from e
 
     def describe(self, rank: int) -> str:
         rec = self.placement[rank] if rank < len(getattr(self, "placement", [])) else {}
-        return (f"worker group '{self.name}' rank {rank} (pid {rec.get('pid', '?')}, node {rec.get('node_ip', '?')} "
-                f"{str(rec.get('node_id', '?'))[:12]})")
+        return (
+            f"worker group '{self.name}' rank {rank} (pid {rec.get('pid', '?')}, node {rec.get('node_ip', '?')} "
+            f"{str(rec.get('node_id', '?'))[:12]})"
+        )
 
     def _name(self, method: Callable[..., Any]) -> str:
         """The name of ``method``, a function of the group's protocol (``ActorAPI.update_actor``)."""
         name = getattr(method, "__name__", None)
         if isinstance(method, str) or name is None or getattr(self.api, name, None) is not method:
-            raise TypeError(f"worker group '{self.name}': {method!r} is not a method of {self.api.__name__}; name a worker method by "
-                            f"reference, e.g. {self.api.__name__}.{next(iter(_declared(self.api)), 'method')}")
+            raise TypeError(
+                f"worker group '{self.name}': {method!r} is not a method of {self.api.__name__}; name a worker method by "
+                f"reference, e.g. {self.api.__name__}.{next(iter(_declared(self.api)), 'method')}"
+            )
         return name
 
     def call_rank(self, rank: int, method: Callable[..., Any], *args: Any) -> Any:
@@ -165,15 +212,19 @@ class WorkerGroup:
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         return self.submit_call(method, *args, **kwargs).result()
 
-    def submit_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> "Pending":
+    def submit_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Pending:
         """``call`` without waiting: each rank queues the method behind the ones sent before (a Ray
         actor runs its calls one at a time, in order); ``.result()`` gathers, as ``call`` returns."""
         return self._send(self._name(method), [args] * self.n, kwargs, None)
 
-    def _send(self, method: str, rank_args: list[tuple], kwargs: dict[str, Any], parts: list[list[np.ndarray]] | None) -> Pending:
+    def _send(
+        self, method: str, rank_args: list[tuple], kwargs: dict[str, Any], parts: list[list[np.ndarray]] | None
+    ) -> Pending:
         """``method(*rank_args[r], **kwargs)`` on each rank r, over the channel when it is open."""
         if not self.conns:
-            return Pending(self, method, [getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, rank_args)], parts)
+            return Pending(
+                self, method, [getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, rank_args)], parts
+            )
         from armor_core.engine.channel import encode, write
 
         # every rank's request pickled before any is sent: one that cannot be pickled must not leave
@@ -201,12 +252,18 @@ class WorkerGroup:
                 results[rank] = value
             elif failed is None:
                 failed, deadline = (rank, value), time.monotonic() + FAILURE_GRACE_S
-        pending = {conn: rank for rank, conn in enumerate(self.conns) if rank not in results and (failed is None or failed[0] != rank)}
+        pending = {
+            conn: rank
+            for rank, conn in enumerate(self.conns)
+            if rank not in results and (failed is None or failed[0] != rank)
+        }
         while pending:
             ready = wait(list(pending), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             if not ready:  # the grace after a failure is over: the others wait on the failed rank in a collective
                 rank, (err, _) = failed
-                raise self._stopped_after_failure(rank, method, sorted(pending.values()), f"{type(err).__name__}: {err}") from err
+                raise self._stopped_after_failure(
+                    rank, method, sorted(pending.values()), f"{type(err).__name__}: {err}"
+                ) from err
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
@@ -214,7 +271,11 @@ class WorkerGroup:
                 except (EOFError, OSError):
                     self._raise_dead(rank, method)
                 except Exception as e:  # read whole but would not unpickle here (a class the driver lacks)
-                    got, ok, value = seq, False, (RuntimeError(f"its reply to {method} could not be unpickled in the driver: {e!r}"), "")
+                    got, ok, value = (
+                        seq,
+                        False,
+                        (RuntimeError(f"its reply to {method} could not be unpickled in the driver: {e!r}"), ""),
+                    )
                 if got != seq:  # the reply to an earlier call, not gathered yet: kept for its result()
                     self._early.setdefault(got, {})[rank] = (ok, value)
                     pending[conn] = rank
@@ -245,13 +306,17 @@ class WorkerGroup:
         """Stop the group after ``rank`` died; the error to raise."""
         who = self.describe(rank)
         self.shutdown()
-        return WorkerDiedError(f"{who} died during {method}: {cause}. The group's other {self.n - 1} worker(s) were stopped.")
+        return WorkerDiedError(
+            f"{who} died during {method}: {cause}. The group's other {self.n - 1} worker(s) were stopped."
+        )
 
     def _stopped_after_failure(self, rank: int, method: str, stuck: list[int], error: str) -> WorkerDiedError:
         """Stop the group after ``rank`` raised while ranks ``stuck`` still wait on it (in a collective); the error to raise."""
         who = self.describe(rank)
         self.shutdown()
-        return WorkerDiedError(f"{who} failed during {method} while ranks {stuck} waited on it; the group was stopped. The error: {error}")
+        return WorkerDiedError(
+            f"{who} failed during {method} while ranks {stuck} waited on it; the group was stopped. The error: {error}"
+        )
 
     def _gather(self, refs: list[Any], method: str) -> list[Any]:
         """Results in rank order; the first rank to die (or fail while the others wait on it) stops the group."""
@@ -277,7 +342,9 @@ class WorkerGroup:
                         _, stuck = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
                         if stuck:  # the others wait on the failed rank in a collective: they never return
                             error = f"{type(e.cause).__name__ if e.cause is not None else 'RayTaskError'}: {e.cause}"
-                            raise self._stopped_after_failure(rank_of[ref], method, sorted(rank_of[s] for s in stuck), error) from e
+                            raise self._stopped_after_failure(
+                                rank_of[ref], method, sorted(rank_of[s] for s in stuck), error
+                            ) from e
                     raise
         return [results[r] for r in range(len(refs))]
 
@@ -288,14 +355,18 @@ class WorkerGroup:
     def submit(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Pending:
         """``dispatch`` without waiting (see ``submit_call``); ``.result()`` is what ``dispatch`` returns."""
         parts = shares(data, self.n)
-        return self._send(self._name(method), [(data if self.n == 1 else data[idx], *args) for idx in parts], kwargs, [parts])
+        return self._send(
+            self._name(method), [(data if self.n == 1 else data[idx], *args) for idx in parts], kwargs, [parts]
+        )
 
     def submit_pair(self, method: Callable[..., Any], first: Any, second: Any, *args: Any, **kwargs: Any) -> Pending:
         """``method(first_share, second_share, *args)`` on every rank, each DataProto split over the
         ranks on its own; the method returns a pair, and ``.result()`` merges each half as ``dispatch`` would."""
         parts = [shares(first, self.n), shares(second, self.n)]
         pick = lambda data, idx: data if self.n == 1 else data[idx]  # noqa: E731
-        return self._send(self._name(method), [(pick(first, a), pick(second, b), *args) for a, b in zip(*parts)], kwargs, parts)
+        return self._send(
+            self._name(method), [(pick(first, a), pick(second, b), *args) for a, b in zip(*parts)], kwargs, parts
+        )
 
     def shutdown(self) -> None:
         """Stop every worker and free the placement group; safe to call twice."""

@@ -89,7 +89,7 @@ def recv(conn: Connection) -> Any:
         buf = bytearray(n)  # writable: tensors built on it may be written to in place
         conn.recv_bytes_into(buf)
         buffers.append(buf)
-    return pickle.loads(memoryview(first)[4 + 8 * count:], buffers=buffers)
+    return pickle.loads(memoryview(first)[4 + 8 * count :], buffers=buffers)
 
 
 def listen_host() -> str | None:
@@ -127,11 +127,15 @@ def connect(address: tuple[str, int], authkey: bytes) -> Connection:
     try:
         return _handshake(sock, authkey, HANDSHAKE_TIMEOUT_S, worker_side=False)
     except AuthenticationError as e:
-        raise ConnectionError(f"{where} failed the channel's authentication ({e}): not the worker that opened it") from None
+        raise ConnectionError(
+            f"{where} failed the channel's authentication ({e}): not the worker that opened it"
+        ) from None
     except EOFError:
         raise ConnectionError(f"{where} closed the connection during the handshake") from None
     except (BlockingIOError, TimeoutError):
-        raise TimeoutError(f"{where} accepted the connection but did not complete the handshake within {HANDSHAKE_TIMEOUT_S:g} s") from None
+        raise TimeoutError(
+            f"{where} accepted the connection but did not complete the handshake within {HANDSHAKE_TIMEOUT_S:g} s"
+        ) from None
 
 
 def _handshake(sock: socket.socket, authkey: bytes, timeout_s: float, worker_side: bool) -> Connection:
@@ -147,7 +151,9 @@ def _handshake(sock: socket.socket, authkey: bytes, timeout_s: float, worker_sid
         else:
             answer_challenge(conn, authkey)
             deliver_challenge(conn, authkey)
-        with socket.socket(fileno=os.dup(conn.fileno())) as dup:  # options belong to the socket, shared by both descriptors
+        with socket.socket(
+            fileno=os.dup(conn.fileno())
+        ) as dup:  # options belong to the socket, shared by both descriptors
             _io_timeout(dup, 0)
     except BaseException:
         conn.close()
@@ -226,4 +232,14 @@ def _serve(worker: Any, server: socket.socket, authkey: bytes, device: int | Non
             except (EOFError, OSError):
                 return
             except Exception as e:  # the result or the exception would not pickle: say what it was
-                send(conn, (seq, False, (RuntimeError(f"{method} returned or raised something that cannot be pickled: {e!r}"), traceback.format_exc())))
+                send(
+                    conn,
+                    (
+                        seq,
+                        False,
+                        (
+                            RuntimeError(f"{method} returned or raised something that cannot be pickled: {e!r}"),
+                            traceback.format_exc(),
+                        ),
+                    ),
+                )

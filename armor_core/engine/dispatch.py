@@ -28,7 +28,9 @@ def balanced_split(token_counts: np.ndarray, n: int) -> list[np.ndarray]:
     """
     rows = len(token_counts)
     if rows % n:
-        raise ValueError(f"cannot split {rows} rows evenly over {n} workers; make the batch a multiple of the worker count")
+        raise ValueError(
+            f"cannot split {rows} rows evenly over {n} workers; make the batch a multiple of the worker count"
+        )
     cap = rows // n
     loads = np.zeros(n)
     groups: list[list[int]] = [[] for _ in range(n)]
@@ -45,8 +47,15 @@ class Pending:
     ``submit_call``, ``submit_pair``). ``parts``: for each DataProto the call split over the
     ranks, the row indices of each rank's share (None: ``call``, results returned as a list)."""
 
-    def __init__(self, group: "WorkerGroup", method: str, refs: list[Any] | int, parts: list[list[np.ndarray]] | None) -> None:
-        self.group, self.method, self.refs, self.parts = group, method, refs, parts  # refs: Ray's, or the channel call's number
+    def __init__(
+        self, group: WorkerGroup, method: str, refs: list[Any] | int, parts: list[list[np.ndarray]] | None
+    ) -> None:
+        self.group, self.method, self.refs, self.parts = (
+            group,
+            method,
+            refs,
+            parts,
+        )  # refs: Ray's, or the channel call's number
 
     def result(self) -> Any:
         """``call``'s list; ``dispatch``'s merge (DataProtos concatenated in the original row order,

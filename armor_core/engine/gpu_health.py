@@ -32,9 +32,18 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
         if len(parts) != 7:
             continue
         ecc = _num(parts[6])
-        out.append({"index": int(parts[0]), "uuid": parts[1], "name": parts[2], "memory_free_mib": _num(parts[3]),
-                    "memory_total_mib": _num(parts[4]), "temperature_c": _num(parts[5]),
-                    "ecc_uncorrected": None if ecc is None else int(ecc), "source": "nvidia-smi"})
+        out.append(
+            {
+                "index": int(parts[0]),
+                "uuid": parts[1],
+                "name": parts[2],
+                "memory_free_mib": _num(parts[3]),
+                "memory_total_mib": _num(parts[4]),
+                "temperature_c": _num(parts[5]),
+                "ecc_uncorrected": None if ecc is None else int(ecc),
+                "source": "nvidia-smi",
+            }
+        )
     return out
 
 
@@ -52,11 +61,20 @@ def _nvml_health(nv: Any) -> list[dict[str, Any]]:
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             mem = get(nv.nvmlDeviceGetMemoryInfo, h)
-            rows.append({"index": i, "uuid": get(nv.nvmlDeviceGetUUID, h), "name": get(nv.nvmlDeviceGetName, h),
-                         "memory_free_mib": None if mem is None else mem.free / 2**20, "memory_total_mib": None if mem is None else mem.total / 2**20,
-                         "temperature_c": get(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-                         "ecc_uncorrected": get(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
-                         "source": "nvml"})
+            rows.append(
+                {
+                    "index": i,
+                    "uuid": get(nv.nvmlDeviceGetUUID, h),
+                    "name": get(nv.nvmlDeviceGetName, h),
+                    "memory_free_mib": None if mem is None else mem.free / 2**20,
+                    "memory_total_mib": None if mem is None else mem.total / 2**20,
+                    "temperature_c": get(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                    "ecc_uncorrected": get(
+                        nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+                    ),
+                    "source": "nvml",
+                }
+            )
         return rows
     finally:
         nv.nvmlShutdown()
@@ -79,7 +97,12 @@ def device_health() -> list[dict[str, Any]]:
     if smi is None:
         return []
     try:
-        res = subprocess.run([smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        res = subprocess.run(
+            [smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return parse_nvidia_smi(res.stdout) if res.returncode == 0 else []
@@ -94,8 +117,13 @@ def _health_of(gpu: str, health: Sequence[Mapping[str, Any]]) -> Mapping[str, An
     return None
 
 
-def problems(assignments: Iterable[Any], health: Sequence[Mapping[str, Any]], min_free_mib: float | None, max_temperature_c: float | None,
-             max_ecc_errors: int | None) -> list[str]:
+def problems(
+    assignments: Iterable[Any],
+    health: Sequence[Mapping[str, Any]],
+    min_free_mib: float | None,
+    max_temperature_c: float | None,
+    max_ecc_errors: int | None,
+) -> list[str]:
     """One line per worker, device and reading that fails a limit (a None limit is not checked)."""
     found = []
     for a in assignments:
@@ -106,7 +134,9 @@ def problems(assignments: Iterable[Any], health: Sequence[Mapping[str, Any]], mi
             dev = f"{a.name}: GPU {gpu} ({h.get('name')}, {h.get('uuid')})"
             free, temp, ecc = h.get("memory_free_mib"), h.get("temperature_c"), h.get("ecc_uncorrected")
             if min_free_mib is not None and free is not None and free < min_free_mib:
-                found.append(f"{dev} has {free:.0f} MiB free, needs >= {min_free_mib:.0f} (another process is using it?)")
+                found.append(
+                    f"{dev} has {free:.0f} MiB free, needs >= {min_free_mib:.0f} (another process is using it?)"
+                )
             if max_temperature_c is not None and temp is not None and temp > max_temperature_c:
                 found.append(f"{dev} is at {temp:.0f} C, limit {max_temperature_c:.0f} C")
             if max_ecc_errors is not None and ecc is not None and ecc > max_ecc_errors:

@@ -36,8 +36,18 @@ from armor_core.engine import gpu_health
 from armor_core.engine.gpu_health import device_health
 
 __all__ = [
-    "Assignment", "IsolationError", "ProcessIsolator", "apply_assignment", "check_exclusive", "check_health", "detect_available_cpus",
-    "detect_visible_gpus", "format_assignment", "parse_visible_devices", "plan_assignment", "write_assignment",
+    "Assignment",
+    "IsolationError",
+    "ProcessIsolator",
+    "apply_assignment",
+    "check_exclusive",
+    "check_health",
+    "detect_available_cpus",
+    "detect_visible_gpus",
+    "format_assignment",
+    "parse_visible_devices",
+    "plan_assignment",
+    "write_assignment",
 ]
 
 ENV_GPUS = "CUDA_VISIBLE_DEVICES"
@@ -103,8 +113,10 @@ def detect_visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
 
 def _whole(name: str, value: float) -> int:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 and float(value).is_integer()):
-        raise IsolationError(f"{name}={value!r} (engine.{name}): process isolation gives each worker whole, exclusive devices; "
-                             f"use an integer >= 1, or 0 to leave them unassigned")
+        raise IsolationError(
+            f"{name}={value!r} (engine.{name}): process isolation gives each worker whole, exclusive devices; "
+            f"use an integer >= 1, or 0 to leave them unassigned"
+        )
     return int(value)
 
 
@@ -138,13 +150,19 @@ def plan_assignment(
     at = f" on node {node}" if node else ""
     asked = f"{len(workers)} workers ({', '.join(f'{grp}: {n}' for grp, n in n_workers_by_group.items())})"
     if len(workers) * c > len(cpus):
-        raise IsolationError(f"not enough CPU cores{at}: {asked} x {c} core(s) each = {len(workers) * c} cores, but this process may use "
-                             f"{len(cpus)}: {cpus} (os.sched_getaffinity). Lower engine.cpus_per_worker, run fewer workers, or give the run more cores.")
+        raise IsolationError(
+            f"not enough CPU cores{at}: {asked} x {c} core(s) each = {len(workers) * c} cores, but this process may use "
+            f"{len(cpus)}: {cpus} (os.sched_getaffinity). Lower engine.cpus_per_worker, run fewer workers, or give the run more cores."
+        )
     if len(workers) * g > len(gpus):
-        raise IsolationError(f"not enough GPUs{at}: {asked} x {g} GPU(s) each = {len(workers) * g} GPUs, but {len(gpus)} are visible: "
-                             f"{gpus} ({ENV_GPUS} or the device count). Lower engine.gpus_per_worker, run fewer workers, or make more GPUs visible.")
-    return [Assignment(group, rank, tuple(cpus[i * c:(i + 1) * c]), tuple(gpus[i * g:(i + 1) * g]), node)
-            for i, (group, rank) in enumerate(workers)]
+        raise IsolationError(
+            f"not enough GPUs{at}: {asked} x {g} GPU(s) each = {len(workers) * g} GPUs, but {len(gpus)} are visible: "
+            f"{gpus} ({ENV_GPUS} or the device count). Lower engine.gpus_per_worker, run fewer workers, or make more GPUs visible."
+        )
+    return [
+        Assignment(group, rank, tuple(cpus[i * c : (i + 1) * c]), tuple(gpus[i * g : (i + 1) * g]), node)
+        for i, (group, rank) in enumerate(workers)
+    ]
 
 
 def check_exclusive(assignments: Iterable[Assignment]) -> None:
@@ -162,7 +180,9 @@ def check_exclusive(assignments: Iterable[Assignment]) -> None:
                 if other is not a:
                     clashes.append(f"{other.name} and {a.name} both claim {kind} {d}")
     if clashes:
-        raise IsolationError("workers would share devices: " + "; ".join(clashes) + ". Every worker needs cores and GPUs of its own.")
+        raise IsolationError(
+            "workers would share devices: " + "; ".join(clashes) + ". Every worker needs cores and GPUs of its own."
+        )
 
 
 # -- in the worker process ----------------------------------------------------------------------
@@ -193,17 +213,23 @@ def apply_assignment(a: Assignment, seed: int, *, hide_gpus_when_none: bool = Tr
     set_gpus = bool(a.gpus) or hide_gpus_when_none
     outside = [g for g in a.gpus if inherited is not None and g not in parse_visible_devices(inherited)]
     if outside:
-        raise IsolationError(f"{a.name}: GPUs {outside} are not in this process's {ENV_GPUS}={inherited!r}; "
-                             "ARMOR narrows the user's mask and never widens it. Plan from the mask the workers inherit.")
+        raise IsolationError(
+            f"{a.name}: GPUs {outside} are not in this process's {ENV_GPUS}={inherited!r}; "
+            "ARMOR narrows the user's mask and never widens it. Plan from the mask the workers inherit."
+        )
     if set_gpus and torch.cuda.is_initialized() and ",".join(a.gpus) != inherited:
-        raise IsolationError(f"{a.name}: CUDA was initialised in this process before apply_assignment, so {ENV_GPUS} "
-                             "can no longer take effect; call it before anything touches torch.cuda")
+        raise IsolationError(
+            f"{a.name}: CUDA was initialised in this process before apply_assignment, so {ENV_GPUS} "
+            "can no longer take effect; call it before anything touches torch.cuda"
+        )
     if a.cpus:
         if hasattr(os, "sched_setaffinity"):
             try:
                 os.sched_setaffinity(0, a.cpus)
             except OSError as e:
-                raise IsolationError(f"{a.name}: cannot pin to cores {list(a.cpus)}: {e}; this process may use {detect_available_cpus()}") from e
+                raise IsolationError(
+                    f"{a.name}: cannot pin to cores {list(a.cpus)}: {e}; this process may use {detect_available_cpus()}"
+                ) from e
             got = sorted(os.sched_getaffinity(0))
             if got != sorted(a.cpus):
                 raise IsolationError(f"{a.name}: asked for cores {sorted(a.cpus)}, the kernel gave {got}")
@@ -233,8 +259,14 @@ def apply_assignment(a: Assignment, seed: int, *, hide_gpus_when_none: bool = Tr
 # -- GPU health (readings in gpu_health.py) -------------------------------------------------
 
 
-def check_health(assignments: Iterable[Assignment], health: Sequence[Mapping[str, Any]], *, min_free_mib: float | None = 1024.0,
-                 max_temperature_c: float | None = 90.0, max_ecc_errors: int | None = 0) -> None:
+def check_health(
+    assignments: Iterable[Assignment],
+    health: Sequence[Mapping[str, Any]],
+    *,
+    min_free_mib: float | None = 1024.0,
+    max_temperature_c: float | None = 90.0,
+    max_ecc_errors: int | None = 0,
+) -> None:
     """Refuse a plan that puts a worker on an unhealthy GPU (``health``: ``device_health()``; a None limit is not checked).
 
     Index entries are matched to NVML indices, which equal CUDA ordinals under
@@ -244,7 +276,9 @@ def check_health(assignments: Iterable[Assignment], health: Sequence[Mapping[str
     """
     found = gpu_health.problems(assignments, health, min_free_mib, max_temperature_c, max_ecc_errors)
     if found:
-        raise IsolationError("unhealthy GPUs: " + "; ".join(found) + ". Exclude them from CUDA_VISIBLE_DEVICES or relax the limits.")
+        raise IsolationError(
+            "unhealthy GPUs: " + "; ".join(found) + ". Exclude them from CUDA_VISIBLE_DEVICES or relax the limits."
+        )
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -252,17 +286,22 @@ def check_health(assignments: Iterable[Assignment], health: Sequence[Mapping[str
 
 def format_assignment(records: Sequence[Mapping[str, Any]]) -> str:
     """A table of the records, one worker per line, for the console."""
+
     def span(xs: Sequence[Any]) -> str:
         return ",".join(str(x) for x in xs) if xs else "-"
 
     lines = [f"{'worker':<18} {'pid':>7} {'host':<16} {'cpus':<12} {'gpus':<10} {'threads':>7} {'seed':>6}"]
     for r in sorted(records, key=lambda r: (r.get("node", ""), r["group"], r["rank"])):
-        lines.append(f"{r['group'] + ' ' + str(r['rank']):<18} {r['pid']:>7} {str(r['hostname'])[:16]:<16} {span(r['cpus']):<12} "
-                     f"{span(r['gpus']):<10} {r['threads']:>7} {r['seed']:>6}")
+        lines.append(
+            f"{r['group'] + ' ' + str(r['rank']):<18} {r['pid']:>7} {str(r['hostname'])[:16]:<16} {span(r['cpus']):<12} "
+            f"{span(r['gpus']):<10} {r['threads']:>7} {r['seed']:>6}"
+        )
     return "\n".join(lines)
 
 
-def write_assignment(run_dir: str | Path, records: Sequence[Mapping[str, Any]], health: Sequence[Mapping[str, Any]] = ()) -> Path:
+def write_assignment(
+    run_dir: str | Path, records: Sequence[Mapping[str, Any]], health: Sequence[Mapping[str, Any]] = ()
+) -> Path:
     """Write ``{"workers": records, "devices": health}`` to ``run_dir/isolation.json``; returns the path."""
     path = Path(run_dir) / "isolation.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,15 +319,34 @@ class ProcessIsolator:
     :param refuse_unhealthy: run :func:`check_health` on the planned GPUs with the limits below.
     """
 
-    def __init__(self, cpus_per_worker: float = 1, gpus_per_worker: float = 0, seed: int = 1, *, refuse_unhealthy: bool = True,
-                 min_free_mib: float | None = 1024.0, max_temperature_c: float | None = 90.0, max_ecc_errors: int | None = 0) -> None:
+    def __init__(
+        self,
+        cpus_per_worker: float = 1,
+        gpus_per_worker: float = 0,
+        seed: int = 1,
+        *,
+        refuse_unhealthy: bool = True,
+        min_free_mib: float | None = 1024.0,
+        max_temperature_c: float | None = 90.0,
+        max_ecc_errors: int | None = 0,
+    ) -> None:
         self.cpus_per_worker, self.gpus_per_worker, self.seed = cpus_per_worker, gpus_per_worker, int(seed)
         self.refuse_unhealthy = refuse_unhealthy
-        self.limits = {"min_free_mib": min_free_mib, "max_temperature_c": max_temperature_c, "max_ecc_errors": max_ecc_errors}
+        self.limits = {
+            "min_free_mib": min_free_mib,
+            "max_temperature_c": max_temperature_c,
+            "max_ecc_errors": max_ecc_errors,
+        }
         self.health: list[dict[str, Any]] = []
 
-    def plan(self, n_workers_by_group: Mapping[str, int], available_cpus: Sequence[int] | None = None,
-             visible_gpus: Sequence[str] | None = None, *, node: str = "") -> list[Assignment]:
+    def plan(
+        self,
+        n_workers_by_group: Mapping[str, int],
+        available_cpus: Sequence[int] | None = None,
+        visible_gpus: Sequence[str] | None = None,
+        *,
+        node: str = "",
+    ) -> list[Assignment]:
         """Plan one node (this process's resources unless given), check exclusivity and GPU health."""
         cpus = detect_available_cpus() if available_cpus is None else available_cpus
         gpus = (detect_visible_gpus() if self.gpus_per_worker else []) if visible_gpus is None else visible_gpus
@@ -300,7 +358,9 @@ class ProcessIsolator:
                 check_health(plan, self.health, **self.limits)
         return plan
 
-    def report(self, records: Sequence[Mapping[str, Any]], run_dir: str | Path | None = None, *, echo: bool = True) -> Path | None:
+    def report(
+        self, records: Sequence[Mapping[str, Any]], run_dir: str | Path | None = None, *, echo: bool = True
+    ) -> Path | None:
         """Print the records and write ``isolation.json`` (with the device health) when ``run_dir`` is given."""
         if echo:
             print(format_assignment(records))

@@ -48,7 +48,12 @@ def _read_file(path: Path) -> Iterable[tuple[str, Any]]:
                 try:
                     line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
                 except UnicodeDecodeError as e:
-                    yield where, DataError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8")
+                    yield (
+                        where,
+                        DataError(
+                            f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8"
+                        ),
+                    )
                     continue
                 if not line.strip():
                     continue
@@ -89,9 +94,13 @@ def normalize_row(raw: Any, where: str, prompt_key: str = "prompt") -> dict[str,
         if not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
             raise DataError(f"{where}: field '{prompt_key}' is a list but not of chat messages {{role, content}}")
     else:
-        raise DataError(f"{where}: field '{prompt_key}' must be text or a list of chat messages, got {type(prompt).__name__}")
+        raise DataError(
+            f"{where}: field '{prompt_key}' must be text or a list of chat messages, got {type(prompt).__name__}"
+        )
     if "data_source" not in raw or not isinstance(raw["data_source"], str):
-        raise DataError(f"{where}: missing or non-text field 'data_source' (it names the reward domain that scores the row)")
+        raise DataError(
+            f"{where}: missing or non-text field 'data_source' (it names the reward domain that scores the row)"
+        )
     gt = raw.get("ground_truth")
     rm = raw.get("reward_model")
     if gt is None and isinstance(rm, dict):  # verl's layout
@@ -103,7 +112,9 @@ def normalize_row(raw: Any, where: str, prompt_key: str = "prompt") -> dict[str,
     return {"prompt": prompt, "data_source": raw["data_source"], "ground_truth": gt, "extra": extra, "_where": where}
 
 
-def load_rows(files: list[str], *, skip_invalid: bool = False, prompt_key: str = "prompt", needs_ground_truth=None) -> Dataset:
+def load_rows(
+    files: list[str], *, skip_invalid: bool = False, prompt_key: str = "prompt", needs_ground_truth=None
+) -> Dataset:
     """Read and check every row of ``files``.
 
     :param needs_ground_truth: ``fn(data_source) -> bool``; rows routed to a domain that needs a
@@ -119,8 +130,14 @@ def load_rows(files: list[str], *, skip_invalid: bool = False, prompt_key: str =
         for where, raw in _read_file(path):
             try:
                 row = normalize_row(raw, where, prompt_key)
-                if row["ground_truth"] is None and needs_ground_truth is not None and needs_ground_truth(row["data_source"]):
-                    raise DataError(f"{where}: missing 'ground_truth' (or reward_model.ground_truth), required by the reward domain for data_source {row['data_source']!r}")
+                if (
+                    row["ground_truth"] is None
+                    and needs_ground_truth is not None
+                    and needs_ground_truth(row["data_source"])
+                ):
+                    raise DataError(
+                        f"{where}: missing 'ground_truth' (or reward_model.ground_truth), required by the reward domain for data_source {row['data_source']!r}"
+                    )
             except DataError as e:
                 if not skip_invalid:
                     raise DataError(f"{e} (set data.skip_invalid=true to skip bad rows and files instead)") from None
@@ -129,7 +146,9 @@ def load_rows(files: list[str], *, skip_invalid: bool = False, prompt_key: str =
                 continue
             ds.rows.append(row)
     if not ds.rows:
-        raise DataError(f"{ds.source}: the dataset is empty" + (f" after skipping {ds.skipped} invalid rows" if ds.skipped else ""))
+        raise DataError(
+            f"{ds.source}: the dataset is empty" + (f" after skipping {ds.skipped} invalid rows" if ds.skipped else "")
+        )
     return ds
 
 
@@ -195,27 +214,46 @@ def _check_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> No
     neither an ``apply_chat_template`` parameter nor read by the tokenizer's template (a typo, or
     a switch another model's template has), and ``tokenize``, which ARMOR sets itself."""
     if "tokenize" in kwargs:
-        raise DataError("data.apply_chat_template_kwargs.tokenize: ARMOR renders the template to text and tokenises it itself; remove the key")
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else " ".join(dict(tokenizer.chat_template or {}).values())
+        raise DataError(
+            "data.apply_chat_template_kwargs.tokenize: ARMOR renders the template to text and tokenises it itself; remove the key"
+        )
+    template = (
+        tokenizer.chat_template
+        if isinstance(tokenizer.chat_template, str)
+        else " ".join(dict(tokenizer.chat_template or {}).values())
+    )
     params = inspect.signature(tokenizer.apply_chat_template).parameters
     unread = [k for k in kwargs if k not in params and not re.search(rf"\b{re.escape(k)}\b", template)]
     if unread:
-        raise DataError(f"data.apply_chat_template_kwargs: {', '.join(map(repr, unread))}: not read by this tokenizer's chat template "
-                        f"and not a parameter of apply_chat_template, so it would change nothing; check the spelling against the "
-                        f"template (chat_template in tokenizer_config.json)")
+        raise DataError(
+            f"data.apply_chat_template_kwargs: {', '.join(map(repr, unread))}: not read by this tokenizer's chat template "
+            f"and not a parameter of apply_chat_template, so it would change nothing; check the spelling against the "
+            f"template (chat_template in tokenizer_config.json)"
+        )
 
 
-def encode_dataset(ds: Dataset, tokenizer: Any, max_prompt_length: int, truncation: str,
-                   chat_template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def encode_dataset(
+    ds: Dataset,
+    tokenizer: Any,
+    max_prompt_length: int,
+    truncation: str,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Tokenise every prompt once (left-padded to the longest kept prompt); drop or cut long ones.
     Chat-message prompts go through the tokenizer's chat template with ``chat_template_kwargs``."""
     from armor_core.models.loading import encode_prompts
 
     prompts = [r["prompt"] for r in ds.rows]
-    if chat_template_kwargs and getattr(tokenizer, "chat_template", None) and any(not isinstance(p, str) for p in prompts):
+    if (
+        chat_template_kwargs
+        and getattr(tokenizer, "chat_template", None)
+        and any(not isinstance(p, str) for p in prompts)
+    ):
         _check_chat_template_kwargs(tokenizer, chat_template_kwargs)
     try:
-        input_ids, attention_mask, position_ids, kept = encode_prompts(tokenizer, prompts, max_prompt_length, truncation, chat_template_kwargs)
+        input_ids, attention_mask, position_ids, kept = encode_prompts(
+            tokenizer, prompts, max_prompt_length, truncation, chat_template_kwargs
+        )
     except ValueError as e:
         raise DataError(f"{ds.source}: {e}") from e
     ds.dropped_too_long = len(prompts) - len(kept)
@@ -235,7 +273,9 @@ def encode_dataset(ds: Dataset, tokenizer: Any, max_prompt_length: int, truncati
     }
 
 
-def prepare_data(cfg: Any, pm: Any = None, tokenizer: Any = None, rewards: Any = None) -> tuple[Dataset, Dataset | None]:
+def prepare_data(
+    cfg: Any, pm: Any = None, tokenizer: Any = None, rewards: Any = None
+) -> tuple[Dataset, Dataset | None]:
     """The run's train and validation rows (``data.train_files`` / ``val_files``, or ``data.task``),
     checked against their reward domains and encoded; every problem is reported before workers start."""
     from armor_core.models.loading import load_tokenizer, resolve_model_path
@@ -248,22 +288,32 @@ def prepare_data(cfg: Any, pm: Any = None, tokenizer: Any = None, rewards: Any =
     rewards = rewards or RewardManager(cfg.reward, pm)
     d = cfg.data
     try:
-        needs_gt = lambda source: any(pm.get("reward_domain", name).requires_ground_truth for name in rewards.domains_for(source))  # noqa: E731
+        needs_gt = lambda source: any(
+            pm.get("reward_domain", name).requires_ground_truth for name in rewards.domains_for(source)
+        )  # noqa: E731
         if d.train_files:
-            train = load_rows(d.train_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt)
+            train = load_rows(
+                d.train_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt
+            )
         else:
             train = task_rows(pm, d.task, "train", d.train_size, cfg.trainer.seed, d.task_kwargs)
         if d.val_files:
-            val = load_rows(d.val_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt)
+            val = load_rows(
+                d.val_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt
+            )
         elif not d.train_files and d.task:
             val = task_rows(pm, d.task, "test", d.val_size, cfg.trainer.seed, d.task_kwargs)
         else:
             val = None
         for ds in (train, val):
             if ds is not None:
-                refused = rewards.check_rows(ds.rows, ds.source, skip_invalid=d.skip_invalid)  # ground truths a domain cannot read
+                refused = rewards.check_rows(
+                    ds.rows, ds.source, skip_invalid=d.skip_invalid
+                )  # ground truths a domain cannot read
                 ds.skipped, ds.problems = ds.skipped + len(refused), ds.problems + refused
-                ds.encoded = encode_dataset(ds, tokenizer, d.max_prompt_length, d.truncation, d.apply_chat_template_kwargs)  # type: ignore[attr-defined]
+                ds.encoded = encode_dataset(
+                    ds, tokenizer, d.max_prompt_length, d.truncation, d.apply_chat_template_kwargs
+                )  # type: ignore[attr-defined]
     finally:
         if own_rewards:
             rewards.close()

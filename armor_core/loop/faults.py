@@ -50,7 +50,13 @@ def parse_faults(specs: Iterable[Mapping[str, Any]]) -> list[Fault]:
         steps = spec["steps"]
         if isinstance(steps, Mapping):  # {from: a, to: b} inclusive
             steps = range(int(steps["from"]), int(steps["to"]) + 1)
-        out.append(Fault(spec["kind"], frozenset(int(s) for s in steps), None if spec.get("value") is None else float(spec["value"])))
+        out.append(
+            Fault(
+                spec["kind"],
+                frozenset(int(s) for s in steps),
+                None if spec.get("value") is None else float(spec["value"]),
+            )
+        )
     return out
 
 
@@ -67,7 +73,7 @@ class Faults:
     def any(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind), None)
 
-    def rewards(self, scores: "torch.Tensor", step: int) -> "torch.Tensor":
+    def rewards(self, scores: torch.Tensor, step: int) -> torch.Tensor:
         """The driver's reward faults at ``step`` applied to ``scores`` (unchanged when none strikes)."""
         import torch
 

@@ -59,7 +59,9 @@ class GuardRunner:
     :param run_dir: where ``guard_events.jsonl`` goes (None: events are only counted).
     """
 
-    def __init__(self, guards: list[Mapping[str, Any]], pm: Any = None, run_dir: str | Path | None = None, enable: bool = True) -> None:
+    def __init__(
+        self, guards: list[Mapping[str, Any]], pm: Any = None, run_dir: str | Path | None = None, enable: bool = True
+    ) -> None:
         from armor_core.plugins import get_plugin_manager
 
         pm = pm or get_plugin_manager()
@@ -110,8 +112,15 @@ class GuardRunner:
         self.counts[key] = self.counts.get(key, 0.0) + 1.0
         if self.events_path is None:
             return
-        event = {"step": step, "stage": stage, "guard": name, "action": v.action, "reason": v.reason,
-                 "signal": _jsonable(v.signal), "threshold": _jsonable(v.threshold)}
+        event = {
+            "step": step,
+            "stage": stage,
+            "guard": name,
+            "action": v.action,
+            "reason": v.reason,
+            "signal": _jsonable(v.signal),
+            "threshold": _jsonable(v.threshold),
+        }
         if v.action == "scale":
             event["scale"] = v.scale
         if v.adjustments:

@@ -17,7 +17,14 @@ import torch
 
 from armor_core.ops.masked import masked_mean
 
-__all__ = ["KL_CONTROLLERS", "AdaptiveKLController", "FixedKLController", "apply_kl_penalty", "build_kl_controller", "compute_kl_loss"]
+__all__ = [
+    "KL_CONTROLLERS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "apply_kl_penalty",
+    "build_kl_controller",
+    "compute_kl_loss",
+]
 
 
 def _estimator_fn(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -32,11 +39,18 @@ def _estimator_fn(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torc
         return get_plugin("kl_estimator", estimator).fn
     if callable(estimator):
         return estimator
-    raise TypeError(f"KL estimator must be a registered name (k1, k3, ...), a KLEstimator or a function; got {type(estimator).__name__}")
+    raise TypeError(
+        f"KL estimator must be a registered name (k1, k3, ...), a KLEstimator or a function; got {type(estimator).__name__}"
+    )
 
 
-def compute_kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor, kl_coef: float,
-                    estimator: Any = "k3") -> tuple[torch.Tensor, dict[str, Any]]:
+def compute_kl_loss(
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    estimator: Any = "k3",
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """KL as a loss term (GRPO style): ``kl_coef * kl`` per token, 0 outside the mask. The actor
     calls it with ``kl_coef=1`` and weighs the aggregated term by ``actor.kl_loss_coef``.
 
@@ -81,7 +95,9 @@ def apply_kl_penalty(
     with torch.no_grad():
         zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
         kl = _estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
-        scores = torch.where(m, token_level_scores, torch.zeros((), dtype=token_level_scores.dtype, device=token_level_scores.device))
+        scores = torch.where(
+            m, token_level_scores, torch.zeros((), dtype=token_level_scores.dtype, device=token_level_scores.device)
+        )
         rewards = torch.where(m, scores - kl_coef * kl.to(scores.dtype), torch.zeros_like(scores))
         seq_kl = masked_mean(kl, m, dim=-1)
         current_kl = masked_mean(seq_kl, m.any(dim=-1))
@@ -148,14 +164,18 @@ class AdaptiveKLController:
 
 
 #: ``algorithm.kl_ctrl_type`` -> the controller class, built from the algorithm config's values
-KL_CONTROLLERS: dict[str, Callable[[float, float, int], "FixedKLController | AdaptiveKLController"]] = {
+KL_CONTROLLERS: dict[str, Callable[[float, float, int], FixedKLController | AdaptiveKLController]] = {
     "fixed": lambda kl_coef, kl_target, kl_horizon: FixedKLController(kl_coef),
     "adaptive": AdaptiveKLController,
 }
 
 
-def build_kl_controller(kl_ctrl_type: str, kl_coef: float, kl_target: float = 0.1, kl_horizon: int = 10000) -> FixedKLController | AdaptiveKLController:
+def build_kl_controller(
+    kl_ctrl_type: str, kl_coef: float, kl_target: float = 0.1, kl_horizon: int = 10000
+) -> FixedKLController | AdaptiveKLController:
     """The controller for ``algorithm.kl_ctrl_type`` (a key of ``KL_CONTROLLERS``) from the algorithm config values."""
     if kl_ctrl_type not in KL_CONTROLLERS:
-        raise ValueError(f"algorithm.kl_ctrl_type={kl_ctrl_type!r}: must be one of {', '.join(repr(k) for k in KL_CONTROLLERS)}")
+        raise ValueError(
+            f"algorithm.kl_ctrl_type={kl_ctrl_type!r}: must be one of {', '.join(repr(k) for k in KL_CONTROLLERS)}"
+        )
     return KL_CONTROLLERS[kl_ctrl_type](kl_coef, kl_target, kl_horizon)

@@ -28,8 +28,23 @@ from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_mo
 __all__ = ["check_guards", "check_model", "check_model_dir", "check_run", "check_safetensors", "check_tokenizer"]
 
 #: bytes per element of each safetensors dtype (a dtype not listed is not size-checked)
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2,
-                "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 _MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on the JSON header
 _DAMAGED = "the file is damaged or incomplete; copy it again from where the model was saved"
 
@@ -71,14 +86,18 @@ def check_model_dir(path: str | Path) -> Path:
         adapter = _json_object(directory / "adapter_config.json")
         base = adapter.get("base_model_name_or_path")
         if not base:
-            raise ModelPathError(f"{directory / 'adapter_config.json'} names no base_model_name_or_path; set it to the base model's directory")
+            raise ModelPathError(
+                f"{directory / 'adapter_config.json'} names no base_model_name_or_path; set it to the base model's directory"
+            )
         _check_weights(directory, "adapter_model")
         check_model_dir(base)
         return directory
     config = _json_object(directory / "config.json")
     if not isinstance(config.get("model_type"), str):
-        raise ModelPathError(f"{directory / 'config.json'} has no 'model_type'; it was not written by save_pretrained() "
-                             "(transformers reads the architecture from it)")
+        raise ModelPathError(
+            f"{directory / 'config.json'} has no 'model_type'; it was not written by save_pretrained() "
+            "(transformers reads the architecture from it)"
+        )
     _check_weights(directory, "model")
     return directory
 
@@ -94,7 +113,9 @@ def check_tokenizer(path: str | Path) -> None:
     except ModelPathError:
         raise
     except Exception as e:  # tokenizers and transformers raise many kinds; all mean the same here
-        raise ModelPathError(f"the tokenizer in {directory} cannot be loaded: {type(e).__name__}: {' '.join(str(e).split())}") from None
+        raise ModelPathError(
+            f"the tokenizer in {directory} cannot be loaded: {type(e).__name__}: {' '.join(str(e).split())}"
+        ) from None
 
 
 def check_safetensors(path: Path) -> None:
@@ -104,22 +125,33 @@ def check_safetensors(path: Path) -> None:
     """
     size = path.stat().st_size
     if size < 8:
-        raise ModelPathError(f"{path} has {size} bytes, fewer than a safetensors file's 8-byte header length; {_DAMAGED}")
+        raise ModelPathError(
+            f"{path} has {size} bytes, fewer than a safetensors file's 8-byte header length; {_DAMAGED}"
+        )
     with open(path, "rb") as fh:
         length = int.from_bytes(fh.read(8), "little")
         if length > min(size - 8, _MAX_HEADER_BYTES):
-            raise ModelPathError(f"{path}: its header says the JSON header has {length} bytes, but the file has {size}; {_DAMAGED}")
+            raise ModelPathError(
+                f"{path}: its header says the JSON header has {length} bytes, but the file has {size}; {_DAMAGED}"
+            )
         raw = fh.read(length)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelPathError(f"{path}: the safetensors header is not valid JSON ({e}); {_DAMAGED}") from None
     if not isinstance(header, dict):
-        raise ModelPathError(f"{path}: the safetensors header is a JSON {type(header).__name__}, not an object; {_DAMAGED}")
+        raise ModelPathError(
+            f"{path}: the safetensors header is a JSON {type(header).__name__}, not an object; {_DAMAGED}"
+        )
     data_bytes = size - 8 - length
-    covered = max((_tensor_end(path, name, entry, data_bytes) for name, entry in header.items() if name != "__metadata__"), default=0)
+    covered = max(
+        (_tensor_end(path, name, entry, data_bytes) for name, entry in header.items() if name != "__metadata__"),
+        default=0,
+    )
     if covered != data_bytes:
-        raise ModelPathError(f"{path}: the tensors in its header cover {covered} bytes of data but the file holds {data_bytes}; {_DAMAGED}")
+        raise ModelPathError(
+            f"{path}: the tensors in its header cover {covered} bytes of data but the file holds {data_bytes}; {_DAMAGED}"
+        )
 
 
 def _tensor_end(path: Path, name: str, entry: Any, data_bytes: int) -> int:
@@ -128,15 +160,21 @@ def _tensor_end(path: Path, name: str, entry: Any, data_bytes: int) -> int:
         dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
         begin, end, count = int(begin), int(end), math.prod(int(d) for d in shape)
     except (KeyError, TypeError, ValueError):
-        raise ModelPathError(f"{path}: the header's entry for tensor {name!r} is not {{dtype, shape, data_offsets: [begin, end]}}; {_DAMAGED}") from None
+        raise ModelPathError(
+            f"{path}: the header's entry for tensor {name!r} is not {{dtype, shape, data_offsets: [begin, end]}}; {_DAMAGED}"
+        ) from None
     if not 0 <= begin <= end:
         raise ModelPathError(f"{path}: tensor {name!r} has data_offsets [{begin}, {end}]; {_DAMAGED}")
     if dtype in _DTYPE_BYTES and end - begin != count * _DTYPE_BYTES[dtype]:
-        raise ModelPathError(f"{path}: tensor {name!r} ({dtype}, shape {list(shape)}) needs {count * _DTYPE_BYTES[dtype]} bytes "
-                             f"but its offsets span {end - begin}; {_DAMAGED}")
+        raise ModelPathError(
+            f"{path}: tensor {name!r} ({dtype}, shape {list(shape)}) needs {count * _DTYPE_BYTES[dtype]} bytes "
+            f"but its offsets span {end - begin}; {_DAMAGED}"
+        )
     if end > data_bytes:
-        raise ModelPathError(f"{path}: tensor {name!r} ends at byte {end} of the data, but the file holds only {data_bytes} bytes of "
-                             f"tensor data; {_DAMAGED}")
+        raise ModelPathError(
+            f"{path}: tensor {name!r} ends at byte {end} of the data, but the file holds only {data_bytes} bytes of "
+            f"tensor data; {_DAMAGED}"
+        )
     return end
 
 
@@ -148,10 +186,14 @@ def _check_weights(directory: Path, stem: str) -> None:
             raise ModelPathError(f"{index} has no 'weight_map' {{tensor name: shard file}}; {_DAMAGED}")
         for shard in sorted(set(map(str, weight_map.values()))):
             if not (directory / shard).is_file():
-                raise ModelPathError(f"{index} names the shard {shard!r}, which is not in {directory}; the model was copied incompletely")
+                raise ModelPathError(
+                    f"{index} names the shard {shard!r}, which is not in {directory}; the model was copied incompletely"
+                )
     files = sorted(directory.glob("*.safetensors"))
     if not files and not any(directory.glob(f"{stem}*.bin")):
-        raise ModelPathError(f"{directory} holds no weights ({stem}.safetensors or its shards); expected a directory written by save_pretrained()")
+        raise ModelPathError(
+            f"{directory} holds no weights ({stem}.safetensors or its shards); expected a directory written by save_pretrained()"
+        )
     for f in files:
         check_safetensors(f)
 

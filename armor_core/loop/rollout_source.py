@@ -27,9 +27,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from armor_core.workers.api import ActorAPI
 from armor_core.dataproto.metrics import merge_metrics
 from armor_core.loop.step_timer import StepTimer
+from armor_core.workers.api import ActorAPI
 
 __all__ = ["RolloutSource"]
 
@@ -47,10 +47,14 @@ class _Queued:
 class RolloutSource:
     """A step's generated rows (``generated``, ``collect``) and the actor's update (``update``)."""
 
-    def __init__(self, cfg: Any, actor: Any, loader: Any, faults: Any, async_rollout: Any = None, needs_weight_sync: bool = False) -> None:
+    def __init__(
+        self, cfg: Any, actor: Any, loader: Any, faults: Any, async_rollout: Any = None, needs_weight_sync: bool = False
+    ) -> None:
         self.cfg, self.actor, self.loader, self.faults = cfg, actor, loader, faults
         self.async_rollout = async_rollout
-        self.needs_weight_sync = needs_weight_sync  # a colocated engine that does not share the actor's module (vllm, FSDP2)
+        self.needs_weight_sync = (
+            needs_weight_sync  # a colocated engine that does not share the actor's module (vllm, FSDP2)
+        )
         self.queued: _Queued | None = None  # the next step's generation, when already sent
 
     # -- rows -----------------------------------------------------------------------------------
@@ -67,8 +71,14 @@ class RolloutSource:
             return _joined(gen_in, out)
         queued, self.queued = self.queued, None
         with timer("data"):
-            gen_in = queued.gen_in if queued is not None else self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
-        if queued is not None and queued.out is not None:  # generated at the end of the last step's call, and timed there
+            gen_in = (
+                queued.gen_in
+                if queued is not None
+                else self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
+            )
+        if (
+            queued is not None and queued.out is not None
+        ):  # generated at the end of the last step's call, and timed there
             timer.add("gen", 0.0)
             return _joined(gen_in, queued.out)
         with timer("gen") as stage:
@@ -77,7 +87,9 @@ class RolloutSource:
             stage.worker_s = out.meta_info.pop("metrics", {}).get("perf/worker_s")
         return _joined(gen_in, out)
 
-    def collect(self, step: int, score: Callable[[Any], tuple[torch.Tensor, dict]], timer: StepTimer, metrics: dict[str, float]) -> tuple[Any, torch.Tensor]:
+    def collect(
+        self, step: int, score: Callable[[Any], tuple[torch.Tensor, dict]], timer: StepTimer, metrics: dict[str, float]
+    ) -> tuple[Any, torch.Tensor]:
         """Step ``step``'s scored rows: ``score(batch) -> (scores, metrics)`` on each generated batch.
         With ``algorithm.filter_groups`` the groups whose scores all agree are dropped and more
         batches are generated until ``data.train_batch_size`` groups are kept or
@@ -92,8 +104,13 @@ class RolloutSource:
             metrics.update(reward_metrics)
         if "policy_version" in batch and len(batch):  # async: how many updates old the trained rows' policy is
             staleness = (step - 1) - batch["policy_version"]
-            metrics.update({"rollout/staleness_mean": float(staleness.float().mean()), "rollout/staleness_max": float(staleness.max()),
-                            "rollout/policy_version": float(batch["policy_version"].float().mean())})
+            metrics.update(
+                {
+                    "rollout/staleness_mean": float(staleness.float().mean()),
+                    "rollout/staleness_max": float(staleness.max()),
+                    "rollout/policy_version": float(batch["policy_version"].float().mean()),
+                }
+            )
         return batch, scores
 
     def _filtered(self, step, batch, scores, reward_metrics, score, timer, metrics) -> tuple[Any, torch.Tensor]:
@@ -123,13 +140,22 @@ class RolloutSource:
         for key in set().union(*all_metrics):  # each batch's reward metrics, averaged
             values = [m[key] for m in all_metrics if key in m]
             metrics[key] = sum(values) / len(values)
-        metrics.update({"dynamic_sampling/gen_batches": gen + 1, "dynamic_sampling/groups_generated": generated,
-                        "dynamic_sampling/groups_kept": n_groups, "dynamic_sampling/groups_dropped": generated - sum(len(k) for k in kept) // n,
-                        "dynamic_sampling/short_batch": float(n_groups < want)})
+        metrics.update(
+            {
+                "dynamic_sampling/gen_batches": gen + 1,
+                "dynamic_sampling/groups_generated": generated,
+                "dynamic_sampling/groups_kept": n_groups,
+                "dynamic_sampling/groups_dropped": generated - sum(len(k) for k in kept) // n,
+                "dynamic_sampling/short_batch": float(n_groups < want),
+            }
+        )
         if n_groups < want:
-            warnings.warn(f"step {step}: algorithm.filter_groups kept {n_groups} of data.train_batch_size={want} groups after "
-                          f"algorithm.max_gen_batches={cfg.algorithm.max_gen_batches} batches ({generated} groups generated, the rest all scored alike); "
-                          "training on those", stacklevel=2)
+            warnings.warn(
+                f"step {step}: algorithm.filter_groups kept {n_groups} of data.train_batch_size={want} groups after "
+                f"algorithm.max_gen_batches={cfg.algorithm.max_gen_batches} batches ({generated} groups generated, the rest all scored alike); "
+                "training on those",
+                stacklevel=2,
+            )
         return batch, scores
 
     # -- the update -----------------------------------------------------------------------------
@@ -162,8 +188,14 @@ class RolloutSource:
         would start an epoch that ``trainer.total_epochs`` forbids; never in async mode.
         """
         t = self.cfg.trainer
-        if (not t.overlap_generation or self.async_rollout is not None or step >= t.total_steps or (t.val_freq and step % t.val_freq == 0)
-                or (t.save_freq and step % t.save_freq == 0) or (t.total_epochs is not None and self.loader.next_starts_epoch)):
+        if (
+            not t.overlap_generation
+            or self.async_rollout is not None
+            or step >= t.total_steps
+            or (t.val_freq and step % t.val_freq == 0)
+            or (t.save_freq and step % t.save_freq == 0)
+            or (t.total_epochs is not None and self.loader.next_starts_epoch)
+        ):
             return None
         return self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
 
@@ -173,7 +205,9 @@ class RolloutSource:
         during it, so they still add up to ``timing_s/step``."""
         stale = self.faults.at("stale_rollout", step + 1) is not None
         t0 = time.perf_counter()
-        metrics, out = self.actor.submit_pair(ActorAPI.update_then_generate, update_in, next_in.select(tensor_keys=PROMPT_KEYS), step, stale=stale).result()
+        metrics, out = self.actor.submit_pair(
+            ActorAPI.update_then_generate, update_in, next_in.select(tensor_keys=PROMPT_KEYS), step, stale=stale
+        ).result()
         wall = time.perf_counter() - t0
         update_s = metrics.pop("perf/worker_s", 0.0)
         sync_s = metrics.pop("perf/sync_s", 0.0)

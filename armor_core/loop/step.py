@@ -21,12 +21,22 @@ import numpy as np
 import torch
 
 from armor_core.interfaces import call_with_params
-from armor_core.workers.api import ActorAPI, CriticAPI
 from armor_core.loop.step_timer import StepTimer
+from armor_core.workers.api import ActorAPI, CriticAPI
 
 __all__ = ["Scorer", "Step", "StepResult", "batch_metrics"]
 
-UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs")
+UPDATE_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "advantages",
+    "old_log_probs",
+    "ref_log_prob",
+    "rollout_log_probs",
+)
 
 
 class Scorer:
@@ -41,7 +51,10 @@ class Scorer:
 
     def decode(self, batch: Any) -> list[str]:
         # plain lists and one batch_decode: per-row tensor indexing cost more than the decoding
-        rows = [[t for t, keep in zip(r, m) if keep] for r, m in zip(batch["responses"].tolist(), batch["response_mask"].tolist())]
+        rows = [
+            [t for t, keep in zip(r, m) if keep]
+            for r, m in zip(batch["responses"].tolist(), batch["response_mask"].tolist())
+        ]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
@@ -55,7 +68,9 @@ class Scorer:
         # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
         extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
         texts = self.decode(batch)
-        out = self.rewards.score(list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras)
+        out = self.rewards.score(
+            list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras
+        )
         batch["reward_components"] = out.components
         return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics), texts
 
@@ -72,7 +87,19 @@ class StepResult:
 class Step:
     """The stages of one step; built once per run by the trainer."""
 
-    def __init__(self, cfg: Any, pm: Any, estimator: Any, actor: Any, critic: Any, rollout: Any, scorer: Scorer, guard: Any, faults: Any, kl_ctrl: Any) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        pm: Any,
+        estimator: Any,
+        actor: Any,
+        critic: Any,
+        rollout: Any,
+        scorer: Scorer,
+        guard: Any,
+        faults: Any,
+        kl_ctrl: Any,
+    ) -> None:
         self.cfg, self.pm, self.estimator = cfg, pm, estimator
         self.actor, self.critic, self.rollout, self.scorer = actor, critic, rollout, scorer
         self.guard, self.faults, self.kl_ctrl = guard, faults, kl_ctrl
@@ -85,10 +112,26 @@ class Step:
             res.metrics["guard/skipped_step"] = 1.0
             return res
         batch["token_level_scores"] = _on_last_token(scores, batch["response_mask"])
-        res.verdicts.append(self.guard.observe("reward", {"score/mean": scores.mean().item(), "score/min": scores.min().item(), "score/max": scores.max().item()}, step))
+        res.verdicts.append(
+            self.guard.observe(
+                "reward",
+                {
+                    "score/mean": scores.mean().item(),
+                    "score/min": scores.min().item(),
+                    "score/max": scores.max().item(),
+                },
+                step,
+            )
+        )
         batch = self._log_probs(batch, res)
         batch = self._advantages(batch, res)
-        res.verdicts.append(self.guard.observe("advantage", {k: v for k, v in res.metrics.items() if k.startswith(("critic/advantages/", "rollout/"))}, step))
+        res.verdicts.append(
+            self.guard.observe(
+                "advantage",
+                {k: v for k, v in res.metrics.items() if k.startswith(("critic/advantages/", "rollout/"))},
+                step,
+            )
+        )
         if any(v.action in ("skip", "rollback") for v in res.verdicts):
             res.metrics["guard/skipped_step"] = 1.0
         else:
@@ -132,16 +175,31 @@ class Step:
 
                 behaviour = batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
                 kl_est = self.pm.get("kl_estimator", a.kl_penalty, where="algorithm.kl_penalty")
-                rewards, kl_m = apply_kl_penalty(batch["token_level_scores"], behaviour, batch["ref_log_prob"], mask, self.kl_ctrl.value, kl_est)
+                rewards, kl_m = apply_kl_penalty(
+                    batch["token_level_scores"], behaviour, batch["ref_log_prob"], mask, self.kl_ctrl.value, kl_est
+                )
                 self.kl_ctrl.update(kl_m["reward_kl"], self.cfg.data.train_batch_size)
                 res.metrics.update({f"actor/{k}": v for k, v in kl_m.items()})
             else:
                 rewards = batch["token_level_scores"]
             batch["token_level_rewards"] = rewards
-            available = {"values": batch["values"] if "values" in batch else None, "gamma": a.gamma, "lam": a.lam, "norm_adv_by_std": a.norm_adv_by_std,
-                         "reward_components": batch["reward_components"] if "reward_components" in batch else None}
+            available = {
+                "values": batch["values"] if "values" in batch else None,
+                "gamma": a.gamma,
+                "lam": a.lam,
+                "norm_adv_by_std": a.norm_adv_by_std,
+                "reward_components": batch["reward_components"] if "reward_components" in batch else None,
+            }
             index = torch.as_tensor(np.asarray(batch.non_tensors["uid"], dtype=np.int64))
-            adv, ret = call_with_params(self.estimator.fn, rewards, mask, index, available=available, extra=a.adv_kwargs, where="algorithm.adv_kwargs")
+            adv, ret = call_with_params(
+                self.estimator.fn,
+                rewards,
+                mask,
+                index,
+                available=available,
+                extra=a.adv_kwargs,
+                where="algorithm.adv_kwargs",
+            )
             batch["advantages"], batch["returns"] = adv.float(), ret.float()
         res.metrics.update(_masked_stats("critic/advantages", adv, mask))
         res.metrics.update(_masked_stats("critic/returns", ret, mask))
@@ -178,9 +236,13 @@ def batch_metrics(batch: Any, scores: torch.Tensor) -> dict[str, float]:
     """Scores, rewards and lengths of the batch a step trained on."""
     resp_len = batch["response_mask"].float().sum(-1)
     return {
-        "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(), "critic/score/min": scores.min().item(),
+        "critic/score/mean": scores.mean().item(),
+        "critic/score/max": scores.max().item(),
+        "critic/score/min": scores.min().item(),
         "critic/rewards/mean": (batch["token_level_rewards"].sum(-1)).mean().item(),
-        "response_length/mean": resp_len.mean().item(), "response_length/max": resp_len.max().item(), "response_length/min": resp_len.min().item(),
+        "response_length/mean": resp_len.mean().item(),
+        "response_length/max": resp_len.max().item(),
+        "response_length/min": resp_len.min().item(),
         "response_length/clip_ratio": (resp_len >= batch["responses"].shape[1]).float().mean().item(),
         "prompt_length/mean": float(batch["attention_mask"].sum(-1).float().mean() - resp_len.mean()),
     }

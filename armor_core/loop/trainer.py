@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from armor_core.config.schema import ArmorConfig, to_dict
-from armor_core.loop.data import PromptLoader, prepare_data
 from armor_core.engine import WorkerDiedError
+from armor_core.loop.data import PromptLoader, prepare_data
 from armor_core.loop.rollout_source import RolloutSource
 from armor_core.loop.step import Scorer, Step, batch_metrics
 from armor_core.loop.step_timer import ENGINE_STAGES
@@ -43,31 +43,41 @@ __all__ = ["Trainer", "run_training"]
 
 class Trainer:
     def __init__(self, cfg: ArmorConfig, resume: bool = False) -> None:
-        from armor_core.storage.checkpoint import CheckpointManager
         from armor_core.config.plugin_checks import validate_plugins
         from armor_core.loop.guard import GuardRunner
         from armor_core.models.loading import load_tokenizer, resolve_model_path
         from armor_core.plugins import get_plugin_manager
         from armor_core.rewards.manager import RewardManager
+        from armor_core.storage.checkpoint import CheckpointManager
 
         self.cfg = cfg
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.trainer.run_dir)
         self.pm = get_plugin_manager()
         validate_plugins(cfg, self.pm)
-        self.estimator = self.pm.get("advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator")
+        self.estimator = self.pm.get(
+            "advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator"
+        )
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
-        self.rewards = RewardManager(cfg.reward, self.pm, watch_failures=True)  # a domain failing on most rows stops the run
+        self.rewards = RewardManager(
+            cfg.reward, self.pm, watch_failures=True
+        )  # a domain failing on most rows stops the run
         self.scorer = Scorer(self.rewards, self.tokenizer)
         self.train_ds, self.val_ds = prepare_data(cfg, self.pm, self.tokenizer, self.rewards)
         for ds in (self.train_ds, self.val_ds):
             if ds is not None and (ds.dropped_too_long or ds.skipped):
-                print(f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped as longer than "
-                      f"data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as invalid")
-        self.loader = PromptLoader(self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+                print(
+                    f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped as longer than "
+                    f"data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as invalid"
+                )
+        self.loader = PromptLoader(
+            self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed
+        )
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
         if not resume and self.ckpt.latest() is not None:
-            raise RuntimeError(f"{self.run_dir} already holds checkpoints; pass --resume to continue, or choose another trainer.run_dir")
+            raise RuntimeError(
+                f"{self.run_dir} already holds checkpoints; pass --resume to continue, or choose another trainer.run_dir"
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         self.guard = GuardRunner(cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable)
@@ -95,7 +105,9 @@ class Trainer:
                 self._resume()
                 for tracker in self.trackers:  # the steps after the checkpoint are logged again
                     getattr(tracker, "resume", lambda step: None)(self.step)
-        except BaseException:  # e.g. a checkpoint that does not fit this config: free the workers' cores before saying why
+        except (
+            BaseException
+        ):  # e.g. a checkpoint that does not fit this config: free the workers' cores before saying why
             for group in self._groups():
                 group.shutdown()
             for tracker in self.trackers:
@@ -107,15 +119,17 @@ class Trainer:
 
     def _start_workers(self) -> None:
         from armor_core.engine import WorkerGroup, init_ray
+        from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
 
-        from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
-
         e, a = self.cfg.engine, self.cfg.actor
         asynchronous = self.cfg.rollout.mode == "async"
-        groups = {"actor": a.num_workers, **({"critic": self.cfg.critic.num_workers or a.num_workers} if self.estimator.requires_critic else {}),
-                  **({"rollout": self.cfg.rollout.num_workers} if asynchronous else {})}
+        groups = {
+            "actor": a.num_workers,
+            **({"critic": self.cfg.critic.num_workers or a.num_workers} if self.estimator.requires_critic else {}),
+            **({"rollout": self.cfg.rollout.num_workers} if asynchronous else {}),
+        }
         n_workers = sum(groups.values())
         cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
         self.cfg.engine.cpus_per_worker = cpus  # workers read their thread count from it
@@ -124,34 +138,92 @@ class Trainer:
         if e.isolate and not e.address:
             isolator = ProcessIsolator(cpus, e.gpus_per_worker, self.cfg.trainer.seed)
             for asg in isolator.plan(groups):
-                plan.setdefault(asg.group, []).append({"assignment": {"group": asg.group, "rank": asg.rank, "cpus": list(asg.cpus), "gpus": list(asg.gpus), "node": asg.node}})
+                plan.setdefault(asg.group, []).append(
+                    {
+                        "assignment": {
+                            "group": asg.group,
+                            "rank": asg.rank,
+                            "cpus": list(asg.cpus),
+                            "gpus": list(asg.gpus),
+                            "node": asg.node,
+                        }
+                    }
+                )
         t0 = time.perf_counter()
         init_ray(e.address, e.num_cpus, n_workers * cpus)
         self.startup_s = {"ray_init": time.perf_counter() - t0}
         conf = to_dict(self.cfg)
         t0 = time.perf_counter()
-        self.actor = WorkerGroup(ActorWorker, a.num_workers, cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                 name="actor", api=ActorAPI, init_kwargs={"config": conf, "run_dir": str(self.run_dir)}, rank_kwargs=plan.get("actor"),
-                                 channel=e.direct_channel)
+        self.actor = WorkerGroup(
+            ActorWorker,
+            a.num_workers,
+            cpus_per_worker=cpus,
+            gpus_per_worker=e.gpus_per_worker,
+            name="actor",
+            api=ActorAPI,
+            init_kwargs={"config": conf, "run_dir": str(self.run_dir)},
+            rank_kwargs=plan.get("actor"),
+            channel=e.direct_channel,
+        )
         self.critic = None
         if "critic" in groups:
-            self.critic = WorkerGroup(CriticWorker, groups["critic"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                      name="critic", api=CriticAPI, init_kwargs={"config": conf}, rank_kwargs=plan.get("critic"), channel=e.direct_channel)
+            self.critic = WorkerGroup(
+                CriticWorker,
+                groups["critic"],
+                cpus_per_worker=cpus,
+                gpus_per_worker=e.gpus_per_worker,
+                name="critic",
+                api=CriticAPI,
+                init_kwargs={"config": conf},
+                rank_kwargs=plan.get("critic"),
+                channel=e.direct_channel,
+            )
         self.async_rollout = None
         if asynchronous:
             from armor_core.loop.async_rollout import AsyncRollout
             from armor_core.workers.rollout import RolloutWorker
 
             # channel=False: Ray runs a rollout worker's calls in the order sent, weight pushes between generations
-            group = WorkerGroup(RolloutWorker, groups["rollout"], cpus_per_worker=cpus, gpus_per_worker=e.gpus_per_worker,
-                                name="rollout", api=RolloutAPI, init_kwargs={"config": conf}, rank_kwargs=plan.get("rollout"), channel=False)
-            self.async_rollout = AsyncRollout(group, self.actor, self.loader, self.cfg.rollout.n, self.cfg.rollout.max_staleness)
+            group = WorkerGroup(
+                RolloutWorker,
+                groups["rollout"],
+                cpus_per_worker=cpus,
+                gpus_per_worker=e.gpus_per_worker,
+                name="rollout",
+                api=RolloutAPI,
+                init_kwargs={"config": conf},
+                rank_kwargs=plan.get("rollout"),
+                channel=False,
+            )
+            self.async_rollout = AsyncRollout(
+                group, self.actor, self.loader, self.cfg.rollout.n, self.cfg.rollout.max_staleness
+            )
         self.startup_s["workers"] = time.perf_counter() - t0
         # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
-        self.rollout = RolloutSource(self.cfg, self.actor, self.loader, self.faults, self.async_rollout, any(self.actor.call(ActorAPI.needs_weight_sync)))
-        self.stepper = Step(self.cfg, self.pm, self.estimator, self.actor, self.critic, self.rollout, self.scorer, self.guard, self.faults, self.kl_ctrl)
+        self.rollout = RolloutSource(
+            self.cfg,
+            self.actor,
+            self.loader,
+            self.faults,
+            self.async_rollout,
+            any(self.actor.call(ActorAPI.needs_weight_sync)),
+        )
+        self.stepper = Step(
+            self.cfg,
+            self.pm,
+            self.estimator,
+            self.actor,
+            self.critic,
+            self.rollout,
+            self.scorer,
+            self.guard,
+            self.faults,
+            self.kl_ctrl,
+        )
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
-        records = [{**place, **rec} for g in self._groups() for place, rec in zip(g.placement, g.call(g.api.isolation_record))]
+        records = [
+            {**place, **rec} for g in self._groups() for place, rec in zip(g.placement, g.call(g.api.isolation_record))
+        ]
         if isolator is not None:
             isolator.report(records, self.run_dir)  # printed, and saved as isolation.json
         else:
@@ -159,11 +231,21 @@ class Trainer:
 
             # on a joined cluster the driver cannot know which cores another node's raylet (or the other
             # raylets on one machine) hands out, so nothing is pinned; workers still run cpus_per_worker threads
-            reason = "joined Ray cluster (engine.address): cores are not pinned" if e.address else "engine.isolate=false"
+            reason = (
+                "joined Ray cluster (engine.address): cores are not pinned" if e.address else "engine.isolate=false"
+            )
             write_assignment(self.run_dir, [{**r, "isolated": False, "reason": reason} for r in records])
 
     def _groups(self) -> list[Any]:
-        return [g for g in (getattr(self, "actor", None), getattr(self, "critic", None), getattr(getattr(self, "async_rollout", None), "group", None)) if g is not None]
+        return [
+            g
+            for g in (
+                getattr(self, "actor", None),
+                getattr(self, "critic", None),
+                getattr(getattr(self, "async_rollout", None), "group", None),
+            )
+            if g is not None
+        ]
 
     def _resume(self) -> None:
         path = self.ckpt.latest()
@@ -191,8 +273,13 @@ class Trainer:
         self.val_history = state.get("val_history", [])
 
     def save_checkpoint(self) -> Path:
-        state = {"step": self.step, "loader": self.rollout.loader_state(), "guard": self.guard.state_dict(),
-                 "val_history": self.val_history, **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {})}
+        state = {
+            "step": self.step,
+            "loader": self.rollout.loader_state(),
+            "guard": self.guard.state_dict(),
+            "val_history": self.val_history,
+            **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {}),
+        }
 
         def write(tmp: Path) -> None:
             self.actor.call(ActorAPI.save_checkpoint, str(tmp))
@@ -215,7 +302,9 @@ class Trainer:
         self.step += 1
         metrics = res.metrics
         if res.batch is not None:
-            after = self.guard.observe("update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step)
+            after = self.guard.observe(
+                "update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step
+            )
             self._act_on([*res.verdicts, after], metrics)
             metrics.update(batch_metrics(res.batch, res.scores))
             metrics["training/epoch"] = float(self.loader.epoch)
@@ -250,11 +339,15 @@ class Trainer:
         metrics["guard/rollback"] = 1.0
         if path is None and since is not None and self.ckpt.latest() is not None:
             oldest = self.ckpt.completed()[0]
-            print(f"step {self.step}: no checkpoint older than step {since} is kept (trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); "
-                  f"rolling back to the oldest one, {oldest.name}, which may already be affected")
+            print(
+                f"step {self.step}: no checkpoint older than step {since} is kept (trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); "
+                f"rolling back to the oldest one, {oldest.name}, which may already be affected"
+            )
             path = oldest
         if path is None:
-            print(f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped")
+            print(
+                f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped"
+            )
             return
         position, step = self.loader.state_dict(), self.step
         self.rollout.forget_samples()  # generated by the weights just discarded: its prompts are sampled again
@@ -278,8 +371,14 @@ class Trainer:
         enc = self.val_ds.encoded
         data = DataProto.from_dict(tensors=dict(enc["tensors"]), non_tensors=dict(enc["non_tensors"]))
         t = self.cfg.trainer
-        out = run_validation(data, lambda prompts, greedy: self.rollout.generate(prompts, self.step, greedy=greedy), self.scorer, self.rollout.ranks,
-                             t.val_n, t.val_sampled)
+        out = run_validation(
+            data,
+            lambda prompts, greedy: self.rollout.generate(prompts, self.step, greedy=greedy),
+            self.scorer,
+            self.rollout.ranks,
+            t.val_n,
+            t.val_sampled,
+        )
         out["val/step"] = float(self.step)
         self.val_history.append(out)
         return out
@@ -323,8 +422,11 @@ class Trainer:
                 getattr(tr, "summary", lambda s: None)(summary)
         except WorkerDiedError as e:
             last = self.ckpt.latest()
-            where = (f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
-                     if last else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from step 0.")
+            where = (
+                f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
+                if last
+                else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from step 0."
+            )
             raise WorkerDiedError(f"step {self.step + 1}: {e} {where}") from e
         finally:
             for tr in self.trackers:
@@ -338,11 +440,16 @@ class Trainer:
                 if k.startswith("timing_s/"):
                     timing.setdefault(k, []).append(v)
         return {
-            "steps": self.step, "wall_s": time.perf_counter() - self.t_start, "startup_s": self.startup_s,
-            "val_before": before, "val_after": after,
+            "steps": self.step,
+            "wall_s": time.perf_counter() - self.t_start,
+            "startup_s": self.startup_s,
+            "val_before": before,
+            "val_after": after,
             "timing_s_mean": {k: float(np.mean(v)) for k, v in timing.items()},
             "final_score_mean": steps[-1].get("critic/score/mean") if steps else None,
-            "train_rows": len(self.train_ds.rows), "train_dropped_too_long": self.train_ds.dropped_too_long, "train_skipped_invalid": self.train_ds.skipped,
+            "train_rows": len(self.train_ds.rows),
+            "train_dropped_too_long": self.train_ds.dropped_too_long,
+            "train_skipped_invalid": self.train_ds.skipped,
             "checkpoint": str(self.ckpt.latest()) if self.ckpt.latest() else None,
         }
 
@@ -358,19 +465,28 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     c = Console(highlight=False, soft_wrap=True)
-    table = Table(title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s; held-out accuracy per data_source")
+    table = Table(
+        title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s; held-out accuracy per data_source"
+    )
     for name in ("", "before", "after", "change"):
         table.add_column(name, justify="right" if name else "left")
     b, a = summary.get("val_before") or {}, summary.get("val_after") or {}
     # per data_source first, the overall figure (val/acc_<mode>) last
-    for k in sorted((k for k in set(b) | set(a) if k.startswith("val/") and "/acc_" in k), key=lambda k: (k.count("/") < 2, k)):
+    for k in sorted(
+        (k for k in set(b) | set(a) if k.startswith("val/") and "/acc_" in k), key=lambda k: (k.count("/") < 2, k)
+    ):
         change = f"{(a[k] - b[k]) * 100:+.1f} pts" if k in a and k in b else "-"
         table.add_row(k, f"{b[k]:.3f}" if k in b else "-", f"{a[k]:.3f}" if k in a else "-", change)
     c.print(table)
     t = summary["timing_s_mean"]
     if t:
-        c.print("seconds per step by stage: " + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1])))
-    c.print(f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; checkpoint: {summary['checkpoint']}")
+        c.print(
+            "seconds per step by stage: "
+            + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1]))
+        )
+    c.print(
+        f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; checkpoint: {summary['checkpoint']}"
+    )
 
 
 def run_training(cfg: ArmorConfig, resume: bool = False) -> dict[str, Any]:

@@ -28,7 +28,9 @@ def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.n
     """(B,) each row's score from its main domain: the one with the largest weight in its route (the
     first on a tie), i.e. the correctness check that components such as ``format`` and ``length``
     are added to. ``components``: per row ``{domain: (score, weight)}``, as in ``RewardBatch.components``."""
-    return np.array([max(c.values(), key=lambda score_weight: score_weight[1])[0] for c in components], dtype=np.float64)
+    return np.array(
+        [max(c.values(), key=lambda score_weight: score_weight[1])[0] for c in components], dtype=np.float64
+    )
 
 
 def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "", main: Any = None) -> dict[str, float]:
@@ -55,12 +57,16 @@ def vote_key(response: str) -> str:
     return " ".join(response.split())
 
 
-def at_n_metrics(correct: np.ndarray, responses: Sequence[str], sources: Sequence[str], n: int, prefix: str = "val/") -> dict[str, float]:
+def at_n_metrics(
+    correct: np.ndarray, responses: Sequence[str], sources: Sequence[str], n: int, prefix: str = "val/"
+) -> dict[str, float]:
     """``mean@n``, ``best@n`` and ``maj@n`` per source and overall. ``correct`` and ``responses``
     hold ``n`` consecutive samples per prompt; ``sources`` one entry per prompt."""
     correct = np.asarray(correct, dtype=bool).reshape(-1, n)
     if correct.shape[0] != len(sources) or len(responses) != correct.size:
-        raise ValueError(f"at_n_metrics: {correct.size} scores and {len(responses)} responses for {len(sources)} prompts x n={n}")
+        raise ValueError(
+            f"at_n_metrics: {correct.size} scores and {len(responses)} responses for {len(sources)} prompts x n={n}"
+        )
     majority = np.zeros(correct.shape[0], dtype=bool)
     for p in range(correct.shape[0]):
         keys = [vote_key(r) for r in responses[p * n : (p + 1) * n]]
@@ -68,7 +74,9 @@ def at_n_metrics(correct: np.ndarray, responses: Sequence[str], sources: Sequenc
         majority[p] = correct[p, keys.index(top)]
     sources = np.asarray(sources)
     out: dict[str, float] = {}
-    for label, sel in [(f"{s}/", sources == s) for s in sorted(set(sources.tolist()))] + [("", np.ones(len(sources), dtype=bool))]:
+    for label, sel in [(f"{s}/", sources == s) for s in sorted(set(sources.tolist()))] + [
+        ("", np.ones(len(sources), dtype=bool))
+    ]:
         if sel.any():
             out[f"{prefix}{label}mean@{n}"] = float(correct[sel].mean())
             out[f"{prefix}{label}best@{n}"] = float(correct[sel].any(axis=1).mean())
@@ -76,7 +84,9 @@ def at_n_metrics(correct: np.ndarray, responses: Sequence[str], sources: Sequenc
     return out
 
 
-def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any, ranks: int, val_n: int, sampled: bool) -> dict[str, float]:
+def run_validation(
+    data: Any, generate: Callable[[Any, bool], Any], scorer: Any, ranks: int, val_n: int, sampled: bool
+) -> dict[str, float]:
     """Validation metrics of ``data`` (the encoded held-out prompts, a DataProto).
 
     :param generate: ``generate(prompts, greedy) -> rows`` (the trainer's rollout, any worker layout).
@@ -86,7 +96,11 @@ def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any,
     from armor_core.dataproto.protocol import DataProto
 
     out: dict[str, float] = {}
-    runs = [("greedy", True, 1)] + ([("sampled", False, 1)] if sampled else []) + ([(f"@{val_n}", False, val_n)] if val_n > 1 else [])
+    runs = (
+        [("greedy", True, 1)]
+        + ([("sampled", False, 1)] if sampled else [])
+        + ([(f"@{val_n}", False, val_n)] if val_n > 1 else [])
+    )
     for mode, greedy, n in runs:
         rows = data.repeat(n, interleave=True) if n > 1 else data
         pad = (-len(rows)) % ranks
@@ -96,7 +110,9 @@ def run_validation(data: Any, generate: Callable[[Any, bool], Any], scorer: Any,
         scores, _, texts = scorer.score(full)
         main = main_scores(full.non_tensors["reward_components"])  # correctness, without format or length components
         if n == 1:
-            out.update(accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/", main=main))
+            out.update(
+                accuracy_by_source(scores.numpy(), full.non_tensors["data_source"], mode, prefix="val/", main=main)
+            )
         else:
             out.update(at_n_metrics(main >= 1.0 - 1e-6, texts, data.non_tensors["data_source"], n))
     return out

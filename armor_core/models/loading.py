@@ -68,7 +68,9 @@ def resolve_model_path(path: str | Path, *, need_config: bool = True, need_token
         name = text[len(BUILTIN_PREFIX) :]
         known = builtin_models()
         if name not in known:
-            raise ModelPathError(f"unknown built-in model {text!r}; built-in models: {', '.join(BUILTIN_PREFIX + k for k in known) or 'none are installed'}")
+            raise ModelPathError(
+                f"unknown built-in model {text!r}; built-in models: {', '.join(BUILTIN_PREFIX + k for k in known) or 'none are installed'}"
+            )
         return _assets_dir() / name
     p = Path(text).expanduser()
     if not p.exists():
@@ -77,9 +79,13 @@ def resolve_model_path(path: str | Path, *, need_config: bool = True, need_token
             f"or one of: {', '.join(BUILTIN_PREFIX + k for k in builtin_models())}. ARMOR never downloads models."
         )
     if not p.is_dir():
-        raise ModelPathError(f"model path {text!r} is a file; expected a directory holding config.json, the weights and the tokenizer")
+        raise ModelPathError(
+            f"model path {text!r} is a file; expected a directory holding config.json, the weights and the tokenizer"
+        )
     if need_config and not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
-        raise ModelPathError(f"model directory {text!r} has no config.json; expected a directory written by save_pretrained()")
+        raise ModelPathError(
+            f"model directory {text!r} has no config.json; expected a directory written by save_pretrained()"
+        )
     if need_tokenizer and not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise ModelPathError(
             f"model directory {text!r} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); "
@@ -88,7 +94,7 @@ def resolve_model_path(path: str | Path, *, need_config: bool = True, need_token
     return p
 
 
-def load_tokenizer(path: str | Path) -> "PreTrainedTokenizerBase":
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer at ``path`` (a directory or ``builtin:NAME``), set up for generation.
 
     Padding is on the left (prompts end where generation starts); a tokenizer without a pad
@@ -112,12 +118,14 @@ def load_tokenizer(path: str | Path) -> "PreTrainedTokenizerBase":
     tok.padding_side = "left"
     if tok.pad_token is None:
         if tok.eos_token is None:
-            raise ModelPathError(f"tokenizer at {str(path)!r} has neither a pad token nor an EOS token; generation needs an EOS token")
+            raise ModelPathError(
+                f"tokenizer at {str(path)!r} has neither a pad token nor an EOS token; generation needs an EOS token"
+            )
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_model(path: str | Path, dtype: str = "float32") -> "PreTrainedModel":
+def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
     """The causal LM at ``path`` (a directory or ``builtin:NAME``) in ``dtype``; never downloads."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -130,7 +138,7 @@ def load_model(path: str | Path, dtype: str = "float32") -> "PreTrainedModel":
     return AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, dtype), local_files_only=True)
 
 
-def load_adapter_merged(directory: Path, dtype: str = "float32") -> "PreTrainedModel":
+def load_adapter_merged(directory: Path, dtype: str = "float32") -> PreTrainedModel:
     """A LoRA adapter directory (peft's format, e.g. a LoRA run's ``checkpoints/step_N/adapter``)
     merged into its base model: a plain causal LM. The base is the adapter's
     ``base_model_name_or_path``, which must be a local directory."""
@@ -140,18 +148,22 @@ def load_adapter_merged(directory: Path, dtype: str = "float32") -> "PreTrainedM
 
     base_path = json.loads((directory / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base_path:
-        raise ModelPathError(f"adapter {directory}: adapter_config.json names no base_model_name_or_path; set it to the base model's directory")
+        raise ModelPathError(
+            f"adapter {directory}: adapter_config.json names no base_model_name_or_path; set it to the base model's directory"
+        )
     try:
         base = load_model(base_path, dtype)
     except ModelPathError as e:
-        raise ModelPathError(f"adapter {directory}: its base model cannot be loaded ({e}); "
-                             "set base_model_name_or_path in its adapter_config.json to the base model's directory") from None
+        raise ModelPathError(
+            f"adapter {directory}: its base model cannot be loaded ({e}); "
+            "set base_model_name_or_path in its adapter_config.json to the base model's directory"
+        ) from None
     merged = PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
     merged.name_or_path = str(base_path)  # what a rollout engine loads from: the base directory, weights sent after
     return merged
 
 
-def build_char_tokenizer(chars: Iterable[str]) -> "PreTrainedTokenizerFast":
+def build_char_tokenizer(chars: Iterable[str]) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: one token per character of ``chars``, plus <pad> <eos> <bos> <unk>.
 
     ``chars`` is any iterable of strings; every distinct character in them becomes one token.
@@ -172,7 +184,9 @@ def build_char_tokenizer(chars: Iterable[str]) -> "PreTrainedTokenizerFast":
     # without Fuse the decoder joins tokens with spaces: "85" would decode as "8 5"
     tok.decoder = decoders.Fuse()
     bos = SPECIAL_TOKENS["bos"]
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, vocab[bos])])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, vocab[bos])]
+    )
     # padding_side must go to the constructor: assigned afterwards it is not saved with the tokenizer
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -199,7 +213,7 @@ def build_tiny_model(
     bos_token_id: int | None = 2,
     seed: int | None = 0,
     **config_overrides: Any,
-) -> "PreTrainedModel":
+) -> PreTrainedModel:
     """A randomly initialised small causal LM, in float32, from a config (nothing is loaded).
 
     :param arch: ``qwen2``, ``qwen3`` or ``deepseek_v3`` (MoE with 4 routed experts, top-2, one
@@ -215,7 +229,9 @@ def build_tiny_model(
     Qwen2 defaults (hidden 128, 4 layers, vocab ~20) give ~1.05M parameters.
     """
     if hidden_size % num_heads or hidden_size // num_heads < 32:
-        raise ValueError(f"build_tiny_model: hidden_size={hidden_size} / num_heads={num_heads} must divide evenly into heads of >= 32 dims (vLLM's CPU attention needs head_dim >= 32)")
+        raise ValueError(
+            f"build_tiny_model: hidden_size={hidden_size} / num_heads={num_heads} must divide evenly into heads of >= 32 dims (vLLM's CPU attention needs head_dim >= 32)"
+        )
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -224,7 +240,9 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads or num_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=config_overrides.pop("tie_word_embeddings", False),  # untied unless asked: vLLM reloads tied weights wrongly
+        tie_word_embeddings=config_overrides.pop(
+            "tie_word_embeddings", False
+        ),  # untied unless asked: vLLM reloads tied weights wrongly
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         bos_token_id=bos_token_id,
@@ -268,7 +286,7 @@ def _deepseek_v3_fields(hidden_size: int, head_dim: int) -> dict[str, Any]:
     )
 
 
-def _init_from_config(config: Any, seed: int | None) -> "PreTrainedModel":
+def _init_from_config(config: Any, seed: int | None) -> PreTrainedModel:
     """A float32 model of ``config``, initialised in a forked RNG so the caller's global state is
     left as it was: from ``seed``, or (None) from the global RNG's current state."""
     import torch
@@ -280,12 +298,16 @@ def _init_from_config(config: Any, seed: int | None) -> "PreTrainedModel":
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def _render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, index: int, chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+def _render(
+    tokenizer: PreTrainedTokenizerBase, prompt: Any, index: int, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> tuple[str, bool]:
     """(text, add_special_tokens) for one prompt: plain text, or chat messages through the template
     (given ``chat_template_kwargs``, e.g. ``enable_thinking``)."""
     if isinstance(prompt, str):
         return prompt, True
-    if isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+    if isinstance(prompt, (list, tuple)) and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in prompt
+    ):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"prompt {index} is a list of chat messages but the tokenizer has no chat template; "
@@ -294,16 +316,18 @@ def _render(tokenizer: "PreTrainedTokenizerBase", prompt: Any, index: int, chat_
         # the template writes its own BOS and role markers, so no special tokens are added again
         kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {})}
         return tokenizer.apply_chat_template(list(prompt), tokenize=False, **kwargs), False
-    raise ValueError(f"prompt {index} is a {type(prompt).__name__}; expected a string or a list of {{'role', 'content'}} messages")
+    raise ValueError(
+        f"prompt {index} is a {type(prompt).__name__}; expected a string or a list of {{'role', 'content'}} messages"
+    )
 
 
 def encode_prompts(
-    tokenizer: "PreTrainedTokenizerBase",
+    tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str | list[dict[str, str]]],
     max_length: int,
     truncation: str = "drop",
     chat_template_kwargs: Mapping[str, Any] | None = None,
-) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", list[int]]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Tokenise prompts into left-padded tensors ready for generation.
 
     :param prompts: plain strings (special tokens added, e.g. BOS) or chat message lists (rendered
@@ -322,7 +346,9 @@ def encode_prompts(
     if truncation not in ("drop", "left", "error"):
         raise ValueError(f"truncation={truncation!r} is not one of 'drop', 'left', 'error'")
     if tokenizer.pad_token_id is None:
-        raise ValueError("encode_prompts: the tokenizer has no pad token; load it with armor_core.models.loading.load_tokenizer")
+        raise ValueError(
+            "encode_prompts: the tokenizer has no pad token; load it with armor_core.models.loading.load_tokenizer"
+        )
     rows: list[list[int]] = []
     kept: list[int] = []
     for i, prompt in enumerate(prompts):
@@ -332,7 +358,9 @@ def encode_prompts(
             if truncation == "drop":
                 continue
             if truncation == "error":
-                raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_length={max_length} (set data.truncation to 'drop' or 'left', or raise data.max_prompt_length)")
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, more than max_length={max_length} (set data.truncation to 'drop' or 'left', or raise data.max_prompt_length)"
+                )
             ids = ids[-max_length:]
         rows.append(list(ids))
         kept.append(i)

@@ -24,7 +24,13 @@ ADAPTER_DIR = "adapter"
 def _linear_names(model: torch.nn.Module) -> list[str]:
     """Short names (last component) of the model's linear layers, its output head left out."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head})
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not head
+        }
+    )
 
 
 def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
@@ -36,15 +42,21 @@ def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
     for target in targets:
         hits = [m for name, m in modules.items() if name == target or name.endswith("." + target)]
         if not hits:
-            raise ValueError(f"model.lora_target_modules: {target!r} matches no module of {type(model).__name__}; "
-                             f"its linear layers are {_linear_names(model)} (or use 'all-linear')")
+            raise ValueError(
+                f"model.lora_target_modules: {target!r} matches no module of {type(model).__name__}; "
+                f"its linear layers are {_linear_names(model)} (or use 'all-linear')"
+            )
         bad = sorted({type(m).__name__ for m in hits if not isinstance(m, wrappable)})
         if bad:
-            raise ValueError(f"model.lora_target_modules: {target!r} is a {', '.join(bad)}, a layer type LoRA (peft) cannot wrap; "
-                             f"target linear layers instead: {_linear_names(model)}")
+            raise ValueError(
+                f"model.lora_target_modules: {target!r} is a {', '.join(bad)}, a layer type LoRA (peft) cannot wrap; "
+                f"target linear layers instead: {_linear_names(model)}"
+            )
 
 
-def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, targets: Any, seed: int) -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module, rank: int, alpha: float, dropout: float, targets: Any, seed: int
+) -> torch.nn.Module:
     """``model`` with LoRA adapters (a ``peft.PeftModel``); only the adapters require grad.
 
     The adapters are initialised from ``seed`` alone (B = 0, so the model starts as the base), so
@@ -55,7 +67,9 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, 
     if targets != "all-linear":
         targets = [targets] if isinstance(targets, str) else list(targets)
         _check_targets(model, targets)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM"
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return get_peft_model(model, config)
@@ -91,7 +105,9 @@ def merged_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, m in peft_model_of(module).named_modules():
         if isinstance(m, LoraLayer) and ADAPTER in m.lora_A:
             base = m.get_base_layer()
-            out[_base_name(f"{name}.weight")] = (base.weight + m.get_delta_weight(ADAPTER).to(base.weight.dtype)).detach()
+            out[_base_name(f"{name}.weight")] = (
+                base.weight + m.get_delta_weight(ADAPTER).to(base.weight.dtype)
+            ).detach()
     return out
 
 
@@ -135,8 +151,11 @@ def adapter_settings(directory: Path) -> dict[str, Any]:
         return {}
     c = json.loads(f.read_text())
     targets = c.get("target_modules")
-    return {"lora_rank": c.get("r"), "lora_alpha": c.get("lora_alpha"),
-            "lora_target_modules": sorted(targets) if isinstance(targets, list) else targets}
+    return {
+        "lora_rank": c.get("r"),
+        "lora_alpha": c.get("lora_alpha"),
+        "lora_target_modules": sorted(targets) if isinstance(targets, list) else targets,
+    }
 
 
 def load_adapter_state(directory: Path) -> dict[str, torch.Tensor]:
@@ -145,7 +164,12 @@ def load_adapter_state(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     state = load_file(str(Path(directory) / "adapter_model.safetensors"))
-    return {k.replace(".lora_A.weight", f".lora_A.{ADAPTER}.weight").replace(".lora_B.weight", f".lora_B.{ADAPTER}.weight"): v for k, v in state.items()}
+    return {
+        k.replace(".lora_A.weight", f".lora_A.{ADAPTER}.weight").replace(
+            ".lora_B.weight", f".lora_B.{ADAPTER}.weight"
+        ): v
+        for k, v in state.items()
+    }
 
 
 def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None, checkpoint: Path) -> None:
@@ -156,17 +180,27 @@ def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None
     """
     saved = adapter_settings(directory)
     if not saved and model_cfg.lora_rank:
-        raise ValueError(f"checkpoint {checkpoint} holds a full model (no {ADAPTER_DIR}/), but model.lora_rank={model_cfg.lora_rank}: "
-                         "resume with model.lora_rank=0, or start a new run_dir for the LoRA run")
+        raise ValueError(
+            f"checkpoint {checkpoint} holds a full model (no {ADAPTER_DIR}/), but model.lora_rank={model_cfg.lora_rank}: "
+            "resume with model.lora_rank=0, or start a new run_dir for the LoRA run"
+        )
     if saved and not model_cfg.lora_rank:
-        raise ValueError(f"checkpoint {checkpoint} holds a LoRA adapter (rank {saved['lora_rank']}), but model.lora_rank=0: "
-                         f"resume with model.lora_rank={saved['lora_rank']}")
+        raise ValueError(
+            f"checkpoint {checkpoint} holds a LoRA adapter (rank {saved['lora_rank']}), but model.lora_rank=0: "
+            f"resume with model.lora_rank={saved['lora_rank']}"
+        )
     if not saved:
         return
     live = peft_model_of(module).peft_config[ADAPTER].target_modules
-    mine = {"lora_rank": model_cfg.lora_rank, "lora_alpha": float(model_cfg.lora_alpha), "lora_target_modules": sorted(live)}
+    mine = {
+        "lora_rank": model_cfg.lora_rank,
+        "lora_alpha": float(model_cfg.lora_alpha),
+        "lora_target_modules": sorted(live),
+    }
     saved["lora_alpha"] = float(saved["lora_alpha"])
     for key, value in mine.items():
         if saved[key] != value:
-            raise ValueError(f"checkpoint {checkpoint} was trained with model.{key}={saved[key]}, this run has model.{key}={value}: "
-                             f"resume with model.{key}={saved[key]}")
+            raise ValueError(
+                f"checkpoint {checkpoint} was trained with model.{key}={saved[key]}, this run has model.{key}={value}: "
+                f"resume with model.{key}={saved[key]}"
+            )

@@ -23,7 +23,9 @@ SIDECAR = "report.json"
 PAGE = "index.html"
 
 
-def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, labels: Sequence[str] | None = None) -> dict[str, Any]:
+def write_report(
+    run_dirs: Sequence[str | Path], out: str | Path | None = None, labels: Sequence[str] | None = None
+) -> dict[str, Any]:
     """Write the PNGs, ``index.html`` and ``report.json`` into ``out`` (default: the first run's
     ``report/``); returns the contents of ``report.json``."""
     from armor_core.report.page import render
@@ -36,7 +38,10 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     plots = {p.name: draw(p, runs, out_dir / f"{p.name}.png") for p in planned}
     _remove_stale(out_dir, {p["file"] for p in plots.values()})
     report = {
-        "runs": [{"label": r.label, "path": str(r.path), "last_step": r.last_step, "finished": r.finished, "notes": r.notes} for r in runs],
+        "runs": [
+            {"label": r.label, "path": str(r.path), "last_step": r.last_step, "finished": r.finished, "notes": r.notes}
+            for r in runs
+        ],
         "plots": plots,
         "not_drawn": missing,
         "events": [{"run": r.label, **e} for r in runs for e in r.events],

@@ -31,18 +31,32 @@ img { max-width: 100%; }
 
 def render(runs: Sequence[Run], plots: dict[str, dict[str, Any]], missing: Sequence[str], out_dir: Path) -> str:
     """The page: the runs, every plot (embedded from its PNG in ``out_dir``), the guard's events."""
-    parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>ARMOR report: {_e(', '.join(r.label for r in runs))}</title>",
-             f"<style>{_STYLE}</style></head><body>", "<h1>ARMOR run report</h1>", _runs_table(runs)]
+    parts = [
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>ARMOR report: {_e(", ".join(r.label for r in runs))}</title>',
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>ARMOR run report</h1>",
+        _runs_table(runs),
+    ]
     if missing:
         parts.append(f"<p>Not drawn (no run has these metrics): {_e(', '.join(missing))}.</p>")
     for name, plot in plots.items():
         data = base64.b64encode((out_dir / plot["file"]).read_bytes()).decode("ascii")
-        caption = " ".join(filter(None, [_e(plot["note"]), "Log scale." if plot["yscale"] == "log" else "",
-                                         f"Every value drawn is {plot['constant']:g}." if plot["constant"] is not None else "",
-                                         f"File: {_e(plot['file'])}."]))
-        parts.append(f"<figure id=\"{_e(name)}\"><h2>{_e(plot['title'])}</h2>"
-                     f"<img src=\"data:image/png;base64,{data}\" alt=\"{_e(plot['title'])}\" data-file=\"{_e(plot['file'])}\">"
-                     f"<figcaption>{caption}</figcaption></figure>")
+        caption = " ".join(
+            filter(
+                None,
+                [
+                    _e(plot["note"]),
+                    "Log scale." if plot["yscale"] == "log" else "",
+                    f"Every value drawn is {plot['constant']:g}." if plot["constant"] is not None else "",
+                    f"File: {_e(plot['file'])}.",
+                ],
+            )
+        )
+        parts.append(
+            f'<figure id="{_e(name)}"><h2>{_e(plot["title"])}</h2>'
+            f'<img src="data:image/png;base64,{data}" alt="{_e(plot["title"])}" data-file="{_e(plot["file"])}">'
+            f"<figcaption>{caption}</figcaption></figure>"
+        )
     parts += [_events_table(runs), "</body></html>\n"]
     return "\n".join(parts)
 
@@ -51,10 +65,12 @@ def _runs_table(runs: Sequence[Run]) -> str:
     rows = []
     for i, run in enumerate(runs):
         status = "finished" if run.finished else "not finished"
-        notes = "".join(f"<div class=\"note\">{_e(n)}</div>" for n in run.notes)
+        notes = "".join(f'<div class="note">{_e(n)}</div>' for n in run.notes)
         guard = "guard off" if (run.config.get("guard") or {}).get("enable") is False else str(len(run.events))
-        rows.append(f"<tr><td>{_e(run.label)}</td><td>{run_style(i)[1]}</td><td>{_e(str(run.path))}</td>"
-                    f"<td>{run.last_step if run.last_step is not None else '-'}</td><td>{status}</td><td>{guard}</td><td>{notes}</td></tr>")
+        rows.append(
+            f"<tr><td>{_e(run.label)}</td><td>{run_style(i)[1]}</td><td>{_e(str(run.path))}</td>"
+            f"<td>{run.last_step if run.last_step is not None else '-'}</td><td>{status}</td><td>{guard}</td><td>{notes}</td></tr>"
+        )
     head = "<tr><th>run</th><th>line</th><th>directory</th><th>last step</th><th>status</th><th>guard events</th><th>notes</th></tr>"
     return f"<h2>Runs</h2><table>{head}{''.join(rows)}</table>"
 
@@ -63,14 +79,20 @@ def _events_table(runs: Sequence[Run]) -> str:
     rows = []
     for run in runs:
         for e in run.events:
-            rows.append(f"<tr><td>{_e(run.label)}</td><td>{e['step']}</td><td>{_e(str(e.get('stage', '')))}</td><td>{_e(str(e.get('guard', '')))}</td>"
-                        f"<td>{_e(str(e['action']))}</td><td>{_e(str(e.get('reason', '')))}</td><td>{_e(_fmt(e.get('signal')))}</td>"
-                        f"<td>{_e(_fmt(e.get('threshold')))}</td><td>{_e(_detail(e))}</td></tr>")
+            rows.append(
+                f"<tr><td>{_e(run.label)}</td><td>{e['step']}</td><td>{_e(str(e.get('stage', '')))}</td><td>{_e(str(e.get('guard', '')))}</td>"
+                f"<td>{_e(str(e['action']))}</td><td>{_e(str(e.get('reason', '')))}</td><td>{_e(_fmt(e.get('signal')))}</td>"
+                f"<td>{_e(_fmt(e.get('threshold')))}</td><td>{_e(_detail(e))}</td></tr>"
+            )
     if not rows:
-        return "<h2 id=\"guard-events\">Guard events</h2><p>No guard acted (no run has entries in guard_events.jsonl).</p>"
-    head = ("<tr><th>run</th><th>step</th><th>stage</th><th>guard</th><th>action</th><th>reason</th><th>signal</th>"
-            "<th>threshold</th><th>detail</th></tr>")
-    return f"<h2 id=\"guard-events\">Guard events</h2><table>{head}{''.join(rows)}</table>"
+        return (
+            '<h2 id="guard-events">Guard events</h2><p>No guard acted (no run has entries in guard_events.jsonl).</p>'
+        )
+    head = (
+        "<tr><th>run</th><th>step</th><th>stage</th><th>guard</th><th>action</th><th>reason</th><th>signal</th>"
+        "<th>threshold</th><th>detail</th></tr>"
+    )
+    return f'<h2 id="guard-events">Guard events</h2><table>{head}{"".join(rows)}</table>'
 
 
 def _detail(event: dict[str, Any]) -> str:

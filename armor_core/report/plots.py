@@ -23,10 +23,30 @@ from armor_core.report.runs import GRAD_NORM_AFTER_CLIP, Run
 __all__ = ["ACTIONS", "Plot", "draw", "plan", "run_style"]
 
 #: guard action -> (colour, marker)
-ACTIONS = {"skip": ("#d62728", "X"), "scale": ("#ff7f0e", "v"), "adjust": ("#9467bd", "D"), "rollback": ("#000000", "o")}
+ACTIONS = {
+    "skip": ("#d62728", "X"),
+    "scale": ("#ff7f0e", "v"),
+    "adjust": ("#9467bd", "D"),
+    "rollback": ("#000000", "o"),
+}
 _OTHER_ACTION = ("#7f7f7f", "*")
 # metric colours keep clear of the action colours above
-_KEY_COLORS = ("#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#393b79", "#98df8a", "#e7ba52", "#006d6d", "#aec7e8", "#637939", "#f7b6d2")
+_KEY_COLORS = (
+    "#1f77b4",
+    "#2ca02c",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#7f7f7f",
+    "#393b79",
+    "#98df8a",
+    "#e7ba52",
+    "#006d6d",
+    "#aec7e8",
+    "#637939",
+    "#f7b6d2",
+)
 _RUN_STYLES = (("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"))
 _SPARSE = 30  # a series with fewer points (a validation curve) shows them as dots
 _LOG_SPAN = 1e3  # positive values spanning more than this factor get a log axis
@@ -65,22 +85,54 @@ def _train_score(keys: set) -> list:
 
 _HEAD = [
     ("heldout_accuracy", "Held-out accuracy", "accuracy", _heldout, "Validation on the held-out prompts."),
-    ("train_score", "Training score", "mean score", _train_score, "critic/score/mean: over all of the step's responses; reward/source/*: per data_source."),
+    (
+        "train_score",
+        "Training score",
+        "mean score",
+        _train_score,
+        "critic/score/mean: over all of the step's responses; reward/source/*: per data_source.",
+    ),
 ]
 _TAIL = [
-    ("kl", "KL divergence", "KL", _matching(r"actor/(ppo_kl\w*|kl_loss|reward_kl)"),
-     "actor/ppo_kl*: between the policy being updated and the one that generated the batch; actor/kl_loss, actor/reward_kl: to the reference model."),
+    (
+        "kl",
+        "KL divergence",
+        "KL",
+        _matching(r"actor/(ppo_kl\w*|kl_loss|reward_kl)"),
+        "actor/ppo_kl*: between the policy being updated and the one that generated the batch; actor/kl_loss, actor/reward_kl: to the reference model.",
+    ),
     ("entropy", "Policy entropy", "nats per token", _present("actor/entropy"), ""),
     ("clip_fraction", "Clip fractions", "fraction of tokens", _matching(r"(actor|critic)/\w*clipfrac\w*"), ""),
-    ("grad_norm", "Gradient norm", "L2 norm", _present("actor/grad_norm", GRAD_NORM_AFTER_CLIP, "critic/grad_norm"),
-     f"actor/grad_norm is measured before clipping; {GRAD_NORM_AFTER_CLIP} = min(actor/grad_norm, actor.grad_clip from config.json)."),
+    (
+        "grad_norm",
+        "Gradient norm",
+        "L2 norm",
+        _present("actor/grad_norm", GRAD_NORM_AFTER_CLIP, "critic/grad_norm"),
+        f"actor/grad_norm is measured before clipping; {GRAD_NORM_AFTER_CLIP} = min(actor/grad_norm, actor.grad_clip from config.json).",
+    ),
     ("response_length", "Response length", "tokens", _present("response_length/mean", "response_length/max"), ""),
-    ("response_clipped", "Responses cut at rollout.response_length", "fraction of responses", _present("response_length/clip_ratio"), ""),
+    (
+        "response_clipped",
+        "Responses cut at rollout.response_length",
+        "fraction of responses",
+        _present("response_length/clip_ratio"),
+        "",
+    ),
     ("learning_rate", "Learning rate", "learning rate", _present("actor/lr"), ""),
-    ("step_time", "Seconds per step by stage", "seconds", lambda keys: _present("timing_s/step")(keys) + _matching(r"timing_s/(?!step$).+")(keys),
-     "timing_s/step is the whole step; the others are its stages."),
-    ("logprob_diff", "Rollout vs trainer log-prob difference", "|log p rollout - log p trainer|",
-     _present("rollout/logprob_diff_mean", "rollout/logprob_diff_max"), "Per token, over the step's responses."),
+    (
+        "step_time",
+        "Seconds per step by stage",
+        "seconds",
+        lambda keys: _present("timing_s/step")(keys) + _matching(r"timing_s/(?!step$).+")(keys),
+        "timing_s/step is the whole step; the others are its stages.",
+    ),
+    (
+        "logprob_diff",
+        "Rollout vs trainer log-prob difference",
+        "|log p rollout - log p trainer|",
+        _present("rollout/logprob_diff_mean", "rollout/logprob_diff_max"),
+        "Per token, over the step's responses.",
+    ),
 ]
 
 
@@ -104,9 +156,19 @@ def plan(runs: Sequence[Run]) -> tuple[list[Plot], list[str]]:
 
 def _domain_specs(keys: set) -> list:
     """One plot per reward domain with its sub-scores (``reward/<domain>/<sub-score>``)."""
-    domains = sorted({m.group(1) for k in keys if (m := re.fullmatch(r"reward/([^/]+)/([^/]+)", k)) and m.group(1) != "source"})
-    return [(f"train_score_{d}", f"Training reward: {d}", "mean over responses",
-             _matching(rf"reward/{re.escape(d)}/(?!failures$)[^/]+"), f"The {d} reward domain's score and sub-scores, over the step's responses.") for d in domains]
+    domains = sorted(
+        {m.group(1) for k in keys if (m := re.fullmatch(r"reward/([^/]+)/([^/]+)", k)) and m.group(1) != "source"}
+    )
+    return [
+        (
+            f"train_score_{d}",
+            f"Training reward: {d}",
+            "mean over responses",
+            _matching(rf"reward/{re.escape(d)}/(?!failures$)[^/]+"),
+            f"The {d} reward domain's score and sub-scores, over the step's responses.",
+        )
+        for d in domains
+    ]
 
 
 def draw(plot: Plot, runs: Sequence[Run], path: Path) -> dict[str, Any]:
@@ -131,11 +193,22 @@ def draw(plot: Plot, runs: Sequence[Run], path: Path) -> dict[str, Any]:
         ax.set_yscale("log")
     out = _read_back(ax, runs)
     values = {v for s in out["series"] for v in s["values"]}
-    out["constant"] = values.pop() if len(values) == 1 else None  # said in the caption: a flat line at 0 looks like a bug
+    out["constant"] = (
+        values.pop() if len(values) == 1 else None
+    )  # said in the caption: a flat line at 0 looks like a bug
     out["same_as"] = _same_as(out["series"], plot.keys)
-    ax.legend(handles=_legend(out, plot.keys, runs), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.legend(
+        handles=_legend(out, plot.keys, runs), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+    )
     fig.savefig(path, format="png", bbox_inches="tight")
-    return {"title": plot.title, "file": path.name, "ylabel": plot.ylabel, "note": plot.note, "yscale": ax.get_yscale(), **out}
+    return {
+        "title": plot.title,
+        "file": path.name,
+        "ylabel": plot.ylabel,
+        "note": plot.note,
+        "yscale": ax.get_yscale(),
+        **out,
+    }
 
 
 def _draw_series(ax: Any, run: Run, ri: int, key: str, ki: int, style: str) -> dict[int, float]:
@@ -147,12 +220,29 @@ def _draw_series(ax: Any, run: Run, ri: int, key: str, ki: int, style: str) -> d
         sparse = len(finite) < _SPARSE
         # earlier keys are drawn wider, so a series equal to a later one (val/acc_greedy with one data
         # source, a score equal to its correctness) shows as a band around it rather than vanishing
-        ax.plot(list(finite), list(finite.values()), color=color, linestyle=style, linewidth=max(1.2, 2.6 - 0.5 * ki),
-                marker="o" if sparse else None, markersize=3, gid=f"series\t{ri}\t{key}")
+        ax.plot(
+            list(finite),
+            list(finite.values()),
+            color=color,
+            linestyle=style,
+            linewidth=max(1.2, 2.6 - 0.5 * ki),
+            marker="o" if sparse else None,
+            markersize=3,
+            gid=f"series\t{ri}\t{key}",
+        )
     bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
     if bad:
-        ax.scatter(bad, [1.0] * len(bad), transform=ax.get_xaxis_transform(), marker="^", s=30, color=color,
-                   clip_on=False, zorder=4, gid=f"nonfinite\t{ri}\t{key}")
+        ax.scatter(
+            bad,
+            [1.0] * len(bad),
+            transform=ax.get_xaxis_transform(),
+            marker="^",
+            s=30,
+            color=color,
+            clip_on=False,
+            zorder=4,
+            gid=f"nonfinite\t{ri}\t{key}",
+        )
     return finite
 
 
@@ -162,8 +252,17 @@ def _draw_events(ax: Any, run: Run, ri: int, style: str, drawn: dict[str, dict[i
         ax.axvline(step, color=color, linestyle=style, linewidth=1.0, alpha=0.5, zorder=1, gid=f"event\t{ri}\t{action}")
         for key, points in drawn.items():
             if step in points:
-                ax.scatter([step], [points[step]], marker=marker, s=45, color=color, edgecolors="white", linewidths=0.5,
-                           zorder=5, gid=f"mark\t{ri}\t{action}\t{key}")
+                ax.scatter(
+                    [step],
+                    [points[step]],
+                    marker=marker,
+                    s=45,
+                    color=color,
+                    edgecolors="white",
+                    linewidths=0.5,
+                    zorder=5,
+                    gid=f"mark\t{ri}\t{action}\t{key}",
+                )
 
 
 def _wants_log(ax: Any) -> bool:
@@ -179,8 +278,14 @@ def _read_back(ax: Any, runs: Sequence[Run]) -> dict[str, Any]:
         kind, ri, *rest = str(line.get_gid()).split("\t")
         label = runs[int(ri)].label
         if kind == "series":
-            series[(label, rest[0])] = {"run": label, "key": rest[0], "linestyle": line.get_linestyle(), "steps": [int(x) for x in line.get_xdata()],
-                                        "values": [float(y) for y in line.get_ydata()], "nonfinite_steps": []}
+            series[(label, rest[0])] = {
+                "run": label,
+                "key": rest[0],
+                "linestyle": line.get_linestyle(),
+                "steps": [int(x) for x in line.get_xdata()],
+                "values": [float(y) for y in line.get_ydata()],
+                "nonfinite_steps": [],
+            }
         elif kind == "event":
             events.append({"run": label, "action": rest[0], "step": int(line.get_xdata()[0])})
     for coll in ax.collections:
@@ -189,7 +294,10 @@ def _read_back(ax: Any, runs: Sequence[Run]) -> dict[str, Any]:
         if kind == "mark":
             marks.append({"run": label, "action": rest[0], "key": rest[1], "step": int(x), "value": float(y)})
         elif kind == "nonfinite":
-            entry = series.setdefault((label, rest[0]), {"run": label, "key": rest[0], "linestyle": None, "steps": [], "values": [], "nonfinite_steps": []})
+            entry = series.setdefault(
+                (label, rest[0]),
+                {"run": label, "key": rest[0], "linestyle": None, "steps": [], "values": [], "nonfinite_steps": []},
+            )
             entry["nonfinite_steps"] = [int(x) for x, _ in coll.get_offsets()]
     return {"series": list(series.values()), "events": events, "marks": marks}
 
@@ -198,13 +306,18 @@ def _legend(out: dict[str, Any], keys: Iterable[str], runs: Sequence[Run]) -> li
     from matplotlib.lines import Line2D
 
     shown, same = {s["key"] for s in out["series"]}, out["same_as"]
-    handles = [Line2D([], [], color=_KEY_COLORS[i % len(_KEY_COLORS)], label=f"{k} (= {same[k]})" if k in same else k)
-               for i, k in enumerate(keys) if k in shown]
+    handles = [
+        Line2D([], [], color=_KEY_COLORS[i % len(_KEY_COLORS)], label=f"{k} (= {same[k]})" if k in same else k)
+        for i, k in enumerate(keys)
+        if k in shown
+    ]
     if len(runs) > 1:
         handles += [Line2D([], [], color="0.3", linestyle=run_style(i)[0], label=r.label) for i, r in enumerate(runs)]
     for action in dict.fromkeys(e["action"] for e in out["events"]):
         color, marker = ACTIONS.get(action, _OTHER_ACTION)
-        handles.append(Line2D([], [], color=color, marker=marker, linestyle="-", linewidth=1.0, label=f"guard: {action}"))
+        handles.append(
+            Line2D([], [], color=color, marker=marker, linestyle="-", linewidth=1.0, label=f"guard: {action}")
+        )
     if any(s["nonfinite_steps"] for s in out["series"]):
         handles.append(Line2D([], [], color="0.3", marker="^", linestyle="none", label="non-finite value"))
     return handles

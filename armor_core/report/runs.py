@@ -63,7 +63,9 @@ def load_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None) 
     if not dirs:
         raise ReportError("no run directory given; pass one or more trainer.run_dir directories of `armor run`")
     if labels and len(labels) != len(dirs):
-        raise ReportError(f"{len(labels)} --label values for {len(dirs)} run directories; give one label per run directory, in order")
+        raise ReportError(
+            f"{len(labels)} --label values for {len(dirs)} run directories; give one label per run directory, in order"
+        )
     names = list(labels) if labels else _default_labels(dirs)
     return [_load_run(d, name) for d, name in zip(dirs, names)]
 
@@ -78,10 +80,14 @@ def _default_labels(dirs: list[Path]) -> list[str]:
 def _load_run(path: Path, label: str) -> Run:
     metrics_path = path / "metrics.jsonl"
     if not path.is_dir():
-        raise ReportError(f"{path} is not a directory; pass a run directory (trainer.run_dir of `armor run`, e.g. runs/default)")
+        raise ReportError(
+            f"{path} is not a directory; pass a run directory (trainer.run_dir of `armor run`, e.g. runs/default)"
+        )
     if not metrics_path.is_file():
-        raise ReportError(f"{path} has no metrics.jsonl; pass a run directory of `armor run` that logs with the jsonl tracker "
-                          "(trainer.loggers includes jsonl, the default)")
+        raise ReportError(
+            f"{path} has no metrics.jsonl; pass a run directory of `armor run` that logs with the jsonl tracker "
+            "(trainer.loggers includes jsonl, the default)"
+        )
     notes: list[str] = []
     metrics = _read_metrics(metrics_path, notes)
     config = _read_json(path / "config.json", notes)
@@ -131,7 +137,11 @@ def _json_lines(path: Path, notes: list[str]):
         try:
             yield lineno, json.loads(line)
         except ValueError:
-            where = "its last line is incomplete (being written, or the run stopped mid-line)" if lineno == last else f"line {lineno} is not JSON"
+            where = (
+                "its last line is incomplete (being written, or the run stopped mid-line)"
+                if lineno == last
+                else f"line {lineno} is not JSON"
+            )
             notes.append(f"{path.name}: {where}; left out")
 
 

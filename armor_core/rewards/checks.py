@@ -54,16 +54,22 @@ def check_params(name: str, fn: Any, params: Mapping[str, Any]) -> None:
     ps = list(sig.parameters.values())
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps):
         return
-    accepted = [p.name for p in ps[4:] if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    accepted = [
+        p.name for p in ps[4:] if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
     for key in params:
         if key not in accepted:
             close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.5)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"reward.domain_kwargs.{name}: unknown parameter {key!r} for reward domain {name!r}.{hint} "
-                              f"It accepts: {', '.join(accepted) or 'no parameters'}")
+            raise ConfigError(
+                f"reward.domain_kwargs.{name}: unknown parameter {key!r} for reward domain {name!r}.{hint} "
+                f"It accepts: {', '.join(accepted) or 'no parameters'}"
+            )
 
 
-def resolve_score_range(name: str, declared: Any, fn: Callable[..., Any], params: Mapping[str, Any]) -> tuple[float, float] | None:
+def resolve_score_range(
+    name: str, declared: Any, fn: Callable[..., Any], params: Mapping[str, Any]
+) -> tuple[float, float] | None:
     """The ``(low, high)`` of domain ``name`` with ``params`` configured; None when it declares none.
 
     :param declared: the domain's ``score_range``: a pair, None, or a function of the domain's
@@ -74,8 +80,10 @@ def resolve_score_range(name: str, declared: Any, fn: Callable[..., Any], params
         try:
             declared = declared({**keyword_defaults(fn), **params})
         except Exception as e:  # the parameters are the user's: say which ones the range could not be computed for
-            raise ConfigError(f"reward domain {name!r}: its score_range cannot be computed for the parameters {dict(params)} "
-                              f"(reward.domain_kwargs.{name}): {type(e).__name__}: {e}") from None
+            raise ConfigError(
+                f"reward domain {name!r}: its score_range cannot be computed for the parameters {dict(params)} "
+                f"(reward.domain_kwargs.{name}): {type(e).__name__}: {e}"
+            ) from None
     if declared is None:
         return None
     try:
@@ -83,8 +91,10 @@ def resolve_score_range(name: str, declared: Any, fn: Callable[..., Any], params
     except (TypeError, ValueError):
         low = high = math.nan
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-        raise ConfigError(f"reward domain {name!r} declares score_range={declared!r}; expected (low, high), two finite numbers "
-                          "with low <= high, a function of the domain's parameters returning them, or None")
+        raise ConfigError(
+            f"reward domain {name!r} declares score_range={declared!r}; expected (low, high), two finite numbers "
+            "with low <= high, a function of the domain's parameters returning them, or None"
+        )
     return low, high
 
 
@@ -96,8 +106,10 @@ def range_problem(score: float, score_range: tuple[float, float] | None) -> str 
     slack = 1e-9 * max(1.0, abs(low), abs(high))  # float rounding in a domain's arithmetic, not a wrong score
     if low - slack <= score <= high + slack:
         return None
-    return (f"score {score:g} is outside the domain's score_range [{low:g}, {high:g}]; return a score in it, "
-            "or register the domain with the score_range its scores really have")
+    return (
+        f"score {score:g} is outside the domain's score_range [{low:g}, {high:g}]; return a score in it, "
+        "or register the domain with the score_range its scores really have"
+    )
 
 
 class FailureWatch:

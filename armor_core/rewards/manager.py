@@ -125,7 +125,9 @@ class RewardManager:
         self._logged: set[tuple[str, str]] = set()
         self._watch = FailureWatch(cfg.max_failure_fraction, cfg.failure_window) if watch_failures else None
         if not isinstance(cfg.domain_kwargs, Mapping):
-            raise ConfigError(f"reward.domain_kwargs must be a mapping {{domain: {{key: value}}}}, got {cfg.domain_kwargs!r}")
+            raise ConfigError(
+                f"reward.domain_kwargs must be a mapping {{domain: {{key: value}}}}, got {cfg.domain_kwargs!r}"
+            )
         for name in cfg.domain_kwargs:
             self._domain(str(name), where=f"reward.domain_kwargs.{name}")
         for source in cfg.domain_map:
@@ -140,7 +142,9 @@ class RewardManager:
         if name not in self._known:
             close = difflib.get_close_matches(name, self._known, n=1, cutoff=0.5)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}: unknown reward domain {name!r}.{hint} Known domains: {', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}")
+            raise ConfigError(
+                f"{where}: unknown reward domain {name!r}.{hint} Known domains: {', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}"
+            )
         domain: RewardDomain = self._pm.get("reward_domain", name)
         params = self.cfg.domain_kwargs.get(name) or {}
         if not isinstance(params, Mapping):
@@ -218,14 +222,18 @@ class RewardManager:
         for i, row in enumerate(rows):
             source = row.get("data_source")
             if source is None:
-                raise ConfigError(f"{_locate(row, i, where)}: the row has no 'data_source' field; every row needs one to pick its reward domain")
+                raise ConfigError(
+                    f"{_locate(row, i, where)}: the row has no 'data_source' field; every row needs one to pick its reward domain"
+                )
             if source not in needs_gt:
                 try:
                     route = self.domains_for(source)
                 except ConfigError as e:
                     raise ConfigError(f"{_locate(row, i, where)}: {e}") from None
                 needs_gt[source] = next((d for d in route if self._bound[d].domain.requires_ground_truth), None)
-                gt_checks[source] = [(d, self._bound[d].check_ground_truth) for d in route if self._bound[d].check_ground_truth]
+                gt_checks[source] = [
+                    (d, self._bound[d].check_ground_truth) for d in route if self._bound[d].check_ground_truth
+                ]
             domain, gt = needs_gt[source], ground_truth_of(row)
             if domain is not None and gt is None:
                 n_missing += 1
@@ -237,7 +245,9 @@ class RewardManager:
             elif skip_invalid:
                 refused.append(f"{_locate(row, i, where)}: {problem}")
             else:
-                raise ConfigError(f"{_locate(row, i, where)}: {problem} (set data.skip_invalid=true to skip such rows instead)")
+                raise ConfigError(
+                    f"{_locate(row, i, where)}: {problem} (set data.skip_invalid=true to skip such rows instead)"
+                )
         if n_missing:
             raise ConfigError(
                 f"{where}: {n_missing} row(s) have no ground_truth but their reward domain requires one: {'; '.join(missing)}"
@@ -251,12 +261,23 @@ class RewardManager:
 
     # -- scoring ------------------------------------------------------------------------------
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], data_sources: Sequence[str],
-              ground_truths: Sequence[Any], extras: Sequence[Mapping[str, Any]] | None = None) -> RewardBatch:
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        data_sources: Sequence[str],
+        ground_truths: Sequence[Any],
+        extras: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RewardBatch:
         """Score B rows; every list has one entry per row (``extras`` may be None)."""
         n = len(prompts)
         extras = extras if extras is not None else [{}] * n
-        for name, seq in (("responses", responses), ("data_sources", data_sources), ("ground_truths", ground_truths), ("extras", extras)):
+        for name, seq in (
+            ("responses", responses),
+            ("data_sources", data_sources),
+            ("ground_truths", ground_truths),
+            ("extras", extras),
+        ):
             if len(seq) != n:
                 raise ValueError(f"RewardManager.score: {name} has {len(seq)} entries but prompts has {n}")
         with self._lock:
@@ -277,8 +298,16 @@ class RewardManager:
                     outcomes[c] = outcome
             return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)  # type: ignore[arg-type]
 
-    def _assemble(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[Outcome], prompts: Sequence[str],
-                  responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any]) -> RewardBatch:
+    def _assemble(
+        self,
+        n: int,
+        checks: list[tuple[int, str, float]],
+        outcomes: list[Outcome],
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        data_sources: Sequence[str],
+        ground_truths: Sequence[Any],
+    ) -> RewardBatch:
         scores = np.zeros(n, dtype=np.float64)
         subs: dict[str, np.ndarray] = {}
         errors: list[str | None] = [None] * n
@@ -305,12 +334,17 @@ class RewardManager:
                 failures[d] += 1
                 timeouts += out.status == "timeout"
                 errors[i] = f"{errors[i]}; {d}: {out.message}" if errors[i] else f"{d}: {out.message}"
-                first_error.setdefault(d, f"{out.message} (data_source {data_sources[i]!r}, ground_truth {_shown(ground_truths[i])})")
+                first_error.setdefault(
+                    d, f"{out.message} (data_source {data_sources[i]!r}, ground_truth {_shown(ground_truths[i])})"
+                )
                 self._log_failure(d, out, data_sources[i], prompts[i], responses[i], ground_truths[i])
             column(f"{d}/score")[i] = value
             components[i][d] = (float(np.float32(value)), weight)  # float32, as the sub-score column holds it
             scores[i] += weight * value
-        metrics: dict[str, float] = {"reward/failures": float(sum(failures.values())), "reward/timeouts": float(timeouts)}
+        metrics: dict[str, float] = {
+            "reward/failures": float(sum(failures.values())),
+            "reward/timeouts": float(timeouts),
+        }
         if n:
             metrics["reward/mean"] = float(scores.mean())
         for key, values in subs.items():
@@ -326,7 +360,9 @@ class RewardManager:
             self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
         return RewardBatch(scores.astype(np.float32), subs, metrics, errors, components)
 
-    def _log_failure(self, domain: str, out: Outcome, source: str, prompt: str, response: str, ground_truth: Any) -> None:
+    def _log_failure(
+        self, domain: str, out: Outcome, source: str, prompt: str, response: str, ground_truth: Any
+    ) -> None:
         key = (domain, out.kind)
         if key in self._logged:
             return
@@ -336,7 +372,14 @@ class RewardManager:
         if out.status == "timeout":
             logger.warning("reward domain %r timed out: %s %s\n  example row: %s", domain, out.message, note, example)
         else:
-            logger.error("reward domain %r failed on a row: %s %s\n  example row: %s\n%s", domain, out.message, note, example, out.trace)
+            logger.error(
+                "reward domain %r failed on a row: %s %s\n  example row: %s\n%s",
+                domain,
+                out.message,
+                note,
+                example,
+                out.trace,
+            )
 
     def close(self) -> None:
         """Stop the worker processes (also done when the manager is garbage-collected)."""
@@ -345,7 +388,7 @@ class RewardManager:
                 self._pool.close()
                 self._pool = None
 
-    def __enter__(self) -> "RewardManager":
+    def __enter__(self) -> RewardManager:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -58,11 +58,18 @@ def evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any
         subs = {}
         for key, value in result.sub_scores.items():
             if key in _RESERVED_SUBS:
-                raise ValueError(f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it")
+                raise ValueError(
+                    f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it"
+                )
             subs[str(key)] = float(value)
         return Outcome("ok", score, subs)
     except Exception as e:
-        return Outcome("error", kind=type(e).__name__, message=f"{type(e).__name__}: {e}"[:1000], trace=traceback.format_exc()[-3000:])
+        return Outcome(
+            "error",
+            kind=type(e).__name__,
+            message=f"{type(e).__name__}: {e}"[:1000],
+            trace=traceback.format_exc()[-3000:],
+        )
 
 
 def _worker_main(conn: Any) -> None:
@@ -85,7 +92,15 @@ def _worker_main(conn: Any) -> None:
                 if domain.warmup is not None:
                     domain.warmup()
             except Exception as e:
-                conn.send(("done", job, Outcome("error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}")))
+                conn.send(
+                    (
+                        "done",
+                        job,
+                        Outcome(
+                            "error", kind=type(e).__name__, message=f"cannot import the domain in a reward worker: {e}"
+                        ),
+                    )
+                )
                 continue
             conn.send(("loaded", job))
         conn.send(("done", job, evaluate(domain, *args)))
@@ -169,7 +184,11 @@ class Pool:
                             "are spawned and import the driver's __main__ module again: guard a script with `if __name__ == '__main__':`"
                         ) from None
                     if w.job is not None:
-                        results[w.job] = Outcome("error", kind="WorkerDied", message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row")
+                        results[w.job] = Outcome(
+                            "error",
+                            kind="WorkerDied",
+                            message=f"the reward worker process died (exit code {w.proc.exitcode}) on this row",
+                        )
                         remaining -= 1
                     self._replace(w)
                     continue
@@ -183,7 +202,11 @@ class Pool:
                     remaining -= 1
             now = time.monotonic()
             for w in [w for w in self._workers if w.job is not None and w.deadline < now]:
-                results[w.job] = Outcome("timeout", kind="timeout", message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed")
+                results[w.job] = Outcome(
+                    "timeout",
+                    kind="timeout",
+                    message=f"no result within reward.timeout_s={self.timeout_s:g} s; the worker was killed",
+                )
                 remaining -= 1
                 self._replace(w)
         return results  # type: ignore[return-value]

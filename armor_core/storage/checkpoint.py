@@ -100,8 +100,10 @@ class CheckpointManager:
             self._warn(path, f"checkpoint {path} is damaged and is skipped: {why}")
         if damaged:
             listing = "; ".join(f"{name}: {why}" for name, why in damaged.items())
-            raise CheckpointError(f"no intact checkpoint in {self.root} ({listing}). Move the damaged ones away to start "
-                                  "from step 0, or choose another trainer.run_dir.")
+            raise CheckpointError(
+                f"no intact checkpoint in {self.root} ({listing}). Move the damaged ones away to start "
+                "from step 0, or choose another trainer.run_dir."
+            )
         return None
 
     @staticmethod
@@ -138,7 +140,9 @@ class CheckpointManager:
                 return f"{STATE} is missing"
             why = _state_problem(path)
             if why is None:
-                self._warn(path, f"checkpoint {path} has no {MANIFEST} (written by an older ARMOR): its files are not verified")
+                self._warn(
+                    path, f"checkpoint {path} has no {MANIFEST} (written by an older ARMOR): its files are not verified"
+                )
             return why
         try:
             files = json.loads((path / MANIFEST).read_text())["files"]
@@ -171,7 +175,10 @@ class CheckpointManager:
         """Every checkpoint directory renamed into place, oldest first, intact or not."""
         if not self.root.is_dir():
             return []
-        return sorted((p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and _step_of(p) >= 0), key=_step_of)
+        return sorted(
+            (p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and _step_of(p) >= 0),
+            key=_step_of,
+        )
 
     def _warn(self, path: Path, message: str) -> None:
         if (path.name, message) not in self._warned:  # latest() is asked often: say it once
@@ -195,11 +202,13 @@ class CheckpointManager:
 
     def _disk_full_message(self, name: str, free: int | None, e: BaseException) -> str:
         kept = [p.name for p in self._dirs() if p.name != name]
-        previous = (f"the previous checkpoint, {kept[-1]}, is left as it was" if kept else "no earlier checkpoint exists")
+        previous = f"the previous checkpoint, {kept[-1]}, is left as it was" if kept else "no earlier checkpoint exists"
         left = f" ({free / 2**20:.0f} MiB left)" if free is not None else ""
-        return (f"the disk holding {self.root} is full{left}: checkpoint {name} could not be written and its partial files were "
-                f"removed; {previous}. Free space there (or lower trainer.keep_checkpoints) and run again with --resume. "
-                f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]")
+        return (
+            f"the disk holding {self.root} is full{left}: checkpoint {name} could not be written and its partial files were "
+            f"removed; {previous}. Free space there (or lower trainer.keep_checkpoints) and run again with --resume. "
+            f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]"
+        )
 
 
 def _step_of(path: Path) -> int:
@@ -235,7 +244,9 @@ def _signature(path: Path, sizes: dict[str, int] | None = None) -> tuple | None:
         except (OSError, ValueError, KeyError):
             return None
     try:
-        return tuple((rel, (path / rel).stat().st_size, (path / rel).stat().st_mtime_ns) for rel in sorted(sizes) + [MANIFEST])
+        return tuple(
+            (rel, (path / rel).stat().st_size, (path / rel).stat().st_mtime_ns) for rel in sorted(sizes) + [MANIFEST]
+        )
     except OSError:
         return None
 

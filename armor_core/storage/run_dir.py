@@ -22,8 +22,19 @@ __all__ = ["ALWAYS_ALLOWED", "RunDirError", "RunDirLock", "check_resume_config",
 
 # continuing a run for longer, on other machines, with other logging, checkpoint or validation
 # schedules or fault injections changes nothing about the updates made so far
-ALWAYS_ALLOWED = ("trainer.run_dir", "trainer.total_steps", "trainer.total_epochs", "trainer.save_freq", "trainer.keep_checkpoints", "trainer.val_freq",
-                  "trainer.val_before_train", "trainer.val_sampled", "trainer.loggers", "trainer.faults", "engine")
+ALWAYS_ALLOWED = (
+    "trainer.run_dir",
+    "trainer.total_steps",
+    "trainer.total_epochs",
+    "trainer.save_freq",
+    "trainer.keep_checkpoints",
+    "trainer.val_freq",
+    "trainer.val_before_train",
+    "trainer.val_sampled",
+    "trainer.loggers",
+    "trainer.faults",
+    "engine",
+)
 
 
 class RunDirError(UserFacingError):
@@ -73,17 +84,25 @@ def check_resume_config(run_dir: str | Path, current: dict[str, Any], allowed: I
     except FileNotFoundError:
         return []  # nothing to resume from, or a run that never got as far as its first write
     except ValueError as e:
-        raise RunDirError(f"{path} is not valid JSON ({e}); it records the config this run was started with. "
-                          "Restore it, or start a new run in another trainer.run_dir") from None
+        raise RunDirError(
+            f"{path} is not valid JSON ({e}); it records the config this run was started with. "
+            "Restore it, or start a new run in another trainer.run_dir"
+        ) from None
     allowed = [a.strip() for a in allowed if a.strip()]
     changed = config_changes(saved, current)
     refused = [k for k in changed if not _covered(k, ALWAYS_ALLOWED) and not _covered(k, allowed)]
     if refused:
         listing = ", ".join(f"{k} ({_value(saved, k)} -> {_value(current, k)})" for k in refused[:8])
         listing += f" and {len(refused) - 8} more" if len(refused) > 8 else ""
-        raise RunDirError(f"--resume with a config that differs from the one {run_dir} was started with ({path}): {listing}. "
-                          f"Resume with the same config, or allow the change explicitly: --allow-config-change {','.join(refused)}")
-    return [f"{k}: {_value(saved, k)} -> {_value(current, k)}" for k in changed if _covered(k, allowed) and not _covered(k, ALWAYS_ALLOWED)]
+        raise RunDirError(
+            f"--resume with a config that differs from the one {run_dir} was started with ({path}): {listing}. "
+            f"Resume with the same config, or allow the change explicitly: --allow-config-change {','.join(refused)}"
+        )
+    return [
+        f"{k}: {_value(saved, k)} -> {_value(current, k)}"
+        for k in changed
+        if _covered(k, allowed) and not _covered(k, ALWAYS_ALLOWED)
+    ]
 
 
 def _value(cfg: dict[str, Any], key: str) -> str:
@@ -98,7 +117,7 @@ class RunDirLock:
         self.path = Path(run_dir) / ".lock"
         self._fd: int | None = None
 
-    def __enter__(self) -> "RunDirLock":
+    def __enter__(self) -> RunDirLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +127,10 @@ class RunDirLock:
         except OSError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise RunDirError(f"{self.path.parent} is in use by another armor run (pid {holder}); two runs writing one directory would "
-                              "mix their checkpoints and metrics. Wait for it to end, or choose another trainer.run_dir") from None
+            raise RunDirError(
+                f"{self.path.parent} is in use by another armor run (pid {holder}); two runs writing one directory would "
+                "mix their checkpoints and metrics. Wait for it to end, or choose another trainer.run_dir"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

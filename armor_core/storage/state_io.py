@@ -54,13 +54,17 @@ def load_state(stem: str | Path) -> Any:
     except FileNotFoundError:
         raise
     except Exception as e:  # safetensors raises its own SafetensorError for a bad header or short data
-        raise StateFileError(f"{st_file}: not a readable safetensors file ({type(e).__name__}: {e}); "
-                             "the checkpoint is damaged or incomplete") from e
+        raise StateFileError(
+            f"{st_file}: not a readable safetensors file ({type(e).__name__}: {e}); "
+            "the checkpoint is damaged or incomplete"
+        ) from e
     try:
         structure = json.loads(json_file.read_text())["state"]
     except (ValueError, KeyError, TypeError) as e:
-        raise StateFileError(f"{json_file}: not a state structure written by save_state ({type(e).__name__}: {e}); "
-                             "the checkpoint is damaged or incomplete") from e
+        raise StateFileError(
+            f"{json_file}: not a state structure written by save_state ({type(e).__name__}: {e}); "
+            "the checkpoint is damaged or incomplete"
+        ) from e
     return _decode(structure, tensors, json_file)
 
 
@@ -77,7 +81,9 @@ def load_checkpoint_state(stem: str | Path, missing_ok: bool = False) -> Any:
         return torch.load(old, weights_only=True)
     if missing_ok:
         return None
-    raise FileNotFoundError(f"{stem}.safetensors is missing (nor is there an older {old.name}); the checkpoint is incomplete")
+    raise FileNotFoundError(
+        f"{stem}.safetensors is missing (nor is there an older {old.name}); the checkpoint is incomplete"
+    )
 
 
 def _encode(x: Any, path: str, tensors: dict[str, torch.Tensor], storages: set) -> Any:
@@ -107,11 +113,15 @@ def _encode(x: Any, path: str, tensors: dict[str, torch.Tensor], storages: set) 
             return {k: _encode(v, _join(path, k), tensors, storages) for k, v in x.items()}
         bad = [k for k in x if type(k) not in (str, int)]
         if bad:
-            raise TypeError(f"state at '{path or '/'}' has a dict key {bad[0]!r} of type {type(bad[0]).__name__}; "
-                            "save_state takes str and int keys only")
+            raise TypeError(
+                f"state at '{path or '/'}' has a dict key {bad[0]!r} of type {type(bad[0]).__name__}; "
+                "save_state takes str and int keys only"
+            )
         return {"__items__": [[k, _encode(v, _join(path, k), tensors, storages)] for k, v in x.items()]}
-    raise TypeError(f"state at '{path or '/'}' is a {type(x).__module__}.{type(x).__qualname__}, which save_state cannot "
-                    "write without a pickle; expected a tensor, dict, list, tuple, str, int, float, bool or None")
+    raise TypeError(
+        f"state at '{path or '/'}' is a {type(x).__module__}.{type(x).__qualname__}, which save_state cannot "
+        "write without a pickle; expected a tensor, dict, list, tuple, str, int, float, bool or None"
+    )
 
 
 def _join(path: str, key: Any) -> str:
@@ -124,11 +134,13 @@ def _decode(x: Any, tensors: dict[str, torch.Tensor], source: Path) -> Any:
     if not isinstance(x, dict):
         return x
     if len(x) == 1 and next(iter(x)) in _MARKERS:
-        (marker, value), = x.items()
+        ((marker, value),) = x.items()
         if marker == "__tensor__":
             if value not in tensors:
-                raise StateFileError(f"{source} names the tensor '{value}', which its .safetensors file does not hold; "
-                                     "the two files are from different saves")
+                raise StateFileError(
+                    f"{source} names the tensor '{value}', which its .safetensors file does not hold; "
+                    "the two files are from different saves"
+                )
             return tensors[value]
         if marker == "__tuple__":
             return tuple(_decode(v, tensors, source) for v in value)

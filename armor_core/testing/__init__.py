@@ -30,12 +30,39 @@ from typing import Any, Iterator
 
 from armor_core import plugins as _plugins
 from armor_core.testing.batches import left_padded_batch, rollout_batch, run_ranks, shared_prompt_batch
-from armor_core.testing.checks import (CHECKS, GUARD_STATS, check_advantage_estimator, check_guard, check_kl_estimator, check_loss_aggregation,
-                                       check_metric_tracker, check_policy_loss, check_reward_domain, check_rollout_backend, check_task)
+from armor_core.testing.checks import (
+    CHECKS,
+    GUARD_STATS,
+    check_advantage_estimator,
+    check_guard,
+    check_kl_estimator,
+    check_loss_aggregation,
+    check_metric_tracker,
+    check_policy_loss,
+    check_reward_domain,
+    check_rollout_backend,
+    check_task,
+)
 
-__all__ = ["CHECKS", "GUARD_STATS", "check_advantage_estimator", "check_guard", "check_kl_estimator", "check_loss_aggregation", "check_metric_tracker",
-           "check_policy_loss", "check_reward_domain", "check_rollout_backend", "check_task", "isolated_plugin_manager", "left_padded_batch",
-           "registered", "rollout_batch", "run_ranks", "shared_prompt_batch"]
+__all__ = [
+    "CHECKS",
+    "GUARD_STATS",
+    "check_advantage_estimator",
+    "check_guard",
+    "check_kl_estimator",
+    "check_loss_aggregation",
+    "check_metric_tracker",
+    "check_policy_loss",
+    "check_reward_domain",
+    "check_rollout_backend",
+    "check_task",
+    "isolated_plugin_manager",
+    "left_padded_batch",
+    "registered",
+    "rollout_batch",
+    "run_ranks",
+    "shared_prompt_batch",
+]
 
 
 @contextlib.contextmanager

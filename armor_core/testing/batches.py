@@ -53,7 +53,9 @@ def run_ranks(fn: Any, world: int, out_dir: str | Any) -> list[Any]:
     try:
         mp.spawn(_rank_entry, args=(fn, world, port, str(out)), nprocs=world, join=True)
     except Exception:
-        raise AssertionError("a rank failed:\n" + "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))) from None
+        raise AssertionError(
+            "a rank failed:\n" + "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))
+        ) from None
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -67,12 +69,16 @@ def left_padded_batch(ids: list[list[int]], pad: int = 0) -> Any:
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
-                               non_tensors={"uid": [f"p{i}" for i in range(len(ids))]}, meta_info={"note": "kept"})
+    return DataProto.from_dict(
+        tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": pos},
+        non_tensors={"uid": [f"p{i}" for i in range(len(ids))]},
+        meta_info={"note": "kept"},
+    )
 
 
-def rollout_batch(prompt_lens: list[int], resp_lens: list[int], P: int = 6, R: int = 5, vocab: int = 23, seed: int = 0,
-                  pad: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def rollout_batch(
+    prompt_lens: list[int], resp_lens: list[int], P: int = 6, R: int = 5, vocab: int = 23, seed: int = 0, pad: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A random batch laid out like the rollout's output: prompts left-padded to ``P`` tokens, then
     responses right-padded to ``R``. Returns ``(input_ids, attention_mask, position_ids, responses)``;
     positions after a short response keep counting, as the rollout writes them."""

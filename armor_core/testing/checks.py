@@ -9,8 +9,18 @@ from typing import Any, Iterator, Mapping, get_args
 
 import torch
 
-from armor_core.interfaces import (ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, AdvantageEstimator, PolicyLoss, RewardDomain, RewardResult, Verdict,
-                                   VerdictAction, call_with_params)
+from armor_core.interfaces import (
+    ADJUSTABLE_COEFFICIENTS,
+    GUARD_STAGES,
+    AdvantageEstimator,
+    PolicyLoss,
+    RewardDomain,
+    RewardResult,
+    Verdict,
+    VerdictAction,
+    call_with_params,
+)
+
 
 def _toy_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -35,10 +45,20 @@ def check_advantage_estimator(estimator: AdvantageEstimator, **params: Any) -> t
     mask (including a fully masked row). Returns ``(advantages, returns)`` for further asserts.
     """
     b = _toy_batch()
-    available = {"values": b["values"], "gamma": 1.0, "lam": 1.0, "norm_adv_by_std": True, "reward_components": None}  # what the trainer offers
-    adv, ret = call_with_params(estimator.fn, b["token_level_rewards"], b["response_mask"], b["index"], available=available, extra=params)
+    available = {
+        "values": b["values"],
+        "gamma": 1.0,
+        "lam": 1.0,
+        "norm_adv_by_std": True,
+        "reward_components": None,
+    }  # what the trainer offers
+    adv, ret = call_with_params(
+        estimator.fn, b["token_level_rewards"], b["response_mask"], b["index"], available=available, extra=params
+    )
     for name, out in (("advantages", adv), ("returns", ret)):
-        assert out.shape == b["response_mask"].shape, f"{name} has shape {tuple(out.shape)}, expected {tuple(b['response_mask'].shape)}"
+        assert out.shape == b["response_mask"].shape, (
+            f"{name} has shape {tuple(out.shape)}, expected {tuple(b['response_mask'].shape)}"
+        )
         assert torch.isfinite(out).all(), f"{name} has non-finite values: {out}"
         assert (out[b["response_mask"] == 0] == 0).all(), f"{name} is non-zero outside the response mask: {out}"
     return adv, ret
@@ -62,12 +82,16 @@ def check_policy_loss(loss: PolicyLoss, **params: Any) -> tuple[torch.Tensor, di
     return loss_mat, metrics
 
 
-def check_reward_domain(domain: RewardDomain, cases: list[tuple[str, str, Any, float]], extra: dict | None = None) -> None:
+def check_reward_domain(
+    domain: RewardDomain, cases: list[tuple[str, str, Any, float]], extra: dict | None = None
+) -> None:
     """Score ``(prompt, response, ground_truth, expected_score)`` cases and compare (to 1e-6)."""
     for prompt, response, gt, expected in cases:
         out = domain(prompt, response, gt, extra or {})
         assert isinstance(out, RewardResult)
-        assert abs(out.score - expected) < 1e-6, f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
+        assert abs(out.score - expected) < 1e-6, (
+            f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
+        )
 
 
 #: ordinary statistics of each guard stage (keys as in ``interfaces.GUARD_STAGES``), for :func:`check_guard`
@@ -76,19 +100,32 @@ GUARD_STATS: dict[str, dict[str, float]] = {
     "advantage": {"critic/advantages/mean": 0.0, "critic/advantages/max": 1.5, "critic/advantages/min": -1.5},
     "grad": {"grad_norm": 1.0, "pg_loss": 0.1},
     "step": {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5},
-    "update": {"actor/pg_loss": 0.1, "actor/grad_norm": 1.0, "actor/entropy": 1.2, "actor/pg_clipfrac": 0.02, "actor/ppo_kl": 1e-3,
-               "actor/kl_loss": 0.0, "actor/skipped_updates": 0.0},
+    "update": {
+        "actor/pg_loss": 0.1,
+        "actor/grad_norm": 1.0,
+        "actor/entropy": 1.2,
+        "actor/pg_clipfrac": 0.02,
+        "actor/ppo_kl": 1e-3,
+        "actor/kl_loss": 0.0,
+        "actor/skipped_updates": 0.0,
+    },
     "validation": {"val/acc_greedy": 0.5},
 }
 assert set(GUARD_STATS) == set(GUARD_STAGES), "GUARD_STATS needs ordinary statistics for every guard stage"
 
 
-def _guard_rounds(stages: list[str], steps: int, stats: Mapping[str, Mapping[str, float]]) -> Iterator[tuple[str, dict[str, float], int]]:
+def _guard_rounds(
+    stages: list[str], steps: int, stats: Mapping[str, Mapping[str, float]]
+) -> Iterator[tuple[str, dict[str, float], int]]:
     """(stage, stats, step): ``steps`` steps of drifting ordinary statistics, then one of NaN and inf
     values and one with every statistic missing."""
     for step in range(1, steps + 1):
         for stage in stages:
-            yield stage, {k: v * (1 + 0.05 * step) for k, v in {**GUARD_STATS[stage], **stats.get(stage, {})}.items()}, step
+            yield (
+                stage,
+                {k: v * (1 + 0.05 * step) for k, v in {**GUARD_STATS[stage], **stats.get(stage, {})}.items()},
+                step,
+            )
     for step, odd in ((steps + 1, math.nan), (steps + 2, math.inf)):
         for stage in stages:
             yield stage, dict.fromkeys(GUARD_STATS[stage], odd), step
@@ -96,7 +133,9 @@ def _guard_rounds(stages: list[str], steps: int, stats: Mapping[str, Mapping[str
         yield stage, {}, steps + 3
 
 
-def check_guard(guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None = None, steps: int = 20, **params: Any) -> list[tuple[str, int, Verdict]]:
+def check_guard(
+    guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None = None, steps: int = 20, **params: Any
+) -> list[tuple[str, int, Verdict]]:
     """Build ``guard_cls(**params)`` and check the contract the trainer relies on.
 
     Each stage the guard sees (its ``stages``, else every stage but the opt-in ``step``) is shown
@@ -125,11 +164,17 @@ def check_guard(guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None
         assert isinstance(v, Verdict), f"{where} returned {v!r}, not a Verdict"
         assert v.action in get_args(VerdictAction), f"{where}: unknown action {v.action!r}"
         assert math.isfinite(v.scale) and v.scale >= 0, f"{where}: scale {v.scale} must be finite and >= 0"
-        assert set(v.adjustments) <= set(ADJUSTABLE_COEFFICIENTS), f"{where}: adjusts {sorted(v.adjustments)}; only {ADJUSTABLE_COEFFICIENTS} can be"
+        assert set(v.adjustments) <= set(ADJUSTABLE_COEFFICIENTS), (
+            f"{where}: adjusts {sorted(v.adjustments)}; only {ADJUSTABLE_COEFFICIENTS} can be"
+        )
         # compared by repr: a NaN signal is equal to itself there
-        assert repr(twin.observe(stage, stat, step)) == repr(v), f"{where}: a second instance built from the same params decided otherwise"
+        assert repr(twin.observe(stage, stat, step)) == repr(v), (
+            f"{where}: a second instance built from the same params decided otherwise"
+        )
         if restored is not None:
-            assert repr(restored.observe(stage, stat, step)) == repr(v), f"{where}: an instance restored from state_dict() decided otherwise"
+            assert repr(restored.observe(stage, stat, step)) == repr(v), (
+                f"{where}: an instance restored from state_dict() decided otherwise"
+            )
         verdicts.append((stage, step, v))
     return verdicts
 
@@ -145,9 +190,13 @@ def check_kl_estimator(estimator: Any) -> torch.Tensor:
     assert kl.shape == ref.shape, f"KL has shape {tuple(kl.shape)}, expected {tuple(ref.shape)}"
     assert torch.isfinite(kl).all(), f"KL is not finite for log-ratios in [-30, 30]: {kl}"
     kl.sum().backward()
-    assert log_prob.grad is not None and torch.isfinite(log_prob.grad).all(), "the KL's gradient is missing or not finite"
+    assert log_prob.grad is not None and torch.isfinite(log_prob.grad).all(), (
+        "the KL's gradient is missing or not finite"
+    )
     same = estimator.fn(ref.clone(), ref)
-    assert torch.allclose(same, torch.zeros_like(same), atol=1e-6), f"KL between a policy and itself should be 0, got {same}"
+    assert torch.allclose(same, torch.zeros_like(same), atol=1e-6), (
+        f"KL between a policy and itself should be 0, got {same}"
+    )
     return kl.detach()
 
 
@@ -158,7 +207,11 @@ def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
     b = _toy_batch()
     mask = b["response_mask"]
     loss_mat = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
-    counts = {"global_num_tokens": float(mask.sum()), "global_num_seqs": float((mask.sum(-1) > 0).sum()), "norm_constant": 8.0}
+    counts = {
+        "global_num_tokens": float(mask.sum()),
+        "global_num_seqs": float((mask.sum(-1) > 0).sum()),
+        "norm_constant": 8.0,
+    }
     loss = aggregation.fn(loss_mat, mask, **counts)
     assert loss.dim() == 0 and torch.isfinite(loss), f"the aggregated loss must be a finite scalar, got {loss}"
     zero = aggregation.fn(torch.zeros_like(loss_mat), mask, **counts)
@@ -175,11 +228,19 @@ def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]
     string or a list of chat messages), a string ``data_source`` and a ``ground_truth`` key; the same
     seed gives the same rows; train and test share no prompt. Returns the train rows."""
     train = task.fn("train", size, 0, **params)
-    assert isinstance(train, list) and len(train) == size, f"asked for {size} rows, got {len(train) if isinstance(train, list) else type(train).__name__}"
+    assert isinstance(train, list) and len(train) == size, (
+        f"asked for {size} rows, got {len(train) if isinstance(train, list) else type(train).__name__}"
+    )
     for i, row in enumerate(train):
-        assert isinstance(row, dict) and {"prompt", "data_source", "ground_truth"} <= set(row), f"row {i} lacks prompt/data_source/ground_truth: {row!r}"
-        assert isinstance(row["prompt"], (str, list)) and row["prompt"], f"row {i}: the prompt must be a non-empty string or message list"
-        assert isinstance(row["data_source"], str) and row["data_source"], f"row {i}: data_source must be a non-empty string"
+        assert isinstance(row, dict) and {"prompt", "data_source", "ground_truth"} <= set(row), (
+            f"row {i} lacks prompt/data_source/ground_truth: {row!r}"
+        )
+        assert isinstance(row["prompt"], (str, list)) and row["prompt"], (
+            f"row {i}: the prompt must be a non-empty string or message list"
+        )
+        assert isinstance(row["data_source"], str) and row["data_source"], (
+            f"row {i}: data_source must be a non-empty string"
+        )
     assert task.fn("train", size, 0, **params) == train, "the same seed gave different rows"
     shown = lambda rows: {json.dumps(r["prompt"], sort_keys=True) for r in rows}  # noqa: E731
     overlap = shown(train) & shown(task.fn("test", size, 0, **params))
@@ -187,28 +248,36 @@ def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]
     return train
 
 
-def check_rollout_backend(backend_cls: type, model: Any, tokenizer: Any, prompts: list[str] | None = None, **rollout: Any) -> Any:
+def check_rollout_backend(
+    backend_cls: type, model: Any, tokenizer: Any, prompts: list[str] | None = None, **rollout: Any
+) -> Any:
     """Build ``backend_cls(model, tokenizer, RolloutConfig(**rollout))`` and generate for a few
     prompts. Checks: ``responses``, ``response_mask`` and ``rollout_log_probs`` of one shape, the
     mask 0/1 and right-padded, log-probs finite and <= 0 on the response, 0 after it; greedy
     decoding is deterministic. Returns the sampled DataProto."""
     from armor_core.config.schema import RolloutConfig
-    from armor_core.models.loading import encode_prompts
     from armor_core.dataproto.protocol import DataProto
+    from armor_core.models.loading import encode_prompts
 
     ids, mask, pos, _ = encode_prompts(tokenizer, prompts or ["1+2=", "12+34=", "5="], max_length=32)
     batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos})
     backend = backend_cls(model, tokenizer, RolloutConfig(**{"max_new_tokens": 6, **rollout}))
     out = backend.generate(batch)
     resp, rmask, lp = out["responses"], out["response_mask"], out["rollout_log_probs"]
-    assert resp.shape == rmask.shape == lp.shape and resp.shape[0] == len(batch), f"shapes differ: {resp.shape}, {rmask.shape}, {lp.shape}"
+    assert resp.shape == rmask.shape == lp.shape and resp.shape[0] == len(batch), (
+        f"shapes differ: {resp.shape}, {rmask.shape}, {lp.shape}"
+    )
     assert set(rmask.unique().tolist()) <= {0, 1}, "response_mask must be 0/1"
     assert (rmask[:, 1:] <= rmask[:, :-1]).all(), "response_mask must be right-padded (no 1 after a 0)"
     valid = rmask.bool()
-    assert torch.isfinite(lp[valid]).all() and (lp[valid] <= 1e-5).all(), "rollout_log_probs must be finite log-probabilities on the response"
+    assert torch.isfinite(lp[valid]).all() and (lp[valid] <= 1e-5).all(), (
+        "rollout_log_probs must be finite log-probabilities on the response"
+    )
     assert (lp[~valid] == 0).all(), "rollout_log_probs must be 0 after the response"
     first, second = backend.generate(batch, greedy=True), backend.generate(batch, greedy=True)
-    assert torch.equal(first["responses"], second["responses"]), "greedy decoding gave different responses for the same prompts"
+    assert torch.equal(first["responses"], second["responses"]), (
+        "greedy decoding gave different responses for the same prompts"
+    )
     return out
 
 

@@ -24,27 +24,44 @@ from typing import Any
 import torch
 
 from armor_core.config.schema import ArmorConfig, from_dict
+from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import call_with_params
 from armor_core.loop.kl_penalty import compute_kl_loss
-from armor_core.dataproto.protocol import DataProto
-from armor_core.workers.schedule import lr_factor
+from armor_core.models.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.actor_weights import ActorWeights
 from armor_core.workers.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
-from armor_core.workers.common import (add_metric, build_on_one_thread, isolate, iter_micro_batches, memory_metrics, micro_batches, quiet_transformers, reset_memory_peaks,
-                                      scalar, seed_everything)
+from armor_core.workers.common import (
+    add_metric,
+    build_on_one_thread,
+    isolate,
+    iter_micro_batches,
+    memory_metrics,
+    micro_batches,
+    quiet_transformers,
+    reset_memory_peaks,
+    scalar,
+    seed_everything,
+)
 from armor_core.workers.guarded_step import GuardedStep
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
 from armor_core.workers.optim import adamw, zero_advantage_is_inert
-from armor_core.models.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
+from armor_core.workers.schedule import lr_factor
 
 __all__ = ["ActorWorker"]
 
 
 class ActorWorker(ActorWeights, GuardedStep):
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, run_dir: str | None = None, assignment: dict | None = None) -> None:
+    def __init__(
+        self,
+        config: dict,
+        rank: int = 0,
+        world_size: int = 1,
+        run_dir: str | None = None,
+        assignment: dict | None = None,
+    ) -> None:
         from armor_core.loop.guard import GuardRunner
         from armor_core.plugins import get_plugin_manager
 
@@ -63,8 +80,14 @@ class ActorWorker(ActorWeights, GuardedStep):
         pm = get_plugin_manager()
         self.policy_loss = pm.get("policy_loss", cfg.actor.policy_loss, where="actor.policy_loss")
         self.loss_agg = pm.get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
-        self.kl_loss = pm.get("kl_estimator", cfg.actor.kl_loss_type, where="actor.kl_loss_type") if cfg.actor.use_kl_loss else None
-        self.guard = GuardRunner(cfg.guard.guards, pm, run_dir if rank == 0 else None, enable=cfg.guard.enable)  # verdicts are collective: one record
+        self.kl_loss = (
+            pm.get("kl_estimator", cfg.actor.kl_loss_type, where="actor.kl_loss_type")
+            if cfg.actor.use_kl_loss
+            else None
+        )
+        self.guard = GuardRunner(
+            cfg.guard.guards, pm, run_dir if rank == 0 else None, enable=cfg.guard.enable
+        )  # verdicts are collective: one record
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
         self._load_policy(cfg)
@@ -74,8 +97,17 @@ class ActorWorker(ActorWeights, GuardedStep):
         # one rank and DDP compute in model.dtype under autocast; FSDP2 casts through its MixedPrecisionPolicy
         self.autocast = lambda enabled=not self.sharded: autocast(self.device, self.compute_dtype, enabled)
         # layouts are checked on full weights, not a DDP wrapper or shards: a forward that is no collective
-        self.logp = ResponseLogProbs(self.model, self.gen_model if self.sharded else self.model, self.device, self.compute_dtype, cfg.rollout.temperature,
-                                     self.chunk_tokens, self.autocast, self._split, rank)
+        self.logp = ResponseLogProbs(
+            self.model,
+            self.gen_model if self.sharded else self.model,
+            self.device,
+            self.compute_dtype,
+            cfg.rollout.temperature,
+            self.chunk_tokens,
+            self.autocast,
+            self._split,
+            rank,
+        )
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 
@@ -99,17 +131,26 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.tokenizer = load_tokenizer(m.tokenizer_path or path)
         self.model = load_model(path, "float32")  # master weights: float32 whatever model.dtype computes in
         if m.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # frozen inputs under LoRA
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )  # frozen inputs under LoRA
         self.lora = bool(m.lora_rank)
         if self.lora:
-            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, cfg.trainer.seed)
+            self.model = apply_lora(
+                self.model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, cfg.trainer.seed
+            )
         self.model = self.model.to(self.device)
         self.chunk_tokens = a.logprob_chunk_tokens
-        why = install_response_head(self.model) if self.chunk_tokens else None  # before the copies below, so they have it too
+        why = (
+            install_response_head(self.model) if self.chunk_tokens else None
+        )  # before the copies below, so they have it too
         if why:
             import warnings
 
-            warnings.warn(f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits", stacklevel=2)
+            warnings.warn(
+                f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits",
+                stacklevel=2,
+            )
             self.chunk_tokens = 0
         self.ref_model = None
         if (a.use_kl_loss or cfg.algorithm.use_kl_in_reward) and not self.lora:  # with LoRA: the adapters switched off
@@ -125,13 +166,19 @@ class ActorWorker(ActorWeights, GuardedStep):
         # engine generates from a full copy, refreshed by sync_weights (see workers/parallel.py)
         self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
-        self.train_module: torch.nn.Module = wrap(self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload)
-        if self.sharded and self.ref_model is not None:  # sharded like the policy: 1/N of it per rank (its forward is then a collective)
+        self.train_module: torch.nn.Module = wrap(
+            self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload
+        )
+        if (
+            self.sharded and self.ref_model is not None
+        ):  # sharded like the policy: 1/N of it per rank (its forward is then a collective)
             self.ref_model = wrap(self.ref_model, "fsdp2", self.world_size, self.device, self.compute_dtype, a.offload)
         self.optimizer = adamw(self.model, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
         self.zero_adv_inert = zero_advantage_is_inert(self.policy_loss.fn, a)
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step)
+        )
 
     def _build_rollout(self, cfg: ArmorConfig, pm: Any) -> None:
         """The colocated rollout engine (``rollout.backend``), or none in async mode (rollout workers of their own generate)."""
@@ -151,7 +198,12 @@ class ActorWorker(ActorWeights, GuardedStep):
     def ping(self) -> dict:
         import os
 
-        return {"rank": self.rank, "pid": os.getpid(), "threads": torch.get_num_threads(), "params": sum(p.numel() for p in self.model.parameters())}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
+            "params": sum(p.numel() for p in self.model.parameters()),
+        }
 
     # -- rollout --------------------------------------------------------------------------------
 
@@ -180,8 +232,10 @@ class ActorWorker(ActorWeights, GuardedStep):
         t0 = time.perf_counter()
         lp, ent = self.logp.all_rows(self.model, data, with_entropy=True, world_size=self.collective)
         mask = data["response_mask"]
-        return DataProto.from_dict(tensors={"old_log_probs": lp * mask, "entropys": ent * mask},
-                                   meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
+        return DataProto.from_dict(
+            tensors={"old_log_probs": lp * mask, "entropys": ent * mask},
+            meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}},
+        )
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
@@ -192,8 +246,10 @@ class ActorWorker(ActorWeights, GuardedStep):
             raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
         else:
             lp, _ = self.logp.all_rows(self.ref_model, data, with_entropy=False, world_size=self.collective)
-        return DataProto.from_dict(tensors={"ref_log_prob": lp * data["response_mask"]},
-                                   meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}})
+        return DataProto.from_dict(
+            tensors={"ref_log_prob": lp * data["response_mask"]},
+            meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}},
+        )
 
     # -- update ---------------------------------------------------------------------------------
 
@@ -208,7 +264,13 @@ class ActorWorker(ActorWeights, GuardedStep):
         tokens still count in the aggregation's global denominators, so the update is unchanged."""
         a = self.cfg.actor
         everything = torch.arange(len(mini))
-        if not (a.skip_zero_advantage and self.zero_adv_inert and a.entropy_coeff == 0 and self.kl_loss is None and "rollout_log_probs" in mini):
+        if not (
+            a.skip_zero_advantage
+            and self.zero_adv_inert
+            and a.entropy_coeff == 0
+            and self.kl_loss is None
+            and "rollout_log_probs" in mini
+        ):
             return everything, None
         live = ((mini["advantages"].to(self.device) != 0) & mask.bool()).any(-1).cpu()
         return everything[live], everything[~live]
@@ -216,7 +278,9 @@ class ActorWorker(ActorWeights, GuardedStep):
     def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """Row positions of each micro-batch: ``actor.micro_batch_size`` rows, or by real tokens (``actor.max_tokens_per_micro_batch``)."""
         a = self.cfg.actor
-        return micro_batches(attention_mask.sum(-1), a.micro_batch_size, a.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch")
+        return micro_batches(
+            attention_mask.sum(-1), a.micro_batch_size, a.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch"
+        )
 
     def update_actor(self, data: DataProto, step: int) -> dict[str, float]:
         """PPO-style update on this rank's share of the batch; returns metrics (means over
@@ -242,7 +306,11 @@ class ActorWorker(ActorWeights, GuardedStep):
         first = True  # before the first optimizer step: the weights the rollout sampled with
         gen = torch.Generator().manual_seed(cfg.trainer.seed * 1000003 + step)
         for _ in range(a.ppo_epochs):
-            order = torch.randperm(n_rows, generator=gen) if a.ppo_epochs > 1 or rows_per_mini < n_rows else torch.arange(n_rows)
+            order = (
+                torch.randperm(n_rows, generator=gen)
+                if a.ppo_epochs > 1 or rows_per_mini < n_rows
+                else torch.arange(n_rows)
+            )
             for mini_sl in iter_micro_batches(n_rows, rows_per_mini):
                 mini = data[order[mini_sl]]
                 parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
@@ -251,7 +319,10 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.global_step = step
         # extremes stay extremes: averaging a max over micro-batches would hide the spike a guard watches
         reduce = {"max": max, "min": min}
-        metrics = {k: reduce[k.rsplit("_", 1)[-1]](v) if k.endswith(("_max", "_min")) else sum(v) / len(v) for k, v in sums.items()}
+        metrics = {
+            k: reduce[k.rsplit("_", 1)[-1]](v) if k.endswith(("_max", "_min")) else sum(v) / len(v)
+            for k, v in sums.items()
+        }
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(self.guard.pop_metrics())
         metrics.update(self.logp.padding_metrics())
@@ -261,10 +332,18 @@ class ActorWorker(ActorWeights, GuardedStep):
             self._publish_policy()
             metrics["perf/publish_s"] = time.perf_counter() - t0
         # seconds inside this call, so the driver can separate Ray and serialisation from the work
-        metrics.update({"perf/actor_fwd_bwd_s": self._seconds["fwd_bwd"], "perf/actor_optimizer_s": self._seconds["optimizer"], "perf/worker_s": time.perf_counter() - t_call})
+        metrics.update(
+            {
+                "perf/actor_fwd_bwd_s": self._seconds["fwd_bwd"],
+                "perf/actor_optimizer_s": self._seconds["optimizer"],
+                "perf/worker_s": time.perf_counter() - t_call,
+            }
+        )
         return metrics
 
-    def _accumulate(self, mini: DataProto, on_policy: bool, first: bool, sums: dict[str, list[float]]) -> dict[str, float]:
+    def _accumulate(
+        self, mini: DataProto, on_policy: bool, first: bool, sums: dict[str, list[float]]
+    ) -> dict[str, float]:
         """Forward and backward over ``mini``'s micro-batches; the gradients are left on the
         parameters. Returns this rank's parts of the mini-batch's loss terms (summed over ranks by
         ``_guarded_step``)."""
@@ -274,14 +353,24 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.optimizer.zero_grad(set_to_none=True)
         # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
         # mini-batch's value is the sum over micro-batches and ranks, not a mean
-        parts = dict.fromkeys(("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0)
+        parts = dict.fromkeys(
+            ("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0
+        )
         rows, skipped = self._rows_with_gradient(mini, mask_all)
         if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
-            parts["actor/entropy"] += scalar(self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq))
+            parts["actor/entropy"] += scalar(
+                self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq)
+            )
             add_metric(sums, "actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
         t0 = time.perf_counter()
-        micro = equal_micro_batches([(rows[i], 1.0) for i in self._split(mini["attention_mask"][rows])], self.world_size)
-        loss_params = {"clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c}
+        micro = equal_micro_batches(
+            [(rows[i], 1.0) for i in self._split(mini["attention_mask"][rows])], self.world_size
+        )
+        loss_params = {
+            "clip_ratio_low": a.clip_ratio_low,
+            "clip_ratio_high": a.clip_ratio_high,
+            "clip_ratio_c": a.clip_ratio_c,
+        }
         correction = cfg.algorithm.rollout_correction
         for idx, weight in micro:
             mask = mask_all[idx]
@@ -290,19 +379,38 @@ class ActorWorker(ActorWeights, GuardedStep):
             # ratio is 1 with the right gradient and the extra forward pass is skipped
             old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
             if first and "rollout_log_probs" in mini:  # the rollout/train mismatch, measured for free
-                for k, v in mismatch_stats(log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight, self.world_size).items():
+                for k, v in mismatch_stats(
+                    log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight, self.world_size
+                ).items():
                     add_metric(sums, k, v)
             adv = mini["advantages"][idx].to(self.device)
-            loss_mat, pm_metrics = call_with_params(self.policy_loss.fn, log_prob, old, adv, mask, available=loss_params, extra=a.policy_loss_kwargs, where="actor.policy_loss_kwargs")
+            loss_mat, pm_metrics = call_with_params(
+                self.policy_loss.fn,
+                log_prob,
+                old,
+                adv,
+                mask,
+                available=loss_params,
+                extra=a.policy_loss_kwargs,
+                where="actor.policy_loss_kwargs",
+            )
             if correction != "none" and "rollout_log_probs" in mini:  # the rows came from another policy than `old`
-                w, cm = correction_weights(old, mini["rollout_log_probs"][idx].to(self.device), mask, correction, cfg.algorithm.rollout_correction_cap)
+                w, cm = correction_weights(
+                    old,
+                    mini["rollout_log_probs"][idx].to(self.device),
+                    mask,
+                    correction,
+                    cfg.algorithm.rollout_correction_cap,
+                )
                 loss_mat = loss_mat * w
                 pm_metrics = {**pm_metrics, **cm}
             pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
             ent_loss = self._agg(entropy, mask, n_tok, n_seq)
             loss = pg_loss - a.entropy_coeff * ent_loss
             if self.kl_loss is not None:
-                kl_mat, _ = compute_kl_loss(log_prob, mini["ref_log_prob"][idx].to(self.device), mask, 1.0, self.kl_loss)
+                kl_mat, _ = compute_kl_loss(
+                    log_prob, mini["ref_log_prob"][idx].to(self.device), mask, 1.0, self.kl_loss
+                )
                 kl = self._agg(kl_mat, mask, n_tok, n_seq)
                 loss = loss + a.kl_loss_coef * kl
                 parts["actor/kl_loss"] += weight * scalar(kl)
@@ -320,7 +428,9 @@ class ActorWorker(ActorWeights, GuardedStep):
         self._seconds["fwd_bwd"] += time.perf_counter() - t0
         return parts
 
-    def update_then_generate(self, data: DataProto, prompts: DataProto, step: int, stale: bool = False) -> tuple[dict[str, float], DataProto]:
+    def update_then_generate(
+        self, data: DataProto, prompts: DataProto, step: int, stale: bool = False
+    ) -> tuple[dict[str, float], DataProto]:
         """``update_actor(data, step)``, the weight sync if the rollout engine needs one, then
         ``generate(prompts)`` for the next step: the calls the driver would make one after the other,
         in one round trip. ``perf/sync_s`` in the metrics is the sync's seconds."""

@@ -13,8 +13,15 @@ from typing import Any
 
 import torch
 
+from armor_core.models.lora import (
+    ADAPTER_DIR,
+    MergedView,
+    check_resume,
+    load_adapter_state,
+    merged_weights,
+    save_adapter,
+)
 from armor_core.storage.state_io import load_checkpoint_state, save_state
-from armor_core.models.lora import ADAPTER_DIR, MergedView, check_resume, load_adapter_state, merged_weights, save_adapter
 
 __all__ = ["ActorWeights"]
 
@@ -41,13 +48,19 @@ class ActorWeights:
 
             # under FSDP2 gathering the full weights is a collective: every rank syncs together
             if not self.lora:
-                self.rollout.update_weights(full_model_state(self.model).items() if self.sharded else self.model.state_dict().items())
+                self.rollout.update_weights(
+                    full_model_state(self.model).items() if self.sharded else self.model.state_dict().items()
+                )
             else:
                 if self.sharded:
-                    self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy an hf rollout generates from
+                    self.gen_model.load_state_dict(
+                        full_model_state(self.model)
+                    )  # the full copy an hf rollout generates from
                 if getattr(self.rollout, "serves_lora", False):
                     self.rollout.update_lora(self.gen_model)
-                elif getattr(self.rollout, "model", None) is not self.gen_model:  # an engine with its own weights: only the adapted layers, merged
+                elif (
+                    getattr(self.rollout, "model", None) is not self.gen_model
+                ):  # an engine with its own weights: only the adapted layers, merged
                     self.rollout.update_weights(merged_weights(self.gen_model).items())
         return {"perf/worker_s": time.perf_counter() - t0}
 
@@ -92,8 +105,15 @@ class ActorWeights:
             else:
                 self.gen_model.save_pretrained(out, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
-            save_state({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "global_step": self.global_step, "world_size": self.world_size},
-                       p / "actor_state")
+            save_state(
+                {
+                    "optimizer": optim,
+                    "scheduler": self.scheduler.state_dict(),
+                    "global_step": self.global_step,
+                    "world_size": self.world_size,
+                },
+                p / "actor_state",
+            )
             (p / "guard_worker.json").write_text(json.dumps(self.guard.state_dict()))
         save_state({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}")
 
@@ -111,7 +131,9 @@ class ActorWeights:
             missing, unexpected = load_full_model_state(self.model, load_file(str(p / "model" / "model.safetensors")))
             missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
         if unexpected or missing:
-            raise RuntimeError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise RuntimeError(
+                f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         st = load_checkpoint_state(p / "actor_state")  # or an older checkpoint's actor_state.pt
         load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])

@@ -67,7 +67,9 @@ class ActorAPI(TrainableAPI, Protocol):
     def update_actor(self, data: DataProto, step: int) -> dict[str, float]:
         """One PPO-style update on this rank's share; metrics merged over ranks."""
 
-    def update_then_generate(self, data: DataProto, prompts: DataProto, step: int, stale: bool = False) -> tuple[dict[str, float], DataProto]:
+    def update_then_generate(
+        self, data: DataProto, prompts: DataProto, step: int, stale: bool = False
+    ) -> tuple[dict[str, float], DataProto]:
         """``update_actor``, the weight sync if needed, then ``generate(prompts)``: one round trip."""
 
     def needs_weight_sync(self) -> bool:

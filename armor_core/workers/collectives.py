@@ -64,7 +64,9 @@ def agreed_norm(norm: float, world_size: int, sharded: bool) -> float:
     return float("nan") if t[0] > 0 else float(t[1])
 
 
-def mismatch_stats(train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor, world_size: int) -> dict[str, float]:
+def mismatch_stats(
+    train_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor, world_size: int
+) -> dict[str, float]:
     """Mean and max ``|log pi_train - log pi_rollout|`` over valid tokens of every rank."""
     diff = (train_lp - rollout_lp).abs() * mask
     total, count, mx = diff.sum().item(), mask.sum().item(), diff.max().item() if diff.numel() else 0.0

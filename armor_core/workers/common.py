@@ -11,9 +11,18 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-
-__all__ = ["add_metric", "build_on_one_thread", "isolate", "iter_micro_batches", "memory_metrics", "micro_batches", "quiet_transformers", "reset_memory_peaks", "scalar",
-           "seed_everything"]
+__all__ = [
+    "add_metric",
+    "build_on_one_thread",
+    "isolate",
+    "iter_micro_batches",
+    "memory_metrics",
+    "micro_batches",
+    "quiet_transformers",
+    "reset_memory_peaks",
+    "scalar",
+    "seed_everything",
+]
 
 
 def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
@@ -21,7 +30,16 @@ def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
     from armor_core.engine.isolation import Assignment, apply_assignment
 
     if assignment is not None:
-        return apply_assignment(Assignment(assignment["group"], assignment["rank"], tuple(assignment["cpus"]), tuple(assignment["gpus"]), assignment.get("node", "")), cfg.trainer.seed)
+        return apply_assignment(
+            Assignment(
+                assignment["group"],
+                assignment["rank"],
+                tuple(assignment["cpus"]),
+                tuple(assignment["gpus"]),
+                assignment.get("node", ""),
+            ),
+            cfg.trainer.seed,
+        )
     threads = max(1, int(cfg.engine.cpus_per_worker or 1))
     torch.set_num_threads(threads)
     return {"pid": os.getpid(), "rank": rank, "threads": threads, "isolated": False}
@@ -64,7 +82,9 @@ def iter_micro_batches(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(start + size, n))
 
 
-def micro_batches(lengths: torch.Tensor, rows: int, max_tokens: int | None = None, key: str = "max_tokens_per_micro_batch") -> list[torch.Tensor]:
+def micro_batches(
+    lengths: torch.Tensor, rows: int, max_tokens: int | None = None, key: str = "max_tokens_per_micro_batch"
+) -> list[torch.Tensor]:
     """Positions (into ``lengths``, the real tokens of each row) of each micro-batch: ``rows`` rows
     at a time, or with ``max_tokens``, consecutive rows while their tokens fit in it.
 
@@ -79,8 +99,10 @@ def micro_batches(lengths: torch.Tensor, rows: int, max_tokens: int | None = Non
     counts = [int(n) for n in lengths.tolist()]
     longest = max(counts, default=0)
     if longest > max_tokens:
-        raise ValueError(f"{key}={max_tokens} cannot hold row {counts.index(longest)} of this batch, which has {longest} tokens (prompt + response); "
-                         f"set it to at least {longest}")
+        raise ValueError(
+            f"{key}={max_tokens} cannot hold row {counts.index(longest)} of this batch, which has {longest} tokens (prompt + response); "
+            f"set it to at least {longest}"
+        )
     out, start, used = [], 0, 0
     for i, n in enumerate(counts):
         if used + n > max_tokens:
@@ -111,9 +133,13 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     out = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        out.update({"perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 1e9,
-                    "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9,
-                    "perf/gpu_memory_used_gb": (total - free) / 1e9})
+        out.update(
+            {
+                "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+                "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9,
+                "perf/gpu_memory_used_gb": (total - free) / 1e9,
+            }
+        )
     return out
 
 

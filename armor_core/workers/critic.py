@@ -21,11 +21,18 @@ from typing import Any
 import torch
 
 from armor_core.config.schema import ArmorConfig, from_dict
-from armor_core.ops.masked import masked_mean
 from armor_core.dataproto.protocol import DataProto
+from armor_core.ops.masked import masked_mean
 from armor_core.storage.state_io import load_checkpoint_state, save_state
 from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
-from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, scalar, seed_everything
+from armor_core.workers.common import (
+    build_on_one_thread,
+    isolate,
+    micro_batches,
+    quiet_transformers,
+    scalar,
+    seed_everything,
+)
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.values import ResponseValues, ValueModel
 
@@ -76,7 +83,6 @@ class CriticWorker:
 
         from armor_core.models.loading import resolve_model_path
         from armor_core.plugins import get_plugin_manager
-
         from armor_core.workers.parallel import wrap
 
         self.cfg: ArmorConfig = from_dict(config)
@@ -91,7 +97,9 @@ class CriticWorker:
         if world_size > 1:
             init_distributed(self.device, rank, world_size)
         path = resolve_model_path(cfg.model.path)
-        backbone = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)  # master weights, as the actor's
+        backbone = AutoModel.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32
+        )  # master weights, as the actor's
         if cfg.model.gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)
@@ -100,7 +108,9 @@ class CriticWorker:
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
         self.values = ResponseValues(self.model, self.device, self.compute_dtype, self.autocast, rank, sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
-        self.loss_agg = get_plugin_manager().get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
+        self.loss_agg = get_plugin_manager().get(
+            "loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode"
+        )
         built()
 
     def isolation_record(self) -> dict:
@@ -117,7 +127,9 @@ class CriticWorker:
         R = data["responses"].shape[1]
         vals = []
         # a sharded forward is a collective: every rank runs as many as the rank with the most micro-batches
-        for sl, weight in equal_micro_batches([(sl, 1.0) for sl in self._split(data["attention_mask"])], self.world_size if self.sharded else 1):
+        for sl, weight in equal_micro_batches(
+            [(sl, 1.0) for sl in self._split(data["attention_mask"])], self.world_size if self.sharded else 1
+        ):
             values = self._values(data, sl, R).cpu()
             if weight:  # not a stand-in
                 vals.append(values)
@@ -125,8 +137,11 @@ class CriticWorker:
 
     def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         c = self.cfg.critic
-        budget, key = ((c.max_tokens_per_micro_batch, "critic.max_tokens_per_micro_batch") if c.max_tokens_per_micro_batch
-                       else (self.cfg.actor.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch"))
+        budget, key = (
+            (c.max_tokens_per_micro_batch, "critic.max_tokens_per_micro_batch")
+            if c.max_tokens_per_micro_batch
+            else (self.cfg.actor.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch")
+        )
         return micro_batches(attention_mask.sum(-1), c.micro_batch_size, budget, key)
 
     def _values(self, data: DataProto, rows: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -144,19 +159,33 @@ class CriticWorker:
         for _ in range(c.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             # every rank runs as many backward passes as the others (token budgets can split ranks' shares unevenly)
-            for sl, weight in equal_micro_batches([(sl, 1.0) for sl in self._split(data["attention_mask"])], self.world_size):
+            for sl, weight in equal_micro_batches(
+                [(sl, 1.0) for sl in self._split(data["attention_mask"])], self.world_size
+            ):
                 mask = mask_all[sl].to(self.device)
                 vpreds = self._values(data, sl, R)
-                loss_mat, m = value_loss(vpreds, data["values"][sl].to(self.device), data["returns"][sl].to(self.device), mask, c.cliprange_value)
-                loss = self.loss_agg.fn(loss_mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=float(R))
+                loss_mat, m = value_loss(
+                    vpreds,
+                    data["values"][sl].to(self.device),
+                    data["returns"][sl].to(self.device),
+                    mask,
+                    c.cliprange_value,
+                )
+                loss = self.loss_agg.fn(
+                    loss_mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=float(R)
+                )
                 (loss * (self.world_size * weight)).backward()  # DDP and FSDP2 average gradients over ranks
                 if not weight:  # a stand-in
                     continue
                 sums.setdefault("critic/vf_loss", []).append(scalar(loss))
                 for k, v in m.items():
                     sums.setdefault(f"critic/{k}", []).append(scalar(v))
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf"))
-            gn = agreed_norm(scalar(gn), self.world_size, self.cfg.actor.strategy == "fsdp2")  # every rank steps or none
+            gn = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf")
+            )
+            gn = agreed_norm(
+                scalar(gn), self.world_size, self.cfg.actor.strategy == "fsdp2"
+            )  # every rank steps or none
             sums.setdefault("critic/grad_norm", []).append(gn)
             if math.isfinite(gn):
                 self.optimizer.step()
@@ -182,6 +211,8 @@ class CriticWorker:
         p = Path(path)
         missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))
         if missing or unexpected:
-            raise RuntimeError(f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise RuntimeError(
+                f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         state = load_checkpoint_state(p / "critic_state")  # or an older checkpoint's critic_state.pt
         load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])

@@ -49,7 +49,9 @@ class GuardedStep:
             g = next(p for p in self.model.parameters() if p.grad is not None).grad
             (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
         t0 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf")
+        )
         self._seconds["optimizer"] += time.perf_counter() - t0  # clipping is part of the optimizer's step
         gn = agreed_norm(scalar(grad_norm), self.world_size, a.strategy == "fsdp2")
         add_metric(sums, "actor/grad_norm", gn)
@@ -84,7 +86,12 @@ class GuardedStep:
                 g["lr"] = lr
         self.scheduler.step()
         if before is not None:
-            stats = update_stats(self.model, before, self.world_size > 1 and self.cfg.actor.strategy == "fsdp2", float(self.scheduler.base_lrs[0]))
+            stats = update_stats(
+                self.model,
+                before,
+                self.world_size > 1 and self.cfg.actor.strategy == "fsdp2",
+                float(self.scheduler.base_lrs[0]),
+            )
             add_metric(sums, "actor/update_ratio", stats["update_ratio"])
             verdict = self.guard.observe("step", stats, step)
             self._apply_worker_adjustments(verdict, sums)

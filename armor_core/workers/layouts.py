@@ -26,11 +26,27 @@ import torch
 from armor_core.workers.lm_head import HeadRequest, response_head_request
 from armor_core.workers.prompt_groups import group_by_prompt, segment_attention
 
-__all__ = ["ATTENTION_PENALTY", "LAYOUTS", "LayoutStats", "PackedRows", "attention_weight_of", "forward_response_log_probs", "forward_response_logits",
-           "grouped_mask_supported", "layout_rows", "pack_groups", "pack_rows", "packed_capacity", "packed_response_log_probs", "response_log_probs"]
+__all__ = [
+    "ATTENTION_PENALTY",
+    "LAYOUTS",
+    "LayoutStats",
+    "PackedRows",
+    "attention_weight_of",
+    "forward_response_log_probs",
+    "forward_response_logits",
+    "grouped_mask_supported",
+    "layout_rows",
+    "pack_groups",
+    "pack_rows",
+    "packed_capacity",
+    "packed_response_log_probs",
+    "response_log_probs",
+]
 
 
-def response_log_probs(logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def response_log_probs(
+    logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of ``responses`` (bs, R) under ``logits`` (bs, R, V) / temperature.
 
     Dividing by the sampling temperature makes the trainer's distribution the one the rollout
@@ -49,7 +65,13 @@ def response_log_probs(logits: torch.Tensor, responses: torch.Tensor, temperatur
     return lp, ent
 
 
-def forward_response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
+def forward_response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+) -> torch.Tensor:
     """Logits that predict each response token: positions [-R-1, -1) of the full sequence."""
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.logits[:, -response_length - 1 : -1, :]
@@ -111,7 +133,9 @@ def packed_capacity(attention_mask: torch.Tensor) -> int:
     return max(PACK_MIN_TOKENS, PACK_FACTOR * longest)
 
 
-def _real_positions(mask: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def _real_positions(
+    mask: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(row, column, rank in its row) of each attended token of the (bs, T) ``mask``, or None when
     a row's real tokens do not have positions 0, 1, 2, ... (transformers would split that row)."""
     rank_in_row = mask.long().cumsum(-1) - 1
@@ -122,8 +146,15 @@ def _real_positions(mask: torch.Tensor, position_ids: torch.Tensor) -> tuple[tor
     return rows, cols, within
 
 
-def _scatter_tokens(input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dest: torch.Tensor, n: int,
-                    pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _scatter_tokens(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    dest: torch.Tensor,
+    n: int,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat (n,) ids and positions with the tokens at (rows, cols) placed at ``dest``; pads are ``pad_id`` at position 0."""
     packed_ids = torch.full((n,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     packed_pos = torch.zeros(n, dtype=position_ids.dtype, device=position_ids.device)
@@ -132,8 +163,14 @@ def _scatter_tokens(input_ids: torch.Tensor, position_ids: torch.Tensor, rows: t
     return packed_ids, packed_pos
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, capacity: int,
-              pad_id: int = 0) -> PackedRows | None:
+def pack_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    capacity: int,
+    pad_id: int = 0,
+) -> PackedRows | None:
     """Pack the attended tokens of each row end to end into rows of about ``capacity`` tokens.
 
     :param input_ids, attention_mask, position_ids: (bs, T); the last ``response_length`` columns are the response.
@@ -156,16 +193,22 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     total = int(lengths.sum())
     k0 = max(1, min(bs, -(-total // max(int(capacity), 1))))
     # a few row counts around total / capacity: keep the one that computes the fewest positions
-    k, row_of, offset, width = min((_balance(lengths.tolist(), k) for k in range(k0, min(bs, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3])
+    k, row_of, offset, width = min(
+        (_balance(lengths.tolist(), k) for k in range(k0, min(bs, k0 + 3) + 1)), key=lambda lay: lay[0] * lay[3]
+    )
     row_of, offset = torch.tensor(row_of, device=mask.device), torch.tensor(offset, device=mask.device)
     dest = row_of[rows] * width + offset[rows] + within
     packed_ids, packed_pos = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
     start = T - response_length
     is_resp = (cols >= start) & (within > 0)
     return PackedRows(
-        input_ids=packed_ids.view(k, width), position_ids=packed_pos.view(k, width),
-        predict_index=dest[is_resp] - 1, response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
-        real_tokens=total, computed=k * width, batch_tokens=total,
+        input_ids=packed_ids.view(k, width),
+        position_ids=packed_pos.view(k, width),
+        predict_index=dest[is_resp] - 1,
+        response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
+        real_tokens=total,
+        computed=k * width,
+        batch_tokens=total,
     )
 
 
@@ -174,7 +217,9 @@ def _layout_cost(rows: int, width: float, attention_weight: float) -> float:
     return rows * width * (1.0 + attention_weight * width)
 
 
-def _grouped_rows(lengths: list[int], attention_weight: float, max_segment: int, tokens: int, capacity: int) -> tuple[int, list[int], list[int], int] | None:
+def _grouped_rows(
+    lengths: list[int], attention_weight: float, max_segment: int, tokens: int, capacity: int
+) -> tuple[int, list[int], list[int], int] | None:
     """``_balance``'s layout of the segments ``lengths`` over the row count of least ``_layout_cost``, or
     None when ``pack_rows``' layout of the same ``tokens`` (rows of about ``capacity``) would cost no more."""
     n_groups, total = len(lengths), sum(lengths)
@@ -182,7 +227,9 @@ def _grouped_rows(lengths: list[int], attention_weight: float, max_segment: int,
     widest = max(PACK_MIN_TOKENS, min(PACK_FACTOR * max(lengths), max_segment or GROUP_MAX_TOKENS))
     k0 = max(1, min(n_groups, -(-total // widest)))
     counts = sorted({min(n_groups, max(k0, round(k0 * f))) for f in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)} | {n_groups})
-    k, row_of, offset, width = min((_balance(lengths, k) for k in counts), key=lambda lay: _layout_cost(lay[0], lay[3], attention_weight))
+    k, row_of, offset, width = min(
+        (_balance(lengths, k) for k in counts), key=lambda lay: _layout_cost(lay[0], lay[3], attention_weight)
+    )
     # pack_rows' layout of the same rows: ceil(tokens / capacity) rows of about equal width
     packed_rows = -(-tokens // capacity)
     if _layout_cost(k, width, attention_weight) >= _layout_cost(packed_rows, tokens / packed_rows, attention_weight):
@@ -190,8 +237,15 @@ def _grouped_rows(lengths: list[int], attention_weight: float, max_segment: int,
     return k, row_of, offset, width
 
 
-def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int, pad_id: int = 0,
-                max_segment: int = GROUP_MAX_TOKENS, attention_weight: float = 0.0) -> PackedRows | None:
+def pack_groups(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    pad_id: int = 0,
+    max_segment: int = GROUP_MAX_TOKENS,
+    attention_weight: float = 0.0,
+) -> PackedRows | None:
     """Pack rows that share a prompt as one segment: the prompt once, then each row's response.
 
     GRPO-style batches repeat every prompt ``n`` times. A response attends to its prompt and to its
@@ -221,7 +275,9 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     groups = group_by_prompt(input_ids, mask, start)
     if groups is None or (max_segment and int(groups.segment.max()) > max_segment):
         return None
-    rows_layout = _grouped_rows(groups.segment.tolist(), attention_weight, max_segment, int(mask.sum()), packed_capacity(attention_mask))
+    rows_layout = _grouped_rows(
+        groups.segment.tolist(), attention_weight, max_segment, int(mask.sum()), packed_capacity(attention_mask)
+    )
     if rows_layout is None:
         return None
     k, row_of, offset, width = rows_layout
@@ -232,28 +288,46 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     keep = ~is_prompt | (rows == groups.first_row[groups.group[rows]])  # a group's prompt comes from its first row
     rows, cols, within, is_prompt = rows[keep], cols[keep], within[keep], is_prompt[keep]
     g = groups.group[rows]
-    dest = seg_start[g] + torch.where(is_prompt, within, groups.prompt[g] + groups.resp_offset[rows] + within - groups.prompt_len[rows])
+    dest = seg_start[g] + torch.where(
+        is_prompt, within, groups.prompt[g] + groups.resp_offset[rows] + within - groups.prompt_len[rows]
+    )
     packed_ids, packed_pos = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
-    attend = segment_attention(dest, g, torch.where(is_prompt, -1, rows), packed_pos, k, width, first_free=bs + groups.n_groups)
+    attend = segment_attention(
+        dest, g, torch.where(is_prompt, -1, rows), packed_pos, k, width, first_free=bs + groups.n_groups
+    )
     # a response token is predicted by its row's previous token: the prompt's last for the first one
     is_resp = ~is_prompt & (within > 0)
     first_resp = within == groups.prompt_len[rows]
     predict = torch.where(first_resp, seg_start[g] + groups.prompt[g] - 1, dest - 1)
     return PackedRows(
-        input_ids=packed_ids.view(k, width), position_ids=packed_pos.view(k, width),
-        predict_index=predict[is_resp], response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
-        real_tokens=int(groups.segment.sum()), computed=k * width, batch_tokens=int(mask.sum()), kind="grouped", attention_mask=attend.unsqueeze(1),
+        input_ids=packed_ids.view(k, width),
+        position_ids=packed_pos.view(k, width),
+        predict_index=predict[is_resp],
+        response_index=rows[is_resp] * response_length + (cols[is_resp] - start),
+        real_tokens=int(groups.segment.sum()),
+        computed=k * width,
+        batch_tokens=int(mask.sum()),
+        kind="grouped",
+        attention_mask=attend.unsqueeze(1),
     )
 
 
-def packed_response_log_probs(model: torch.nn.Module, packed: PackedRows, responses: torch.Tensor, temperature: float,
-                              with_entropy: bool, chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def packed_response_log_probs(
+    model: torch.nn.Module,
+    packed: PackedRows,
+    responses: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_tokens: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_log_probs`` of a packed batch, scattered back to ``responses``' (bs, R) grid (0 where not computed)."""
     device = packed.input_ids.device
     resp_index = packed.response_index.to(device)
     targets = responses.reshape(-1)[resp_index]
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask)
-    lp, ent = _head_log_probs(model, inputs, packed.predict_index.to(device), targets, temperature, with_entropy, chunk_tokens)
+    lp, ent = _head_log_probs(
+        model, inputs, packed.predict_index.to(device), targets, temperature, with_entropy, chunk_tokens
+    )
     bs, R = responses.shape
 
     def grid(x: torch.Tensor) -> torch.Tensor:
@@ -262,8 +336,15 @@ def packed_response_log_probs(model: torch.nn.Module, packed: PackedRows, respon
     return grid(lp), (grid(ent) if ent is not None else None)
 
 
-def _head_log_probs(model: torch.nn.Module, inputs: dict[str, Any], index: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _head_log_probs(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    index: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy), (N,), of ``targets`` predicted at the flat positions ``index`` of the
     model's (rows x sequence) output: through its ``ResponseHead`` in blocks of ``chunk_tokens``
     tokens (``lm_head.py``), or from the full logits when ``chunk_tokens`` is 0."""
@@ -273,7 +354,9 @@ def _head_log_probs(model: torch.nn.Module, inputs: dict[str, Any], index: torch
             out = model(**inputs, use_cache=False).logits[0]
         return out[:, 0], (out[:, 1] if with_entropy else None)
     logits = model(**inputs, use_cache=False).logits
-    lp, ent = response_log_probs(logits.reshape(-1, logits.shape[-1])[index].unsqueeze(0), targets.unsqueeze(0), temperature, with_entropy)
+    lp, ent = response_log_probs(
+        logits.reshape(-1, logits.shape[-1])[index].unsqueeze(0), targets.unsqueeze(0), temperature, with_entropy
+    )
     return lp.squeeze(0), (ent.squeeze(0) if ent is not None else None)
 
 
@@ -305,7 +388,7 @@ class LayoutStats:
     batch: int
 
     @staticmethod
-    def of(packed: "PackedRows | None", attention_mask: torch.Tensor) -> "LayoutStats":
+    def of(packed: PackedRows | None, attention_mask: torch.Tensor) -> LayoutStats:
         """The stats of a forward in layout ``packed``, or of the padded batch ``attention_mask`` when None."""
         if packed is not None:
             return LayoutStats(packed.kind, packed.computed, packed.real_tokens, packed.batch_tokens)
@@ -329,15 +412,25 @@ def attention_weight_of(model: torch.nn.Module) -> float:
     return ATTENTION_PENALTY * 4 * hidden * layers / (2 * params)
 
 
-def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int,
-                layouts: Any = LAYOUTS, attention_weight: float = 0.0) -> PackedRows | None:
+def layout_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    layouts: Any = LAYOUTS,
+    attention_weight: float = 0.0,
+) -> PackedRows | None:
     """The first of ``layouts`` that lays out this micro-batch exactly (and, for ``grouped``, pays:
     see ``pack_groups``' ``attention_weight``), or None for the padded forward."""
     for kind in layouts:
         if kind == "grouped":
-            packed = pack_groups(input_ids, attention_mask, position_ids, response_length, attention_weight=attention_weight)
+            packed = pack_groups(
+                input_ids, attention_mask, position_ids, response_length, attention_weight=attention_weight
+            )
         elif kind == "packed":
-            packed = pack_rows(input_ids, attention_mask, position_ids, response_length, packed_capacity(attention_mask))
+            packed = pack_rows(
+                input_ids, attention_mask, position_ids, response_length, packed_capacity(attention_mask)
+            )
         else:
             raise ValueError(f"unknown layout {kind!r}; known: {', '.join(LAYOUTS)}")
         if packed is not None:
@@ -345,9 +438,17 @@ def layout_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     return None
 
 
-def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                               responses: torch.Tensor, temperature: float, with_entropy: bool, packed: PackedRows | None = None,
-                               chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
+def forward_response_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    packed: PackedRows | None = None,
+    chunk_tokens: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
     """Response log-probs (and entropy), (bs, R), of one micro-batch: computed in the layout
     ``packed`` (``layout_rows``), or padded when it is None.
 
@@ -364,7 +465,10 @@ def forward_response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, 
     if packed is None:
         bs, T = input_ids.shape
         R = responses.shape[1]
-        index = (torch.arange(bs, device=input_ids.device)[:, None] * T + torch.arange(T - R - 1, T - 1, device=input_ids.device)).reshape(-1)
+        index = (
+            torch.arange(bs, device=input_ids.device)[:, None] * T
+            + torch.arange(T - R - 1, T - 1, device=input_ids.device)
+        ).reshape(-1)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         lp, ent = _head_log_probs(model, inputs, index, responses.reshape(-1), temperature, with_entropy, chunk_tokens)
         return lp.view(bs, R), (ent.view(bs, R) if ent is not None else None), LayoutStats.of(None, attention_mask)

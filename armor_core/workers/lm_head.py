@@ -32,14 +32,23 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["HeadRequest", "ResponseHead", "chunked_log_probs", "install_response_head", "response_head_of", "response_head_request"]
+__all__ = [
+    "HeadRequest",
+    "ResponseHead",
+    "chunked_log_probs",
+    "install_response_head",
+    "response_head_of",
+    "response_head_request",
+]
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+def _scaled_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     """(n, V) float32 logits / temperature of one chunk; the matmul runs in ``weight``'s dtype."""
     z = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
     return z.div_(temperature) if temperature != 1.0 else z
@@ -49,7 +58,17 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """(hidden (N, H), weight (V, H), bias (V,) | None, targets (N,)) -> log-prob (N,), entropy (N,)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, with_entropy: bool, compute_dtype: torch.dtype):
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        compute_dtype: torch.dtype,
+    ):
         n = hidden.shape[0]
         w = weight.to(compute_dtype)  # a no-op unless autocast asks for a lower precision than the master weights
         b = bias.to(compute_dtype) if bias is not None else None
@@ -80,15 +99,23 @@ class _ChunkedLogProbs(torch.autograd.Function):
         w = weight.to(cd)
         b = bias.to(cd) if bias is not None else None
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if bias is not None and ctx.needs_input_grad[2] else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
+        grad_b = (
+            torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+            if bias is not None and ctx.needs_input_grad[2]
+            else None
+        )
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 e = min(s + chunk, hidden.shape[0])
                 g_lp = grad_lp[s:e, None].float()
                 log_p = _scaled_logits(hidden[s:e], w, b, t).sub_(log_z[s:e, None])
                 p = log_p.exp()
-                if entropy is not None:  # dz = g_lp (onehot - p) - g_ent p (log p + H) = g_lp onehot - p (g_lp + g_ent (log p + H))
+                if (
+                    entropy is not None
+                ):  # dz = g_lp (onehot - p) - g_ent p (log p + H) = g_lp onehot - p (g_lp + g_ent (log p + H))
                     dz = p.mul_(log_p.add_(entropy[s:e, None]).mul_(grad_ent[s:e, None].float()).add_(g_lp)).neg_()
                 else:
                     dz = p.mul_(-g_lp)
@@ -104,12 +131,27 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 if grad_b is not None:
                     grad_b.add_(dz.sum(0))
                 del dz, dz_c
-        return (grad_hidden, grad_w.to(weight.dtype) if grad_w is not None else None,
-                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None)
+        return (
+            grad_hidden,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
-                      chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunked_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``targets`` and the entropy under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
     :param hidden: (N, H), the hidden states that predict each target.
@@ -152,7 +194,9 @@ class ResponseHead(torch.nn.Linear):
         if req is None:
             return super().forward(hidden)
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, req.index.to(hidden.device))
-        lp, ent = chunked_log_probs(h, self.weight, self.bias, req.targets.to(hidden.device), req.temperature, req.chunk, req.with_entropy)
+        lp, ent = chunked_log_probs(
+            h, self.weight, self.bias, req.targets.to(hidden.device), req.temperature, req.chunk, req.with_entropy
+        )
         return torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1).unsqueeze(0)
 
 
@@ -172,7 +216,9 @@ def response_head_request(module: torch.nn.Module, request: HeadRequest) -> Iter
     """Within this block, ``module``'s forward returns ``request``'s log-probs where it returned logits."""
     head = response_head_of(module)
     if head is None:
-        raise RuntimeError(f"{type(_unwrapped(module)).__name__} has no ResponseHead; call install_response_head(model) first")
+        raise RuntimeError(
+            f"{type(_unwrapped(module)).__name__} has no ResponseHead; call install_response_head(model) first"
+        )
     head.request = request
     try:
         yield

@@ -17,7 +17,15 @@ import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.collectives import equal_micro_batches
-from armor_core.workers.layouts import LAYOUTS, LayoutStats, PackedRows, attention_weight_of, forward_response_log_probs, grouped_mask_supported, layout_rows
+from armor_core.workers.layouts import (
+    LAYOUTS,
+    LayoutStats,
+    PackedRows,
+    attention_weight_of,
+    forward_response_log_probs,
+    grouped_mask_supported,
+    layout_rows,
+)
 
 __all__ = ["LayoutChoice", "ResponseLogProbs"]
 
@@ -33,8 +41,15 @@ class LayoutChoice:
     :param autocast: ``autocast()`` context for the compute dtype.
     """
 
-    def __init__(self, model: torch.nn.Module, check_module: torch.nn.Module, compute_dtype: torch.dtype, autocast: Callable[..., Any],
-                 who: str, quantity: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        check_module: torch.nn.Module,
+        compute_dtype: torch.dtype,
+        autocast: Callable[..., Any],
+        who: str,
+        quantity: str,
+    ) -> None:
         self.check_module, self.autocast, self.who, self.quantity = check_module, autocast, who, quantity
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(model))
         self.checked: set[str] = set()
@@ -42,8 +57,14 @@ class LayoutChoice:
         self.tolerance = 1e-4 if compute_dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
         self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see padding_metrics
 
-    def choose(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, response_length: int,
-               run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor]) -> PackedRows | None:
+    def choose(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        pos: torch.Tensor,
+        response_length: int,
+        run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor],
+    ) -> PackedRows | None:
         """The layout of one micro-batch, or None for the padded forward. ``run(module, layout)``
         computes the (bs, R) result in a layout (None: padded), to compare a new layout with."""
         packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
@@ -52,14 +73,23 @@ class LayoutChoice:
             if diff <= self.tolerance:
                 self.checked.add(packed.kind)
                 break
-            warnings.warn(f"{self.who}: the {packed.kind} layout changes this model's {self.quantity} (mean |diff| {diff:.2e} > "
-                          f"{self.tolerance:.0e}); not using it", stacklevel=3)
+            warnings.warn(
+                f"{self.who}: the {packed.kind} layout changes this model's {self.quantity} (mean |diff| {diff:.2e} > "
+                f"{self.tolerance:.0e}); not using it",
+                stacklevel=3,
+            )
             self.layouts = tuple(k for k in self.layouts if k != packed.kind)
             packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
         return packed
 
     @torch.no_grad()
-    def _difference(self, run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor], packed: PackedRows, attn: torch.Tensor, R: int) -> float:
+    def _difference(
+        self,
+        run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor],
+        packed: PackedRows,
+        attn: torch.Tensor,
+        R: int,
+    ) -> float:
         """Mean |result in ``packed`` - padded result| on valid response positions, the check module in eval mode."""
         module = self.check_module
         was_training = module.training
@@ -81,7 +111,10 @@ class LayoutChoice:
         ``perf/prompt_sharing``: the share of the batch's tokens not recomputed thanks to shared prompts."""
         computed, needed, batch = self.positions
         self.positions = [0, 0, 0]
-        return {f"{prefix}padding_waste": (computed - needed) / max(needed, 1), f"{prefix}prompt_sharing": 1.0 - needed / max(batch, 1)}
+        return {
+            f"{prefix}padding_waste": (computed - needed) / max(needed, 1),
+            f"{prefix}prompt_sharing": 1.0 - needed / max(batch, 1),
+        }
 
 
 def valid_response_positions(attn: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -95,25 +128,55 @@ class ResponseLogProbs(LayoutChoice):
     :param autocast: ``autocast(enabled=default)`` context for the compute dtype.
     :param split: row positions of each micro-batch, from an attention mask."""
 
-    def __init__(self, model: torch.nn.Module, check_module: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, temperature: float,
-                 chunk_tokens: int, autocast: Callable[..., Any], split: Callable[[torch.Tensor], list[torch.Tensor]], rank: int = 0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        check_module: torch.nn.Module,
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        temperature: float,
+        chunk_tokens: int,
+        autocast: Callable[..., Any],
+        split: Callable[[torch.Tensor], list[torch.Tensor]],
+        rank: int = 0,
+    ) -> None:
         super().__init__(model, check_module, compute_dtype, autocast, f"actor rank {rank}", "log-probs")
-        self.device, self.compute_dtype, self.temperature, self.chunk_tokens = device, compute_dtype, temperature, chunk_tokens
+        self.device, self.compute_dtype, self.temperature, self.chunk_tokens = (
+            device,
+            compute_dtype,
+            temperature,
+            chunk_tokens,
+        )
         self.split, self.rank = split, rank
 
-    def forward(self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
         when ``module`` is in training mode and grad is enabled."""
-        ids, attn, pos, resp = (batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-        packed = self.choose(ids, attn, pos, resp.shape[1],
-                             lambda m, p: forward_response_log_probs(m, ids, attn, pos, resp, self.temperature, False, p, self.chunk_tokens)[0])
+        ids, attn, pos, resp = (
+            batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses")
+        )
+        packed = self.choose(
+            ids,
+            attn,
+            pos,
+            resp.shape[1],
+            lambda m, p: forward_response_log_probs(
+                m, ids, attn, pos, resp, self.temperature, False, p, self.chunk_tokens
+            )[0],
+        )
         with self.autocast():
-            lp, ent, stats = forward_response_log_probs(module, ids, attn, pos, resp, self.temperature, with_entropy, packed, self.chunk_tokens)
+            lp, ent, stats = forward_response_log_probs(
+                module, ids, attn, pos, resp, self.temperature, with_entropy, packed, self.chunk_tokens
+            )
         self.count(stats)
         return lp, ent
 
     @torch.no_grad()
-    def all_rows(self, model: torch.nn.Module, data: DataProto, with_entropy: bool, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def all_rows(
+        self, model: torch.nn.Module, data: DataProto, with_entropy: bool, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``forward`` over every micro-batch of ``data`` in eval mode, on CPU.
 
         :param world_size: > 1 when ``model``'s forward is a collective (FSDP2 shards): every rank
@@ -122,7 +185,9 @@ class ResponseLogProbs(LayoutChoice):
         was_training = model.training
         model.eval()
         lps, ents = [], []
-        for rows, weight in equal_micro_batches([(rows, 1.0) for rows in self.split(data["attention_mask"])], world_size):
+        for rows, weight in equal_micro_batches(
+            [(rows, 1.0) for rows in self.split(data["attention_mask"])], world_size
+        ):
             lp, ent = self.forward(model, data, rows, with_entropy)
             if not weight:  # a stand-in
                 continue

@@ -26,7 +26,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["STRATEGIES", "full_model_state", "full_optimizer_state", "load_full_model_state", "load_full_optimizer_state", "shard_units", "wrap"]
+__all__ = [
+    "STRATEGIES",
+    "full_model_state",
+    "full_optimizer_state",
+    "load_full_model_state",
+    "load_full_optimizer_state",
+    "shard_units",
+    "wrap",
+]
 
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -39,13 +47,21 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
         names.update(getattr(m, "_no_split_modules", None) or [])
     units = [m for m in model.modules() if type(m).__name__ in names]
     if not units:
-        raise ValueError(f"fsdp2: {type(model).__name__} names no decoder-layer class in _no_split_modules, so there is nothing "
-                         "to shard layer by layer; use actor.strategy=ddp for this model")
+        raise ValueError(
+            f"fsdp2: {type(model).__name__} names no decoder-layer class in _no_split_modules, so there is nothing "
+            "to shard layer by layer; use actor.strategy=ddp for this model"
+        )
     return units
 
 
-def wrap(model: torch.nn.Module, strategy: str, world_size: int, device: torch.device, compute_dtype: torch.dtype = torch.float32,
-         offload: bool = False) -> torch.nn.Module:
+def wrap(
+    model: torch.nn.Module,
+    strategy: str,
+    world_size: int,
+    device: torch.device,
+    compute_dtype: torch.dtype = torch.float32,
+    offload: bool = False,
+) -> torch.nn.Module:
     """The module to train: ``model`` itself (one rank), a DDP wrapper, or ``model`` sharded in place by FSDP2.
 
     :param compute_dtype: below float32, FSDP2 gathers the (float32) parameters in this dtype for
@@ -72,7 +88,9 @@ def wrap(model: torch.nn.Module, strategy: str, world_size: int, device: torch.d
     kwargs: dict[str, Any] = {"mesh": init_device_mesh(device.type, (world_size,))}
     if compute_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    if offload:  # it needs a backend that reduce-scatters CPU tensors, which gloo does not: GPU runs only (config checks)
+    if (
+        offload
+    ):  # it needs a backend that reduce-scatters CPU tensors, which gloo does not: GPU runs only (config checks)
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for unit in shard_units(model):
         fully_shard(unit, **kwargs)
@@ -119,7 +137,9 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     """
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    if not optimizer.state:  # no step taken yet; the API below would take a zero step to create state (Adam's step count 1)
+    if (
+        not optimizer.state
+    ):  # no step taken yet; the API below would take a zero step to create state (Adam's step count 1)
         return {"untouched": optimizer.state_dict()}
     state = get_optimizer_state_dict(model, optimizer, options=_options(full_state_dict=is_sharded(model)))
     return _to_cpu(state)

@@ -26,17 +26,23 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     if dtype == torch.float32:
         return dtype
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"model.dtype={name}: this GPU does not support bfloat16 "
-                         "(it needs compute capability 8.0+, e.g. A100, H100); use model.dtype=float32")
+        raise ValueError(
+            f"model.dtype={name}: this GPU does not support bfloat16 "
+            "(it needs compute capability 8.0+, e.g. A100, H100); use model.dtype=float32"
+        )
     try:
         x = torch.ones(4, 4, device=device, requires_grad=True)
         with torch.autocast(device.type, dtype=dtype):
             y = x @ x
         y.float().sum().backward()
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"model.dtype={name} cannot run on {device.type}: {str(e).splitlines()[0]}; use model.dtype=float32") from None
+        raise ValueError(
+            f"model.dtype={name} cannot run on {device.type}: {str(e).splitlines()[0]}; use model.dtype=float32"
+        ) from None
     if y.dtype != dtype:
-        raise ValueError(f"model.dtype={name}: autocast on {device.type} computes in {y.dtype}, not {dtype}; use model.dtype=float32")
+        raise ValueError(
+            f"model.dtype={name}: autocast on {device.type} computes in {y.dtype}, not {dtype}; use model.dtype=float32"
+        )
     return dtype
 
 

@@ -42,20 +42,31 @@ def group_by_prompt(input_ids: torch.Tensor, mask: torch.Tensor, start: int) -> 
         return None
     prompt_len = mask[:, :start].sum(-1)
     resp_len = mask[:, start:].sum(-1)
-    first_row = torch.full((n_groups,), bs, dtype=torch.long, device=device).scatter_reduce(0, group, torch.arange(bs, device=device), "amin")
+    first_row = torch.full((n_groups,), bs, dtype=torch.long, device=device).scatter_reduce(
+        0, group, torch.arange(bs, device=device), "amin"
+    )
     g_resp = torch.zeros(n_groups, dtype=torch.long, device=device).index_add_(0, group, resp_len)
     # each row's responses start after the earlier rows' of its group
     by_group = torch.sort(group, stable=True).indices
     before = torch.cumsum(resp_len[by_group], 0) - resp_len[by_group]
-    group_base = torch.zeros(n_groups, dtype=torch.long, device=device).scatter_reduce(0, group[by_group], before, "amin", include_self=False)
+    group_base = torch.zeros(n_groups, dtype=torch.long, device=device).scatter_reduce(
+        0, group[by_group], before, "amin", include_self=False
+    )
     resp_offset = torch.empty(bs, dtype=torch.long, device=device)
     resp_offset[by_group] = before - group_base[group[by_group]]
     g_prompt = prompt_len[first_row]
     return PromptGroups(group, n_groups, prompt_len, resp_offset, first_row, g_prompt, g_prompt + g_resp)
 
 
-def segment_attention(dest: torch.Tensor, segment_of: torch.Tensor, owner_of: torch.Tensor, packed_pos: torch.Tensor, k: int, width: int,
-                      first_free: int) -> torch.Tensor:
+def segment_attention(
+    dest: torch.Tensor,
+    segment_of: torch.Tensor,
+    owner_of: torch.Tensor,
+    packed_pos: torch.Tensor,
+    k: int,
+    width: int,
+    first_free: int,
+) -> torch.Tensor:
     """(k, width, width) boolean mask, True = attend, of the tokens placed at the flat positions
     ``dest`` of (k, width) rows with positions ``packed_pos``: a query sees a key of its own segment
     (``segment_of``) that is in the prompt (owner -1) or in its own response (same ``owner_of``),
@@ -66,5 +77,8 @@ def segment_attention(dest: torch.Tensor, segment_of: torch.Tensor, owner_of: to
     segment[dest] = segment_of
     owner[dest] = owner_of
     segment, owner, pos = segment.view(k, width), owner.view(k, width), packed_pos.view(k, width)
-    return ((segment[:, :, None] == segment[:, None, :]) & ((owner[:, None, :] == -1) | (owner[:, :, None] == owner[:, None, :]))
-            & (pos[:, None, :] <= pos[:, :, None]))
+    return (
+        (segment[:, :, None] == segment[:, None, :])
+        & ((owner[:, None, :] == -1) | (owner[:, :, None] == owner[:, None, :]))
+        & (pos[:, None, :] <= pos[:, :, None])
+    )

@@ -65,7 +65,9 @@ class RolloutWorker:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
             if missing or unexpected:
-                raise KeyError(f"rollout worker set_weights: the policy's state does not match {type(self.model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+                raise KeyError(
+                    f"rollout worker set_weights: the policy's state does not match {type(self.model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
         else:
             self.backend.update_weights(state.items())
         self.version = int(version)
@@ -74,7 +76,10 @@ class RolloutWorker:
 
     def rng_state(self) -> dict:
         """torch's generator state (what the ``hf`` backend samples from; a vLLM engine keeps its own)."""
-        return {"torch_rng": torch.get_rng_state(), **({"cuda_rng": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {})}
+        return {
+            "torch_rng": torch.get_rng_state(),
+            **({"cuda_rng": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {}),
+        }
 
     def set_rng_state(self, state: dict) -> None:
         torch.set_rng_state(state["torch_rng"])
@@ -86,5 +91,9 @@ class RolloutWorker:
         with autocast(self.device, self.compute_dtype):
             out = self.backend.generate(prompts.to(self.device), greedy=greedy).to("cpu")
         out["policy_version"] = torch.full((len(out),), self.version, dtype=torch.long)
-        out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), "perf/worker_s": time.perf_counter() - t0, "perf/weights_load_s": self.load_s}
+        out.meta_info["metrics"] = {
+            **out.meta_info.get("metrics", {}),
+            "perf/worker_s": time.perf_counter() - t0,
+            "perf/weights_load_s": self.load_s,
+        }
         return out

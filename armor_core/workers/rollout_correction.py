@@ -33,8 +33,9 @@ LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: past any sensible cap, far from float
 
 
 @torch.no_grad()
-def correction_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
-                       mode: str, cap: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def correction_weights(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token weights (bs, T), float32, 0 outside the mask, and the metrics (0-d tensors).
 
     :param old_log_probs: (bs, T) the trained policy's log-probs of the sampled tokens.
@@ -48,8 +49,10 @@ def correction_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
     if not cap > 0:
         raise ValueError(f"algorithm.rollout_correction_cap={cap!r}: must be > 0")
     if not old_log_probs.shape == rollout_log_probs.shape == response_mask.shape:
-        raise ValueError(f"rollout correction: shapes differ: old_log_probs {tuple(old_log_probs.shape)}, "
-                         f"rollout_log_probs {tuple(rollout_log_probs.shape)}, response_mask {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"rollout correction: shapes differ: old_log_probs {tuple(old_log_probs.shape)}, "
+            f"rollout_log_probs {tuple(rollout_log_probs.shape)}, response_mask {tuple(response_mask.shape)}"
+        )
     log_ratio = old_log_probs.float() - rollout_log_probs.float()
     valid = response_mask.bool() & ~torch.isnan(log_ratio)
     log_ratio = torch.where(valid, log_ratio, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)

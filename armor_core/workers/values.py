@@ -31,15 +31,28 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int,
-                packed: PackedRows | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_length: int,
+        packed: PackedRows | None = None,
+    ) -> torch.Tensor:
         """(bs, R) values of the padded batch's response tokens; with ``packed``, computed in that
         layout (0 where a response position holds no token)."""
         if packed is None:
-            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+            out = self.backbone(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            )
             hidden = out.last_hidden_state[:, -response_length - 1 : -1, :]
             return self.value_head(hidden.float())[..., 0].clone()  # not a view: FSDP2 hooks its backward on the output
-        out = self.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask, use_cache=False)
+        out = self.backbone(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=packed.attention_mask,
+            use_cache=False,
+        )
         hidden = out.last_hidden_state.flatten(0, 1)[packed.predict_index.to(input_ids.device)]
         values = self.value_head(hidden.float())[:, 0]
         grid = torch.zeros(input_ids.shape[0] * response_length, dtype=values.dtype, device=values.device)
@@ -53,14 +66,23 @@ class ResponseValues(LayoutChoice):
     :param sharded: FSDP2 over several ranks: every forward is a collective, and a layout check is
         a forward that only some ranks might run, so the padded forward is kept."""
 
-    def __init__(self, model: ValueModel, device: torch.device, compute_dtype: torch.dtype, autocast: Callable[[], Any], rank: int = 0,
-                 sharded: bool = False) -> None:
+    def __init__(
+        self,
+        model: ValueModel,
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        autocast: Callable[[], Any],
+        rank: int = 0,
+        sharded: bool = False,
+    ) -> None:
         super().__init__(model.backbone, model, compute_dtype, autocast, f"critic rank {rank}", "values")
         self.device = device
         if sharded:
             self.layouts = ()
 
-    def forward(self, module: torch.nn.Module, data: DataProto, rows: torch.Tensor, response_length: int) -> torch.Tensor:
+    def forward(
+        self, module: torch.nn.Module, data: DataProto, rows: torch.Tensor, response_length: int
+    ) -> torch.Tensor:
         """V(s_t), (rows, R) float32, for ``rows`` of ``data`` through ``module`` (the model or its
         data-parallel wrapper); with gradient when grad is enabled."""
         ids, attn, pos = (data[k][rows].to(self.device) for k in ("input_ids", "attention_mask", "position_ids"))

@@ -45,9 +45,13 @@ def compute_gae_advantage(
     :returns: ``(advantages, returns)``, both (bs, T), 0 outside the mask.
     """
     if values is None:
-        raise ValueError("gae needs the critic's values (bs, response_length); the trainer passes them because gae is registered with requires_critic=True")
+        raise ValueError(
+            "gae needs the critic's values (bs, response_length); the trainer passes them because gae is registered with requires_critic=True"
+        )
     if values.shape != token_level_rewards.shape:
-        raise ValueError(f"gae: values has shape {tuple(values.shape)} but token_level_rewards has {tuple(token_level_rewards.shape)}; both must be (bs, response_length)")
+        raise ValueError(
+            f"gae: values has shape {tuple(values.shape)} but token_level_rewards has {tuple(token_level_rewards.shape)}; both must be (bs, response_length)"
+        )
     m = as_bool_mask(response_mask)
     dtype = torch.float32 if token_level_rewards.dtype in (torch.float16, torch.bfloat16) else token_level_rewards.dtype
     zero = torch.zeros((), dtype=dtype, device=token_level_rewards.device)
@@ -72,4 +76,9 @@ def compute_gae_advantage(
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("gae", AdvantageEstimator(fn=compute_gae_advantage, requires_critic=True, description="GAE with a critic (PPO); whitened advantages"))
+    register(
+        "gae",
+        AdvantageEstimator(
+            fn=compute_gae_advantage, requires_critic=True, description="GAE with a critic (PPO); whitened advantages"
+        ),
+    )

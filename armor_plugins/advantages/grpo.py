@@ -60,14 +60,35 @@ def compute_grpo_advantage(
     return out, out.clone()
 
 
-def compute_dr_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, normalize_components: bool = False,
-                              reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_dr_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    normalize_components: bool = False,
+    reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO: ``r_i - mean(r)`` within each group, no std division. Parameters as :func:`compute_grpo_advantage`."""
-    return compute_grpo_advantage(token_level_rewards, response_mask, index, norm_adv_by_std=False,
-                                  normalize_components=normalize_components, reward_components=reward_components)
+    return compute_grpo_advantage(
+        token_level_rewards,
+        response_mask,
+        index,
+        norm_adv_by_std=False,
+        normalize_components=normalize_components,
+        reward_components=reward_components,
+    )
 
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("grpo", AdvantageEstimator(fn=compute_grpo_advantage, grouped=True, description="GRPO: (r - group mean) / (group std + eps)"))
-    register("dr_grpo", AdvantageEstimator(fn=compute_dr_grpo_advantage, grouped=True, description="Dr. GRPO: r - group mean (no std division)"))
+    register(
+        "grpo",
+        AdvantageEstimator(
+            fn=compute_grpo_advantage, grouped=True, description="GRPO: (r - group mean) / (group std + eps)"
+        ),
+    )
+    register(
+        "dr_grpo",
+        AdvantageEstimator(
+            fn=compute_dr_grpo_advantage, grouped=True, description="Dr. GRPO: r - group mean (no std division)"
+        ),
+    )

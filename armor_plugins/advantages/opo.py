@@ -28,8 +28,13 @@ from armor_plugins.losses.utils import as_bool_mask
 __all__ = ["compute_opo_advantage"]
 
 
-def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, normalize_components: bool = False,
-                          reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_opo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    normalize_components: bool = False,
+    reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reward minus the group's length-weighted mean reward.
 
     :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
@@ -53,4 +58,9 @@ def compute_opo_advantage(token_level_rewards: torch.Tensor, response_mask: torc
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("opo", AdvantageEstimator(fn=compute_opo_advantage, grouped=True, description="OPO: reward minus the length-weighted group mean"))
+    register(
+        "opo",
+        AdvantageEstimator(
+            fn=compute_opo_advantage, grouped=True, description="OPO: reward minus the length-weighted group mean"
+        ),
+    )

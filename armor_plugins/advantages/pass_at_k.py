@@ -138,4 +138,11 @@ def _group_pass_at_k(values: torch.Tensor, k: int, epsilon: float, norm_adv_by_s
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("pass_at_k", AdvantageEstimator(fn=compute_pass_at_k_advantage, grouped=True, description="Pass@k training advantage (Chen et al. 2025), k from adv_kwargs"))
+    register(
+        "pass_at_k",
+        AdvantageEstimator(
+            fn=compute_pass_at_k_advantage,
+            grouped=True,
+            description="Pass@k training advantage (Chen et al. 2025), k from adv_kwargs",
+        ),
+    )

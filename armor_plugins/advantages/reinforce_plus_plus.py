@@ -24,7 +24,13 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, discounted_returns, group_stats, normalize_reward_components, outcome_scores
+from armor_plugins.advantages.utils import (
+    broadcast_to_tokens,
+    discounted_returns,
+    group_stats,
+    normalize_reward_components,
+    outcome_scores,
+)
 from armor_plugins.losses.utils import as_bool_mask, masked_whiten
 
 __all__ = ["compute_reinforce_plus_plus_advantage", "compute_reinforce_plus_plus_baseline_advantage"]
@@ -83,8 +89,17 @@ def compute_reinforce_plus_plus_baseline_advantage(
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("reinforce_plus_plus", AdvantageEstimator(fn=compute_reinforce_plus_plus_advantage, description="REINFORCE++: discounted returns, globally whitened"))
+    register(
+        "reinforce_plus_plus",
+        AdvantageEstimator(
+            fn=compute_reinforce_plus_plus_advantage, description="REINFORCE++: discounted returns, globally whitened"
+        ),
+    )
     register(
         "reinforce_plus_plus_baseline",
-        AdvantageEstimator(fn=compute_reinforce_plus_plus_baseline_advantage, grouped=True, description="REINFORCE++-baseline: group-mean baseline, then global whitening"),
+        AdvantageEstimator(
+            fn=compute_reinforce_plus_plus_baseline_advantage,
+            grouped=True,
+            description="REINFORCE++-baseline: group-mean baseline, then global whitening",
+        ),
     )

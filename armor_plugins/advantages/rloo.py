@@ -23,8 +23,13 @@ from armor_plugins.losses.utils import as_bool_mask
 __all__ = ["compute_rloo_advantage"]
 
 
-def compute_rloo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, normalize_components: bool = False,
-                           reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_rloo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    normalize_components: bool = False,
+    reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out baseline within each group.
 
     :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
@@ -49,4 +54,7 @@ def compute_rloo_advantage(token_level_rewards: torch.Tensor, response_mask: tor
 
 @hookimpl
 def armor_register_advantage_estimators(register) -> None:
-    register("rloo", AdvantageEstimator(fn=compute_rloo_advantage, grouped=True, description="RLOO: leave-one-out group baseline"))
+    register(
+        "rloo",
+        AdvantageEstimator(fn=compute_rloo_advantage, grouped=True, description="RLOO: leave-one-out group baseline"),
+    )

@@ -24,7 +24,15 @@ import torch
 
 from armor_plugins.losses.utils import as_bool_mask
 
-__all__ = ["GroupStats", "broadcast_to_tokens", "discounted_returns", "group_ids", "group_stats", "normalize_reward_components", "outcome_scores"]
+__all__ = [
+    "GroupStats",
+    "broadcast_to_tokens",
+    "discounted_returns",
+    "group_ids",
+    "group_stats",
+    "normalize_reward_components",
+    "outcome_scores",
+]
 
 
 def group_ids(index: Any, batch_size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
@@ -37,13 +45,17 @@ def group_ids(index: Any, batch_size: int, device: torch.device | str = "cpu") -
     if isinstance(index, torch.Tensor):
         idx = index.detach().reshape(-1)
         if idx.numel() != batch_size:
-            raise ValueError(f"index has {idx.numel()} entries (shape {tuple(index.shape)}) but token_level_rewards has {batch_size} rows; index must be (bs,) group ids")
+            raise ValueError(
+                f"index has {idx.numel()} entries (shape {tuple(index.shape)}) but token_level_rewards has {batch_size} rows; index must be (bs,) group ids"
+            )
         _, inverse = torch.unique(idx, return_inverse=True)
         inverse = inverse.to(device=device, dtype=torch.int64)
     else:
         arr = np.asarray(index)
         if arr.ndim != 1 or arr.shape[0] != batch_size:
-            raise ValueError(f"index has shape {arr.shape} but token_level_rewards has {batch_size} rows; index must be (bs,) group ids")
+            raise ValueError(
+                f"index has shape {arr.shape} but token_level_rewards has {batch_size} rows; index must be (bs,) group ids"
+            )
         _, inv = np.unique(arr, return_inverse=True)
         inverse = torch.as_tensor(inv.reshape(-1), dtype=torch.int64, device=device)
     num_groups = int(inverse.max().item()) + 1 if batch_size else 0
@@ -53,7 +65,9 @@ def group_ids(index: Any, batch_size: int, device: torch.device | str = "cpu") -
 def outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(bs, T) rewards -> (bs,) float64 sum over valid tokens (0 for a fully masked row)."""
     m = as_bool_mask(response_mask)
-    r = torch.where(m, token_level_rewards.double(), torch.zeros((), dtype=torch.float64, device=token_level_rewards.device))
+    r = torch.where(
+        m, token_level_rewards.double(), torch.zeros((), dtype=torch.float64, device=token_level_rewards.device)
+    )
     return r.sum(dim=-1)
 
 
@@ -74,7 +88,9 @@ class GroupStats:
     num_groups: int
 
 
-def group_stats(scores: torch.Tensor, index: Any, valid: torch.Tensor, weights: torch.Tensor | None = None) -> GroupStats:
+def group_stats(
+    scores: torch.Tensor, index: Any, valid: torch.Tensor, weights: torch.Tensor | None = None
+) -> GroupStats:
     """Statistics of ``scores`` within each group of ``index``, counting only ``valid`` rows.
 
     :param scores: (bs,) float64; :param valid: (bs,) bool, rows with at least one valid token.
@@ -90,11 +106,17 @@ def group_stats(scores: torch.Tensor, index: Any, valid: torch.Tensor, weights: 
     wsum = zeros.index_add(0, gid, w)
     mean_g = zeros.index_add(0, gid, w * scores) / wsum.clamp(min=torch.finfo(torch.float64).tiny)
     unweighted_mean_g = zeros.index_add(0, gid, v * scores) / count.clamp(min=1)
-    dev = torch.where(valid, scores - unweighted_mean_g[gid], torch.zeros((), dtype=torch.float64, device=scores.device))
+    dev = torch.where(
+        valid, scores - unweighted_mean_g[gid], torch.zeros((), dtype=torch.float64, device=scores.device)
+    )
     var_g = zeros.index_add(0, gid, dev * dev) / (count - 1).clamp(min=1)
     inf = torch.tensor(float("inf"), dtype=torch.float64, device=scores.device)
-    gmax = torch.full((num_groups,), -float("inf"), dtype=torch.float64, device=scores.device).scatter_reduce(0, gid, torch.where(valid, scores, -inf), "amax")
-    gmin = torch.full((num_groups,), float("inf"), dtype=torch.float64, device=scores.device).scatter_reduce(0, gid, torch.where(valid, scores, inf), "amin")
+    gmax = torch.full((num_groups,), -float("inf"), dtype=torch.float64, device=scores.device).scatter_reduce(
+        0, gid, torch.where(valid, scores, -inf), "amax"
+    )
+    gmin = torch.full((num_groups,), float("inf"), dtype=torch.float64, device=scores.device).scatter_reduce(
+        0, gid, torch.where(valid, scores, inf), "amin"
+    )
     no_signal_g = (count < 2) | (gmax == gmin)
     return GroupStats(
         mean=mean_g[gid],
@@ -122,7 +144,11 @@ def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.T
     :param token_level_rewards: (bs, T); :param response_mask: (bs, T); :returns: (bs, T) float32+.
     """
     m = as_bool_mask(response_mask)
-    r = token_level_rewards.float() if token_level_rewards.dtype in (torch.float16, torch.bfloat16) else token_level_rewards
+    r = (
+        token_level_rewards.float()
+        if token_level_rewards.dtype in (torch.float16, torch.bfloat16)
+        else token_level_rewards
+    )
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
     r = torch.where(m, r, zero)
     returns = torch.zeros_like(r)
@@ -134,7 +160,9 @@ def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.T
     return returns
 
 
-def normalize_reward_components(scores: torch.Tensor, index: Any, valid: torch.Tensor, reward_components: Any, epsilon: float = 1e-6) -> torch.Tensor:
+def normalize_reward_components(
+    scores: torch.Tensor, index: Any, valid: torch.Tensor, reward_components: Any, epsilon: float = 1e-6
+) -> torch.Tensor:
     """Each reward component standardised within its group before the weighted sum (GDPO:
     "Group reward-Decoupled normalization Policy Optimization", Liu et al.).
 
@@ -153,16 +181,26 @@ def normalize_reward_components(scores: torch.Tensor, index: Any, valid: torch.T
     :returns: (bs,) float64.
     """
     if reward_components is None:
-        raise ValueError("normalize_components needs each row's reward components (reward_components, which the trainer passes "
-                         "from the scoring step); call the estimator with them or set normalize_components=false")
+        raise ValueError(
+            "normalize_components needs each row's reward components (reward_components, which the trainer passes "
+            "from the scoring step); call the estimator with them or set normalize_components=false"
+        )
     if len(reward_components) != scores.shape[0]:
-        raise ValueError(f"reward_components has {len(reward_components)} rows but token_level_rewards has {scores.shape[0]}")
+        raise ValueError(
+            f"reward_components has {len(reward_components)} rows but token_level_rewards has {scores.shape[0]}"
+        )
     out = scores.clone()
     zero = torch.zeros((), dtype=torch.float64, device=scores.device)
     for name in sorted({d for row in reward_components for d in row}):
         routed = torch.tensor([name in row for row in reward_components], device=scores.device) & valid
-        s, w = (torch.tensor([float(row[name][j]) if name in row else 0.0 for row in reward_components], dtype=torch.float64,
-                             device=scores.device) for j in (0, 1))
+        s, w = (
+            torch.tensor(
+                [float(row[name][j]) if name in row else 0.0 for row in reward_components],
+                dtype=torch.float64,
+                device=scores.device,
+            )
+            for j in (0, 1)
+        )
         stats = group_stats(s, index, routed)
         z = torch.where(stats.no_signal, zero, (s - stats.mean) / (stats.std + epsilon))
         out = out + torch.where(routed, w * (z - s), zero)

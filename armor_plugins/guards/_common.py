@@ -29,7 +29,16 @@ def finite_stat(stats: Mapping[str, Any], key: str) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def check_param(guard: str, name: str, value: float, *, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None) -> None:
+def check_param(
+    guard: str,
+    name: str,
+    value: float,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> None:
     """Raise a ValueError naming the guard, the parameter, its value and the allowed range."""
     v = float(value)
     bad = None

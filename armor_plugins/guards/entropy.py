@@ -103,8 +103,13 @@ class EntropyGuard:
             if name is None:
                 return Verdict.proceed()  # every remedy at its maximum
             changed = commit(k, {name: k[name].value + self.steps[name]})
-            return Verdict("adjust", f"actor/entropy {h:.4g} below the floor {self.floor:g} for {self.patience} updates (collapse): {format_changes(changed)}",
-                           signal=h, threshold=self.floor, adjustments=changed)
+            return Verdict(
+                "adjust",
+                f"actor/entropy {h:.4g} below the floor {self.floor:g} for {self.patience} updates (collapse): {format_changes(changed)}",
+                signal=h,
+                threshold=self.floor,
+                adjustments=changed,
+            )
         if self.ceiling is not None and h > self.ceiling:
             self.low, self.high = 0, self.high + 1
             if self.high < self.patience:
@@ -113,8 +118,13 @@ class EntropyGuard:
             changed = commit(k, {n: k[n].value - self.steps[n] for n in REMEDIES})
             if not changed:
                 return Verdict.proceed()  # nothing the guard or the config added is left to take back
-            return Verdict("adjust", f"actor/entropy {h:.4g} above the ceiling {self.ceiling:g} for {self.patience} updates (explosion): {format_changes(changed)}",
-                           signal=h, threshold=self.ceiling, adjustments=changed)
+            return Verdict(
+                "adjust",
+                f"actor/entropy {h:.4g} above the ceiling {self.ceiling:g} for {self.patience} updates (explosion): {format_changes(changed)}",
+                signal=h,
+                threshold=self.ceiling,
+                adjustments=changed,
+            )
         self.low = self.high = 0
         return Verdict.proceed()
 

@@ -45,7 +45,14 @@ class GradSpikeGuard:
         stretch of nearly equal norms the measured std is ~0 and a 0.1 % rise would be "infinite z".
     """
 
-    def __init__(self, window: int = 50, warmup: int = 10, z_threshold: float = 3.0, clip_z: float | None = None, min_rel_std: float = 0.05) -> None:
+    def __init__(
+        self,
+        window: int = 50,
+        warmup: int = 10,
+        z_threshold: float = 3.0,
+        clip_z: float | None = None,
+        min_rel_std: float = 0.05,
+    ) -> None:
         check_param(NAME, "window", window, ge=1)
         check_param(NAME, "warmup", warmup, ge=1)
         check_param(NAME, "z_threshold", z_threshold, gt=0)

@@ -82,7 +82,9 @@ class ImportanceRatioGuard:
         check_param(NAME, "clip_ratio_high", clip_ratio_high, ge=0)
         check_param(NAME, "lr", lr, gt=0)
         if not (tighten_clip or lower_lr):
-            raise ValueError(f"guard {NAME}: tighten_clip and lower_lr are both false, so the guard could never act; enable at least one")
+            raise ValueError(
+                f"guard {NAME}: tighten_clip and lower_lr are both false, so the guard could never act; enable at least one"
+            )
         self.max_clipfrac, self.max_ratio, self.min_ratio = float(max_clipfrac), float(max_ratio), float(min_ratio)
         self.patience, self.recover_every = int(patience), int(recover_every)
         self.tighten_clip, self.lower_lr = bool(tighten_clip), bool(lower_lr)
@@ -137,19 +139,32 @@ class ImportanceRatioGuard:
                 return Verdict.proceed()  # everything is at its floor already
             what, value, threshold = beyond[0]
             detail = "; ".join(f"{w} {v:.4g} beyond {t:.4g}" for w, v, t in beyond)
-            return Verdict("adjust", f"{self.patience} runaway updates in a row ({detail}): {format_changes(changed)}", signal=value, threshold=threshold, adjustments=changed)
+            return Verdict(
+                "adjust",
+                f"{self.patience} runaway updates in a row ({detail}): {format_changes(changed)}",
+                signal=value,
+                threshold=threshold,
+                adjustments=changed,
+            )
         self.hot, self.calm = 0, self.calm + 1
         if self.calm < self.recover_every:
             return Verdict.proceed()
         self.calm = 0
-        changed = commit(k, {
-            "clip_ratio_low": k["clip_ratio_low"].value / self.tighten_factor,
-            "clip_ratio_high": k["clip_ratio_high"].value / self.tighten_factor,
-            "lr": k["lr"].value / self.lr_factor,
-        })
+        changed = commit(
+            k,
+            {
+                "clip_ratio_low": k["clip_ratio_low"].value / self.tighten_factor,
+                "clip_ratio_high": k["clip_ratio_high"].value / self.tighten_factor,
+                "lr": k["lr"].value / self.lr_factor,
+            },
+        )
         if not changed:
             return Verdict.proceed()
-        return Verdict("adjust", f"{self.recover_every} calm updates in a row: relaxing towards the initial values: {format_changes(changed)}", adjustments=changed)
+        return Verdict(
+            "adjust",
+            f"{self.recover_every} calm updates in a row: relaxing towards the initial values: {format_changes(changed)}",
+            adjustments=changed,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"hot": self.hot, "calm": self.calm, **{name: knob.state_dict() for name, knob in self.knobs.items()}}

@@ -75,7 +75,11 @@ class KLGuard:
         check_param(NAME, "recover_every", recover_every, ge=1)
         check_param(NAME, "kl_loss_coef", kl_loss_coef, ge=0)
         check_param(NAME, "lr", lr, gt=0)
-        self.target, self.rollback_factor, self.recover_below = float(target), float(rollback_factor), float(recover_below)
+        self.target, self.rollback_factor, self.recover_below = (
+            float(target),
+            float(rollback_factor),
+            float(recover_below),
+        )
         self.patience, self.recover_every = int(patience), int(recover_every)
         self.coef_factor, self.lr_factor = float(coef_factor), float(lr_factor)
         self.knobs = {
@@ -98,7 +102,12 @@ class KLGuard:
             self.hot = self.calm = 0
             self.rollbacks += 1
             limit = self.rollback_factor * self.target
-            return Verdict("rollback", f"{key} {kl:.4g} is more than {self.rollback_factor:g}x the target {self.target:g}", signal=kl, threshold=limit)
+            return Verdict(
+                "rollback",
+                f"{key} {kl:.4g} is more than {self.rollback_factor:g}x the target {self.target:g}",
+                signal=kl,
+                threshold=limit,
+            )
         if kl > self.target:
             self.hot, self.calm = self.hot + 1, 0
             if self.hot < self.patience:
@@ -113,7 +122,13 @@ class KLGuard:
                 changed = commit(k, {"lr": k["lr"].value * self.lr_factor})
             if not changed:
                 return Verdict.proceed()  # coefficient at its maximum and lr at its floor
-            return Verdict("adjust", f"{key} {kl:.4g} above the target {self.target:g} for {self.patience} updates: {format_changes(changed)}", signal=kl, threshold=self.target, adjustments=changed)
+            return Verdict(
+                "adjust",
+                f"{key} {kl:.4g} above the target {self.target:g} for {self.patience} updates: {format_changes(changed)}",
+                signal=kl,
+                threshold=self.target,
+                adjustments=changed,
+            )
         self.hot = 0
         if kl >= self.recover_below * self.target:
             self.calm = 0
@@ -122,14 +137,26 @@ class KLGuard:
         if self.calm < self.recover_every:
             return Verdict.proceed()
         self.calm = 0
-        changed = commit(k, {"kl_loss_coef": k["kl_loss_coef"].value / self.coef_factor, "lr": k["lr"].value / self.lr_factor})
+        changed = commit(
+            k, {"kl_loss_coef": k["kl_loss_coef"].value / self.coef_factor, "lr": k["lr"].value / self.lr_factor}
+        )
         if not changed:
             return Verdict.proceed()
-        return Verdict("adjust", f"{key} below {self.recover_below:g}x the target for {self.recover_every} updates: relaxing: {format_changes(changed)}",
-                       signal=kl, threshold=self.recover_below * self.target, adjustments=changed)
+        return Verdict(
+            "adjust",
+            f"{key} below {self.recover_below:g}x the target for {self.recover_every} updates: relaxing: {format_changes(changed)}",
+            signal=kl,
+            threshold=self.recover_below * self.target,
+            adjustments=changed,
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"hot": self.hot, "calm": self.calm, "rollbacks": self.rollbacks, **{n: knob.state_dict() for n, knob in self.knobs.items()}}
+        return {
+            "hot": self.hot,
+            "calm": self.calm,
+            "rollbacks": self.rollbacks,
+            **{n: knob.state_dict() for n, knob in self.knobs.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.hot = int(state.get("hot", 0))

@@ -34,7 +34,12 @@ class NonFiniteGuard:
             self._last_bad_step = step
         reason = f"non-finite {', '.join(bad)} at stage {stage}"
         if self.consecutive >= self.max_consecutive:
-            return Verdict("rollback", reason + f" ({self.consecutive} steps in a row)", signal=float(self.consecutive), threshold=float(self.max_consecutive))
+            return Verdict(
+                "rollback",
+                reason + f" ({self.consecutive} steps in a row)",
+                signal=float(self.consecutive),
+                threshold=float(self.max_consecutive),
+            )
         return Verdict("skip", reason, signal=float(self.consecutive), threshold=float(self.max_consecutive))
 
     def state_dict(self) -> dict[str, Any]:

@@ -60,13 +60,13 @@ class _Track:
         return {"recent": list(self.recent), "low": self.low, "rollbacks": self.rollbacks, "last_good": self.last_good}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.recent = [float(x) for x in state.get("recent", [])][-self.window:]
+        self.recent = [float(x) for x in state.get("recent", [])][-self.window :]
         self.low = int(state.get("low", 0))
         self.rollbacks = int(state.get("rollbacks", 0))
         self.last_good = state.get("last_good")
 
     def accept(self, x: float, step: int) -> None:
-        self.recent = (self.recent + [x])[-self.window:]
+        self.recent = (self.recent + [x])[-self.window :]
         self.low, self.last_good = 0, step
 
     def suspect_since(self) -> int | None:
@@ -116,11 +116,19 @@ class RewardCollapseGuard:
         reward_key: str = "score/mean",
         val_key: str = "val/acc_greedy",
     ) -> None:
-        for name, value in (("window", window), ("warmup", warmup), ("patience", patience),
-                            ("val_window", val_window), ("val_warmup", val_warmup), ("val_patience", val_patience)):
+        for name, value in (
+            ("window", window),
+            ("warmup", warmup),
+            ("patience", patience),
+            ("val_window", val_window),
+            ("val_warmup", val_warmup),
+            ("val_patience", val_patience),
+        ):
             check_param(NAME, name, value, ge=1)
         if warmup > window or val_warmup > val_window:
-            raise ValueError(f"guard {NAME}: warmup={warmup} and val_warmup={val_warmup} cannot exceed window={window} and val_window={val_window} (the history is the window)")
+            raise ValueError(
+                f"guard {NAME}: warmup={warmup} and val_warmup={val_warmup} cannot exceed window={window} and val_window={val_window} (the history is the window)"
+            )
         check_param(NAME, "min_drop", min_drop, ge=0)
         check_param(NAME, "rel_drop", rel_drop, ge=0)
         check_param(NAME, "z", z, ge=0)
@@ -129,8 +137,14 @@ class RewardCollapseGuard:
         self.max_rollbacks = int(max_rollbacks)
         check_param(NAME, "rollback_lr_factor", rollback_lr_factor, gt=0, le=1)
         if rollback_lr_factor < 1 and not (lr and lr > 0):
-            raise ValueError(f"guard {NAME}: rollback_lr_factor={rollback_lr_factor} needs lr= (the run's actor.lr) to know what to cut")
-        self.lr, self.rollback_lr_factor, self.min_lr = (float(lr) if lr else None), float(rollback_lr_factor), float(min_lr)
+            raise ValueError(
+                f"guard {NAME}: rollback_lr_factor={rollback_lr_factor} needs lr= (the run's actor.lr) to know what to cut"
+            )
+        self.lr, self.rollback_lr_factor, self.min_lr = (
+            (float(lr) if lr else None),
+            float(rollback_lr_factor),
+            float(min_lr),
+        )
         self.tracks = {
             "reward": _Track(str(reward_key), int(window), int(warmup), int(patience), lag=1),
             "validation": _Track(str(val_key), int(val_window), int(val_warmup), int(val_patience), lag=0),
@@ -163,7 +177,12 @@ class RewardCollapseGuard:
         track.low = 0
         if track.rollbacks >= self.max_rollbacks:
             track.recent, track.rollbacks, track.last_good = [x], 0, step
-            return Verdict("proceed", f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new level", signal=x, threshold=limit)
+            return Verdict(
+                "proceed",
+                f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new level",
+                signal=x,
+                threshold=limit,
+            )
         track.rollbacks += 1
         adjustments = {}
         if self.lr is not None and self.rollback_lr_factor < 1:

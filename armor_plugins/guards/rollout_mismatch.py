@@ -51,8 +51,13 @@ class RolloutMismatchGuard:
             v = finite_stat(stats, key)
             if v is not None and v > limit:
                 self.skips += 1
-                return Verdict("skip", f"{key} {v:.4g} above {limit:g}: the rollout engine and the trainer disagree about the sampled tokens "
-                               "(stale or broken weight sync?)", signal=v, threshold=limit)
+                return Verdict(
+                    "skip",
+                    f"{key} {v:.4g} above {limit:g}: the rollout engine and the trainer disagree about the sampled tokens "
+                    "(stale or broken weight sync?)",
+                    signal=v,
+                    threshold=limit,
+                )
         return Verdict.proceed()
 
     def state_dict(self) -> dict[str, Any]:

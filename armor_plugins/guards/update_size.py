@@ -55,8 +55,16 @@ class UpdateSizeGuard:
 
     stages = ("step",)
 
-    def __init__(self, spike_factor: float = 8.0, window: int = 50, warmup: int = 5, max_ratio: float | None = None,
-                 skip_factor: float = 4.0, lr_factor: float = 0.5, min_lr: float = 0.0) -> None:
+    def __init__(
+        self,
+        spike_factor: float = 8.0,
+        window: int = 50,
+        warmup: int = 5,
+        max_ratio: float | None = None,
+        skip_factor: float = 4.0,
+        lr_factor: float = 0.5,
+        min_lr: float = 0.0,
+    ) -> None:
         check_param(NAME, "spike_factor", spike_factor, gt=1)
         check_param(NAME, "window", window, ge=1)
         check_param(NAME, "warmup", warmup, ge=1)
@@ -82,27 +90,41 @@ class UpdateSizeGuard:
             median = statistics.median(self.recent)
             limit = self.spike_factor * median
             if median > 0 and r > limit:
-                return Verdict("skip", f"update_ratio {r:.3g} is {r / median:.1f}x the recent median {median:.3g}; step undone", signal=r, threshold=limit)
+                return Verdict(
+                    "skip",
+                    f"update_ratio {r:.3g} is {r / median:.1f}x the recent median {median:.3g}; step undone",
+                    signal=r,
+                    threshold=limit,
+                )
         if self.max_ratio is not None and r > self.max_ratio:
             lr = finite_stat(stats, "lr")
             # the ratio is about proportional to lr, so lr * max_ratio / r would have made this step
             # exactly max_ratio: take that or lr * lr_factor, whichever is smaller
-            adjustments = {"lr": max(self.min_lr, lr * min(self.lr_factor, self.max_ratio / r))} if lr is not None and lr > self.min_lr else {}
+            adjustments = (
+                {"lr": max(self.min_lr, lr * min(self.lr_factor, self.max_ratio / r))}
+                if lr is not None and lr > self.min_lr
+                else {}
+            )
             ceiling = self.skip_factor * self.max_ratio
             undo = r > ceiling
             if not undo:
-                self.recent = (self.recent + [r])[-self.window:]
+                self.recent = (self.recent + [r])[-self.window :]
             lowered = f"; lr {lr:.3g} -> {adjustments['lr']:.3g}" if adjustments else ""
-            return Verdict("skip" if undo else "adjust", f"update_ratio {r:.3g} is above max_ratio {self.max_ratio:.3g}{' x ' + format(self.skip_factor, 'g') + ', step undone' if undo else ''}{lowered}",
-                           signal=r, threshold=ceiling if undo else self.max_ratio, adjustments=adjustments)
-        self.recent = (self.recent + [r])[-self.window:]
+            return Verdict(
+                "skip" if undo else "adjust",
+                f"update_ratio {r:.3g} is above max_ratio {self.max_ratio:.3g}{' x ' + format(self.skip_factor, 'g') + ', step undone' if undo else ''}{lowered}",
+                signal=r,
+                threshold=ceiling if undo else self.max_ratio,
+                adjustments=adjustments,
+            )
+        self.recent = (self.recent + [r])[-self.window :]
         return Verdict.proceed()
 
     def state_dict(self) -> dict[str, Any]:
         return {"recent": list(self.recent)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.recent = [float(x) for x in state.get("recent", [])][-self.window:]
+        self.recent = [float(x) for x in state.get("recent", [])][-self.window :]
 
 
 @hookimpl

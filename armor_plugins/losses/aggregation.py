@@ -59,8 +59,12 @@ def count_tokens_and_seqs(response_mask: torch.Tensor) -> tuple[torch.Tensor, to
 
 def _denominator(global_count: Count, local_count: torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
     count = local_count if global_count is None else global_count
-    if not isinstance(count, torch.Tensor) and count < 0:  # tensors are not checked: that would sync the GPU per micro-batch
-        raise ValueError(f"loss aggregation: {name}={count} is negative; it must count the valid tokens/sequences of the whole mini-batch")
+    if (
+        not isinstance(count, torch.Tensor) and count < 0
+    ):  # tensors are not checked: that would sync the GPU per micro-batch
+        raise ValueError(
+            f"loss aggregation: {name}={count} is negative; it must count the valid tokens/sequences of the whole mini-batch"
+        )
     count = torch.as_tensor(count, device=like.device).to(like.dtype)
     # an empty (all-masked) batch contributes 0 instead of 0/0 = NaN
     return count.clamp(min=1)
@@ -70,7 +74,14 @@ def _float(loss_mat: torch.Tensor) -> torch.Tensor:
     return loss_mat.float() if loss_mat.dtype in (torch.float16, torch.bfloat16) else loss_mat
 
 
-def agg_token_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:
+def agg_token_mean(
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    global_num_tokens: Count = None,
+    global_num_seqs: Count = None,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
     """Every valid token of the mini-batch weighs the same: ``sum(m * l) / N``.
 
     :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
@@ -80,7 +91,14 @@ def agg_token_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, globa
     return masked_sum(loss_mat, m) / _denominator(global_num_tokens, m.sum(), loss_mat, "global_num_tokens")
 
 
-def agg_seq_mean_token_sum(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:
+def agg_seq_mean_token_sum(
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    global_num_tokens: Count = None,
+    global_num_seqs: Count = None,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
     """Sum over each sequence's tokens, mean over sequences: ``sum_i sum_t m l / S``.
 
     :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
@@ -91,7 +109,14 @@ def agg_seq_mean_token_sum(loss_mat: torch.Tensor, response_mask: torch.Tensor, 
     return seq_sums.sum() / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 
 
-def agg_seq_mean_token_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:
+def agg_seq_mean_token_mean(
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    global_num_tokens: Count = None,
+    global_num_seqs: Count = None,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
     """Mean over each sequence's tokens, mean over sequences: ``sum_i mean_t l / S``.
 
     A row with no valid token has no mean; it contributes 0 and is not counted in S (the
@@ -107,7 +132,12 @@ def agg_seq_mean_token_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor,
 
 
 def agg_seq_mean_token_sum_norm(
-    loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None, global_num_seqs: Count = None, norm_constant: float | None = None
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    global_num_tokens: Count = None,
+    global_num_seqs: Count = None,
+    norm_constant: float | None = None,
 ) -> torch.Tensor:
     """Dr. GRPO: each sequence's token sum over a constant C, mean over sequences: ``sum_i sum_t m l / (C S)``.
 
@@ -121,7 +151,9 @@ def agg_seq_mean_token_sum_norm(
     m = as_bool_mask(response_mask)
     c = float(loss_mat.shape[-1]) if norm_constant is None else float(norm_constant)
     if not c > 0:
-        raise ValueError(f"loss aggregation 'seq-mean-token-sum-norm': norm_constant={norm_constant!r} must be > 0 (actor.loss_norm_constant, e.g. rollout.max_new_tokens)")
+        raise ValueError(
+            f"loss aggregation 'seq-mean-token-sum-norm': norm_constant={norm_constant!r} must be > 0 (actor.loss_norm_constant, e.g. rollout.max_new_tokens)"
+        )
     return masked_sum(loss_mat, m) / c / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 
 

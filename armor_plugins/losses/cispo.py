@@ -73,4 +73,10 @@ def compute_policy_loss_cispo(
 
 @hookimpl
 def armor_register_policy_losses(register) -> None:
-    register("cispo", PolicyLoss(fn=compute_policy_loss_cispo, description="CISPO: clipped, stop-gradient IS weight on every token (MiniMax-M1)"))
+    register(
+        "cispo",
+        PolicyLoss(
+            fn=compute_policy_loss_cispo,
+            description="CISPO: clipped, stop-gradient IS weight on every token (MiniMax-M1)",
+        ),
+    )

@@ -84,7 +84,11 @@ def compute_policy_loss_gspo(
             "pg_clipfrac_lower": masked_mean(((adv < 0) & (s_val < low)).to(lp.dtype), m),
             "seq_ratio_mean": masked_mean(torch.exp(seq_log_ratio), has_token),
         }
-        token_ratio_metrics = policy_ratio_metrics(token_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp), torch.exp(token_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)), m)
+        token_ratio_metrics = policy_ratio_metrics(
+            token_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp),
+            torch.exp(token_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)),
+            m,
+        )
         seq_ratio_metrics = policy_ratio_metrics(log_s.detach(), s_val, m)
     metrics["ppo_kl"] = token_ratio_metrics["ppo_kl"]
     metrics["ppo_kl_k3"] = token_ratio_metrics["ppo_kl_k3"]
@@ -95,4 +99,10 @@ def compute_policy_loss_gspo(
 
 @hookimpl
 def armor_register_policy_losses(register) -> None:
-    register("gspo", PolicyLoss(fn=compute_policy_loss_gspo, description="GSPO-token: clipped sequence-level ratio with token-level gradients"))
+    register(
+        "gspo",
+        PolicyLoss(
+            fn=compute_policy_loss_gspo,
+            description="GSPO-token: clipped sequence-level ratio with token-level gradients",
+        ),
+    )

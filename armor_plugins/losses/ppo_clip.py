@@ -53,9 +53,13 @@ def compute_policy_loss_ppo_clip(
         r > c), plus ``ppo_kl``, ``ppo_kl_k3``, ``ratio_min/max/mean``.
     """
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
-        raise ValueError(f"ppo_clip: clip_ratio_c={clip_ratio_c} must be > 1 (actor.clip_ratio_c), or None to disable dual-clip")
+        raise ValueError(
+            f"ppo_clip: clip_ratio_c={clip_ratio_c} must be > 1 (actor.clip_ratio_c), or None to disable dual-clip"
+        )
     if clip_ratio_low < 0 or clip_ratio_high < 0:
-        raise ValueError(f"ppo_clip: clip_ratio_low={clip_ratio_low}, clip_ratio_high={clip_ratio_high} must both be >= 0")
+        raise ValueError(
+            f"ppo_clip: clip_ratio_low={clip_ratio_low}, clip_ratio_high={clip_ratio_high} must both be >= 0"
+        )
     m = as_bool_mask(response_mask)
     log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, m, log_ratio_clamp)
     zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
@@ -84,4 +88,9 @@ def compute_policy_loss_ppo_clip(
 
 @hookimpl
 def armor_register_policy_losses(register) -> None:
-    register("ppo_clip", PolicyLoss(fn=compute_policy_loss_ppo_clip, description="PPO clip with clip-higher (eps_low/eps_high) and dual-clip"))
+    register(
+        "ppo_clip",
+        PolicyLoss(
+            fn=compute_policy_loss_ppo_clip, description="PPO clip with clip-higher (eps_low/eps_high) and dual-clip"
+        ),
+    )

@@ -146,7 +146,9 @@ def compute_entropy_loss(entropy: torch.Tensor, response_mask: torch.Tensor, ent
     return torch.where(m, -entropy_coeff * entropy, torch.zeros((), dtype=entropy.dtype, device=entropy.device))
 
 
-def clamped_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor, clamp: float = LOG_RATIO_CLAMP) -> tuple[torch.Tensor, torch.Tensor]:
+def clamped_ratio(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor, clamp: float = LOG_RATIO_CLAMP
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``log(pi / pi_old)`` clamped to ``+-clamp`` and its ``exp``; both 0/1 outside the mask.
 
     Computed in fp32 at least. Beyond the clamp the gradient is 0, which is what the PPO clip
@@ -161,7 +163,9 @@ def clamped_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_m
     return log_ratio, torch.exp(log_ratio)
 
 
-def policy_ratio_metrics(log_ratio: torch.Tensor, ratio: torch.Tensor, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def policy_ratio_metrics(
+    log_ratio: torch.Tensor, ratio: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Metrics every policy loss reports, over valid tokens, detached 0-d tensors.
 
     ``ppo_kl``: mean of ``log pi_old - log pi`` (the k1 estimate of KL(pi_old || pi) on samples

@@ -50,7 +50,7 @@ def _block(text: str, tag: str) -> tuple[int, int] | None:
     if text.count(open_tag) != 1 or text.count(close_tag) != 1:
         return None
     start, close = text.index(open_tag), text.index(close_tag)
-    if close < start or not text[start + len(open_tag):close].strip():
+    if close < start or not text[start + len(open_tag) : close].strip():
         return None
     return start, close + len(close_tag)
 
@@ -59,7 +59,7 @@ def think_answer_parts(response: str) -> dict[str, bool]:
     """The parts of the ``think_answer`` preset (see the module docstring)."""
     think, answer = _block(response, "think"), _block(response, "answer")
     order = think is not None and answer is not None and think[1] <= answer[0]
-    clean = order and not (response[:think[0]] + response[think[1]:answer[0]] + response[answer[1]:]).strip()  # type: ignore[index]
+    clean = order and not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()  # type: ignore[index]
     return {"think": think is not None, "answer": answer is not None, "order": order, "clean": clean}
 
 
@@ -82,7 +82,7 @@ def boxed_parts(response: str) -> dict[str, bool]:
     ends = []
     for m in _BOXED.finditer(response):
         close = closes.get(m.end() - 1)
-        if close is not None and response[m.end():close].strip():
+        if close is not None and response[m.end() : close].strip():
             ends.append(close + 1)
     final = bool(ends) and _TRAILING.fullmatch(response, ends[-1]) is not None
     return {"boxed": bool(ends), "single": response.count("\\boxed") == 1, "final": final}
@@ -122,11 +122,21 @@ def check_config(preset: str | None, pattern: str | None) -> None:
             raise ValueError(f"format: give a preset or a pattern, not both (preset={preset!r}, pattern={pattern!r})")
         _compiled(pattern)
     elif (preset or "think_answer") not in PRESETS:
-        raise ValueError(f"format: unknown preset {preset!r}; presets: {', '.join(sorted(PRESETS))} (or set pattern: a regular expression)")
+        raise ValueError(
+            f"format: unknown preset {preset!r}; presets: {', '.join(sorted(PRESETS))} (or set pattern: a regular expression)"
+        )
 
 
-def format_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                  preset: str | None = None, pattern: str | None = None, partial: bool = False) -> RewardResult:
+def format_reward(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    preset: str | None = None,
+    pattern: str | None = None,
+    partial: bool = False,
+) -> RewardResult:
     """Score whether ``response`` follows the structure (see the module docstring).
 
     :param preset: ``think_answer`` (the default when no ``pattern`` is given) or ``boxed``.
@@ -152,5 +162,13 @@ def _score_range(params: Mapping[str, Any]) -> tuple[float, float]:
 
 @hookimpl
 def armor_register_reward_domains(register) -> None:
-    register("format", RewardDomain(format_reward, requires_ground_truth=False, inline=True, score_range=_score_range,
-                                    description="response structure: preset think_answer or boxed, or a regular expression; sub-scores per part"))
+    register(
+        "format",
+        RewardDomain(
+            format_reward,
+            requires_ground_truth=False,
+            inline=True,
+            score_range=_score_range,
+            description="response structure: preset think_answer or boxed, or a regular expression; sub-scores per part",
+        ),
+    )

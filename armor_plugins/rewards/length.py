@@ -52,8 +52,10 @@ def response_length(response: str, extra: Mapping[str, Any], unit: str, param: s
     if unit != "tokens":
         raise ValueError(f"{param}={unit!r}: use 'tokens' (extra['response_length'], set by the trainer) or 'chars'")
     if "response_length" not in extra:
-        raise ValueError(f"a length in tokens needs the row's extra['response_length'] (the trainer sets it); "
-                         f"use {param}='chars' to measure characters instead")
+        raise ValueError(
+            f"a length in tokens needs the row's extra['response_length'] (the trainer sets it); "
+            f"use {param}='chars' to measure characters instead"
+        )
     return int(extra["response_length"])
 
 
@@ -68,24 +70,45 @@ def band_score(length: float, target_min: float | None, target_max: float | None
     return 1.0
 
 
-def check_config(overlong_max_length: Any, overlong_buffer: Any, target_min: Any, target_max: Any, falloff: Any) -> None:
+def check_config(
+    overlong_max_length: Any, overlong_buffer: Any, target_min: Any, target_max: Any, falloff: Any
+) -> None:
     """Raise ``ValueError`` for parameters that score nothing or contradict each other."""
     if overlong_max_length is None and target_min is None and target_max is None:
-        raise ValueError("length: nothing to score; set overlong_max_length (DAPO's overlong penalty) and/or target_min / "
-                         "target_max (a target band) in reward.domain_kwargs.length")
-    for name, value in (("overlong_max_length", overlong_max_length), ("target_min", target_min), ("target_max", target_max), ("falloff", falloff)):
+        raise ValueError(
+            "length: nothing to score; set overlong_max_length (DAPO's overlong penalty) and/or target_min / "
+            "target_max (a target band) in reward.domain_kwargs.length"
+        )
+    for name, value in (
+        ("overlong_max_length", overlong_max_length),
+        ("target_min", target_min),
+        ("target_max", target_max),
+        ("falloff", falloff),
+    ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"length: {name}={value!r} must be a number >= 0")
     if overlong_max_length is not None and not 0 <= overlong_buffer <= overlong_max_length:
-        raise ValueError(f"length: overlong_buffer={overlong_buffer!r} must be between 0 and overlong_max_length={overlong_max_length!r}")
+        raise ValueError(
+            f"length: overlong_buffer={overlong_buffer!r} must be between 0 and overlong_max_length={overlong_max_length!r}"
+        )
     if target_min is not None and target_max is not None and target_min > target_max:
         raise ValueError(f"length: target_min={target_min!r} is above target_max={target_max!r}")
 
 
-def length_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                  overlong_max_length: int | None = None, overlong_buffer: int = 0, overlong_penalty_factor: float = 1.0,
-                  target_min: float | None = None, target_max: float | None = None, falloff: float | None = None,
-                  unit: str = "tokens") -> RewardResult:
+def length_reward(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    overlong_max_length: int | None = None,
+    overlong_buffer: int = 0,
+    overlong_penalty_factor: float = 1.0,
+    target_min: float | None = None,
+    target_max: float | None = None,
+    falloff: float | None = None,
+    unit: str = "tokens",
+) -> RewardResult:
     """Score a response's length (see the module docstring).
 
     :param overlong_max_length: DAPO's L_max; with ``overlong_buffer`` (L_cache) the overlong penalty.
@@ -102,18 +125,30 @@ def length_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[
         band = subs["band"] = band_score(length, target_min, target_max, falloff)
     overlong = 0.0
     if overlong_max_length is not None:
-        overlong = subs["overlong"] = overlong_penalty(length, int(overlong_max_length), int(overlong_buffer), overlong_penalty_factor)
+        overlong = subs["overlong"] = overlong_penalty(
+            length, int(overlong_max_length), int(overlong_buffer), overlong_penalty_factor
+        )
     return RewardResult(max(0.0, band + overlong), subs)
 
 
 def _score_range(params: Mapping[str, Any]) -> tuple[float, float]:
     # computed when the run's reward domains are bound, before any worker starts: parameters that
     # score nothing are an error then, not a failed score on every row
-    check_config(*(params[k] for k in ("overlong_max_length", "overlong_buffer", "target_min", "target_max", "falloff")))
+    check_config(
+        *(params[k] for k in ("overlong_max_length", "overlong_buffer", "target_min", "target_max", "falloff"))
+    )
     return 0.0, 1.0
 
 
 @hookimpl
 def armor_register_reward_domains(register) -> None:
-    register("length", RewardDomain(length_reward, requires_ground_truth=False, inline=True, score_range=_score_range,
-                                    description="DAPO's soft overlong penalty and an optional target-length band, in [0, 1]"))
+    register(
+        "length",
+        RewardDomain(
+            length_reward,
+            requires_ground_truth=False,
+            inline=True,
+            score_range=_score_range,
+            description="DAPO's soft overlong penalty and an optional target-length band, in [0, 1]",
+        ),
+    )

@@ -27,7 +27,9 @@ def resolve_sampling(backend: str, config: Any, overrides: Mapping[str, Any]) ->
     """The rollout config with ``generate(**overrides)`` applied; unknown overrides are an error."""
     unknown = sorted(set(overrides) - set(SAMPLING_OVERRIDES))
     if unknown:
-        raise TypeError(f"{backend}.generate: unknown sampling override(s) {unknown}; accepted: {', '.join(SAMPLING_OVERRIDES)}")
+        raise TypeError(
+            f"{backend}.generate: unknown sampling override(s) {unknown}; accepted: {', '.join(SAMPLING_OVERRIDES)}"
+        )
     temperature = float(overrides.get("temperature", config.temperature))
     s = Sampling(
         temperature=temperature,
@@ -46,7 +48,9 @@ def prepare_prompts(backend: str, prompts: Any, n: int) -> tuple[Any, torch.Tens
     """``(prompts repeated n times interleaved, input_ids, attention_mask, position_ids)``."""
     for key in ("input_ids", "attention_mask"):
         if key not in prompts.tensors:
-            raise KeyError(f"{backend}.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})")
+            raise KeyError(
+                f"{backend}.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})"
+            )
     if n > 1:
         prompts = prompts.repeat(n, interleave=True)
     input_ids, attention_mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"]
@@ -56,15 +60,26 @@ def prepare_prompts(backend: str, prompts: Any, n: int) -> tuple[Any, torch.Tens
     return prompts, input_ids, attention_mask, position_ids
 
 
-def assemble_output(prompts: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                    responses: torch.Tensor, response_mask: torch.Tensor, log_probs: torch.Tensor) -> Any:
+def assemble_output(
+    prompts: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_probs: torch.Tensor,
+) -> Any:
     """The rollout contract's DataProto: prompts, responses, masks and positions of the whole sequence."""
     from armor_core.dataproto.protocol import DataProto
 
     device = input_ids.device
     responses, response_mask, log_probs = (x.to(device) for x in (responses, response_mask, log_probs))
     steps = torch.arange(1, responses.shape[1] + 1, device=device, dtype=position_ids.dtype)
-    last_pos = position_ids[:, -1:] if position_ids.shape[1] else torch.full((responses.shape[0], 1), -1, dtype=position_ids.dtype, device=device)
+    last_pos = (
+        position_ids[:, -1:]
+        if position_ids.shape[1]
+        else torch.full((responses.shape[0], 1), -1, dtype=position_ids.dtype, device=device)
+    )
     tensors = {
         "prompts": input_ids,
         "responses": responses,
@@ -74,7 +89,9 @@ def assemble_output(prompts: Any, input_ids: torch.Tensor, attention_mask: torch
         "position_ids": torch.cat([position_ids, last_pos + steps], dim=1),
         "rollout_log_probs": log_probs,
     }
-    return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info))
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info)
+    )
 
 
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -86,5 +103,7 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     if gen_eos is not None:
         ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
     if not ids:
-        raise ValueError("rollout: neither the tokenizer nor the model's generation_config has an EOS token; responses would never end")
+        raise ValueError(
+            "rollout: neither the tokenizer nor the model's generation_config has an EOS token; responses would never end"
+        )
     return sorted(ids)

@@ -52,7 +52,9 @@ _PREFIXES = ("module.", "_orig_mod.")
 _COMPACT_AT = 0.25
 
 
-def sample_next_token(logits: torch.Tensor, *, greedy: bool, temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next_token(
+    logits: torch.Tensor, *, greedy: bool, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row and return it with its log-prob.
 
     :param logits: (bs, vocab) next-token logits.
@@ -103,12 +105,18 @@ class HFRollout:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         # only the last position's logits are used: transformers' causal LMs can skip the rest,
         # which in the prompt pass of a large-vocabulary model is most of the memory
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes keywords through
+        base = (
+            model.get_base_model() if hasattr(model, "get_base_model") else model
+        )  # a peft model passes keywords through
         accepts = inspect.signature(base.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
-        self._cache_selects: bool | None = None  # can this model's cache select batch rows? known after its first forward
+        self._cache_selects: bool | None = (
+            None  # can this model's cache select batch rows? known after its first forward
+        )
         if getattr(config, "backend_kwargs", None):
-            raise ValueError(f"rollout.backend_kwargs={dict(config.backend_kwargs)!r}: the hf backend takes no extra arguments")
+            raise ValueError(
+                f"rollout.backend_kwargs={dict(config.backend_kwargs)!r}: the hf backend takes no extra arguments"
+            )
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -140,8 +148,14 @@ class HFRollout:
                     sl = slice(start, start + cfg.micro_batch_size)
                     pieces.append(
                         self._generate_micro_batch(
-                            input_ids[sl].to(device), attention_mask[sl].to(device), position_ids[sl].to(device),
-                            max_new=max_new, greedy=sp.greedy, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                            input_ids[sl].to(device),
+                            attention_mask[sl].to(device),
+                            position_ids[sl].to(device),
+                            max_new=max_new,
+                            greedy=sp.greedy,
+                            temperature=sp.temperature,
+                            top_k=sp.top_k,
+                            top_p=sp.top_p,
                         )
                     )
         finally:
@@ -153,8 +167,18 @@ class HFRollout:
             response_mask, log_probs = torch.zeros_like(responses), torch.zeros((0, max_new), device=out_device)
         return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
 
-    def _generate_micro_batch(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, *, max_new: int, greedy: bool,
-                              temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _generate_micro_batch(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        *,
+        max_new: int,
+        greedy: bool,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device."""
         b, device = ids.shape[0], ids.device
         # left padding shared by every row is dropped: masked positions change nothing but cost compute
@@ -211,9 +235,18 @@ class HFRollout:
                     return past, logits.index_select(0, inverse)
         return self._forward(ids, mask, pos)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any = None) -> tuple[Any, torch.Tensor]:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any = None
+    ) -> tuple[Any, torch.Tensor]:
         """One cached forward: ``(past_key_values, logits of the last position (b, vocab))``."""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True, **self._forward_kwargs)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=past,
+            use_cache=True,
+            **self._forward_kwargs,
+        )
         if self._cache_selects is None:
             self._cache_selects = hasattr(out.past_key_values, "reorder_cache")
         return out.past_key_values, out.logits[:, -1, :]
@@ -239,11 +272,15 @@ class HFRollout:
                 if target is None:
                     close = difflib.get_close_matches(key, list(own), n=1)
                     hint = f" Did you mean {close[0]!r}?" if close else ""
-                    raise KeyError(f"hf rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}")
+                    raise KeyError(
+                        f"hf rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}"
+                    )
                 if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
                     tensor = tensor.full_tensor()
                 if tuple(tensor.shape) != tuple(target.shape):
-                    raise ValueError(f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {tuple(target.shape)}")
+                    raise ValueError(
+                        f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {tuple(target.shape)}"
+                    )
                 if tensor.data_ptr() == target.data_ptr() and tensor.device == target.device:
                     continue
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))

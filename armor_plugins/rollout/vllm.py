@@ -102,9 +102,13 @@ def _import_vllm() -> Any:
     except ModuleNotFoundError as e:
         if e.name == "vllm":
             raise VLLMNotInstalledError(f"rollout.backend=vllm, but vLLM is not installed: {INSTALL_HINT}.") from e
-        raise VLLMNotInstalledError(f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}.") from e
+        raise VLLMNotInstalledError(
+            f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}."
+        ) from e
     except ImportError as e:
-        raise VLLMNotInstalledError(f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}.") from e
+        raise VLLMNotInstalledError(
+            f"rollout.backend=vllm: vLLM is installed but `import vllm` failed ({e}); {INSTALL_HINT}."
+        ) from e
     return vllm
 
 
@@ -149,7 +153,9 @@ class VLLMRollout:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         if os.environ.setdefault(_MP_ENV, "0") != "0":
-            raise ValueError(f"vllm rollout: {_MP_ENV}={os.environ[_MP_ENV]!r}; this backend runs the engine in the worker's own process (weights are handed over by reference), unset it or set it to 0")
+            raise ValueError(
+                f"vllm rollout: {_MP_ENV}={os.environ[_MP_ENV]!r}; this backend runs the engine in the worker's own process (weights are handed over by reference), unset it or set it to 0"
+            )
 
         kwargs = dict(getattr(config, "backend_kwargs", None) or {})
         self.sleep_level, self.lora_mode, peft = backend_options(kwargs, current_platform, model)
@@ -173,7 +179,9 @@ class VLLMRollout:
         self._param_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self.update_weights(model.state_dict().items())
         if adapter is not None:
-            self._adapter_dir = tempfile.mkdtemp(prefix="armor-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            self._adapter_dir = tempfile.mkdtemp(
+                prefix="armor-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
             self.update_lora(adapter)
 
@@ -201,7 +209,9 @@ class VLLMRollout:
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
         empty = [i for i, r in enumerate(rows) if not r]
         if empty:
-            raise ValueError(f"VLLMRollout.generate: prompt rows {empty[:10]} have no unmasked token; vLLM cannot generate from an empty prompt")
+            raise ValueError(
+                f"VLLMRollout.generate: prompt rows {empty[:10]} have no unmasked token; vLLM cannot generate from an empty prompt"
+            )
 
         self._wake()
         # T = 1 when greedy, as hf records it; see the module docstring for the logit-scale fold
@@ -211,10 +221,18 @@ class VLLMRollout:
             self._set_temperature(t)
             vllm_temperature = 0.0 if greedy else 1.0
         params = SamplingParams(
-            n=1, temperature=vllm_temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0, max_tokens=max_new,
-            logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
+            n=1,
+            temperature=vllm_temperature,
+            top_p=top_p,
+            top_k=top_k if top_k > 0 else 0,
+            max_tokens=max_new,
+            logprobs=0,
+            stop_token_ids=list(self.eos_token_ids),
+            detokenize=False,
         )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self._lora_request)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self._lora_request
+        )
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = {"weights", "kv_cache"}
@@ -229,7 +247,9 @@ class VLLMRollout:
             tokens = list(completion.token_ids)[:max_new]
             responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             response_mask[i, : len(tokens)] = 1
-            log_probs[i, : len(tokens)] = torch.tensor([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)], dtype=torch.float32)
+            log_probs[i, : len(tokens)] = torch.tensor(
+                [step[tok].logprob for step, tok in zip(completion.logprobs, tokens)], dtype=torch.float32
+            )
         return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
 
     def _set_temperature(self, t: float) -> None:
@@ -270,11 +290,15 @@ class VLLMRollout:
             if shape is None:
                 close = difflib.get_close_matches(key, list(self._param_shapes), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise KeyError(f"vllm rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}")
+                raise KeyError(
+                    f"vllm rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}"
+                )
             if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
                 tensor = tensor.full_tensor()
             if tuple(tensor.shape) != shape:
-                raise ValueError(f"vllm rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {shape}")
+                raise ValueError(
+                    f"vllm rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {shape}"
+                )
             pairs.append((key, tensor.detach()))
         if {key for key, _ in pairs} >= self._param_shapes.keys():
             self._weights_lost = False  # a complete update replaces whatever a level-2 sleep discarded

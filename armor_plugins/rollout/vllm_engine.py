@@ -32,25 +32,37 @@ def backend_options(kwargs: dict[str, Any], platform: Any, model: torch.nn.Modul
     can_sleep = platform.is_sleep_mode_available() and kwargs.get("enable_sleep_mode", True) is not False
     sleep_level = int(kwargs.pop("sleep_level", 1 if can_sleep else 0))
     if sleep_level not in (0, 1, 2):
-        raise ValueError(f"rollout.backend_kwargs.sleep_level={sleep_level}: expected 0 (never sleep), 1 (weights to host memory, KV cache freed) or 2 (both freed)")
+        raise ValueError(
+            f"rollout.backend_kwargs.sleep_level={sleep_level}: expected 0 (never sleep), 1 (weights to host memory, KV cache freed) or 2 (both freed)"
+        )
     if sleep_level and not can_sleep:
-        why = "enable_sleep_mode is false" if platform.is_sleep_mode_available() else f"vLLM has no sleep mode on this platform ({platform.device_type})"
+        why = (
+            "enable_sleep_mode is false"
+            if platform.is_sleep_mode_available()
+            else f"vLLM has no sleep mode on this platform ({platform.device_type})"
+        )
         raise ValueError(f"rollout.backend_kwargs.sleep_level={sleep_level}: {why}; set sleep_level to 0")
     lora_mode = kwargs.pop("lora_mode", "merged")
     if lora_mode not in LORA_MODES:
         raise ValueError(f"rollout.backend_kwargs.lora_mode={lora_mode!r}: expected one of {LORA_MODES}")
     peft = peft_model_of(model)
     if peft is None and lora_mode_given:
-        raise ValueError(f"rollout.backend_kwargs.lora_mode={lora_mode!r} is for LoRA runs, but the model has no adapters: "
-                         "set model.lora_rank > 0 or drop lora_mode")
+        raise ValueError(
+            f"rollout.backend_kwargs.lora_mode={lora_mode!r} is for LoRA runs, but the model has no adapters: "
+            "set model.lora_rank > 0 or drop lora_mode"
+        )
     return sleep_level, lora_mode, peft
 
 
-def engine_arguments(model: torch.nn.Module, config: Any, kwargs: dict[str, Any], sleep_level: int, platform: Any, adapter: Any = None) -> dict[str, Any]:
+def engine_arguments(
+    model: torch.nn.Module, config: Any, kwargs: dict[str, Any], sleep_level: int, platform: Any, adapter: Any = None
+) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments: this backend's defaults for ``platform``, vLLM's LoRA support when
     it serves the ``adapter`` (a ``PeftModel``), and ``kwargs`` (the rest of ``rollout.backend_kwargs``) over them."""
     if kwargs.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
-        raise ValueError(f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself")
+        raise ValueError(
+            f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself"
+        )
     engine_kwargs: dict[str, Any] = {
         "model": kwargs.pop("model", None) or _model_dir(model),
         "dtype": str(_engine_dtype(model)).removeprefix("torch."),
@@ -71,8 +83,10 @@ def engine_arguments(model: torch.nn.Module, config: Any, kwargs: dict[str, Any]
         rank = int(next(iter(adapter.peft_config.values())).r)
         fits = [r for r in _VLLM_LORA_RANKS if r >= rank]
         if not fits:
-            raise ValueError(f"rollout.backend_kwargs.lora_mode='adapter': vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}, "
-                             f"this model's is {rank}; use lora_mode='merged'")
+            raise ValueError(
+                f"rollout.backend_kwargs.lora_mode='adapter': vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}, "
+                f"this model's is {rank}; use lora_mode='merged'"
+            )
         engine_kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1)
     engine_kwargs.update(kwargs)
     return engine_kwargs

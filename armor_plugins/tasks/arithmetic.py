@@ -47,7 +47,11 @@ def split_of(a: np.ndarray, b: np.ndarray, op_index: np.ndarray) -> np.ndarray:
     Uses only the operands and the operator, never the seed or the other task parameters, which
     is what makes the two splits disjoint across any seeds and sizes.
     """
-    key = (np.asarray(a, dtype=np.int64).astype(_U64) << _U64(34)) ^ (np.asarray(b, dtype=np.int64).astype(_U64) << _U64(2)) ^ np.asarray(op_index, dtype=np.int64).astype(_U64)
+    key = (
+        (np.asarray(a, dtype=np.int64).astype(_U64) << _U64(34))
+        ^ (np.asarray(b, dtype=np.int64).astype(_U64) << _U64(2))
+        ^ np.asarray(op_index, dtype=np.int64).astype(_U64)
+    )
     h = _mix64(key)
     # the top 53 bits as a uniform float in [0, 1)
     u = (h >> _U64(11)).astype(np.float64) / float(1 << 53)
@@ -61,7 +65,9 @@ def _operand_range(digits: int) -> tuple[int, int]:
     return 10 ** (digits - 1), 10**digits - 1
 
 
-def _draw(split_id: int, size: int, rng: np.random.Generator, lo: int, hi: int, op_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _draw(
+    split_id: int, size: int, rng: np.random.Generator, lo: int, hi: int, op_codes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``size`` problems of one split as (a, b, index into op_codes), each (size,) int64.
 
     ``op_codes`` are the operators' fixed codes (their position in ``_OPS``), so a problem hashes
@@ -77,7 +83,9 @@ def _draw(split_id: int, size: int, rng: np.random.Generator, lo: int, hi: int, 
         keep = split_of(a, b, op_codes[op]) == split_id
         a, b, op = a[keep], b[keep], op[keep]
         if len(a) == 0:
-            raise ValueError(f"arithmetic task: the {_SPLITS[split_id]} split is empty for operands {lo}..{hi}; use more digits")
+            raise ValueError(
+                f"arithmetic task: the {_SPLITS[split_id]} split is empty for operands {lo}..{hi}; use more digits"
+            )
         order = np.concatenate([rng.permutation(len(a)) for _ in range(-(-size // len(a)))])[:size]
         return a[order], b[order], op[order]
     # too many problems to enumerate: rejection-sample distinct problems of this split
@@ -96,7 +104,9 @@ def _draw(split_id: int, size: int, rng: np.random.Generator, lo: int, hi: int, 
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
-def generate_arithmetic(split: str, size: int, seed: int, *, digits: int = 2, ops: str = "+", **unknown: Any) -> list[dict[str, Any]]:
+def generate_arithmetic(
+    split: str, size: int, seed: int, *, digits: int = 2, ops: str = "+", **unknown: Any
+) -> list[dict[str, Any]]:
     """Rows ``{"prompt": "12+34=", "data_source": "arithmetic", "ground_truth": "46"}``.
 
     :param split: ``train`` or ``test`` (``val`` and ``validation`` mean ``test``).
@@ -107,7 +117,9 @@ def generate_arithmetic(split: str, size: int, seed: int, *, digits: int = 2, op
         subtraction can give a negative ground truth such as ``"-7"``.
     """
     if unknown:
-        raise TypeError(f"arithmetic task: unknown parameter(s) {sorted(unknown)}; accepted: digits, ops (set them in data.task_kwargs)")
+        raise TypeError(
+            f"arithmetic task: unknown parameter(s) {sorted(unknown)}; accepted: digits, ops (set them in data.task_kwargs)"
+        )
     split_key = {"val": "test", "validation": "test"}.get(split, split)
     if split_key not in _SPLITS:
         raise ValueError(f"arithmetic task: split {split!r} is not one of 'train', 'test'")

@@ -60,7 +60,16 @@ CELLS = tuple((lang, form, phrasing) for lang in LANGUAGES for form in FORMS for
 _SPLITS = ("train", "test")
 _LETTERS = "ABCD"
 _DATA_SOURCE = {"short": "short_answer", "choice": "multiple_choice"}
-_COLOURS = {"red": "红色", "blue": "蓝色", "green": "绿色", "yellow": "黄色", "white": "白色", "black": "黑色", "purple": "紫色", "orange": "橙色"}
+_COLOURS = {
+    "red": "红色",
+    "blue": "蓝色",
+    "green": "绿色",
+    "yellow": "黄色",
+    "white": "白色",
+    "black": "黑色",
+    "purple": "紫色",
+    "orange": "橙色",
+}
 # Two phrasings of each question, short, with the country first in both languages: every character
 # is a token of the char-level warm start (compute grows with them), and a name in the same place
 # lets a small model share what it learns about a country between phrasings, languages and forms.
@@ -95,7 +104,9 @@ def _names(rng: np.random.Generator, count: int, final: bool, taken: set[str]) -
     ``final`` (countries: ``Kamel``; capitals and founders: ``Velo``), none in ``taken``."""
     out: list[str] = []
     while len(out) < count:
-        letters = [rng.choice(list(alphabet)) for alphabet in (_CONSONANTS, _VOWELS) * 2 + ((_CONSONANTS,) if final else ())]
+        letters = [
+            rng.choice(list(alphabet)) for alphabet in (_CONSONANTS, _VOWELS) * 2 + ((_CONSONANTS,) if final else ())
+        ]
         name = "".join(letters).capitalize()
         if name not in taken:
             taken.add(name)
@@ -145,9 +156,21 @@ def _options(fact: Fact, language: str, pool: list[str], rng: np.random.Generato
     return options, _LETTERS[int(np.flatnonzero(order == 0)[0])]
 
 
-def _row(fact: Fact, cell: tuple[str, str, int], pools: dict[tuple[str, str], list[str]], rng: np.random.Generator, by_letter: bool) -> dict[str, Any]:
+def _row(
+    fact: Fact,
+    cell: tuple[str, str, int],
+    pools: dict[tuple[str, str], list[str]],
+    rng: np.random.Generator,
+    by_letter: bool,
+) -> dict[str, Any]:
     language, form, phrasing = cell
-    row: dict[str, Any] = {"data_source": _DATA_SOURCE[form], "language": language, "phrasing": phrasing, "attribute": fact.attribute, "entity": fact.entity}
+    row: dict[str, Any] = {
+        "data_source": _DATA_SOURCE[form],
+        "language": language,
+        "phrasing": phrasing,
+        "attribute": fact.attribute,
+        "entity": fact.entity,
+    }
     text = question(fact, language, phrasing)
     if form == "short":
         return {"prompt": text, **row, "ground_truth": fact.values[language]}
@@ -161,13 +184,24 @@ def _choices(value: Sequence[str] | str, allowed: Sequence[str], name: str) -> l
     items = [s.strip() for s in value.split(",")] if isinstance(value, str) else [str(s) for s in value]
     bad = [s for s in items if s not in allowed]
     if not items or bad:
-        raise ValueError(f"facts task: {name}={value!r} must name some of {', '.join(allowed)} (a list, or text such as {','.join(allowed)!r})")
+        raise ValueError(
+            f"facts task: {name}={value!r} must name some of {', '.join(allowed)} (a list, or text such as {','.join(allowed)!r})"
+        )
     return list(dict.fromkeys(items))
 
 
-def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_seed: int = 0,
-                   languages: Sequence[str] | str = LANGUAGES, forms: Sequence[str] | str = FORMS, choice_answer: str = "text",
-                   **unknown: Any) -> list[dict[str, Any]]:
+def generate_facts(
+    split: str,
+    size: int,
+    seed: int,
+    *,
+    entities: int = 48,
+    kb_seed: int = 0,
+    languages: Sequence[str] | str = LANGUAGES,
+    forms: Sequence[str] | str = FORMS,
+    choice_answer: str = "text",
+    **unknown: Any,
+) -> list[dict[str, Any]]:
     """Rows ``{"prompt", "data_source", "ground_truth", "language", "phrasing", "attribute", "entity"[, "options"]}``.
 
     :param split: ``train`` or ``test`` (``val`` and ``validation`` mean ``test``).
@@ -182,7 +216,9 @@ def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_s
         or its ``letter``.
     """
     if unknown:
-        raise TypeError(f"facts task: unknown parameter(s) {sorted(unknown)}; accepted: entities, kb_seed, languages, forms, choice_answer (set them in data.task_kwargs)")
+        raise TypeError(
+            f"facts task: unknown parameter(s) {sorted(unknown)}; accepted: entities, kb_seed, languages, forms, choice_answer (set them in data.task_kwargs)"
+        )
     split_key = {"val": "test", "validation": "test"}.get(split, split)
     if split_key not in _SPLITS:
         raise ValueError(f"facts task: split {split!r} is not one of 'train', 'test'")
@@ -190,8 +226,15 @@ def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_s
         raise ValueError(f"facts task: size={size} must be >= 0")
     kb = knowledge_base(entities, kb_seed)
     if choice_answer not in ("text", "letter"):
-        raise ValueError(f"facts task: choice_answer={choice_answer!r} must be 'text' (the right option's text) or 'letter'")
-    cells = [(lang, form, p) for lang in _choices(languages, LANGUAGES, "languages") for form in _choices(forms, FORMS, "forms") for p in PHRASINGS]
+        raise ValueError(
+            f"facts task: choice_answer={choice_answer!r} must be 'text' (the right option's text) or 'letter'"
+        )
+    cells = [
+        (lang, form, p)
+        for lang in _choices(languages, LANGUAGES, "languages")
+        for form in _choices(forms, FORMS, "forms")
+        for p in PHRASINGS
+    ]
     if split_key == "test":
         pairs = [(f, f.held_out) for f in kb if f.held_out in cells]
     else:
@@ -199,9 +242,15 @@ def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_s
     if size == 0:
         return []
     if not pairs:
-        raise ValueError(f"facts task: the {split_key} split has no questions for languages={languages!r}, forms={forms!r}; allow more cells")
-    pools = {(lang, a): sorted({f.values[lang] for f in kb if f.attribute == a}) for lang in LANGUAGES for a in ATTRIBUTES}
-    pools.update({("en", "colour"): list(_COLOURS), ("zh", "colour"): list(_COLOURS.values())})  # a small base may use fewer than 4 colours
+        raise ValueError(
+            f"facts task: the {split_key} split has no questions for languages={languages!r}, forms={forms!r}; allow more cells"
+        )
+    pools = {
+        (lang, a): sorted({f.values[lang] for f in kb if f.attribute == a}) for lang in LANGUAGES for a in ATTRIBUTES
+    }
+    pools.update(
+        {("en", "colour"): list(_COLOURS), ("zh", "colour"): list(_COLOURS.values())}
+    )  # a small base may use fewer than 4 colours
     split_id = _SPLITS.index(split_key)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, split_id, entities, int(kb_seed) & 0xFFFFFFFF])
     order = np.concatenate([rng.permutation(len(pairs)) for _ in range(-(-size // len(pairs)))])[:size]
@@ -210,4 +259,10 @@ def generate_facts(split: str, size: int, seed: int, *, entities: int = 48, kb_s
 
 @hookimpl
 def armor_register_tasks(register) -> None:
-    register("facts", Task(generate_facts, description="questions about a fictional knowledge base (EN/ZH, short answer and multiple choice)"))
+    register(
+        "facts",
+        Task(
+            generate_facts,
+            description="questions about a fictional knowledge base (EN/ZH, short answer and multiple choice)",
+        ),
+    )

@@ -42,21 +42,27 @@ def _specs(tasks: Any) -> dict[str, dict[str, Any]]:
     else:
         specs = {}
     if not specs or any(not isinstance(v, dict) for v in specs.values()):
-        raise ValueError(f"mix task: tasks={tasks!r} must name the tasks to mix, as a list [arithmetic, facts] or a mapping "
-                         "{arithmetic: {}, facts: {entities: 48}} of each task's parameters")
+        raise ValueError(
+            f"mix task: tasks={tasks!r} must name the tasks to mix, as a list [arithmetic, facts] or a mapping "
+            "{arithmetic: {}, facts: {entities: 48}} of each task's parameters"
+        )
     if "mix" in specs:
         raise ValueError("mix task: a mix cannot contain the mix task itself")
     return specs
 
 
-def generate_mix(split: str, size: int, seed: int, *, tasks: Any = None, weights: Mapping[str, float] | None = None, **unknown: Any) -> list[dict[str, Any]]:
+def generate_mix(
+    split: str, size: int, seed: int, *, tasks: Any = None, weights: Mapping[str, float] | None = None, **unknown: Any
+) -> list[dict[str, Any]]:
     """Rows of every task in ``tasks``, shuffled together.
 
     :param tasks: the tasks to mix: a list of names, or a mapping of names to their parameters.
     :param weights: share of the rows per task name (default: equal); a task left out gets 1.
     """
     if unknown:
-        raise TypeError(f"mix task: unknown parameter(s) {sorted(unknown)}; accepted: tasks, weights (set them in data.task_kwargs)")
+        raise TypeError(
+            f"mix task: unknown parameter(s) {sorted(unknown)}; accepted: tasks, weights (set them in data.task_kwargs)"
+        )
     specs = _specs(tasks)
     weights = dict(weights or {})
     extra = sorted(set(weights) - set(specs))
@@ -76,4 +82,10 @@ def generate_mix(split: str, size: int, seed: int, *, tasks: Any = None, weights
 
 @hookimpl
 def armor_register_tasks(register) -> None:
-    register("mix", Task(generate_mix, description="rows of several tasks together (data.task_kwargs.tasks), e.g. arithmetic and facts"))
+    register(
+        "mix",
+        Task(
+            generate_mix,
+            description="rows of several tasks together (data.task_kwargs.tasks), e.g. arithmetic and facts",
+        ),
+    )

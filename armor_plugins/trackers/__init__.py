@@ -103,7 +103,11 @@ class TensorBoardTracker:
         that earlier files hold (what ``SummaryWriter(purge_step=...)`` writes)."""
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-        self._records.write(Event(wall_time=time.time(), step=step + 1, session_log=SessionLog(status=SessionLog.START)).SerializeToString())
+        self._records.write(
+            Event(
+                wall_time=time.time(), step=step + 1, session_log=SessionLog(status=SessionLog.START)
+            ).SerializeToString()
+        )
         self._flush()
 
     def close(self) -> None:
@@ -115,8 +119,15 @@ class TensorBoardTracker:
 class ConsoleTracker:
     """A live progress line with the key numbers (rich), one line per step when not on a terminal."""
 
-    KEYS = (("critic/score/mean", "score"), ("val/acc_greedy", "val"), ("actor/pg_loss", "pg_loss"),
-            ("actor/ppo_kl", "kl"), ("actor/entropy", "ent"), ("actor/grad_norm", "gnorm"), ("timing_s/step", "s/step"))
+    KEYS = (
+        ("critic/score/mean", "score"),
+        ("val/acc_greedy", "val"),
+        ("actor/pg_loss", "pg_loss"),
+        ("actor/ppo_kl", "kl"),
+        ("actor/entropy", "ent"),
+        ("actor/grad_norm", "gnorm"),
+        ("timing_s/step", "s/step"),
+    )
 
     def __init__(self, run_dir: str | Path, config: Any = None) -> None:
         from rich.console import Console
@@ -127,7 +138,14 @@ class ConsoleTracker:
         if self.console.is_terminal and self.total:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("[bold]armor"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console)
+            self._progress = Progress(
+                TextColumn("[bold]armor"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+            )
             self._task = self._progress.add_task("", total=self.total)
             self._progress.start()
 

@@ -17,8 +17,10 @@ def require(module: str, extra: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"the {module} tracker needs the {module} package, which cannot be imported ({e}); "
-                          f"install it with: pip install 'armor-rl[{extra}]'") from None
+        raise ImportError(
+            f"the {module} tracker needs the {module} package, which cannot be imported ({e}); "
+            f"install it with: pip install 'armor-rl[{extra}]'"
+        ) from None
 
 
 def config_dict(config: Any) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def flat_params(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
-    return (items[i:i + size] for i in range(0, len(items), size))
+    return (items[i : i + size] for i in range(0, len(items), size))
 
 
 class MlflowTracker:
@@ -70,7 +70,11 @@ class MlflowTracker:
 
         run_dir = Path(run_dir)
         trainer = getattr(config, "trainer", None)
-        uri = getattr(trainer, "mlflow_tracking_uri", "") or os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        uri = (
+            getattr(trainer, "mlflow_tracking_uri", "")
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or (run_dir / "mlruns").resolve().as_uri()
+        )
         if urlparse(uri).scheme in ("", "file"):
             # MLflow 3 refuses a file store unless this is set (it recommends a database); a file
             # store in the run directory needs no server and no database package
@@ -80,7 +84,9 @@ class MlflowTracker:
         experiment = self.client.get_experiment_by_name(project)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
         self._pending: list[Any] = []
-        self.run_id = self.client.create_run(experiment_id, run_name=name, tags={"armor.run_dir": str(run_dir.resolve())}).info.run_id
+        self.run_id = self.client.create_run(
+            experiment_id, run_name=name, tags={"armor.run_dir": str(run_dir.resolve())}
+        ).info.run_id
         params = [Param(k, v) for k, v in flat_params(config_dict(config))]
         for batch in _chunks(params, _PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=batch)

@@ -58,8 +58,15 @@ class WandbTracker:
         run_dir.mkdir(parents=True, exist_ok=True)
         project, name = run_names(run_dir, config)
         # create_new: this run is ours alone; wandb.run and other runs in the process are untouched
-        self.run = wandb.init(project=project, name=name, group=name, dir=str(run_dir), mode=wandb_mode(),
-                              config=config_dict(config), reinit="create_new")
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            group=name,
+            dir=str(run_dir),
+            mode=wandb_mode(),
+            config=config_dict(config),
+            reinit="create_new",
+        )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log({k: float(v) for k, v in metrics.items()}, step=step)

@@ -11,7 +11,6 @@ Registers three reward domains (see ``domains.py`` for their parameters and sub-
 """
 
 from armor_core import RewardDomain, hookimpl
-
 from armor_rewards_math.domains import answer_score_range, arithmetic_reward, gsm8k_reward, math_reward, warm_up
 from armor_rewards_math.judge import check_ground_truth
 
@@ -20,9 +19,36 @@ __all__ = ["arithmetic_reward", "gsm8k_reward", "math_reward"]
 
 @hookimpl
 def armor_register_reward_domains(register):
-    register("math", RewardDomain(math_reward, requires_ground_truth=True, description="final boxed answer, checked for equivalence (math-verify)",
-                                  score_range=answer_score_range, validate_ground_truth=check_ground_truth, warmup=warm_up))
-    register("gsm8k", RewardDomain(gsm8k_reward, requires_ground_truth=True, description="GSM8K '#### n' answers, compared as numbers",
-                                   score_range=answer_score_range, validate_ground_truth=check_ground_truth, inline=True))
-    register("arithmetic", RewardDomain(arithmetic_reward, requires_ground_truth=True, description="exact integer answer of the built-in arithmetic task",
-                                        score_range=(0.0, 1.0), validate_ground_truth=check_ground_truth, inline=True))
+    register(
+        "math",
+        RewardDomain(
+            math_reward,
+            requires_ground_truth=True,
+            description="final boxed answer, checked for equivalence (math-verify)",
+            score_range=answer_score_range,
+            validate_ground_truth=check_ground_truth,
+            warmup=warm_up,
+        ),
+    )
+    register(
+        "gsm8k",
+        RewardDomain(
+            gsm8k_reward,
+            requires_ground_truth=True,
+            description="GSM8K '#### n' answers, compared as numbers",
+            score_range=answer_score_range,
+            validate_ground_truth=check_ground_truth,
+            inline=True,
+        ),
+    )
+    register(
+        "arithmetic",
+        RewardDomain(
+            arithmetic_reward,
+            requires_ground_truth=True,
+            description="exact integer answer of the built-in arithmetic task",
+            score_range=(0.0, 1.0),
+            validate_ground_truth=check_ground_truth,
+            inline=True,
+        ),
+    )

@@ -33,30 +33,53 @@ from typing import Any, Mapping, Sequence
 
 from armor_core import RewardResult
 from armor_plugins.rewards.length import overlong_penalty, response_length
-
 from armor_rewards_math.judge import Rules, gold_text, judge
 from armor_rewards_math.numbers import parse_number, read_decimal_commas
-from armor_rewards_math.verify import warm_up
 
 __all__ = ["answer_score_range", "arithmetic_reward", "gsm8k_reward", "math_reward", "overlong_penalty"]
 
 
-def _result(subs: dict[str, float], response: str, extra: Mapping[str, Any], *, correct_score: float, wrong_score: float,
-            overlong_max_length: int | None, overlong_buffer: int, overlong_penalty_factor: float, overlong_unit: str) -> RewardResult:
+def _result(
+    subs: dict[str, float],
+    response: str,
+    extra: Mapping[str, Any],
+    *,
+    correct_score: float,
+    wrong_score: float,
+    overlong_max_length: int | None,
+    overlong_buffer: int,
+    overlong_penalty_factor: float,
+    overlong_unit: str,
+) -> RewardResult:
     score = correct_score if subs["correct"] else wrong_score
     if overlong_max_length is not None:
         length = response_length(response, extra, overlong_unit, param="overlong_unit")
-        subs["overlong"] = overlong_penalty(length, int(overlong_max_length), int(overlong_buffer), overlong_penalty_factor)
+        subs["overlong"] = overlong_penalty(
+            length, int(overlong_max_length), int(overlong_buffer), overlong_penalty_factor
+        )
         score += subs["overlong"]
     return RewardResult(score=float(score), sub_scores=subs)
 
 
-def math_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                sources: Sequence[str] = ("boxed", "answer"), fallback_last_number: bool = False,
-                require_format: str | None = None, extraction: str = "strict", decimal_separator: str = "auto",
-                check_restatement: bool = True, correct_score: float = 1.0, wrong_score: float = 0.0,
-                overlong_max_length: int | None = None, overlong_buffer: int = 0,
-                overlong_penalty_factor: float = 1.0, overlong_unit: str = "tokens") -> RewardResult:
+def math_reward(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    sources: Sequence[str] = ("boxed", "answer"),
+    fallback_last_number: bool = False,
+    require_format: str | None = None,
+    extraction: str = "strict",
+    decimal_separator: str = "auto",
+    check_restatement: bool = True,
+    correct_score: float = 1.0,
+    wrong_score: float = 0.0,
+    overlong_max_length: int | None = None,
+    overlong_buffer: int = 0,
+    overlong_penalty_factor: float = 1.0,
+    overlong_unit: str = "tokens",
+) -> RewardResult:
     """General math: the final ``\\boxed{}`` (or "Final answer: ...") checked for equivalence.
 
     :param sources: the anchored answer formats to look for (``boxed``, ``hash``, ``answer``, ``last_number``).
@@ -69,42 +92,85 @@ def math_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[st
     :param overlong_max_length: DAPO's L_max; with ``overlong_buffer`` (L_cache) adds the overlong penalty.
     :param overlong_unit: ``tokens`` (``extra['response_length']``) or ``chars``.
     """
-    rules = Rules(tuple(sources), require_format, fallback_last_number, extraction, decimal_separator, symbolic=True,
-                  check_restatement=check_restatement)
+    rules = Rules(
+        tuple(sources),
+        require_format,
+        fallback_last_number,
+        extraction,
+        decimal_separator,
+        symbolic=True,
+        check_restatement=check_restatement,
+    )
     subs = judge(prompt, response, gold_text(ground_truth), rules)
-    return _result(subs, response, extra, correct_score=correct_score, wrong_score=wrong_score,
-                   overlong_max_length=overlong_max_length, overlong_buffer=overlong_buffer,
-                   overlong_penalty_factor=overlong_penalty_factor, overlong_unit=overlong_unit)
+    return _result(
+        subs,
+        response,
+        extra,
+        correct_score=correct_score,
+        wrong_score=wrong_score,
+        overlong_max_length=overlong_max_length,
+        overlong_buffer=overlong_buffer,
+        overlong_penalty_factor=overlong_penalty_factor,
+        overlong_unit=overlong_unit,
+    )
 
 
-def gsm8k_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                 sources: Sequence[str] = ("hash", "boxed", "answer"), fallback_last_number: bool = True,
-                 require_format: str | None = None, extraction: str = "strict", decimal_separator: str = "auto",
-                 correct_score: float = 1.0, wrong_score: float = 0.0,
-                 overlong_max_length: int | None = None, overlong_buffer: int = 0,
-                 overlong_penalty_factor: float = 1.0, overlong_unit: str = "tokens") -> RewardResult:
+def gsm8k_reward(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    sources: Sequence[str] = ("hash", "boxed", "answer"),
+    fallback_last_number: bool = True,
+    require_format: str | None = None,
+    extraction: str = "strict",
+    decimal_separator: str = "auto",
+    correct_score: float = 1.0,
+    wrong_score: float = 0.0,
+    overlong_max_length: int | None = None,
+    overlong_buffer: int = 0,
+    overlong_penalty_factor: float = 1.0,
+    overlong_unit: str = "tokens",
+) -> RewardResult:
     """GSM8K: a number after ``####`` (or boxed, or "the answer is", or the last number), compared exactly.
 
     The ground truth is a number or a GSM8K solution ending in ``#### <number>``. Only numbers are
     compared (no sympy), so an expression like ``48+24`` never scores. Parameters as for ``math``.
     """
     gold = gold_text(ground_truth)
-    rules = Rules(tuple(sources), require_format, fallback_last_number, extraction, decimal_separator, symbolic=False,
-                  check_restatement=False)
+    rules = Rules(
+        tuple(sources),
+        require_format,
+        fallback_last_number,
+        extraction,
+        decimal_separator,
+        symbolic=False,
+        check_restatement=False,
+    )
     if parse_number(read_decimal_commas(gold, decimal_separator)) is None:
         raise ValueError(f"gsm8k ground truth {gold[:100]!r} is not a number; use the 'math' domain for other answers")
     subs = judge(prompt, response, gold, rules)
-    return _result(subs, response, extra, correct_score=correct_score, wrong_score=wrong_score,
-                   overlong_max_length=overlong_max_length, overlong_buffer=overlong_buffer,
-                   overlong_penalty_factor=overlong_penalty_factor, overlong_unit=overlong_unit)
+    return _result(
+        subs,
+        response,
+        extra,
+        correct_score=correct_score,
+        wrong_score=wrong_score,
+        overlong_max_length=overlong_max_length,
+        overlong_buffer=overlong_buffer,
+        overlong_penalty_factor=overlong_penalty_factor,
+        overlong_unit=overlong_unit,
+    )
 
 
 _INTEGER = re.compile(r"^[+-]?\d+$")
 _INTEGERS = re.compile(r"(?<!\d)[+-]?\d+")
 
 
-def arithmetic_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                      strict: bool = True) -> RewardResult:
+def arithmetic_reward(
+    prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *, strict: bool = True
+) -> RewardResult:
     """The built-in arithmetic task: ``"12+34="`` -> ``"46"``. 1.0 for the right integer, else 0.0.
 
     :param strict: the whole response (whitespace stripped) must be one integer, an optional sign
@@ -121,7 +187,9 @@ def arithmetic_reward(prompt: str, response: str, ground_truth: Any, extra: Mapp
         correct = well_formed and int(text) == gold
     else:
         correct = not hedged and found == {gold}
-    return RewardResult(float(correct), {"correct": float(correct), "well_formed": float(well_formed), "hedged": float(hedged)})
+    return RewardResult(
+        float(correct), {"correct": float(correct), "well_formed": float(well_formed), "hedged": float(hedged)}
+    )
 
 
 def answer_score_range(params: Mapping[str, Any]) -> tuple[float, float]:

@@ -29,8 +29,16 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["LENIENT_SOURCE", "SOURCES", "Extraction", "extract_answer", "find_boxed", "split_alternatives",
-           "split_top_level", "clean_answer"]
+__all__ = [
+    "LENIENT_SOURCE",
+    "SOURCES",
+    "Extraction",
+    "extract_answer",
+    "find_boxed",
+    "split_alternatives",
+    "split_top_level",
+    "clean_answer",
+]
 
 SOURCES = ("boxed", "hash", "answer", "last_number")
 #: The source of an answer found by lenient extraction (never a required format).
@@ -53,8 +61,13 @@ _TAIL_CHARS = 20_000
 # (pattern, tier): the value is group "a"
 _ANSWER_PATTERNS = [
     # "Final answer: 42" anywhere; "Answer: 42", "**Answer:** 42" at the start of a line or sentence
-    (re.compile(r"(?:final\s+answer|(?:^|(?<=[.!?]\s))[ \t>#*_-]*answer)\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?(?P<a>[^\n]+)",
-                re.I | re.M), _EXPLICIT),
+    (
+        re.compile(
+            r"(?:final\s+answer|(?:^|(?<=[.!?]\s))[ \t>#*_-]*answer)\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?(?P<a>[^\n]+)",
+            re.I | re.M,
+        ),
+        _EXPLICIT,
+    ),
     # "the final answer is 42." to the end of the sentence (a dot between digits is a decimal point)
     (re.compile(r"final\s+answer\s+(?:is|would\s+be|=)\s*:?\s*(?P<a>(?:[^\n.]|\.(?=\d))+)", re.I), _EXPLICIT),
     (re.compile(r"(?:the|my)\s+answer\s+(?:is|would\s+be|=)\s*:?\s*(?P<a>(?:[^\n.]|\.(?=\d))+)", re.I), _IMPLICIT),
@@ -73,7 +86,9 @@ _PLAIN_NUMBER = r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:[ \u00a0
 _LAST_NUMBER = re.compile(_PLAIN_NUMBER + r"(?:\s*%)?")
 # lenient extraction also reads a fraction, written 3/4 or as LaTeX outside math delimiters (\frac{10}{9}),
 # whose digits are otherwise read as numbers of their own
-_EXPRESSION_NUMBER = re.compile(r"-?\\[dt]?frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|" + _PLAIN_NUMBER + r"(?:\s*/\s*\d+)?(?:\s*%)?")
+_EXPRESSION_NUMBER = re.compile(
+    r"-?\\[dt]?frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|" + _PLAIN_NUMBER + r"(?:\s*/\s*\d+)?(?:\s*%)?"
+)
 _MATH_DELIMITER = re.compile(r"\\\\|\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
 _CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 _OR_SPLIT = re.compile(r"[\s(]+or\s+|\s*或者?\s*", re.I)  # "7 or 8", "7 (or 8)", "7或8"
@@ -257,8 +272,13 @@ def _within(answer: Extraction, spans: list[tuple[int, int]]) -> bool:
     return i >= 0 and spans[i][0] <= answer.start < spans[i][1]
 
 
-def extract_answer(text: str, sources: Sequence[str] = ("boxed", "answer"), *, lenient: bool = False,
-                   skip: Callable[[Extraction], bool] | None = None) -> Extraction:
+def extract_answer(
+    text: str,
+    sources: Sequence[str] = ("boxed", "answer"),
+    *,
+    lenient: bool = False,
+    skip: Callable[[Extraction], bool] | None = None,
+) -> Extraction:
     """The final answer (see the module docstring for which one wins); ``Extraction()`` if none.
 
     :param sources: the anchored formats to look for; their order breaks ties between answers at

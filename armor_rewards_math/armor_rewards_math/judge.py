@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from armor_rewards_math.extract import LENIENT_SOURCE, SOURCES, Extraction, clean_answer, extract_answer, split_alternatives
+from armor_rewards_math.extract import (
+    LENIENT_SOURCE,
+    SOURCES,
+    Extraction,
+    clean_answer,
+    extract_answer,
+    split_alternatives,
+)
 from armor_rewards_math.limits import MAX_ANSWER_CHARS, MAX_RESPONSE_CHARS, MAX_VALUES, refusal
 from armor_rewards_math.numbers import DECIMAL_SEPARATORS, numbers_equal, parse_number, read_decimal_commas
 from armor_rewards_math.verify import is_echo, is_equivalent, is_multi_valued, is_restatement, squash
@@ -41,9 +48,13 @@ class Rules:
             if s not in SOURCES:
                 raise ValueError(f"unknown answer format {s!r}; known: {', '.join(SOURCES)}")
         if self.extraction not in EXTRACTIONS:
-            raise ValueError(f"extraction={self.extraction!r}: use 'strict' (anchored answers only) or 'lenient' (else the last math expression)")
+            raise ValueError(
+                f"extraction={self.extraction!r}: use 'strict' (anchored answers only) or 'lenient' (else the last math expression)"
+            )
         if self.decimal_separator not in DECIMAL_SEPARATORS:
-            raise ValueError(f"decimal_separator={self.decimal_separator!r}: use one of {', '.join(DECIMAL_SEPARATORS)}")
+            raise ValueError(
+                f"decimal_separator={self.decimal_separator!r}: use one of {', '.join(DECIMAL_SEPARATORS)}"
+            )
         if self.fallback_last_number and "last_number" not in sources:
             sources = (*sources, "last_number")
         object.__setattr__(self, "sources", sources)
@@ -56,12 +67,16 @@ def check_ground_truth(ground_truth: Any, extra: Mapping[str, Any] | None = None
 
     :raises ValueError: naming what was found and what is expected.
     """
-    items = ground_truth.tolist() if hasattr(ground_truth, "tolist") else ground_truth  # Parquet list columns are numpy arrays
+    items = (
+        ground_truth.tolist() if hasattr(ground_truth, "tolist") else ground_truth
+    )  # Parquet list columns are numpy arrays
     if isinstance(items, Mapping) or (isinstance(items, (list, tuple)) and any(isinstance(x, Mapping) for x in items)):
         shown = repr(items)
-        raise ValueError(f"ground_truth {shown[:120] + ('...' if len(shown) > 120 else '')} is {'a dict' if isinstance(items, Mapping) else 'a list of dicts'}; "
-                         "expected the answer itself as text or a number, e.g. '42' or '\\frac{1}{2}': put the answer, not its record, in "
-                         "ground_truth (or verl's reward_model.ground_truth)")
+        raise ValueError(
+            f"ground_truth {shown[:120] + ('...' if len(shown) > 120 else '')} is {'a dict' if isinstance(items, Mapping) else 'a list of dicts'}; "
+            "expected the answer itself as text or a number, e.g. '42' or '\\frac{1}{2}': put the answer, not its record, in "
+            "ground_truth (or verl's reward_model.ground_truth)"
+        )
 
 
 def gold_text(ground_truth: Any) -> str:
@@ -88,7 +103,9 @@ def judge(prompt: str, response: str, gold: str, rules: Rules) -> dict[str, floa
     if not ext.found:
         return subs
     subs["extracted"] = 1.0
-    subs["format"] = float(ext.source == rules.require_format if rules.require_format else ext.source not in _UNANCHORED)
+    subs["format"] = float(
+        ext.source == rules.require_format if rules.require_format else ext.source not in _UNANCHORED
+    )
     if len(ext.values) > MAX_VALUES or any(refusal(v) for v in ext.values):
         subs["refused"] = 1.0
         return subs
@@ -119,8 +136,14 @@ def _extract(prompt: str, response: str, rules: Rules) -> tuple[Extraction, bool
     if rules.require_format and ext.found and ext.source != rules.require_format:
         # "\boxed{5}. Final answer: 5": the required format holds the same final answer
         same = extract_answer(response, (rules.require_format,), skip=copied)
-        if same.found and len(same.values) == len(ext.values) and all(
-                max(len(a), len(b)) <= MAX_ANSWER_CHARS and squash(a) == squash(b) for a, b in zip(same.values, ext.values)):
+        if (
+            same.found
+            and len(same.values) == len(ext.values)
+            and all(
+                max(len(a), len(b)) <= MAX_ANSWER_CHARS and squash(a) == squash(b)
+                for a, b in zip(same.values, ext.values)
+            )
+        ):
             ext = same
     return ext, bool(echoes)
 
@@ -150,7 +173,11 @@ def _distinct(values: list[str]) -> list[str]:
     out: list[str] = []
     for v in values:
         num = parse_number(v)
-        if any(squash(v) == squash(o) or (num is not None and (on := parse_number(o)) is not None and numbers_equal(on, num)) for o in out):
+        if any(
+            squash(v) == squash(o)
+            or (num is not None and (on := parse_number(o)) is not None and numbers_equal(on, num))
+            for o in out
+        ):
             continue
         out.append(v)
     return out

@@ -38,8 +38,20 @@ import re
 
 from armor_rewards_math.numbers import parse_number
 
-__all__ = ["MAX_ANSWER_CHARS", "MAX_BINOMIAL", "MAX_BRACKET_DEPTH", "MAX_BRACKET_LOAD", "MAX_DEPTH", "MAX_DIGITS", "MAX_EXPONENT",
-           "MAX_RESPONSE_CHARS", "MAX_SCRIPTS", "MAX_SET_OPERATIONS", "MAX_VALUES", "refusal"]
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "MAX_BINOMIAL",
+    "MAX_BRACKET_DEPTH",
+    "MAX_BRACKET_LOAD",
+    "MAX_DEPTH",
+    "MAX_DIGITS",
+    "MAX_EXPONENT",
+    "MAX_RESPONSE_CHARS",
+    "MAX_SCRIPTS",
+    "MAX_SET_OPERATIONS",
+    "MAX_VALUES",
+    "refusal",
+]
 
 MAX_RESPONSE_CHARS = 1_000_000
 MAX_ANSWER_CHARS = 300
@@ -178,7 +190,11 @@ class _Magnitude:
             if m is None:
                 return None, i + 2
             top = _BINOMIAL.match(self.text, i, end)
-            if top and top.end() in self.match and self.bound(top.end() + 1, self.match[top.end()]) > math.log10(MAX_BINOMIAL + 1):
+            if (
+                top
+                and top.end() in self.match
+                and self.bound(top.end() + 1, self.match[top.end()]) > math.log10(MAX_BINOMIAL + 1)
+            ):
                 raise _TooLarge(f"a binomial coefficient of more than {MAX_BINOMIAL:,}")
             return None, m.end()
         return None, i + 1

@@ -27,7 +27,15 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["DECIMAL_SEPARATORS", "EXACT_DIGITS", "Num", "parse_number", "numbers_equal", "read_decimal_commas", "strip_latex_noise"]
+__all__ = [
+    "DECIMAL_SEPARATORS",
+    "EXACT_DIGITS",
+    "Num",
+    "parse_number",
+    "numbers_equal",
+    "read_decimal_commas",
+    "strip_latex_noise",
+]
 
 #: Past this many digits a number is compared as a digit string, not converted (CPython's ``int()``
 #: refuses more than 4,300 digits by default).
@@ -61,11 +69,47 @@ _CURRENCY = re.compile(r"^(?P<sign>[+-]?)\s*(?:US\$|\\\$|\$|€|£|¥|₹|₩|US
 _TRAILING_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|₹|₩)\s*")
 _NUMBER = re.compile(rf"^(?P<num>{_NUM})(?P<rest>.*)$", re.S)
 _FRACTION = re.compile(r"^(?P<sign>[+-]?)(?P<p>[+-]?\d+)\s*/\s*(?P<q>\d+)$")
-_LATEX_FRACTION = re.compile(r"^(?P<sign>[+-]?)\\frac(?:\{\s*(?P<p>[+-]?\d+)\s*\}|(?P<p1>\d))(?:\{\s*(?P<q>\d+)\s*\}|(?P<q1>\d))$")
+_LATEX_FRACTION = re.compile(
+    r"^(?P<sign>[+-]?)\\frac(?:\{\s*(?P<p>[+-]?\d+)\s*\}|(?P<p1>\d))(?:\{\s*(?P<q>\d+)\s*\}|(?P<q1>\d))$"
+)
 # units glued to the number ("5cm"); with a space between, any short run of words is a unit
 _KNOWN_UNITS = {
-    "m", "cm", "mm", "km", "nm", "g", "kg", "mg", "lb", "lbs", "oz", "s", "sec", "ms", "min", "mins", "h", "hr", "hrs",
-    "ml", "l", "ft", "in", "mi", "yd", "mph", "kmh", "kph", "k", "st", "nd", "rd", "th", "cents", "dollars", "yuan",
+    "m",
+    "cm",
+    "mm",
+    "km",
+    "nm",
+    "g",
+    "kg",
+    "mg",
+    "lb",
+    "lbs",
+    "oz",
+    "s",
+    "sec",
+    "ms",
+    "min",
+    "mins",
+    "h",
+    "hr",
+    "hrs",
+    "ml",
+    "l",
+    "ft",
+    "in",
+    "mi",
+    "yd",
+    "mph",
+    "kmh",
+    "kph",
+    "k",
+    "st",
+    "nd",
+    "rd",
+    "th",
+    "cents",
+    "dollars",
+    "yuan",
 }
 _NOT_UNITS = {"or", "and", "plus", "minus", "times", "x", "y", "z", "n", "i", "e", "a", "b", "c", "pi", "to", "per"}
 _CJK_NOT_UNITS = re.compile(r"或|和|到|至|加|减|乘|除|与")
@@ -146,7 +190,7 @@ def parse_number(text: str) -> Num | None:
     s = s.strip("$").strip() if s.count("$") == 2 and s.startswith("$") and s.endswith("$") else s
     m = _CURRENCY.match(s)
     if m:
-        s = m.group("sign") + s[m.end():]
+        s = m.group("sign") + s[m.end() :]
     s = s.replace(" ", " ").strip()
     for rx in (_FRACTION, _LATEX_FRACTION):
         f = rx.match(s)
@@ -162,7 +206,7 @@ def parse_number(text: str) -> Num | None:
         rest = _TRAILING_CURRENCY.sub("", rest.strip())
         pm = re.match(r"^(%|percent|per\s*cent|pct)\.?", rest, re.I)
         if pm:
-            percent, rest = True, rest[pm.end():].strip()
+            percent, rest = True, rest[pm.end() :].strip()
         if rest and not _is_unit(rest, glued and not percent):
             return None
     digits = re.sub(r"[, \u00a0\u202f\u2009]", "", num)

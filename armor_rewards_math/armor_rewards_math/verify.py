@@ -118,7 +118,9 @@ def is_equivalent(gold: str, answer: str, *, symbolic: bool = True) -> bool:
         return False
     parsed_gold = _parse(gold)
     if not any(not isinstance(x, str) for x in parsed_gold):  # only math-verify's raw-string fallback
-        raise ValueError(f"math-verify cannot parse the ground truth {gold[:200]!r}; write it as LaTeX or a plain number")
+        raise ValueError(
+            f"math-verify cannot parse the ground truth {gold[:200]!r}; write it as LaTeX or a plain number"
+        )
     parsed_answer = _parse(answer)
     if not parsed_answer:
         return False

@@ -5,19 +5,25 @@ import json
 from pathlib import Path
 
 import pytest
-
-import armor_rewards_math
-from armor_core.plugins import PluginManager
 from armor_rewards_math.domains import arithmetic_reward, gsm8k_reward, math_reward, overlong_penalty
 from armor_rewards_math.judge import gold_text
 
-CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "domains.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+import armor_rewards_math
+from armor_core.plugins import PluginManager
+
+CASES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "cases" / "domains.jsonl").read_text(encoding="utf-8").splitlines()
+    if line.strip()
+]
 FNS = {"math": math_reward, "gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['domain']}-{i}" for i, c in enumerate(CASES)])
 def test_domain_case(case):
-    result = FNS[case["domain"]](case["prompt"], case["response"], case["ground_truth"], case["extra"], **case["params"])
+    result = FNS[case["domain"]](
+        case["prompt"], case["response"], case["ground_truth"], case["extra"], **case["params"]
+    )
     assert result.score == pytest.approx(case["score"]), case["note"]
     for key, value in case["subs"].items():
         assert result.sub_scores[key] == pytest.approx(value), key
@@ -44,8 +50,13 @@ def test_math_through_the_reward_manager_under_a_tight_limit(pm):
     from armor_core.rewards.manager import RewardManager
 
     with RewardManager(RewardConfig(timeout_s=1.0, failure_score=-1.0), pm) as rm:
-        batch = rm.score(["q", "q", "q"], [r"\boxed{\sqrt{8}}", r"\boxed{(x+1)^2}", "#### 3"], ["math", "math", "gsm8k"],
-                         [r"2\sqrt{2}", "x^2+2x+1", "3"], None)
+        batch = rm.score(
+            ["q", "q", "q"],
+            [r"\boxed{\sqrt{8}}", r"\boxed{(x+1)^2}", "#### 3"],
+            ["math", "math", "gsm8k"],
+            [r"2\sqrt{2}", "x^2+2x+1", "3"],
+            None,
+        )
     assert batch.scores.tolist() == [1.0, 1.0, 1.0]
     assert batch.metrics["reward/timeouts"] == 0.0
 
@@ -94,10 +105,13 @@ def test_every_anti_hacking_rule_has_cases():
     assert {c["params"].get("decimal_separator", "auto") for c in CASES} == {"auto", "point", "comma"}
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"extraction": "loose"}, "use 'strict'"),
-    ({"decimal_separator": "european"}, "auto, point, comma"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"extraction": "loose"}, "use 'strict'"),
+        ({"decimal_separator": "european"}, "auto, point, comma"),
+    ],
+)
 def test_bad_option_values_are_errors(params, message):
     with pytest.raises(ValueError, match=message):
         math_reward("q", r"\boxed{1}", "1", {}, **params)
@@ -116,21 +130,26 @@ def test_extraction_and_decimal_separator_come_from_the_config(pm):
         RewardManager(RewardConfig(domain_kwargs={"math": {"decimal_seperator": "comma"}}), pm)
 
 
-@pytest.mark.parametrize("response, score", [
-    (r"\boxed{1} and \boxed{2} and \boxed{3}", 1.0),
-    (r"\boxed{1},\boxed{2},\boxed{3}", 1.0),
-    (r"\boxed{\{3, 2, 1\}}", 1.0),
-    (r"\boxed{3}", 0.0),  # one item of the set
-    (r"\boxed{1}, \boxed{2}", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, score",
+    [
+        (r"\boxed{1} and \boxed{2} and \boxed{3}", 1.0),
+        (r"\boxed{1},\boxed{2},\boxed{3}", 1.0),
+        (r"\boxed{\{3, 2, 1\}}", 1.0),
+        (r"\boxed{3}", 0.0),  # one item of the set
+        (r"\boxed{1}, \boxed{2}", 0.0),
+    ],
+)
 def test_a_ground_truth_list_in_bare_braces_is_a_set(response, score):
     # {1,2,3}: LaTeX braces only group, but around a whole list they can only mean a set
     assert math_reward("q", response, "$${1,2,3}$$", {}).score == score
 
 
 def test_a_ground_truth_solution_ending_in_a_final_answer_line():
-    gold = (r"The stock keeps $90\%$ and then $80\%$ of that. Final Answer: The final answer is $28\%$. "
-            "I hope it is correct. Note: the percentages multiply.")
+    gold = (
+        r"The stock keeps $90\%$ and then $80\%$ of that. Final Answer: The final answer is $28\%$. "
+        "I hope it is correct. Note: the percentages multiply."
+    )
     assert gold_text(gold) == r"28\%"
     assert math_reward("q", r"A loss of $\boxed{28\%}$.", gold, {}).score == 1.0
     assert math_reward("q", r"\boxed{72\%}", gold, {}).score == 0.0
@@ -144,21 +163,31 @@ def test_a_dict_ground_truth_is_refused_at_load_naming_the_row_and_when_scored(p
     from armor_core.rewards.manager import RewardManager
 
     rm = RewardManager(RewardConfig(), pm)
-    rows = [{"data_source": "math", "ground_truth": "4", "_where": "t.jsonl, line 1"},
-            {"data_source": "gsm8k", "ground_truth": ground_truth, "_where": "t.jsonl, line 2"}]
-    with pytest.raises(ConfigError, match=r"^t.jsonl, line 2: reward domain 'gsm8k' cannot read this ground_truth: ground_truth .* is a (dict|list of dicts); "
-                                          r"expected the answer itself as text or a number"):
+    rows = [
+        {"data_source": "math", "ground_truth": "4", "_where": "t.jsonl, line 1"},
+        {"data_source": "gsm8k", "ground_truth": ground_truth, "_where": "t.jsonl, line 2"},
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"^t.jsonl, line 2: reward domain 'gsm8k' cannot read this ground_truth: ground_truth .* is a (dict|list of dicts); "
+        r"expected the answer itself as text or a number",
+    ):
         rm.check_rows(rows, "t.jsonl")
-    with pytest.raises(ValueError, match="expected the answer itself"):  # scored anyway (armor reward, a direct call): not str()-ed
+    with pytest.raises(
+        ValueError, match="expected the answer itself"
+    ):  # scored anyway (armor reward, a direct call): not str()-ed
         math_reward("q", r"\boxed{4}", ground_truth, {})
 
 
-@pytest.mark.parametrize("params, expected", [
-    ({}, (0.0, 1.0)),
-    ({"correct_score": 2.0, "wrong_score": -1.0}, (-1.0, 2.0)),
-    ({"overlong_max_length": 10, "overlong_buffer": 4}, (-1.0, 1.0)),
-    ({"overlong_max_length": 10, "overlong_penalty_factor": 0.5}, (-0.5, 1.0)),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({}, (0.0, 1.0)),
+        ({"correct_score": 2.0, "wrong_score": -1.0}, (-1.0, 2.0)),
+        ({"overlong_max_length": 10, "overlong_buffer": 4}, (-1.0, 1.0)),
+        ({"overlong_max_length": 10, "overlong_penalty_factor": 0.5}, (-0.5, 1.0)),
+    ],
+)
 def test_declared_score_range_follows_the_parameters(pm, params, expected):
     from armor_core.config.schema import RewardConfig
     from armor_core.rewards.manager import RewardManager

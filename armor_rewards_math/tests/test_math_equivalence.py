@@ -5,10 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
-
 from armor_rewards_math.verify import is_equivalent
 
-CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "equivalence.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+CASES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "cases" / "equivalence.jsonl").read_text(encoding="utf-8").splitlines()
+    if line.strip()
+]
 
 
 def test_every_kind_has_both_labels():
@@ -36,13 +39,16 @@ def test_unparseable_ground_truth_is_an_error_not_a_silent_zero():
         is_equivalent(r"\frac{", r"\sqrt{2}")
 
 
-@pytest.mark.parametrize("gold, answer, equivalent", [
-    (r"1 - \frac{1}{\mathrm{e}}", r"1 - e^{-1}", True),  # math-verify alone cannot parse \mathrm{e} inside \frac
-    (r"1 - \frac{1}{\mathrm{e}}", r"1 + \frac{1}{\mathrm{e}}", False),
-    (r"\mathrm{e}^{2}", r"e^2", True),
-    (r"\mathrm{e}", "2.718281828", True),  # Euler's number, not a letter
-    (r"\operatorname{e}^{x}", r"e^x", True),
-    (r"{\rm e}^{x}", r"e^x", True),
-])
+@pytest.mark.parametrize(
+    "gold, answer, equivalent",
+    [
+        (r"1 - \frac{1}{\mathrm{e}}", r"1 - e^{-1}", True),  # math-verify alone cannot parse \mathrm{e} inside \frac
+        (r"1 - \frac{1}{\mathrm{e}}", r"1 + \frac{1}{\mathrm{e}}", False),
+        (r"\mathrm{e}^{2}", r"e^2", True),
+        (r"\mathrm{e}", "2.718281828", True),  # Euler's number, not a letter
+        (r"\operatorname{e}^{x}", r"e^x", True),
+        (r"{\rm e}^{x}", r"e^x", True),
+    ],
+)
 def test_an_upright_e_is_eulers_number(gold, answer, equivalent):
     assert is_equivalent(gold, answer) is equivalent

@@ -9,10 +9,14 @@ Registers two reward domains (see ``domains.py`` for their parameters and sub-sc
 """
 
 from armor_core import RewardDomain, hookimpl
-
 from armor_rewards_qa.choice import Choice, read_choice
-from armor_rewards_qa.domains import (answer_score_range, check_accepted_answers, check_choice_truth, multiple_choice_reward,
-                                      short_answer_reward)
+from armor_rewards_qa.domains import (
+    answer_score_range,
+    check_accepted_answers,
+    check_choice_truth,
+    multiple_choice_reward,
+    short_answer_reward,
+)
 from armor_rewards_qa.short import read_answer
 
 __all__ = ["Choice", "multiple_choice_reward", "read_answer", "read_choice", "short_answer_reward"]
@@ -20,9 +24,25 @@ __all__ = ["Choice", "multiple_choice_reward", "read_answer", "read_choice", "sh
 
 @hookimpl
 def armor_register_reward_domains(register):
-    register("multiple_choice", RewardDomain(multiple_choice_reward, requires_ground_truth=True, validate_ground_truth=check_choice_truth,
-                                             description="the chosen option (letter or text, EN/ZH); hedging scores 0", score_range=answer_score_range,
-                                             inline=True))
-    register("short_answer", RewardDomain(short_answer_reward, requires_ground_truth=True, validate_ground_truth=check_accepted_answers,
-                                          description="normalised exact match against accepted answers, numbers with units (EN/ZH)",
-                                          score_range=answer_score_range, inline=True))
+    register(
+        "multiple_choice",
+        RewardDomain(
+            multiple_choice_reward,
+            requires_ground_truth=True,
+            validate_ground_truth=check_choice_truth,
+            description="the chosen option (letter or text, EN/ZH); hedging scores 0",
+            score_range=answer_score_range,
+            inline=True,
+        ),
+    )
+    register(
+        "short_answer",
+        RewardDomain(
+            short_answer_reward,
+            requires_ground_truth=True,
+            validate_ground_truth=check_accepted_answers,
+            description="normalised exact match against accepted answers, numbers with units (EN/ZH)",
+            score_range=answer_score_range,
+            inline=True,
+        ),
+    )

@@ -45,42 +45,60 @@ _WINDOW = 300  # characters read around a statement: its clause, an option's tex
 _MAX_STATEMENTS = 64  # statements read back from the end: past that, a response is padding, not answering
 _MARKDOWN = re.compile(r"\*\*|__|`")
 _OPEN, _CLOSE = r"[(\[{【「<\"'“‘]", r"[)\]}】」>\"'”’]"
-_ITEM = re.compile(rf"\s*(?:(?:option|choice|letter|选项)\s*)?(?P<open>{_OPEN}?)\s*(?P<run>[A-Za-z]+)(?![A-Za-z])\s*(?P<close>{_CLOSE}?)", re.I)
+_ITEM = re.compile(
+    rf"\s*(?:(?:option|choice|letter|选项)\s*)?(?P<open>{_OPEN}?)\s*(?P<run>[A-Za-z]+)(?![A-Za-z])\s*(?P<close>{_CLOSE}?)",
+    re.I,
+)
 _AND = re.compile(r"\s*(?:,|、|;|&|\+|\band\b|\bplus\b|以及|和|与|及)\s*", re.I)
 _OR = re.compile(r"\s*(?:\bor\b|或者|或是|或|还是|/|\|)\s*", re.I)
 _EITHER = re.compile(r"\s*(?:either|both|neither)\b", re.I)
 _SENTENCE_END = re.compile(r"(?<!\d)[.!?](?!\d)|[。！？;；\n]")
 _CLAUSE_START = re.compile(r"[.!?;；。！？，,\n]")
-_HYPOTHETICAL = re.compile(r"\b(?:if|suppose|supposing|assume|assuming|whether|unless|were)\b|如果|假如|假设|倘若|要是|若", re.I)
+_HYPOTHETICAL = re.compile(
+    r"\b(?:if|suppose|supposing|assume|assuming|whether|unless|were)\b|如果|假如|假设|倘若|要是|若", re.I
+)
 _NEGATION = re.compile(r"(?:\bnot|\bnever|\bno|n t|不是|不|非|排除)\s*$")  # just before a quoted option: "not Venus"
 _NEGATED_TEXT = re.compile(r"^(?:not|never|no|isn t|不|不是|并非|非)\b|^不", re.I)
 _VERB = r"(?:[:：=]|\bis\b|\bare\b|\bwould\s+be\b|\bshould\s+be\b|\bmust\s+be\b|\bwill\s+be\b|\bseems\s+to\s+be\b)"
 _FILLER = r"(?:\s*(?:therefore|thus|so|then|definitely|clearly|probably|likely|indeed|simply|I\s+think|I\s+believe)\b)*[\s:：=]*"
-_LIST = rf"(?<![A-Za-z])(?:{_OPEN}?[A-Z]{{1,10}}{_CLOSE}?)(?:\s*(?:,|、|and|和|与|及|&)\s*{_OPEN}?[A-Z]{_CLOSE}?){{0,25}}"
+_LIST = (
+    rf"(?<![A-Za-z])(?:{_OPEN}?[A-Z]{{1,10}}{_CLOSE}?)(?:\s*(?:,|、|and|和|与|及|&)\s*{_OPEN}?[A-Z]{_CLOSE}?){{0,25}}"
+)
 
-_STRONG = [re.compile(p, re.I) for p in (
-    rf"\b(?:final\s+|correct\s+|right\s+|best\s+)?answers?\s*(?:\([^)]{{0,20}}\))?\s*{_VERB}{_FILLER}",
-    rf"\b(?:correct|right|best|final)\s+(?:options?|choices?|letters?|selections?)\s*{_VERB}{_FILLER}",
-    rf"\bmy\s+(?:final\s+)?(?:choice|pick|selection)\s*{_VERB}{_FILLER}",
-    r"\\boxed\s*\{\s*(?:\\text(?:bf|rm)?\s*\{)?",
-    r"答案\s*(?:应该|应当|应|就|可能|即|也)?\s*(?:是|为|選|选)?\s*[:：]?",
-    r"正确(?:的)?(?:答案|选项)\s*(?:应该|应)?\s*(?:是|为)?\s*[:：]?",
-    r"(?<![不没非])(?<!不能)(?<!不应)(?<!不会)(?<!不要)(?<!不可)选(?:择)?(?!项)\s*[:：]?",
-    r"答(?!案)\s*[:：]",
-)]
-_WEAK = [re.compile(p, re.I) for p in (
-    r"\bI(?:'d|'ll|\s+would|\s+will|\s+should)?\s+(?:choose|pick|select|go\s+with|go\s+for|opt\s+for)\s*",
-    r"\b(?:it|that)(?:'s|\s+is|\s+must\s+be|\s+should\s+be|\s+would\s+be)\s+",
-    r"(?<![不])(?:应该|应当|肯定|一定|就)?是\s*",
-)]
-_WEAK_BEFORE = [re.compile(p, re.I) for p in (  # the letters come before the words
-    rf"(?P<items>{_LIST})\s*(?:is|are|seems|would\s+be|should\s+be)\s+(?:the\s+)?(?:correct|right|best|true)\b",
-    rf"\b(?:option|choice)s?\s+(?P<items>{_LIST})\s+(?:is|are)\s+(?:the\s+)?(?:correct|right|best)\b",
-    rf"(?P<items>{_LIST})\s*(?:选项|项)?\s*(?:是)?\s*(?:正确|对)",
-    rf"选项\s*(?P<items>{_LIST})\s*(?:是)?\s*(?:正确|对)",
-)]
+_STRONG = [
+    re.compile(p, re.I)
+    for p in (
+        rf"\b(?:final\s+|correct\s+|right\s+|best\s+)?answers?\s*(?:\([^)]{{0,20}}\))?\s*{_VERB}{_FILLER}",
+        rf"\b(?:correct|right|best|final)\s+(?:options?|choices?|letters?|selections?)\s*{_VERB}{_FILLER}",
+        rf"\bmy\s+(?:final\s+)?(?:choice|pick|selection)\s*{_VERB}{_FILLER}",
+        r"\\boxed\s*\{\s*(?:\\text(?:bf|rm)?\s*\{)?",
+        r"答案\s*(?:应该|应当|应|就|可能|即|也)?\s*(?:是|为|選|选)?\s*[:：]?",
+        r"正确(?:的)?(?:答案|选项)\s*(?:应该|应)?\s*(?:是|为)?\s*[:：]?",
+        r"(?<![不没非])(?<!不能)(?<!不应)(?<!不会)(?<!不要)(?<!不可)选(?:择)?(?!项)\s*[:：]?",
+        r"答(?!案)\s*[:：]",
+    )
+]
+_WEAK = [
+    re.compile(p, re.I)
+    for p in (
+        r"\bI(?:'d|'ll|\s+would|\s+will|\s+should)?\s+(?:choose|pick|select|go\s+with|go\s+for|opt\s+for)\s*",
+        r"\b(?:it|that)(?:'s|\s+is|\s+must\s+be|\s+should\s+be|\s+would\s+be)\s+",
+        r"(?<![不])(?:应该|应当|肯定|一定|就)?是\s*",
+    )
+]
+_WEAK_BEFORE = [
+    re.compile(p, re.I)
+    for p in (  # the letters come before the words
+        rf"(?P<items>{_LIST})\s*(?:is|are|seems|would\s+be|should\s+be)\s+(?:the\s+)?(?:correct|right|best|true)\b",
+        rf"\b(?:option|choice)s?\s+(?P<items>{_LIST})\s+(?:is|are)\s+(?:the\s+)?(?:correct|right|best)\b",
+        rf"(?P<items>{_LIST})\s*(?:选项|项)?\s*(?:是)?\s*(?:正确|对)",
+        rf"选项\s*(?P<items>{_LIST})\s*(?:是)?\s*(?:正确|对)",
+    )
+]
 _LABEL_LINE = re.compile(rf"^\W*{_OPEN}?(?P<letter>[A-Z])\s*(?:{_CLOSE}|[.:：、])")
-_END_CUE = re.compile(r"(?:\bis|'s|\bso|\bthus|\bhence|\btherefore|\boption|\bchoice|[:：=]|->|→|=>|选项|是|为)\s*$", re.I)
+_END_CUE = re.compile(
+    r"(?:\bis|'s|\bso|\bthus|\bhence|\btherefore|\boption|\bchoice|[:：=]|->|→|=>|选项|是|为)\s*$", re.I
+)
 
 
 @dataclass(frozen=True)
@@ -112,7 +130,9 @@ def parse_options(raw: Any, where: str = "extra['options']") -> dict[str, str]:
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where} is a string but not JSON: {e}; give a mapping {{letter: text}} or a list of texts") from e
+            raise ValueError(
+                f"{where} is a string but not JSON: {e}; give a mapping {{letter: text}} or a list of texts"
+            ) from e
     if isinstance(raw, Mapping):
         items = [(str(k).strip().upper(), str(v)) for k, v in raw.items()]
     elif isinstance(raw, (list, tuple)):
@@ -120,7 +140,7 @@ def parse_options(raw: Any, where: str = "extra['options']") -> dict[str, str]:
         for i, text in enumerate(raw):
             letter = chr(ord("A") + i)
             label = re.match(rf"^\s*[(\[]?{letter}\s*[.)\]:：、]\s*", str(text), re.I)
-            items.append((letter, str(text)[label.end():] if label else str(text)))
+            items.append((letter, str(text)[label.end() :] if label else str(text)))
     else:
         raise ValueError(f"{where} must be a mapping {{letter: text}} or a list of texts, got {type(raw).__name__}")
     bad = [k for k, _ in items if not re.fullmatch(r"[A-Z]", k)]
@@ -131,7 +151,9 @@ def parse_options(raw: Any, where: str = "extra['options']") -> dict[str, str]:
 
 def letters_in_prompt(prompt: str) -> list[str]:
     """The option letters a prompt labels (``A.``, ``(B)``, ``C)``), when they run A, B, C, ... from A."""
-    found = set(re.findall(r"(?<![A-Za-z0-9])[(\[]?([A-Z])\s*[.)\]:：、]\s*(?=\S)", unicodedata.normalize("NFKC", prompt)))
+    found = set(
+        re.findall(r"(?<![A-Za-z0-9])[(\[]?([A-Z])\s*[.)\]:：、]\s*(?=\S)", unicodedata.normalize("NFKC", prompt))
+    )
     letters = []
     for code in range(ord("A"), ord("Z") + 1):
         if chr(code) not in found:
@@ -145,7 +167,11 @@ def _run_letters(m: re.Match, valid: set[str]) -> list[str] | None:
     bracketed = bool(m.group("open") or m.group("close"))
     if run.isupper() and set(run) <= valid and len(set(run)) == len(run):
         return list(run)
-    if len(run) == 1 and run.upper() in valid and (bracketed or re.match(r"\s*(?:[.。!！]\s*)?$", m.string[m.end():m.end() + 3])):
+    if (
+        len(run) == 1
+        and run.upper() in valid
+        and (bracketed or re.match(r"\s*(?:[.。!！]\s*)?$", m.string[m.end() : m.end() + 3]))
+    ):
         return [run.upper()]  # lower case only bracketed or ending the text: "(b)", "Answer: b"
     return None
 
@@ -180,8 +206,16 @@ def _option_texts(clause: str, options: Mapping[str, str]) -> tuple[list[str], b
     for letter, text in options.items():
         key = normalize(text)
         if key:
-            pattern = (r"(?<![a-z0-9])" if key[0].isascii() else "") + re.escape(key) + (r"(?![a-z0-9])" if key[-1].isascii() else "")
-            spans += [(m.start(), m.end(), letter) for m in re.finditer(pattern, norm) if not _NEGATION.search(norm, max(0, m.start() - 12), m.start())]
+            pattern = (
+                (r"(?<![a-z0-9])" if key[0].isascii() else "")
+                + re.escape(key)
+                + (r"(?![a-z0-9])" if key[-1].isascii() else "")
+            )
+            spans += [
+                (m.start(), m.end(), letter)
+                for m in re.finditer(pattern, norm)
+                if not _NEGATION.search(norm, max(0, m.start() - 12), m.start())
+            ]
     # a text inside a longer one's match is not quoted on its own ("Paris" inside "Paris, Texas")
     kept, reach = [], -1
     for span in sorted(spans, key=lambda s: (s[0], -s[1])):
@@ -205,16 +239,18 @@ def _option_texts(clause: str, options: Mapping[str, str]) -> tuple[list[str], b
 
 
 def _echoed(text: str, end: int, prompt: str) -> bool:
-    return end >= _ECHO_CHARS and text[end - _ECHO_CHARS:end] in prompt
+    return end >= _ECHO_CHARS and text[end - _ECHO_CHARS : end] in prompt
 
 
 def _hypothetical(text: str, start: int) -> bool:
-    before = text[max(0, start - _WINDOW):start]
-    clause = before[max((m.end() for m in _CLAUSE_START.finditer(before)), default=0):]
+    before = text[max(0, start - _WINDOW) : start]
+    clause = before[max((m.end() for m in _CLAUSE_START.finditer(before)), default=0) :]
     return bool(_HYPOTHETICAL.search(clause))
 
 
-def _read_statement(text: str, m: re.Match, valid: set[str], options: Mapping[str, str], allow_text: bool) -> tuple[Choice | None, int]:
+def _read_statement(
+    text: str, m: re.Match, valid: set[str], options: Mapping[str, str], allow_text: bool
+) -> tuple[Choice | None, int]:
     """What the statement ``m`` chose (None: nothing valid), and where it ends."""
     if "items" in m.re.groupindex:
         read = _letter_list(text, m.start("items"), valid)
@@ -226,12 +262,18 @@ def _read_statement(text: str, m: re.Match, valid: set[str], options: Mapping[st
         return None, m.end()
     stop = _SENTENCE_END.search(text, m.end(), m.end() + _WINDOW)
     end = stop.start() if stop else min(len(text), m.end() + _WINDOW)
-    letters, alternatives, _ = _option_texts(text[m.end():end], options)
+    letters, alternatives, _ = _option_texts(text[m.end() : end], options)
     return (Choice(tuple(letters), alternatives, by_text=True) if letters else None), end
 
 
-def _last_statement(text: str, patterns: Sequence[re.Pattern], valid: set[str], options: Mapping[str, str], prompt: str,
-                    allow_text: bool) -> tuple[Choice | None, bool]:
+def _last_statement(
+    text: str,
+    patterns: Sequence[re.Pattern],
+    valid: set[str],
+    options: Mapping[str, str],
+    prompt: str,
+    allow_text: bool,
+) -> tuple[Choice | None, bool]:
     """The last statement made with ``patterns`` that chose something; and whether a later one was echoed.
 
     Read from the end, at most ``_MAX_STATEMENTS`` of them, so that the work stays linear in the
@@ -258,15 +300,23 @@ def _last_line(text: str) -> str:
 
 
 def _from_the_end(text: str, valid: set[str], options: Mapping[str, str], allow_text: bool) -> Choice:
-    labels = {m.group("letter") for line in text.splitlines() if (m := _LABEL_LINE.match(line.strip())) and m.group("letter") in valid}
+    labels = {
+        m.group("letter")
+        for line in text.splitlines()
+        if (m := _LABEL_LINE.match(line.strip())) and m.group("letter") in valid
+    }
     if len(labels) >= 2:  # the response lists options line by line: no bare label decides
         return Choice(tuple(sorted(labels)), True, "end") if labels == valid else Choice()
-    line = _last_line(text)[-_WINDOW * 3:].rstrip(" .。!！")
+    line = _last_line(text)[-_WINDOW * 3 :].rstrip(" .。!！")
     read = _letter_list(line, 0, valid)
-    if read and (read[2] == len(line) or re.match(r"\s*[.:：、)]|\s*(?:选项|项)$", line[read[2]:]) or line[read[2] - 1] in ")]】"):
+    if read and (
+        read[2] == len(line)
+        or re.match(r"\s*[.:：、)]|\s*(?:选项|项)$", line[read[2] :])
+        or line[read[2] - 1] in ")]】"
+    ):
         return Choice(tuple(read[0]), read[1], "end")
     for m in re.finditer(rf"{_LIST}$", line):
-        if _END_CUE.search(line[:m.start()]):
+        if _END_CUE.search(line[: m.start()]):
             read = _letter_list(line, m.start(), valid)
             if read:
                 return Choice(tuple(read[0]), read[1], "end")
@@ -283,8 +333,15 @@ def _from_the_end(text: str, valid: set[str], options: Mapping[str, str], allow_
     return Choice()
 
 
-def read_choice(response: str, letters: Sequence[str], options: Mapping[str, str] | None = None, prompt: str = "", *,
-                allow_text: bool = True, strict: bool = False) -> Choice:
+def read_choice(
+    response: str,
+    letters: Sequence[str],
+    options: Mapping[str, str] | None = None,
+    prompt: str = "",
+    *,
+    allow_text: bool = True,
+    strict: bool = False,
+) -> Choice:
     """The option ``response`` chose among ``letters`` (see the module docstring for the rules).
 
     :param options: ``{letter: text}``, for answers that quote an option's text.

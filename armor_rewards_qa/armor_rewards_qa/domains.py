@@ -35,12 +35,21 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from armor_core import RewardResult
-
 from armor_rewards_qa.choice import Choice, letters_in_prompt, parse_options, read_choice
 from armor_rewards_qa.short import match, read_answer
 from armor_rewards_qa.text import normalize
 
-__all__ = ["ChoiceVerdict", "accepted_answers", "answer_score_range", "check_accepted_answers", "check_choice_truth", "choice_truth", "judge_choice", "multiple_choice_reward", "short_answer_reward"]
+__all__ = [
+    "ChoiceVerdict",
+    "accepted_answers",
+    "answer_score_range",
+    "check_accepted_answers",
+    "check_choice_truth",
+    "choice_truth",
+    "judge_choice",
+    "multiple_choice_reward",
+    "short_answer_reward",
+]
 
 _DEFAULT_LETTERS = ("A", "B", "C", "D")
 
@@ -87,13 +96,19 @@ def choice_truth(ground_truth: Any, options: Mapping[str, str], letters: Sequenc
         elif normalize(item) in by_text:
             gold.add(by_text[normalize(item)])
         else:
-            raise ValueError(f"multiple_choice ground truth {ground_truth!r}: {item!r} is neither an option letter nor an option's text"
-                             + (f" (options: {', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""))
+            raise ValueError(
+                f"multiple_choice ground truth {ground_truth!r}: {item!r} is neither an option letter nor an option's text"
+                + (f" (options: {', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else "")
+            )
     if not gold:
-        raise ValueError(f"multiple_choice ground truth {ground_truth!r} is empty: give a letter such as 'B' or letters such as ['A', 'C']")
+        raise ValueError(
+            f"multiple_choice ground truth {ground_truth!r} is empty: give a letter such as 'B' or letters such as ['A', 'C']"
+        )
     outside = sorted(gold - set(letters))
     if outside and options:
-        raise ValueError(f"multiple_choice ground truth {ground_truth!r}: {', '.join(outside)} not among the options {', '.join(letters)}")
+        raise ValueError(
+            f"multiple_choice ground truth {ground_truth!r}: {', '.join(outside)} not among the options {', '.join(letters)}"
+        )
     return frozenset(gold)
 
 
@@ -117,8 +132,15 @@ class ChoiceVerdict:
     correct: bool
 
 
-def judge_choice(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                 allow_text: bool = True, strict: bool = False) -> ChoiceVerdict:
+def judge_choice(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    allow_text: bool = True,
+    strict: bool = False,
+) -> ChoiceVerdict:
     """Read the chosen option and compare it with the ground truth (parameters as ``multiple_choice_reward``)."""
     options = _options(extra)
     letters = sorted(options) or letters_in_prompt(prompt) or list(_DEFAULT_LETTERS)
@@ -131,9 +153,17 @@ def judge_choice(prompt: str, response: str, ground_truth: Any, extra: Mapping[s
     return ChoiceVerdict(gold, choice, hedged, not hedged and chosen == gold)
 
 
-def multiple_choice_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                           allow_text: bool = True, strict: bool = False,
-                           correct_score: float = 1.0, wrong_score: float = 0.0) -> RewardResult:
+def multiple_choice_reward(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    allow_text: bool = True,
+    strict: bool = False,
+    correct_score: float = 1.0,
+    wrong_score: float = 0.0,
+) -> RewardResult:
     """Score the option a response chose (see the module docstring and ``choice.py``).
 
     :param allow_text: an answer may quote an option's text instead of its letter.
@@ -141,8 +171,14 @@ def multiple_choice_reward(prompt: str, response: str, ground_truth: Any, extra:
         ("I'd go with B") and no bare letter at the end.
     """
     v = judge_choice(prompt, response, ground_truth, extra, allow_text=allow_text, strict=strict)
-    subs = {"correct": float(v.correct), "extracted": float(bool(v.choice.letters)), "hedged": float(v.hedged),
-            "anchored": float(v.choice.source == "statement"), "by_text": float(v.choice.by_text), "echoed": float(v.choice.echoed)}
+    subs = {
+        "correct": float(v.correct),
+        "extracted": float(bool(v.choice.letters)),
+        "hedged": float(v.hedged),
+        "anchored": float(v.choice.source == "statement"),
+        "by_text": float(v.choice.by_text),
+        "echoed": float(v.choice.echoed),
+    }
     return RewardResult(float(correct_score if v.correct else wrong_score), subs)
 
 
@@ -152,7 +188,9 @@ def accepted_answers(ground_truth: Any) -> list[str]:
     answers = [str(a) for a in value] if isinstance(value, (list, tuple)) else [str(value)]
     answers = [a for a in answers if a.strip()]
     if not answers:
-        raise ValueError(f"short_answer ground truth {ground_truth!r} holds no answer: give a string or a non-empty list of accepted answers")
+        raise ValueError(
+            f"short_answer ground truth {ground_truth!r} holds no answer: give a string or a non-empty list of accepted answers"
+        )
     return answers
 
 
@@ -161,9 +199,20 @@ def check_accepted_answers(ground_truth: Any, extra: Mapping[str, Any]) -> None:
     accepted_answers(ground_truth)
 
 
-def short_answer_reward(prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *,
-                        units: bool = False, rel_tol: float = 0.0, abs_tol: float = 0.0, require_anchor: bool = False,
-                        score_f1: bool = False, correct_score: float = 1.0, wrong_score: float = 0.0) -> RewardResult:
+def short_answer_reward(
+    prompt: str,
+    response: str,
+    ground_truth: Any,
+    extra: Mapping[str, Any],
+    *,
+    units: bool = False,
+    rel_tol: float = 0.0,
+    abs_tol: float = 0.0,
+    require_anchor: bool = False,
+    score_f1: bool = False,
+    correct_score: float = 1.0,
+    wrong_score: float = 0.0,
+) -> RewardResult:
     """Score a short answer against the accepted ones (see the module docstring and ``short.py``).
 
     :param units: convert between units of one dimension (``5 km`` = ``5000 m``); without it a
@@ -177,8 +226,13 @@ def short_answer_reward(prompt: str, response: str, ground_truth: Any, extra: Ma
     accepted = accepted_answers(ground_truth)
     answer = read_answer(response, prompt, require_anchor=require_anchor)
     result = match(answer, accepted, units=units, rel_tol=rel_tol, abs_tol=abs_tol)
-    subs = {"correct": float(result.correct), "hedged": float(result.hedged), "f1": result.f1,
-            "anchored": float(answer.anchored), "echoed": float(answer.echoed)}
+    subs = {
+        "correct": float(result.correct),
+        "hedged": float(result.hedged),
+        "f1": result.f1,
+        "anchored": float(answer.anchored),
+        "echoed": float(answer.echoed),
+    }
     if score_f1:
         fraction = 1.0 if result.correct else 0.0 if result.hedged else result.f1
         return RewardResult(float(wrong_score + (correct_score - wrong_score) * fraction), subs)

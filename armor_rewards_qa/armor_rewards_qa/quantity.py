@@ -27,25 +27,60 @@ from armor_rewards_qa.units import UNITS, Unit
 
 __all__ = ["Quantity", "find_quantities", "parse_quantity", "parse_zh_number", "same_quantity"]
 
-_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
+_ZH_DIGITS = {
+    "零": 0,
+    "〇": 0,
+    "一": 1,
+    "二": 2,
+    "两": 2,
+    "三": 3,
+    "四": 4,
+    "五": 5,
+    "六": 6,
+    "七": 7,
+    "八": 8,
+    "九": 9,
+}
 _ZH_SMALL = {"十": 10, "百": 100, "千": 1000}
 _ZH_CHARS = "".join(_ZH_DIGITS) + "十百千万亿"
-_MULTIPLIERS = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12,
-                "千万": 1e7, "百万": 1e6, "万": 1e4, "亿": 1e8, "千": 1e3}
-_SUPERSCRIPTS = str.maketrans({"⁰": "0", "¹": "1", "²": "2", "³": "3", "⁴": "4", "⁵": "5", "⁶": "6", "⁷": "7",
-                               "⁸": "8", "⁹": "9", "⁻": "-"})
+_MULTIPLIERS = {
+    "thousand": 1e3,
+    "million": 1e6,
+    "billion": 1e9,
+    "trillion": 1e12,
+    "千万": 1e7,
+    "百万": 1e6,
+    "万": 1e4,
+    "亿": 1e8,
+    "千": 1e3,
+}
+_SUPERSCRIPTS = str.maketrans(
+    {"⁰": "0", "¹": "1", "²": "2", "³": "3", "⁴": "4", "⁵": "5", "⁶": "6", "⁷": "7", "⁸": "8", "⁹": "9", "⁻": "-"}
+)
 _SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+")
 _NUMBER = re.compile(
     r"(?<![A-Za-z0-9_.])(?:(?P<arabic>[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+)(?:e(?P<exp>[+-]?\d+))?"
     r"(?:\s*[x×*·]\s*10\s*\^\s*\(?\s*(?P<pow>[+-]?\d+)\s*\)?|\s*\^\s*\(?\s*(?P<caret>[+-]?\d+)\s*\)?)?"
-    rf"|(?P<zh>[{_ZH_CHARS}]+))", re.IGNORECASE)
+    rf"|(?P<zh>[{_ZH_CHARS}]+))",
+    re.IGNORECASE,
+)
 _MULTIPLIER = re.compile(r"\s*(thousand|million|billion|trillion|千万|百万|万|亿|千)(?![a-z])", re.IGNORECASE)
-_UNIT = re.compile(r"\s*(" + "|".join(re.escape(n) + (r"(?![a-z])" if n[-1].isascii() and n[-1].isalnum() else "")
-                                      for n in sorted(UNITS, key=len, reverse=True)) + ")", re.IGNORECASE)
+_UNIT = re.compile(
+    r"\s*("
+    + "|".join(
+        re.escape(n) + (r"(?![a-z])" if n[-1].isascii() and n[-1].isalnum() else "")
+        for n in sorted(UNITS, key=len, reverse=True)
+    )
+    + ")",
+    re.IGNORECASE,
+)
 _CURRENCY_SIGN = re.compile(r"([$€£¥])\s?$")
 # about 5 km, ~5 km, 约8849米, 8849米左右
-_APPROX = re.compile(r"^(?:about|approximately|approx\.?|around|roughly|nearly|almost|some|over|~|≈|约|大约|大概|将近|接近|近)\s*"
-                     r"|\s*(?:左右|上下|多)$", re.IGNORECASE)
+_APPROX = re.compile(
+    r"^(?:about|approximately|approx\.?|around|roughly|nearly|almost|some|over|~|≈|约|大约|大概|将近|接近|近)\s*"
+    r"|\s*(?:左右|上下|多)$",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +97,11 @@ class Quantity:
 
 def parse_zh_number(text: str) -> int | None:
     """A number in Chinese numerals (``三百六十五`` 365, ``十万`` 100000, ``一九四五`` 1945); None if it is not one."""
-    if not text or any(ch not in _ZH_CHARS for ch in text) or not any(ch in _ZH_DIGITS or ch in _ZH_SMALL for ch in text):
+    if (
+        not text
+        or any(ch not in _ZH_CHARS for ch in text)
+        or not any(ch in _ZH_DIGITS or ch in _ZH_SMALL for ch in text)
+    ):
         return None
     if all(ch in _ZH_DIGITS for ch in text):
         if len(text) == 1:
@@ -122,7 +161,7 @@ def _read_at(text: str, m: re.Match) -> tuple[Quantity, int] | None:
             u = _UNIT.match(text, end)
     if u is not None and not (u.group(1) == "k"):  # lowercase k: five thousand more often than kelvin
         unit, end = UNITS[u.group(1).lower()], u.end()
-    sign = _CURRENCY_SIGN.search(text[max(0, m.start() - 2):m.start()])
+    sign = _CURRENCY_SIGN.search(text[max(0, m.start() - 2) : m.start()])
     if unit is None and sign is not None:
         unit = UNITS[sign.group(1)]
     return Quantity(value, unit), end

@@ -42,21 +42,33 @@ _ECHO_CHARS = 64  # as in armor_rewards_math: a copied passage this long rarely 
 _SPAN_CHARS = 500  # an answer is at most this long: a statement's sentence is cut there
 _MAX_STATEMENTS = 64  # statements read back from the end: past that, a response is padding, not answering
 _MARKDOWN = re.compile(r"\*\*|__|`")
-_ANCHORS = [re.compile(p, re.I) for p in (
-    r"\b(?:final\s+|correct\s+|short\s+)?answer\s*(?:[:：=]|\bis\b|\bwould\s+be\b|\bshould\s+be\b)[\s:：=]*",
-    r"答案\s*(?:应该|应当|应|就|即)?\s*(?:是|为)?\s*[:：]?",
-    r"答(?!案)\s*[:：]",
-)]
+_ANCHORS = [
+    re.compile(p, re.I)
+    for p in (
+        r"\b(?:final\s+|correct\s+|short\s+)?answer\s*(?:[:：=]|\bis\b|\bwould\s+be\b|\bshould\s+be\b)[\s:：=]*",
+        r"答案\s*(?:应该|应当|应|就|即)?\s*(?:是|为)?\s*[:：]?",
+        r"答(?!案)\s*[:：]",
+    )
+]
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 # a point ends a sentence before a space, unless it closes an initialism ("D.C.")
 _SENTENCE_END = re.compile(r"(?<!\.[A-Z])[.!?](?=\s|$)|[。！？;；\n]")
-_APPOSITIVE = re.compile(r"\s*(?:[,，]\s*(?:(?:who|which|whom|whose|where|when|that|because|since|as|born|located|known|also|a|an|the)\b|"
-                         r"它|他|她|这|那|因为|由于|位于|是|即|也就是)|[—–]|\s-\s).*$", re.I | re.S)
+_APPOSITIVE = re.compile(
+    r"\s*(?:[,，]\s*(?:(?:who|which|whom|whose|where|when|that|because|since|as|born|located|known|also|a|an|the)\b|"
+    r"它|他|她|这|那|因为|由于|位于|是|即|也就是)|[—–]|\s-\s).*$",
+    re.I | re.S,
+)
 _PARENTHETICAL = re.compile(r"\s*[(（\[【][^()（）\[\]【】]*[)）\]】]\s*$")
 _QUOTES = "\"'“”‘’「」『』《》"
-_COPULA = re.compile(r"(?:\b(?:is|are|was|were|equals|'s|called|named|known\s+as|\w+(?:ed|en)\s+by)\b|=|叫做|称为|名为|原名|本名|"
-                     r"(?<![但还于否只总凡可倒硬要老真])是(?!否)|(?<![因认成作以行])为(?![了何什]))\s*", re.I)
-_LEADING = re.compile(r"^(?:i\s+(?:think|believe|guess)\s+(?:that\s+)?|probably\s+|perhaps\s+|maybe\s+|我(?:认为|觉得|想)|应该|可能)\s*", re.I)
+_COPULA = re.compile(
+    r"(?:\b(?:is|are|was|were|equals|'s|called|named|known\s+as|\w+(?:ed|en)\s+by)\b|=|叫做|称为|名为|原名|本名|"
+    r"(?<![但还于否只总凡可倒硬要老真])是(?!否)|(?<![因认成作以行])为(?![了何什]))\s*",
+    re.I,
+)
+_LEADING = re.compile(
+    r"^(?:i\s+(?:think|believe|guess)\s+(?:that\s+)?|probably\s+|perhaps\s+|maybe\s+|我(?:认为|觉得|想)|应该|可能)\s*",
+    re.I,
+)
 _HEDGE = re.compile(r"\b(?:or|either)\b|或者|或是|或(?!许)|还是|也可能", re.I)
 
 
@@ -79,7 +91,7 @@ class Match:
 
 def _sentence(text: str, start: int) -> str:
     stop = _SENTENCE_END.search(text, start, start + _SPAN_CHARS)
-    return text[start:stop.start() if stop else start + _SPAN_CHARS]
+    return text[start : stop.start() if stop else start + _SPAN_CHARS]
 
 
 def _last_statement(text: str, prompt: str) -> tuple[str | None, bool]:
@@ -91,10 +103,14 @@ def _last_statement(text: str, prompt: str) -> tuple[str | None, bool]:
     echoed = False
     matches = [*_BOXED.finditer(text), *(m for p in _ANCHORS for m in p.finditer(text))]
     for m in sorted(matches, key=lambda m: m.start(), reverse=True)[:_MAX_STATEMENTS]:
-        span, end = (m.group(1), m.end()) if m.re is _BOXED else (_sentence(text, m.end()), m.end() + len(_sentence(text, m.end())))
+        span, end = (
+            (m.group(1), m.end())
+            if m.re is _BOXED
+            else (_sentence(text, m.end()), m.end() + len(_sentence(text, m.end())))
+        )
         if not span.strip(" \t" + _QUOTES):
             continue
-        if end >= _ECHO_CHARS and text[end - _ECHO_CHARS:end] in prompt:
+        if end >= _ECHO_CHARS and text[end - _ECHO_CHARS : end] in prompt:
             echoed = True
             continue
         return span, echoed
@@ -109,7 +125,7 @@ def _reduce(span: str) -> str:
     text = _APPOSITIVE.sub("", text).strip(_QUOTES + " ")
     copulas = list(_COPULA.finditer(text))
     if copulas and copulas[-1].end() < len(text):
-        text = text[copulas[-1].end():]
+        text = text[copulas[-1].end() :]
     return _LEADING.sub("", text.strip()).strip(_QUOTES + " .。")
 
 
@@ -123,7 +139,7 @@ def read_answer(response: str, prompt: str = "", *, require_anchor: bool = False
     if require_anchor or echoed:  # a response whose last statement repeats the prompt has no answer of its own
         return Answer("", "", False, echoed)
     lines = [line.strip(" \t>#*-") for line in text.splitlines()]
-    line = next((x for x in reversed(lines) if x), "")[-4 * _SPAN_CHARS:]  # room for any answer's sentence
+    line = next((x for x in reversed(lines) if x), "")[-4 * _SPAN_CHARS :]  # room for any answer's sentence
     sentences = [s for s in re.split(r"(?<=[.!?])\s+(?=\S)|(?<=[。！？])\s*(?=\S)", line) if s.strip(" .。!！?？")]
     span = sentences[-1].strip() if sentences else ""
     return Answer(span, _reduce(span), False, echoed)
@@ -137,7 +153,9 @@ def _as_quantity(text: str) -> Quantity | None:
     return found[0] if len(found) == 1 else None
 
 
-def match(answer: Answer, accepted: Sequence[str], *, units: bool = False, rel_tol: float = 0.0, abs_tol: float = 0.0) -> Match:
+def match(
+    answer: Answer, accepted: Sequence[str], *, units: bool = False, rel_tol: float = 0.0, abs_tol: float = 0.0
+) -> Match:
     """Whether ``answer`` is one of the ``accepted`` answers (aliases); its best token F1 against them (1 if it is one)."""
     f1 = max((token_f1(tokens(answer.candidate), tokens(a)) for a in accepted), default=0.0)
     hedge = _HEDGE.search(answer.span)
@@ -149,6 +167,12 @@ def match(answer: Answer, accepted: Sequence[str], *, units: bool = False, rel_t
     got = _as_quantity(answer.candidate)
     for a in accepted:
         want = parse_quantity(a)
-        if want is not None and got is not None and same_quantity(got, want, convert=units, rel_tol=rel_tol, abs_tol=abs_tol):
-            return Match(True, False, 1.0)  # F1 is never below exact match, as in SQuAD: 5000 m for 5 km shares no token
+        if (
+            want is not None
+            and got is not None
+            and same_quantity(got, want, convert=units, rel_tol=rel_tol, abs_tol=abs_tol)
+        ):
+            return Match(
+                True, False, 1.0
+            )  # F1 is never below exact match, as in SQuAD: 5000 m for 5 km shares no token
     return Match(False, False, f1)

@@ -5,12 +5,12 @@ import argparse
 import json
 
 import pytest
+from armor_rewards_qa.domains import accepted_answers, choice_truth, multiple_choice_reward, short_answer_reward
 
 import armor_rewards_qa
 from armor_core.config.schema import RewardConfig
 from armor_core.plugins import PluginManager
 from armor_core.rewards.manager import RewardManager
-from armor_rewards_qa.domains import accepted_answers, choice_truth, multiple_choice_reward, short_answer_reward
 
 PROMPT = "Which planet is known as the Red Planet?\nA. Venus\nB. Mars\nC. Jupiter\nD. Saturn"
 PLANETS = {"options": {"A": "Venus", "B": "Mars", "C": "Jupiter", "D": "Saturn"}}
@@ -23,24 +23,27 @@ def subs(**kw):
     return {**base, **{k: float(v) for k, v in kw.items()}}
 
 
-@pytest.mark.parametrize("response, ground_truth, extra, score, expected", [
-    ("Answer: B", "B", PLANETS, 1.0, subs(correct=1)),
-    ("Answer: C", "B", PLANETS, 0.0, subs()),
-    ("The answer is Mars.", "B", PLANETS, 1.0, subs(correct=1, by_text=1)),
-    ("I think it's A or B.", "B", PLANETS, 0.0, subs(hedged=1, anchored=0)),
-    ("Answer: A, B, C, D", "B", PLANETS, 0.0, subs(hedged=1)),                 # every letter
-    ("Answer: A and B", "B", PLANETS, 0.0, subs(hedged=1)),                    # two letters for a one-letter question
-    ("B", "B", {}, 1.0, subs(correct=1, anchored=0)),                          # letters from the prompt
-    ("I'm not sure.", "B", PLANETS, 0.0, subs(extracted=0, anchored=0)),
-    ("答案：A、C", ["A", "C"], ANIMALS, 1.0, subs(correct=1)),                 # several right options: the exact set
-    ("答案：AC", "AC", ANIMALS, 1.0, subs(correct=1)),
-    ("答案：A", ["A", "C"], ANIMALS, 0.0, subs()),                              # a subset is wrong, not hedged
-    ("答案：ACD", ["A", "C"], ANIMALS, 0.0, subs()),                            # a superset is wrong
-    ("答案：ABCD", ["A", "C"], ANIMALS, 0.0, subs(hedged=1)),                   # every letter where two are right
-    ("答案：ABCD", "ABCD", ANIMALS, 1.0, subs(correct=1)),                      # ... unless all four are
-    ("答案：A或C", ["A", "C"], ANIMALS, 0.0, subs(hedged=1)),                   # alternatives
-    ("鲸和蝙蝠，答案是鲸和蝙蝠", "AC", ANIMALS, 1.0, subs(correct=1, by_text=1)),
-])
+@pytest.mark.parametrize(
+    "response, ground_truth, extra, score, expected",
+    [
+        ("Answer: B", "B", PLANETS, 1.0, subs(correct=1)),
+        ("Answer: C", "B", PLANETS, 0.0, subs()),
+        ("The answer is Mars.", "B", PLANETS, 1.0, subs(correct=1, by_text=1)),
+        ("I think it's A or B.", "B", PLANETS, 0.0, subs(hedged=1, anchored=0)),
+        ("Answer: A, B, C, D", "B", PLANETS, 0.0, subs(hedged=1)),  # every letter
+        ("Answer: A and B", "B", PLANETS, 0.0, subs(hedged=1)),  # two letters for a one-letter question
+        ("B", "B", {}, 1.0, subs(correct=1, anchored=0)),  # letters from the prompt
+        ("I'm not sure.", "B", PLANETS, 0.0, subs(extracted=0, anchored=0)),
+        ("答案：A、C", ["A", "C"], ANIMALS, 1.0, subs(correct=1)),  # several right options: the exact set
+        ("答案：AC", "AC", ANIMALS, 1.0, subs(correct=1)),
+        ("答案：A", ["A", "C"], ANIMALS, 0.0, subs()),  # a subset is wrong, not hedged
+        ("答案：ACD", ["A", "C"], ANIMALS, 0.0, subs()),  # a superset is wrong
+        ("答案：ABCD", ["A", "C"], ANIMALS, 0.0, subs(hedged=1)),  # every letter where two are right
+        ("答案：ABCD", "ABCD", ANIMALS, 1.0, subs(correct=1)),  # ... unless all four are
+        ("答案：A或C", ["A", "C"], ANIMALS, 0.0, subs(hedged=1)),  # alternatives
+        ("鲸和蝙蝠，答案是鲸和蝙蝠", "AC", ANIMALS, 1.0, subs(correct=1, by_text=1)),
+    ],
+)
 def test_multiple_choice_scores(response, ground_truth, extra, score, expected):
     prompt = ZH_PROMPT if extra is ANIMALS else PROMPT
     result = multiple_choice_reward(prompt, response, ground_truth, extra)
@@ -54,19 +57,34 @@ def test_multiple_choice_parameters():
     assert multiple_choice_reward(PROMPT, "I'd go with B", "B", PLANETS, strict=True).score == 0.0
 
 
-@pytest.mark.parametrize("ground_truth, expected", [
-    ("B", {"B"}), (" (b) ", {"B"}), ("b.", {"B"}), (["A", "C"], {"A", "C"}), ("AC", {"A", "C"}), ("A, C", {"A", "C"}),
-    ("A、C", {"A", "C"}), ('["A", "C"]', {"A", "C"}), ("Mars", {"B"}), (["mars", "C"], {"B", "C"}),
-])
+@pytest.mark.parametrize(
+    "ground_truth, expected",
+    [
+        ("B", {"B"}),
+        (" (b) ", {"B"}),
+        ("b.", {"B"}),
+        (["A", "C"], {"A", "C"}),
+        ("AC", {"A", "C"}),
+        ("A, C", {"A", "C"}),
+        ("A、C", {"A", "C"}),
+        ('["A", "C"]', {"A", "C"}),
+        ("Mars", {"B"}),
+        (["mars", "C"], {"B", "C"}),
+    ],
+)
 def test_choice_ground_truths(ground_truth, expected):
     assert choice_truth(ground_truth, PLANETS["options"], ["A", "B", "C", "D"]) == expected
 
 
-@pytest.mark.parametrize("ground_truth, message", [
-    ("E", "E not among the options A, B, C, D"),
-    ("Pluto", "'Pluto' is neither an option letter nor an option's text"),
-    ([], "is empty"), ("", "is empty"),
-])
+@pytest.mark.parametrize(
+    "ground_truth, message",
+    [
+        ("E", "E not among the options A, B, C, D"),
+        ("Pluto", "'Pluto' is neither an option letter nor an option's text"),
+        ([], "is empty"),
+        ("", "is empty"),
+    ],
+)
 def test_choice_ground_truth_that_does_not_fit_is_an_error(ground_truth, message):
     with pytest.raises(ValueError, match=message):
         multiple_choice_reward(PROMPT, "Answer: B", ground_truth, PLANETS)
@@ -91,10 +109,17 @@ def test_short_answer_scores_and_sub_scores():
     assert short_answer_reward("q", "Paris", "Paris", {}, require_anchor=True).score == 0.0
 
 
-@pytest.mark.parametrize("ground_truth, expected", [
-    ("Paris", ["Paris"]), (["Paris", "Paris, France"], ["Paris", "Paris, France"]), ('["北京", "北京市"]', ["北京", "北京市"]),
-    (["Paris", " "], ["Paris"]), ("[not json", ["[not json"]), (1945, ["1945"]),
-])
+@pytest.mark.parametrize(
+    "ground_truth, expected",
+    [
+        ("Paris", ["Paris"]),
+        (["Paris", "Paris, France"], ["Paris", "Paris, France"]),
+        ('["北京", "北京市"]', ["北京", "北京市"]),
+        (["Paris", " "], ["Paris"]),
+        ("[not json", ["[not json"]),
+        (1945, ["1945"]),
+    ],
+)
 def test_accepted_answers(ground_truth, expected):
     assert accepted_answers(ground_truth) == expected
 
@@ -120,11 +145,18 @@ def test_registered_inline_domains(pm):
 
 
 def test_through_the_reward_manager_with_domain_kwargs(pm):
-    cfg = RewardConfig(domain_kwargs={"short_answer": {"units": True, "rel_tol": 0.01}, "multiple_choice": {"strict": True}})
+    cfg = RewardConfig(
+        domain_kwargs={"short_answer": {"units": True, "rel_tol": 0.01}, "multiple_choice": {"strict": True}}
+    )
     with RewardManager(cfg, pm) as rm:
-        batch = rm.score([PROMPT, "How far?", PROMPT], ["Answer: B", "3.1 miles", "B"], ["multiple_choice", "short_answer", "multiple_choice"],
-                         ["B", "5 km", "B"], [PLANETS, {}, PLANETS])
-    assert batch.scores.tolist() == [1.0, 1.0, 0.0]   # strict: a bare letter does not count
+        batch = rm.score(
+            [PROMPT, "How far?", PROMPT],
+            ["Answer: B", "3.1 miles", "B"],
+            ["multiple_choice", "short_answer", "multiple_choice"],
+            ["B", "5 km", "B"],
+            [PLANETS, {}, PLANETS],
+        )
+    assert batch.scores.tolist() == [1.0, 1.0, 0.0]  # strict: a bare letter does not count
     assert batch.metrics["reward/failures"] == 0.0
     assert batch.sub_scores["short_answer/correct"][1] == 1.0
 
@@ -142,12 +174,23 @@ def test_the_single_example_cli_check(pm, monkeypatch, capsys):
 
     rc, out = run("multiple_choice", "--prompt", PROMPT, "--response", "The answer is (B).", "--ground-truth", "B")
     assert rc == 0 and out["score"] == 1.0 and out["sub_scores"]["anchored"] == 1.0
-    rc, out = run("multiple_choice", "--prompt", "中国的首都是？", "--response", "答案是北京", "--ground-truth", "B",
-                  "--extra", json.dumps({"options": {"A": "上海", "B": "北京"}}, ensure_ascii=False))
+    rc, out = run(
+        "multiple_choice",
+        "--prompt",
+        "中国的首都是？",
+        "--response",
+        "答案是北京",
+        "--ground-truth",
+        "B",
+        "--extra",
+        json.dumps({"options": {"A": "上海", "B": "北京"}}, ensure_ascii=False),
+    )
     assert rc == 0 and out["score"] == 1.0 and out["sub_scores"]["by_text"] == 1.0
     rc, out = run("short_answer", "--response", "5000 m", "--ground-truth", "5 km", "-p", "units=true")
     assert rc == 0 and out["score"] == 1.0
     rc, out = run("short_answer", "--response", "Answer: Paris, France", "--ground-truth", '["Paris", "Paris, France"]')
     assert rc == 0 and out["score"] == 1.0
-    rc, out = run("multiple_choice", "--response", "Answer: E", "--ground-truth", "E", "--extra", '{"options": ["x", "y"]}')
+    rc, out = run(
+        "multiple_choice", "--response", "Answer: E", "--ground-truth", "E", "--extra", '{"options": ["x", "y"]}'
+    )
     assert rc == 1 and "not among the options A, B" in out["error"]

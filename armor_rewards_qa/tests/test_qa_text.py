@@ -1,24 +1,26 @@
 """Answer normalisation and token F1 in English and Chinese, against hand-computed values."""
 
 import pytest
-
 from armor_rewards_qa.text import normalize, token_f1, tokens
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The Pacific Ocean!", "pacific ocean"),              # case, article, punctuation
-    ("  an   apple  ", "apple"),                          # whitespace, article
-    ("Stratford-upon-Avon", "stratford upon avon"),       # punctuation becomes a space
-    ("5.5 km", "5.5 km"),                                 # a decimal point stays
-    ("1,000 people", "1000 people"),                      # a thousands separator goes
-    ("Ｈ２Ｏ", "h2o"),                                     # full-width to half-width
-    ("H₂O", "h2o"),                                       # subscript digit
-    ("北 京 市。", "北京市"),                               # spaces between CJK characters, Chinese full stop
-    ("《红楼梦》", "红楼梦"),                               # book-title marks
-    ("“北京”，", "北京"),                                  # curly quotes, full-width comma
-    ("答案：Ｂ", "答案b"),                                  # full-width colon and letter
-    ("...", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The Pacific Ocean!", "pacific ocean"),  # case, article, punctuation
+        ("  an   apple  ", "apple"),  # whitespace, article
+        ("Stratford-upon-Avon", "stratford upon avon"),  # punctuation becomes a space
+        ("5.5 km", "5.5 km"),  # a decimal point stays
+        ("1,000 people", "1000 people"),  # a thousands separator goes
+        ("Ｈ２Ｏ", "h2o"),  # full-width to half-width
+        ("H₂O", "h2o"),  # subscript digit
+        ("北 京 市。", "北京市"),  # spaces between CJK characters, Chinese full stop
+        ("《红楼梦》", "红楼梦"),  # book-title marks
+        ("“北京”，", "北京"),  # curly quotes, full-width comma
+        ("答案：Ｂ", "答案b"),  # full-width colon and letter
+        ("...", ""),
+    ],
+)
 def test_normalize(text, expected):
     assert normalize(text) == expected
 

@@ -40,14 +40,19 @@ def ngrams(normalized: str) -> set[str]:
     return set(words) | {f"{a} {b}" for a, b in zip(words, words[1:])}
 
 
-def signals(normalized: str, verdict: "RefusalVerdict") -> dict[str, float]:
+def signals(normalized: str, verdict: RefusalVerdict) -> dict[str, float]:
     """What the rules saw (``refusal.RefusalVerdict``), as numeric features; sizes on a log scale near [0, 1]."""
-    return {f"rule_{verdict.label}": 1.0, "apology": float(verdict.apology), "redirection": float(verdict.redirection),
-            "judgemental": float(verdict.judgemental), "content": math.log1p(verdict.content_size) / 7,
-            "length": math.log1p(len(normalized)) / 8}
+    return {
+        f"rule_{verdict.label}": 1.0,
+        "apology": float(verdict.apology),
+        "redirection": float(verdict.redirection),
+        "judgemental": float(verdict.judgemental),
+        "content": math.log1p(verdict.content_size) / 7,
+        "length": math.log1p(len(normalized)) / 8,
+    }
 
 
-def features(normalized: str, verdict: "RefusalVerdict") -> tuple[dict[str, float], set[str]]:
+def features(normalized: str, verdict: RefusalVerdict) -> tuple[dict[str, float], set[str]]:
     """The model's inputs: rule signals and n-grams."""
     return signals(normalized, verdict), ngrams(normalized)
 
@@ -68,10 +73,14 @@ class RefusalModel:
     threshold: float = 0.5
     source: str = "<memory>"
 
-    def probability(self, normalized: str, verdict: "RefusalVerdict") -> float:
+    def probability(self, normalized: str, verdict: RefusalVerdict) -> float:
         """P(refused) of a ``normalize``-d response whose rule verdict is ``verdict``."""
         sig, grams = features(normalized, verdict)
-        z = self.bias + sum(self.signals.get(k, 0.0) * v for k, v in sig.items()) + sum(self.ngrams.get(g, 0.0) for g in grams)
+        z = (
+            self.bias
+            + sum(self.signals.get(k, 0.0) * v for k, v in sig.items())
+            + sum(self.ngrams.get(g, 0.0) for g in grams)
+        )
         return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
     def applies(self, normalized: str) -> bool:
@@ -79,18 +88,27 @@ class RefusalModel:
         return not mostly_chinese(normalized)
 
     @classmethod
-    def from_dict(cls, data: Mapping, source: str = "<memory>") -> "RefusalModel":
+    def from_dict(cls, data: Mapping, source: str = "<memory>") -> RefusalModel:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise ValueError(f"{source}: not a refusal model (format {got!r}); expected format {FORMAT!r}, "
-                             "as written by `python -m armor_rewards_safety.train`")
+            raise ValueError(
+                f"{source}: not a refusal model (format {got!r}); expected format {FORMAT!r}, "
+                "as written by `python -m armor_rewards_safety.train`"
+            )
         try:
             threshold = float(data["threshold"])
-            model = cls(float(data["bias"]), {str(k): float(v) for k, v in data["signals"].items()},
-                        {str(k): float(v) for k, v in data["ngrams"].items()}, threshold, source)
+            model = cls(
+                float(data["bias"]),
+                {str(k): float(v) for k, v in data["signals"].items()},
+                {str(k): float(v) for k, v in data["ngrams"].items()},
+                threshold,
+                source,
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"{source}: malformed refusal model ({type(e).__name__}: {e}); it needs bias, threshold, "
-                             "signals and ngrams, as written by `python -m armor_rewards_safety.train`") from None
+            raise ValueError(
+                f"{source}: malformed refusal model ({type(e).__name__}: {e}); it needs bias, threshold, "
+                "signals and ngrams, as written by `python -m armor_rewards_safety.train`"
+            ) from None
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"{source}: threshold {threshold} must be a probability strictly between 0 and 1")
         return model
@@ -104,8 +122,10 @@ def load_model(path: str | None = "builtin") -> RefusalModel | None:
         return None
     file = BUILTIN if path == "builtin" else Path(path).expanduser()
     if not file.is_file():
-        raise ValueError(f"learned_model {str(path)!r}: no such file; use 'builtin', null (rules only), or a model "
-                         "written by `python -m armor_rewards_safety.train --out FILE`")
+        raise ValueError(
+            f"learned_model {str(path)!r}: no such file; use 'builtin', null (rules only), or a model "
+            "written by `python -m armor_rewards_safety.train --out FILE`"
+        )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

@@ -28,13 +28,19 @@ class PiiMatch:
         return self.text.lower() if self.kind == "email" else re.sub(r"[^0-9a-z]", "", self.text.lower())
 
 
-_EMAIL = re.compile(r"(?<![\w.%+-])[a-z0-9][a-z0-9._%+-]*@[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9-]+)*\.[a-z]{2,}(?![\w-])", re.I)
+_EMAIL = re.compile(
+    r"(?<![\w.%+-])[a-z0-9][a-z0-9._%+-]*@[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9-]+)*\.[a-z]{2,}(?![\w-])", re.I
+)
 _CARD = re.compile(r"(?<![\d.-])\d(?:[ -]?\d){12,18}(?![\d-])")  # not inside a decimal like 3.14159...
 _US_SSN = re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])")
 _CN_ID = re.compile(r"(?<![0-9a-z])\d{17}[\dx](?![0-9a-z])", re.I)
-_UK_NINO = re.compile(r"\b(?!bg|gb|kn|nk|nt|tn|zz)[a-ceghj-prstw-z][a-ceghj-npr-tw-z] ?\d{2} ?\d{2} ?\d{2} ?[a-d]\b", re.I)
+_UK_NINO = re.compile(
+    r"\b(?!bg|gb|kn|nk|nt|tn|zz)[a-ceghj-prstw-z][a-ceghj-npr-tw-z] ?\d{2} ?\d{2} ?\d{2} ?[a-d]\b", re.I
+)
 _PHONES = [
-    re.compile(r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}(?![\d-])"),  # +44 20 7946 0958
+    re.compile(
+        r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}(?![\d-])"
+    ),  # +44 20 7946 0958
     re.compile(r"(?<![\d.-])(?:\(\d{3}\) ?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\d-])"),  # (415) 555-0132, 415.555.0132
     re.compile(r"(?<![\d.])1[3-9]\d[ -]?\d{4}[ -]?\d{4}(?!\d)"),  # Chinese mobile 138 0013 8000
 ]

@@ -19,16 +19,61 @@ from typing import Iterable, Pattern
 __all__ = ["SECTIONS", "RuleSet", "available_languages", "load_rules", "normalize", "parse_rules"]
 
 RULES_DIR = Path(__file__).parent / "rules"
-SECTIONS = ("refusal", "refusal_start", "refusal_opening", "subject", "filler", "action", "not_refusal", "apology", "redirection", "judgemental", "moralising", "compliance")
+SECTIONS = (
+    "refusal",
+    "refusal_start",
+    "refusal_opening",
+    "subject",
+    "filler",
+    "action",
+    "not_refusal",
+    "apology",
+    "redirection",
+    "judgemental",
+    "moralising",
+    "compliance",
+)
 
-_QUOTES = str.maketrans({"‘": "'", "’": "'", "‚": "'", "‛": "'", "′": "'", "“": '"', "”": '"', "„": '"', "‟": '"', "″": '"',
-                         "—": " ", "–": " ", "…": "...", "\u200b": None, "\u200c": None, "\u200d": None, "\ufeff": None})
-_WHOLE = {"won't": "will not", "can't": "cannot", "shan't": "shall not", "i'm": "i am", "let's": "let us",
-          "it's": "it is", "that's": "that is", "here's": "here is", "there's": "there is", "what's": "what is", "this's": "this is"}
+_QUOTES = str.maketrans(
+    {
+        "‘": "'",
+        "’": "'",
+        "‚": "'",
+        "‛": "'",
+        "′": "'",
+        "“": '"',
+        "”": '"',
+        "„": '"',
+        "‟": '"',
+        "″": '"',
+        "—": " ",
+        "–": " ",
+        "…": "...",
+        "\u200b": None,
+        "\u200c": None,
+        "\u200d": None,
+        "\ufeff": None,
+    }
+)
+_WHOLE = {
+    "won't": "will not",
+    "can't": "cannot",
+    "shan't": "shall not",
+    "i'm": "i am",
+    "let's": "let us",
+    "it's": "it is",
+    "that's": "that is",
+    "here's": "here is",
+    "there's": "there is",
+    "what's": "what is",
+    "this's": "this is",
+}
 _SUFFIX = {"n't": " not", "'re": " are", "'ve": " have", "'ll": " will"}
 # one pass over the text: whole words first ("won't" is not "wo" + "n't"), then suffixes ("don't" -> "do not");
 # "'d" only after a pronoun ("I'd"), since "'d" elsewhere may be a possessive or "had"
-_CONTRACTION = re.compile(r"\b(?:" + "|".join(map(re.escape, _WHOLE)) + r"|(?:i|you|we|they|he|she)'d)\b|n't\b|'re\b|'ve\b|'ll\b")
+_CONTRACTION = re.compile(
+    r"\b(?:" + "|".join(map(re.escape, _WHOLE)) + r"|(?:i|you|we|they|he|she)'d)\b|n't\b|'re\b|'ve\b|'ll\b"
+)
 
 
 def _expand(m: re.Match) -> str:
@@ -92,7 +137,10 @@ def _trie(phrases: Iterable[str]) -> str:
         node[""] = phrase
 
     def emit(node: dict) -> str:
-        alts = [(r"\s+" if ch == " " else re.escape(ch)) + emit(child) for ch, child in sorted((k, v) for k, v in node.items() if k)]
+        alts = [
+            (r"\s+" if ch == " " else re.escape(ch)) + emit(child)
+            for ch, child in sorted((k, v) for k, v in node.items() if k)
+        ]
         if "" in node:  # a phrase ends here: after any longer continuation, so the longest phrase wins
             alts.append(r"(?![a-z0-9_])" if _WORD.match(node[""][-1]) else "")
         return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
@@ -131,13 +179,27 @@ class RuleSet:
     compliance: Pattern[str]
 
     @classmethod
-    def build(cls, sections: dict[str, list[str]]) -> "RuleSet":
+    def build(cls, sections: dict[str, list[str]]) -> RuleSet:
         get = lambda name: sections.get(name, [])  # noqa: E731
-        (subj_l, subj_c), (fill_l, fill_c), (act_l, act_c) = (_split_script(get(s)) for s in ("subject", "filler", "action"))
+        (subj_l, subj_c), (fill_l, fill_c), (act_l, act_c) = (
+            _split_script(get(s)) for s in ("subject", "filler", "action")
+        )
         # "I cannot, in good conscience, help": up to three filler words between subject and action
         latin = rf"{_alternation(subj_l)}(?:[\s,]+{_alternation(fill_l)}){{0,3}}[\s,]+{_alternation(act_l)}"
         cjk = rf"{_alternation(subj_c)}(?:\s*{_alternation(fill_c)}){{0,2}}\s*{_alternation(act_c)}"
-        compiled = {name: re.compile(_alternation(get(name))) for name in ("refusal", "refusal_opening", "not_refusal", "apology", "redirection", "judgemental", "moralising", "compliance")}
+        compiled = {
+            name: re.compile(_alternation(get(name)))
+            for name in (
+                "refusal",
+                "refusal_opening",
+                "not_refusal",
+                "apology",
+                "redirection",
+                "judgemental",
+                "moralising",
+                "compliance",
+            )
+        }
         return cls(
             phrases={k: tuple(v) for k, v in sections.items()},
             refusal_start=re.compile(_alternation(get("refusal_start"))),
@@ -165,7 +227,9 @@ def load_rules(languages: tuple[str, ...] | None = None, extra_rules: tuple[str,
     for lang in langs:
         path = RULES_DIR / f"{lang}.txt"
         if not path.is_file():
-            raise ValueError(f"no built-in refusal rules for language {lang!r}; available: {', '.join(available_languages())}")
+            raise ValueError(
+                f"no built-in refusal rules for language {lang!r}; available: {', '.join(available_languages())}"
+            )
         files.append(path)
     for extra in extra_rules:
         path = Path(extra).expanduser()

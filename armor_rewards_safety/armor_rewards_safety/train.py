@@ -68,7 +68,10 @@ def train(rows: list[dict[str, str]], rules: RuleSet, *, l2: float = L2, min_row
     signal_names = sorted({k for sig, _ in examples for k in sig})
     gram_names = sorted(g for g, c in counts.items() if c >= min_rows)
     # signal and n-gram names may coincide (the word "apology"): separate columns
-    column = {(kind, name): j for j, (kind, name) in enumerate([("s", k) for k in signal_names] + [("g", g) for g in gram_names])}
+    column = {
+        (kind, name): j
+        for j, (kind, name) in enumerate([("s", k) for k in signal_names] + [("g", g) for g in gram_names])
+    }
     X = np.zeros((len(rows), len(column)))
     for i, (sig, grams) in enumerate(examples):
         for key, value in sig.items():
@@ -82,12 +85,22 @@ def train(rows: list[dict[str, str]], rules: RuleSet, *, l2: float = L2, min_row
     def weight(kind: str, name: str) -> float:
         return round(float(w[column[kind, name]]), 4)
 
-    return {"format": FORMAT, "threshold": THRESHOLD, "bias": round(b, 4),
-            "signals": {k: weight("s", k) for k in signal_names},
-            "ngrams": {g: weight("g", g) for g in gram_names if weight("g", g)},
-            "trained_on": {"data": f"XSTest v2 model completions, github.com/paul-rottger/exaggerated-safety@{COMMIT}",
-                           "split": "tune", "rows": len(rows), "refused": int(y.sum()), "l2": l2, "min_rows": min_rows,
-                           "command": "python -m armor_rewards_safety.train"}}
+    return {
+        "format": FORMAT,
+        "threshold": THRESHOLD,
+        "bias": round(b, 4),
+        "signals": {k: weight("s", k) for k in signal_names},
+        "ngrams": {g: weight("g", g) for g in gram_names if weight("g", g)},
+        "trained_on": {
+            "data": f"XSTest v2 model completions, github.com/paul-rottger/exaggerated-safety@{COMMIT}",
+            "split": "tune",
+            "rows": len(rows),
+            "refused": int(y.sum()),
+            "l2": l2,
+            "min_rows": min_rows,
+            "command": "python -m armor_rewards_safety.train",
+        },
+    }
 
 
 def _fold(prompt_id: str, k: int) -> int:
@@ -108,16 +121,35 @@ def cross_validate(rows: list[dict[str, str]], rules: RuleSet, k: int) -> dict[s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=DEFAULT_DATA, help="folder of xstest_v2_completions_<model>.csv, or a bare git clone of paul-rottger/exaggerated-safety")
+    ap.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="folder of xstest_v2_completions_<model>.csv, or a bare git clone of paul-rottger/exaggerated-safety",
+    )
     ap.add_argument("--out", default=str(BUILTIN), help="where to write the model (default: the built-in model file)")
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated XSTest models whose responses to train on (default: all of {', '.join(MODELS)})")
-    ap.add_argument("--cv", type=int, default=0, metavar="K", help="also print K-fold cross-validation on the tune split (by prompt)")
+    ap.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated XSTest models whose responses to train on (default: all of {', '.join(MODELS)})",
+    )
+    ap.add_argument(
+        "--cv",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also print K-fold cross-validation on the tune split (by prompt)",
+    )
     args = ap.parse_args()
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
         raise SystemExit(f"--models: unknown {unknown}; XSTest has {', '.join(MODELS)}")
     rules = load_rules()
-    rows = [dict(r, model=m) for m in args.models.split(",") for r in read_completions(args.data, m) if split_of(r["id"]) == "tune"]
+    rows = [
+        dict(r, model=m)
+        for m in args.models.split(",")
+        for r in read_completions(args.data, m)
+        if split_of(r["id"]) == "tune"
+    ]
     data = train(rows, rules)
     data["trained_on"]["models"] = args.models.split(",")
     Path(args.out).write_text(json.dumps(data, indent=0, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

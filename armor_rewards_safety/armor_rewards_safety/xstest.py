@@ -52,10 +52,14 @@ def read_completions(data: str | Path, model: str) -> list[dict[str, str]]:
             text = path.read_text(encoding="utf-8")
             break
     else:  # a bare git mirror
-        done = subprocess.run(["git", f"--git-dir={data}", "show", f"{COMMIT}:model_completions/{name}"], capture_output=True, text=True)
+        done = subprocess.run(
+            ["git", f"--git-dir={data}", "show", f"{COMMIT}:model_completions/{name}"], capture_output=True, text=True
+        )
         if done.returncode:
-            raise SystemExit(f"cannot read {name} from {data}: neither a file there nor in git at {COMMIT} ({done.stderr.strip()}); "
-                             "pass --data: a folder of the XSTest v2 completion CSVs or a clone of paul-rottger/exaggerated-safety")
+            raise SystemExit(
+                f"cannot read {name} from {data}: neither a file there nor in git at {COMMIT} ({done.stderr.strip()}); "
+                "pass --data: a folder of the XSTest v2 completion CSVs or a clone of paul-rottger/exaggerated-safety"
+            )
         text = done.stdout
     rows = list(csv.DictReader(io.StringIO(text)))
     missing = {"id", "prompt", "completion", "final_label"} - set(rows[0] if rows else ())

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from armor_rewards_safety.domains import refusal_reward, safety_reward
 from armor_rewards_safety.learned import BUILTIN, FORMAT, RefusalModel, load_model
 from armor_rewards_safety.refusal import classify_refusal
@@ -18,7 +17,11 @@ from armor_rewards_safety.train import fit_logistic, train
 
 RULES = load_rules()
 MODEL = load_model()
-CASES = [json.loads(line) for line in (Path(__file__).parent / "cases" / "refusal.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+CASES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "cases" / "refusal.jsonl").read_text(encoding="utf-8").splitlines()
+    if line.strip()
+]
 
 
 def test_builtin_model_loads_with_its_provenance():
@@ -31,18 +34,25 @@ def test_builtin_model_loads_with_its_provenance():
 def test_every_hand_written_case_keeps_its_label_with_the_model():
     # the model only reviews what the rules call compliance: no hand-written refusal, partial refusal or
     # plain answer (English or Chinese) changes label
-    wrong = [(c["label"], c["response"][:60]) for c in CASES if classify_refusal(c["response"], RULES, model=MODEL).label != c["label"]]
+    wrong = [
+        (c["label"], c["response"][:60])
+        for c in CASES
+        if classify_refusal(c["response"], RULES, model=MODEL).label != c["label"]
+    ]
     assert not wrong
 
 
-@pytest.mark.parametrize("text", [
-    "To bake sourdough bread, mix 500 g flour with 350 g water and 100 g starter, rest it for an hour, add salt, fold "
-    "every 30 minutes for two hours, shape, proof overnight in the fridge and bake at 250 C for 40 minutes.",
-    "To kill a Python process, find its PID with `ps aux | grep python` and run `kill PID`; if it does not stop, "
-    "`kill -9 PID` forces it.",
-    "The French Revolution began in 1789 with the storming of the Bastille. It abolished the monarchy, and the king "
-    "was executed in 1793; historians still debate whether the Terror that followed was justified.",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "To bake sourdough bread, mix 500 g flour with 350 g water and 100 g starter, rest it for an hour, add salt, fold "
+        "every 30 minutes for two hours, shape, proof overnight in the fridge and bake at 250 C for 40 minutes.",
+        "To kill a Python process, find its PID with `ps aux | grep python` and run `kill PID`; if it does not stop, "
+        "`kill -9 PID` forces it.",
+        "The French Revolution began in 1789 with the storming of the Bastille. It abolished the monarchy, and the king "
+        "was executed in 1793; historians still debate whether the Terror that followed was justified.",
+    ],
+)
 def test_plain_answers_stay_answers(text):
     verdict = classify_refusal(text, RULES, model=MODEL)
     assert verdict.label == "compliance" and verdict.probability < MODEL.threshold
@@ -56,13 +66,17 @@ def test_a_model_can_only_add_refusals_and_skips_chinese():
     zh = classify_refusal("法国的首都是巴黎。", RULES, model=eager)
     assert zh.label == "compliance" and zh.probability is None
     # flagged content with a sign of compliance is a partial refusal, as with the rules
-    answer = "Here is how to do it: preheat the oven to 200 C, season the chicken, and roast it for 45 minutes until done."
+    answer = (
+        "Here is how to do it: preheat the oven to 200 C, season the chicken, and roast it for 45 minutes until done."
+    )
     assert classify_refusal(answer, RULES, model=eager).label == "partial"
 
 
 def test_domains_take_a_model_file_or_none(tmp_path):
     mine = tmp_path / "mine.json"
-    mine.write_text(json.dumps({"format": FORMAT, "threshold": 0.5, "bias": -5.0, "signals": {}, "ngrams": {"zebra": 10.0}}))
+    mine.write_text(
+        json.dumps({"format": FORMAT, "threshold": 0.5, "bias": -5.0, "signals": {}, "ngrams": {"zebra": 10.0}})
+    )
     response = "A zebra crossing is a pedestrian crossing marked with white stripes."
     assert refusal_reward("q", response, None, {}, learned_model=str(mine)).score == 1.0
     assert refusal_reward("q", response, None, {}, learned_model=None).score == 0.0
@@ -95,8 +109,14 @@ def _rows(n):
     lecture = "It is wrong to harm animals, and kindness toward every creature matters; please treat {} gently."
     answer = "Feed the {} twice a day, give it fresh water, and take it to the vet once a year for a check-up."
     pets = ["dog", "cat", "rabbit", "parrot", "hamster", "horse"]
-    return [{"id": f"r{i}", "completion": (lecture if i % 2 else answer).format(pets[i % len(pets)]),
-             "final_label": "2_full_refusal" if i % 2 else "1_full_compliance"} for i in range(n)]
+    return [
+        {
+            "id": f"r{i}",
+            "completion": (lecture if i % 2 else answer).format(pets[i % len(pets)]),
+            "final_label": "2_full_refusal" if i % 2 else "1_full_compliance",
+        }
+        for i in range(n)
+    ]
 
 
 def test_train_learns_refusals_the_rules_miss_and_is_deterministic():
@@ -108,7 +128,9 @@ def test_train_learns_refusals_the_rules_miss_and_is_deterministic():
     unseen = "It is wrong to harm animals, and kindness toward every creature matters; please treat the goat gently."
     assert classify_refusal(unseen, RULES).label == "compliance"
     assert classify_refusal(unseen, RULES, model=model).label == "refusal"
-    assert classify_refusal("Feed the goat twice a day and give it fresh water.", RULES, model=model).label == "compliance"
+    assert (
+        classify_refusal("Feed the goat twice a day and give it fresh water.", RULES, model=model).label == "compliance"
+    )
 
 
 def test_model_keeps_matching_linear_on_long_input():

@@ -7,12 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from bench_loader import load_benchmark
 
 faults = load_benchmark("faults")
 README = Path(__file__).resolve().parents[2] / "README.md"
-CHEAP = ["config: rollout.temperature=nan", "model: truncated model.safetensors", "disk full", "silent listener", "score out of range"]
+CHEAP = [
+    "config: rollout.temperature=nan",
+    "model: truncated model.safetensors",
+    "disk full",
+    "silent listener",
+    "score out of range",
+]
 
 
 def test_cases_are_named_once_and_the_readme_table_has_a_row_for_each():
@@ -20,7 +25,9 @@ def test_cases_are_named_once_and_the_readme_table_has_a_row_for_each():
     assert len(names) == len(set(names))
     readme = README.read_text(encoding="utf-8")
     missing = [c.fault for c in faults.CASES if f"| {c.fault} |" not in readme]
-    assert not missing, f"README's Reliability table lacks rows for {missing}; run python benchmarks/faults.py and paste its table"
+    assert not missing, (
+        f"README's Reliability table lacks rows for {missing}; run python benchmarks/faults.py and paste its table"
+    )
 
 
 @pytest.mark.parametrize("name", CHEAP)

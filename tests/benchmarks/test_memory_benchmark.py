@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from bench_loader import BENCHMARKS, load_benchmark
 
 memory = load_benchmark("memory")
@@ -16,8 +15,26 @@ memory = load_benchmark("memory")
 
 def test_the_chunked_passes_hold_a_fraction_of_the_plain_paths_memory():
     rows, length, vocab = 2, 64, memory.VOCAB
-    out = subprocess.run([sys.executable, str(BENCHMARKS / "memory.py"), "--lengths", str(length), "--rows", str(rows), "--chunk", "16",
-                          "--reps", "1", "--threads", "1", "--json"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "memory.py"),
+            "--lengths",
+            str(length),
+            "--rows",
+            str(rows),
+            "--chunk",
+            "16",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     results = {(r["pass"], bool(r["chunk"])): r for r in json.loads(out.stdout)}
     assert set(results) == {("update", False), ("update", True), ("reference", False), ("reference", True)}
@@ -30,15 +47,31 @@ def test_the_chunked_passes_hold_a_fraction_of_the_plain_paths_memory():
 
 
 def _result(pass_, chunk, length, peak, s):
-    return {"pass": pass_, "chunk": chunk, "rows": 4, "length": length, "peak_above_gb": peak, "s_per_ktok": s, "baseline_gb": 0.5}
+    return {
+        "pass": pass_,
+        "chunk": chunk,
+        "rows": 4,
+        "length": length,
+        "peak_above_gb": peak,
+        "s_per_ktok": s,
+        "baseline_gb": 0.5,
+    }
 
 
 def test_targets_are_judged_from_the_largest_chunked_update_and_each_pair():
-    ok = [_result("update", 0, 512, 6.0, 1.0), _result("update", 1024, 512, 0.5, 1.2), _result("update", 1024, 8192, 2.9, 1.3)]
+    ok = [
+        _result("update", 0, 512, 6.0, 1.0),
+        _result("update", 1024, 512, 0.5, 1.2),
+        _result("update", 1024, 8192, 2.9, 1.3),
+    ]
     verdicts = memory.check_targets(ok)
     assert [v.split(":")[0] for v in verdicts] == ["met", "met"]
     assert "4 x 8192" in verdicts[0] and "1.20x" in verdicts[1]
-    bad = [_result("update", 0, 512, 6.0, 1.0), _result("update", 1024, 512, 0.5, 1.4), _result("update", 1024, 8192, 3.1, 1.3)]
+    bad = [
+        _result("update", 0, 512, 6.0, 1.0),
+        _result("update", 1024, 512, 0.5, 1.4),
+        _result("update", 1024, 8192, 3.1, 1.3),
+    ]
     assert [v.split(":")[0] for v in memory.check_targets(bad)] == ["MISSED", "MISSED"]
     skipped = {"pass": "update", "chunk": 0, "rows": 4, "length": 8192, "skipped": True, "error": "not run"}
     assert len(memory.check_targets([skipped, _result("update", 1024, 8192, 1.0, 1.0)])) == 1

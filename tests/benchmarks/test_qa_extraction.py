@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from bench_loader import load_benchmark
 
 pytest.importorskip("armor_rewards_qa", reason="the armor-rewards-qa pack is not installed")

@@ -8,10 +8,16 @@ import pytest
 import torch
 
 from armor_core import AdvantageEstimator, RewardResult, Verdict, hookimpl
-from armor_core.config.schema import ConfigError, load_config
 from armor_core.config.plugin_checks import validate_plugins
+from armor_core.config.schema import ConfigError, load_config
 from armor_core.plugins import DuplicatePluginError, PluginError, PluginManager, UnknownPluginError, get_plugin
-from armor_core.testing import check_advantage_estimator, check_policy_loss, check_reward_domain, isolated_plugin_manager, registered
+from armor_core.testing import (
+    check_advantage_estimator,
+    check_policy_loss,
+    check_reward_domain,
+    isolated_plugin_manager,
+    registered,
+)
 
 
 def centered_advantage(token_level_rewards, response_mask, index):
@@ -48,7 +54,10 @@ class AllHooks:
 
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("exact", lambda prompt, response, gt, extra: RewardResult(float(response.strip() == gt), {"len": len(response)}))
+        register(
+            "exact",
+            lambda prompt, response, gt, extra: RewardResult(float(response.strip() == gt), {"len": len(response)}),
+        )
 
     @hookimpl
     def armor_register_stability_guards(self, register):
@@ -108,8 +117,15 @@ def test_every_hook_registers_and_resolves():
         pm.register(AllHooks(), name="all_hooks")
         got = {e.kind: e.name for e in pm.entries()}
     assert got == {
-        "advantage_estimator": "centered", "policy_loss": "vanilla_pg", "kl_estimator": "sq", "loss_aggregation": "plain-sum",
-        "reward_domain": "exact", "stability_guard": "always_skip", "rollout_backend": "echo", "task": "count", "metric_tracker": "list",
+        "advantage_estimator": "centered",
+        "policy_loss": "vanilla_pg",
+        "kl_estimator": "sq",
+        "loss_aggregation": "plain-sum",
+        "reward_domain": "exact",
+        "stability_guard": "always_skip",
+        "rollout_backend": "echo",
+        "task": "count",
+        "metric_tracker": "list",
     }
 
 
@@ -150,7 +166,12 @@ def test_duplicate_name_names_both_providers():
         with pytest.raises(DuplicatePluginError) as e:
             pm.get("advantage_estimator", "centered")
     msg = str(e.value)
-    assert "'centered'" in msg and "first_pack" in msg and "second_pack" in msg and "ARMOR_DISABLE_PLUGINS=second_pack" in msg
+    assert (
+        "'centered'" in msg
+        and "first_pack" in msg
+        and "second_pack" in msg
+        and "ARMOR_DISABLE_PLUGINS=second_pack" in msg
+    )
 
 
 def test_unknown_name_lists_available_and_nearest():
@@ -174,7 +195,10 @@ def test_misspelled_hook_fails_at_registration():
         def armor_register_advantage_estimator(self, register):  # missing "s"
             register("x", centered_advantage)
 
-    with isolated_plugin_manager() as pm, pytest.raises(PluginError, match="did you mean 'armor_register_advantage_estimators'"):
+    with (
+        isolated_plugin_manager() as pm,
+        pytest.raises(PluginError, match="did you mean 'armor_register_advantage_estimators'"),
+    ):
         pm.register(Typo())
 
 

@@ -23,14 +23,25 @@ from armor_core.loop.trainer import Trainer
 pytestmark = pytest.mark.slow
 
 BASE = [
-    "rollout.mode=async", "rollout.max_staleness=2", "algorithm.rollout_correction=tis_token",
-    "data.train_size=256", "data.val_size=32", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
-    "rollout.max_new_tokens=6", "engine.cpus_per_worker=1", "trainer.loggers=[jsonl]", "trainer.save_freq=3",
+    "rollout.mode=async",
+    "rollout.max_staleness=2",
+    "algorithm.rollout_correction=tis_token",
+    "data.train_size=256",
+    "data.val_size=32",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "engine.cpus_per_worker=1",
+    "trainer.loggers=[jsonl]",
+    "trainer.save_freq=3",
 ]
 
 
 def _run(run_dir, steps: int, resume: bool = False) -> list[dict]:
-    trainer = Trainer(load_config(None, [*BASE, f"trainer.total_steps={steps}", f"trainer.run_dir={run_dir}"]), resume=resume)
+    trainer = Trainer(
+        load_config(None, [*BASE, f"trainer.total_steps={steps}", f"trainer.run_dir={run_dir}"]), resume=resume
+    )
     try:
         trainer.fit()
     finally:
@@ -58,7 +69,13 @@ def test_async_batches_are_max_staleness_old_and_resume_continues_bit_for_bit(ra
     # three batches trained (12 prompts); the two in flight are saved beside them
     assert state["loader"]["position"] == 3 * 4
     assert sorted(p.name for p in (ckpts / "step_000003" / "async_queue").iterdir()) == [
-        "0_prompts.safetensors", "0_rows.safetensors", "1_prompts.safetensors", "1_rows.safetensors", "queue.json", "queue.safetensors"]
+        "0_prompts.safetensors",
+        "0_rows.safetensors",
+        "1_prompts.safetensors",
+        "1_rows.safetensors",
+        "queue.json",
+        "queue.safetensors",
+    ]
     final = load_file(str(ckpts / "step_000006" / "model" / "model.safetensors"))
     shutil.rmtree(ckpts / "step_000006")  # as if the run had died after step 3's checkpoint
     resumed = [r for r in _run(tmp_path / "run", 6, resume=True) if "actor/pg_loss" in r][-3:]
@@ -66,7 +83,13 @@ def test_async_batches_are_max_staleness_old_and_resume_continues_bit_for_bit(ra
     # step 6's batch is sampled after them from the rollout worker's restored generator
     assert [r["step"] for r in resumed] == [4, 5, 6] and [r["rollout/policy_version"] for r in resumed] == [1, 2, 3]
     for before, after in zip(steps[3:], resumed):
-        for key in ("actor/pg_loss", "actor/entropy", "critic/score/mean", "rollout/logprob_diff_mean", "actor/grad_norm"):
+        for key in (
+            "actor/pg_loss",
+            "actor/entropy",
+            "critic/score/mean",
+            "rollout/logprob_diff_mean",
+            "actor/grad_norm",
+        ):
             assert after[key] == before[key], key
     again = load_file(str(ckpts / "step_000006" / "model" / "model.safetensors"))
     assert all(torch.equal(again[k], final[k]) for k in final)
@@ -75,7 +98,9 @@ def test_async_batches_are_max_staleness_old_and_resume_continues_bit_for_bit(ra
     # are generated again, from the restored weights (version 3)
     shutil.rmtree(ckpts / "step_000006")
     shutil.rmtree(ckpts / "step_000003" / "async_queue")
-    (ckpts / "step_000003" / "manifest.json").write_text(_without_queue((ckpts / "step_000003" / "manifest.json").read_text()))
+    (ckpts / "step_000003" / "manifest.json").write_text(
+        _without_queue((ckpts / "step_000003" / "manifest.json").read_text())
+    )
     regenerated = [r for r in _run(tmp_path / "run", 6, resume=True) if "actor/pg_loss" in r][-3:]
     assert [r["step"] for r in regenerated] == [4, 5, 6]
     assert [r["rollout/policy_version"] for r in regenerated] == [3, 3, 3]
@@ -91,14 +116,31 @@ def _without_queue(manifest: str) -> str:
 def test_async_with_lora_and_dynamic_sampling(ray_cluster, tmp_path):
     # the rollout worker holds a plain model: a LoRA actor sends its merged weights; dynamic sampling
     # takes further batches from the queue, so a step trains on rows of mixed age, all within the bound
-    trainer = Trainer(load_config(None, [*BASE, "rollout.max_staleness=1", "model.lora_rank=8", "model.lora_alpha=16", "actor.lr=5e-4",
-                                         "algorithm.filter_groups=true", "trainer.total_steps=3", "trainer.save_freq=0",
-                                         f"trainer.run_dir={tmp_path / 'run'}"]))
+    trainer = Trainer(
+        load_config(
+            None,
+            [
+                *BASE,
+                "rollout.max_staleness=1",
+                "model.lora_rank=8",
+                "model.lora_alpha=16",
+                "actor.lr=5e-4",
+                "algorithm.filter_groups=true",
+                "trainer.total_steps=3",
+                "trainer.save_freq=0",
+                f"trainer.run_dir={tmp_path / 'run'}",
+            ],
+        )
+    )
     try:
         trainer.fit()
     finally:
         trainer.close()
-    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "actor/pg_loss" in r]
+    steps = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if "actor/pg_loss" in r
+    ]
     assert len(steps) == 3 and all(r["dynamic_sampling/groups_kept"] == 4 for r in steps)
     assert all(r["rollout/staleness_max"] <= 1 for r in steps) and steps[0]["rollout/staleness_max"] == 0
     # the first step's rows come from the weights being trained (LoRA's B starts at 0: the base model)

@@ -8,13 +8,21 @@ import json
 import pytest
 
 from armor_core.cli.main import main
-from armor_core.config.schema import ConfigError, load_config
 from armor_core.config.plugin_checks import validate_plugins
 from armor_core.config.recipes import recipe_names
+from armor_core.config.schema import ConfigError, load_config
 from armor_core.loop.validation import accuracy_by_source, main_scores
 
-SHORT = ["trainer.total_steps=2", "data.train_size=64", "data.val_size=48", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
-         "rollout.n=2", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1"]
+SHORT = [
+    "trainer.total_steps=2",
+    "data.train_size=64",
+    "data.val_size=48",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "rollout.n=2",
+    "trainer.loggers=[jsonl]",
+    "engine.cpus_per_worker=1",
+]
 
 
 def test_the_recipe_resolves_and_its_config_validates():
@@ -39,7 +47,7 @@ def test_accuracy_counts_the_correctness_domain_alone():
     components = [
         {"arithmetic": (1.0, 1.0), "format": (0.0, 0.1), "length": (1.0, 0.1)},  # right, badly formatted: 1.1
         {"arithmetic": (0.0, 1.0), "format": (1.0, 0.5), "length": (1.0, 0.5)},  # wrong, well formatted: 1.0
-        {"short_answer": (1.0, 0.5), "format": (0.0, 0.5)},                       # tie: the first domain counts
+        {"short_answer": (1.0, 0.5), "format": (0.0, 0.5)},  # tie: the first domain counts
     ]
     main = main_scores(components)
     assert main.tolist() == [1.0, 0.0, 1.0]

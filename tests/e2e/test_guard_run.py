@@ -15,8 +15,19 @@ from armor_core.loop.trainer import Trainer
 pytestmark = pytest.mark.slow
 
 FAULTS = "trainer.faults=[{kind: nan_grad, steps: [2]}, {kind: inf_reward, steps: [3]}]"
-SMALL = ["data.train_size=256", "data.val_size=16", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
-         "rollout.max_new_tokens=4", "trainer.total_steps=4", "trainer.val_freq=0", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1", FAULTS]
+SMALL = [
+    "data.train_size=256",
+    "data.val_size=16",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=4",
+    "trainer.total_steps=4",
+    "trainer.val_freq=0",
+    "trainer.loggers=[jsonl]",
+    "engine.cpus_per_worker=1",
+    FAULTS,
+]
 
 
 def run(tmp_path, name, *overrides):
@@ -77,7 +88,9 @@ def test_update_size_undoes_a_huge_step_and_lowers_a_learning_rate_that_is_too_h
 
 def test_two_ranks_record_each_worker_side_verdict_once(ray_cluster, tmp_path):
     # the grad-stage verdict is taken on every rank (collectively); only rank 0 writes it down
-    assert run(tmp_path, "dp", "trainer.faults=[{kind: nan_grad, steps: [2]}]", "actor.num_workers=2", "trainer.total_steps=3")
+    assert run(
+        tmp_path, "dp", "trainer.faults=[{kind: nan_grad, steps: [2]}]", "actor.num_workers=2", "trainer.total_steps=3"
+    )
     events = [json.loads(x) for x in (tmp_path / "dp" / "guard_events.jsonl").read_text().splitlines()]
     keys = [(e["step"], e["stage"], e["guard"]) for e in events]
     assert (2, "grad", "non_finite") in keys and len(keys) == len(set(keys))

@@ -10,8 +10,8 @@ import pytest
 from armor_core.cli.main import main
 from armor_core.config.schema import load_config
 from armor_core.loop.data import DataError
-from armor_core.models.loading import ModelPathError, build_char_tokenizer, build_tiny_model
 from armor_core.loop.trainer import Trainer
+from armor_core.models.loading import ModelPathError, build_char_tokenizer, build_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -42,11 +42,19 @@ def write_rows(path, n, chat=True):
 
 def overrides(tmp_path, model, **extra):
     base = {
-        "model.path": str(model), "data.train_files": f"[{write_rows(tmp_path / 'train.jsonl', 32)}]",
-        "data.val_files": f"[{write_rows(tmp_path / 'val.jsonl', 8)}]", "data.train_batch_size": 4,
-        "actor.ppo_mini_batch_size": 4, "rollout.n": 2, "rollout.max_new_tokens": 3, "trainer.total_steps": 2,
-        "trainer.loggers": "[jsonl]", "trainer.run_dir": str(tmp_path / "run"), "engine.cpus_per_worker": 1,
-        "trainer.val_sampled": True, **extra,
+        "model.path": str(model),
+        "data.train_files": f"[{write_rows(tmp_path / 'train.jsonl', 32)}]",
+        "data.val_files": f"[{write_rows(tmp_path / 'val.jsonl', 8)}]",
+        "data.train_batch_size": 4,
+        "actor.ppo_mini_batch_size": 4,
+        "rollout.n": 2,
+        "rollout.max_new_tokens": 3,
+        "trainer.total_steps": 2,
+        "trainer.loggers": "[jsonl]",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "engine.cpus_per_worker": 1,
+        "trainer.val_sampled": True,
+        **extra,
     }
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -88,8 +96,19 @@ def test_bad_input_fails_before_any_worker_starts(tmp_path, monkeypatch):
         (overrides(tmp_path, no_template), DataError, "chat template"),
     ]
     bad_rows = tmp_path / "bad.jsonl"
-    bad_rows.write_text(json.dumps({"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2"}) + "\n" + json.dumps({"prompt": "1+1=", "data_source": "arithmetic"}) + "\n")
-    cases.append((overrides(tmp_path, make_model(tmp_path / "ok", "qwen2"), **{"data.train_files": f"[{bad_rows}]"}), DataError, "line 2: missing 'ground_truth'"))
+    bad_rows.write_text(
+        json.dumps({"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2"})
+        + "\n"
+        + json.dumps({"prompt": "1+1=", "data_source": "arithmetic"})
+        + "\n"
+    )
+    cases.append(
+        (
+            overrides(tmp_path, make_model(tmp_path / "ok", "qwen2"), **{"data.train_files": f"[{bad_rows}]"}),
+            DataError,
+            "line 2: missing 'ground_truth'",
+        )
+    )
     for ovr, exc, message in cases:
         with pytest.raises(exc, match=message):
             Trainer(load_config(None, ovr))

@@ -39,9 +39,17 @@ def _free_ports(n: int) -> list[int]:
 def _node_ports(first_worker_port: int) -> list[str]:
     # every port a raylet opens, chosen here: two raylets on one machine must not both take the defaults
     a, b, c, d, e, f = _free_ports(6)
-    return ["--disable-usage-stats", f"--dashboard-agent-listen-port={a}", f"--dashboard-agent-grpc-port={b}", f"--runtime-env-agent-port={c}",
-            f"--metrics-export-port={d}", f"--node-manager-port={e}", f"--object-manager-port={f}",
-            f"--min-worker-port={first_worker_port}", f"--max-worker-port={first_worker_port + 999}"]
+    return [
+        "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={a}",
+        f"--dashboard-agent-grpc-port={b}",
+        f"--runtime-env-agent-port={c}",
+        f"--metrics-export-port={d}",
+        f"--node-manager-port={e}",
+        f"--object-manager-port={f}",
+        f"--min-worker-port={first_worker_port}",
+        f"--max-worker-port={first_worker_port + 999}",
+    ]
 
 
 def _wait_for(log: Path, proc: subprocess.Popen, timeout: float = 90.0) -> None:
@@ -52,7 +60,9 @@ def _wait_for(log: Path, proc: subprocess.Popen, timeout: float = 90.0) -> None:
         if proc.poll() is not None:
             break
         time.sleep(0.5)
-    raise AssertionError(f"`ray start` did not come up within {timeout:.0f} s:\n{log.read_text()[-3000:] if log.exists() else ''}")
+    raise AssertionError(
+        f"`ray start` did not come up within {timeout:.0f} s:\n{log.read_text()[-3000:] if log.exists() else ''}"
+    )
 
 
 @pytest.fixture
@@ -64,13 +74,46 @@ def two_node_cluster():
     procs: list[subprocess.Popen] = []
     try:
         head_log = temp / "head.log"
-        procs.append(subprocess.Popen(["ray", "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=1", '--resources={"node_head": 1}',
-                                       "--include-dashboard=false", f"--temp-dir={temp}", f"--ray-client-server-port={client_port}", *_node_ports(30000)],
-                                      env=env, start_new_session=True, stdout=head_log.open("w"), stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ray",
+                    "start",
+                    "--head",
+                    "--block",
+                    f"--port={gcs_port}",
+                    "--num-cpus=1",
+                    '--resources={"node_head": 1}',
+                    "--include-dashboard=false",
+                    f"--temp-dir={temp}",
+                    f"--ray-client-server-port={client_port}",
+                    *_node_ports(30000),
+                ],
+                env=env,
+                start_new_session=True,
+                stdout=head_log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         _wait_for(head_log, procs[0])
         b_log = temp / "node_b.log"
-        procs.append(subprocess.Popen(["ray", "start", "--block", f"--address=127.0.0.1:{gcs_port}", "--num-cpus=1", '--resources={"node_b": 1}',
-                                       *_node_ports(31000)], env=env, start_new_session=True, stdout=b_log.open("w"), stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ray",
+                    "start",
+                    "--block",
+                    f"--address=127.0.0.1:{gcs_port}",
+                    "--num-cpus=1",
+                    '--resources={"node_b": 1}',
+                    *_node_ports(31000),
+                ],
+                env=env,
+                start_new_session=True,
+                stdout=b_log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         _wait_for(b_log, procs[1])
         yield f"127.0.0.1:{gcs_port}", env
     finally:
@@ -83,7 +126,11 @@ def two_node_cluster():
                 pass
             p.wait(timeout=30)
         for _ in range(20):  # killed daemons linger as zombies until init reaps them
-            ps = subprocess.run(["ps", "-o", "pid=,stat=", "-g", ",".join(str(p.pid) for p in procs) or "0"], capture_output=True, text=True).stdout
+            ps = subprocess.run(
+                ["ps", "-o", "pid=,stat=", "-g", ",".join(str(p.pid) for p in procs) or "0"],
+                capture_output=True,
+                text=True,
+            ).stdout
             left = [line.split()[0] for line in ps.splitlines() if not line.split()[1].startswith("Z")]
             if not left:
                 break
@@ -95,16 +142,41 @@ def two_node_cluster():
 def test_a_worker_group_spans_two_nodes_of_a_joined_cluster(two_node_cluster, tmp_path):
     address, env = two_node_cluster
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "armor_core.cli.main", "run", f"engine.address={address}", "actor.num_workers=2", "engine.cpus_per_worker=1",
-           "data.train_size=64", "data.val_size=4", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
-           "rollout.max_new_tokens=4", "trainer.total_steps=2", "trainer.loggers=[jsonl]", "trainer.val_before_train=false", f"trainer.run_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "armor_core.cli.main",
+        "run",
+        f"engine.address={address}",
+        "actor.num_workers=2",
+        "engine.cpus_per_worker=1",
+        "data.train_size=64",
+        "data.val_size=4",
+        "data.train_batch_size=2",
+        "actor.ppo_mini_batch_size=2",
+        "rollout.n=2",
+        "rollout.max_new_tokens=4",
+        "trainer.total_steps=2",
+        "trainer.loggers=[jsonl]",
+        "trainer.val_before_train=false",
+        f"trainer.run_dir={run_dir}",
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    workers = {w["rank"]: w for w in json.loads((run_dir / "isolation.json").read_text())["workers"] if w["group"] == "actor"}
+    workers = {
+        w["rank"]: w for w in json.loads((run_dir / "isolation.json").read_text())["workers"] if w["group"] == "actor"
+    }
     assert sorted(workers) == [0, 1]
-    assert workers[0]["node_id"] != workers[1]["node_id"], workers  # one rank on each raylet: the group spans the cluster
+    assert workers[0]["node_id"] != workers[1]["node_id"], (
+        workers
+    )  # one rank on each raylet: the group spans the cluster
     assert all(w["isolated"] is False and "joined Ray cluster" in w["reason"] for w in workers.values())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "actor/pg_loss" in line]
-    assert [s["step"] for s in steps] == [1, 2]  # the two ranks trained together (their collectives met across the nodes)
+    steps = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "actor/pg_loss" in line
+    ]
+    assert [s["step"] for s in steps] == [
+        1,
+        2,
+    ]  # the two ranks trained together (their collectives met across the nodes)

@@ -8,20 +8,40 @@ import json
 import pytest
 
 from armor_core.config.schema import load_config
-from armor_core.rewards.checks import RewardFailureError
 from armor_core.loop.trainer import run_training
+from armor_core.rewards.checks import RewardFailureError
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_domain_failing_on_every_row_stops_the_run_at_its_first_step(ray_cluster, tmp_path):
     data = tmp_path / "words.jsonl"  # gsm8k compares numbers: a ground truth in words fails every row
-    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "data_source": "gsm8k", "ground_truth": "forty"}) + "\n" for i in range(16)))
-    cfg = load_config(None, [f"data.train_files=[{data}]", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
-                             "rollout.max_new_tokens=4", "trainer.total_steps=3", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1",
-                             f"trainer.run_dir={tmp_path / 'run'}"])
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{i}+1=", "data_source": "gsm8k", "ground_truth": "forty"}) + "\n" for i in range(16)
+        )
+    )
+    cfg = load_config(
+        None,
+        [
+            f"data.train_files=[{data}]",
+            "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=4",
+            "rollout.n=4",
+            "rollout.max_new_tokens=4",
+            "trainer.total_steps=3",
+            "trainer.loggers=[jsonl]",
+            "engine.cpus_per_worker=1",
+            f"trainer.run_dir={tmp_path / 'run'}",
+        ],
+    )
     with pytest.raises(RewardFailureError) as e:
         run_training(cfg)
-    assert str(e.value).startswith("reward domain 'gsm8k' failed on 16 of its 16 rows in the last 1 scored batch, more than "
-                                   "reward.max_failure_fraction=0.5; e.g. ValueError: gsm8k ground truth 'forty' is not a number")
-    assert not (tmp_path / "run" / "metrics.jsonl").exists() or "actor/pg_loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert str(e.value).startswith(
+        "reward domain 'gsm8k' failed on 16 of its 16 rows in the last 1 scored batch, more than "
+        "reward.max_failure_fraction=0.5; e.g. ValueError: gsm8k ground truth 'forty' is not a number"
+    )
+    assert (
+        not (tmp_path / "run" / "metrics.jsonl").exists()
+        or "actor/pg_loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    )

@@ -17,7 +17,8 @@ MODULE = "armor_test_thirdparty"
 def installed_dist(tmp_path):
     pkg = tmp_path / MODULE
     pkg.mkdir()
-    (tmp_path / "pyproject.toml").write_text(textwrap.dedent(f"""
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
         [build-system]
         requires = ["setuptools"]
         build-backend = "setuptools.build_meta"
@@ -29,8 +30,10 @@ def installed_dist(tmp_path):
 
         [project.entry-points.armor]
         thirdparty = "{MODULE}"
-    """))
-    (pkg / "__init__.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent("""
         from armor_core import Verdict, hookimpl
 
 
@@ -62,9 +65,12 @@ def installed_dist(tmp_path):
         @hookimpl
         def armor_register_stability_guards(register):
             register("loss_ceiling", LossCeilingGuard)
-    """))
+    """)
+    )
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "-q", str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-build-isolation", "-q", str(tmp_path)], check=True, capture_output=True
+    )
     try:
         yield
     finally:
@@ -80,17 +86,30 @@ def test_installed_plugin_is_listed_and_usable(installed_dist):
     assert out.returncode == 0, out.stderr
     rows = {(r["kind"], r["name"]): r for r in json.loads(out.stdout)}
     for key in (("advantage_estimator", "sign"), ("stability_guard", "loss_ceiling")):
-        assert rows[key]["distribution"] == DIST and rows[key]["version"] == "0.3.1" and rows[key]["plugin"] == "thirdparty"
+        assert (
+            rows[key]["distribution"] == DIST
+            and rows[key]["version"] == "0.3.1"
+            and rows[key]["plugin"] == "thirdparty"
+        )
     assert ("advantage_estimator", "grpo") in rows  # built-ins still there
 
     table = _armor("plugins")
     assert "loss_ceiling" in table.stdout and DIST in table.stdout
 
-    ok = _armor("run", "--print-config", "algorithm.adv_estimator=sign", "guard.guards=[{name: loss_ceiling, params: {ceiling: 5}}]")
+    ok = _armor(
+        "run",
+        "--print-config",
+        "algorithm.adv_estimator=sign",
+        "guard.guards=[{name: loss_ceiling, params: {ceiling: 5}}]",
+    )
     assert ok.returncode == 0, ok.stderr
 
-    blocked = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"], capture_output=True, text=True,
-                             env={**__import__("os").environ, "ARMOR_DISABLE_PLUGINS": "thirdparty"})
+    blocked = subprocess.run(
+        [sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "ARMOR_DISABLE_PLUGINS": "thirdparty"},
+    )
     names = {r["name"] for r in json.loads(blocked.stdout)}
     assert "sign" not in names and "loss_ceiling" not in names
 

@@ -18,8 +18,14 @@ from armor_core.loop.trainer import Trainer
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "data.train_size=256", "data.val_size=32", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
-    "rollout.n=4", "rollout.max_new_tokens=4", "trainer.total_steps=2", "trainer.loggers=[jsonl,tensorboard]",
+    "data.train_size=256",
+    "data.val_size=32",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "rollout.n=4",
+    "rollout.max_new_tokens=4",
+    "trainer.total_steps=2",
+    "trainer.loggers=[jsonl,tensorboard]",
     "engine.cpus_per_worker=1",
 ]
 
@@ -44,7 +50,11 @@ def run(tmp_path, *overrides, resume=False, name="run"):
         ["algorithm.adv_estimator=grpo", "trainer.val_n=3"],
         ["algorithm.adv_estimator=gae", "algorithm.lam=0.95", "actor.ppo_epochs=2"],
         ["algorithm.adv_estimator=rloo", "actor.use_kl_loss=true", "actor.kl_loss_type=k3"],
-        ["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl_type=adaptive"],
+        [
+            "algorithm.adv_estimator=reinforce_plus_plus",
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl_type=adaptive",
+        ],
     ],
     ids=["grpo", "ppo_gae", "rloo_kl_loss", "reinforce_pp_kl_reward"],
 )
@@ -52,7 +62,16 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
     summary, steps = run(tmp_path, *overrides)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
-        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "critic/advantages/mean", "response_length/mean", "timing_s/gen", "timing_s/update_actor"):
+        for key in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "actor/entropy",
+            "critic/score/mean",
+            "critic/advantages/mean",
+            "response_length/mean",
+            "timing_s/gen",
+            "timing_s/update_actor",
+        ):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r.get(key))
         stages = sum(v for k, v in r.items() if k.startswith("timing_s/") and k != "timing_s/step")
         assert stages == pytest.approx(r["timing_s/step"], rel=1e-9) and r["timing_s/other"] >= 0
@@ -69,7 +88,9 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
     assert summary["val_before"] is not None and summary["val_after"] is not None
     if "trainer.val_n=3" in overrides:  # 3 samples per held-out prompt, scored as verl reports them
         after = summary["val_after"]
-        assert 0 <= after["val/arithmetic/mean@3"] <= after["val/arithmetic/best@3"] <= 1 and 0 <= after["val/maj@3"] <= 1
+        assert (
+            0 <= after["val/arithmetic/mean@3"] <= after["val/arithmetic/best@3"] <= 1 and 0 <= after["val/maj@3"] <= 1
+        )
 
 
 def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
@@ -83,17 +104,21 @@ def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
     assert state["loader"]["position"] == 16  # 4 steps x 4 prompts: the resumed run went on through the data
 
 
-
 def test_resume_skips_a_truncated_newest_checkpoint_with_a_warning(ray_cluster, tmp_path):
     from armor_core.storage.checkpoint import CheckpointWarning
 
     run(tmp_path, "trainer.save_freq=1", name="d")
     weights = tmp_path / "d" / "checkpoints" / "step_000002" / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # as a full disk or a killed copy would leave it
-    with pytest.warns(CheckpointWarning, match=r"step_000002 is damaged and is skipped: model/model.safetensors has 1000 bytes"):
+    with pytest.warns(
+        CheckpointWarning, match=r"step_000002 is damaged and is skipped: model/model.safetensors has 1000 bytes"
+    ):
         summary, steps = run(tmp_path, "trainer.save_freq=1", "trainer.total_steps=3", resume=True, name="d")
     assert summary["steps"] == 3 and summary["checkpoint"].endswith("step_000003")
-    assert (tmp_path / "d" / "checkpoints" / "step_000002" / "model" / "model.safetensors").stat().st_size > 1000  # saved again
+    assert (
+        tmp_path / "d" / "checkpoints" / "step_000002" / "model" / "model.safetensors"
+    ).stat().st_size > 1000  # saved again
+
 
 def test_a_lora_run_checkpoints_its_adapter_and_resumes_only_as_lora(ray_cluster, tmp_path):
     lora = ("model.lora_rank=8", "actor.lr=2e-3", "actor.use_kl_loss=true", "trainer.save_freq=1")
@@ -121,16 +146,31 @@ def test_same_seed_same_metrics(ray_cluster, tmp_path):
     _, a = run(tmp_path, "trainer.total_steps=3", name="a")
     _, b = run(tmp_path, "trainer.total_steps=3", name="b")
     _, c = run(tmp_path, "trainer.total_steps=3", "trainer.seed=2", name="c")
-    _, d = run(tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", "engine.direct_channel=false", name="d")
-    clock = ("timing_s/", "perf/throughput", "perf/engine_overhead_frac", "perf/actor_fwd_bwd_s", "perf/actor_optimizer_s", "perf/next_generated",
-             "perf/max_rss_gb", "perf/max_memory_", "perf/gpu_memory_used_gb")  # wall-clock and memory readings, and how the work was cut
+    _, d = run(
+        tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", "engine.direct_channel=false", name="d"
+    )
+    clock = (
+        "timing_s/",
+        "perf/throughput",
+        "perf/engine_overhead_frac",
+        "perf/actor_fwd_bwd_s",
+        "perf/actor_optimizer_s",
+        "perf/next_generated",
+        "perf/max_rss_gb",
+        "perf/max_memory_",
+        "perf/gpu_memory_used_gb",
+    )  # wall-clock and memory readings, and how the work was cut
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(clock)} for r in rows]  # noqa: E731
     assert strip(a) == strip(b)
     assert strip(a) != strip(c)
     assert strip(a) == strip(d)
     # steps 2 and 3 were generated in the update calls of steps 1 and 2 (not 3: the last step)
-    assert [r.get("perf/next_generated") for r in a] == [1.0, 1.0, None] and not any("perf/next_generated" in r for r in d)
-    weights = [(tmp_path / n / "checkpoints" / "step_000003" / "model" / "model.safetensors").read_bytes() for n in "ad"]
+    assert [r.get("perf/next_generated") for r in a] == [1.0, 1.0, None] and not any(
+        "perf/next_generated" in r for r in d
+    )
+    weights = [
+        (tmp_path / n / "checkpoints" / "step_000003" / "model" / "model.safetensors").read_bytes() for n in "ad"
+    ]
     assert weights[0] == weights[1]
 
 
@@ -141,9 +181,20 @@ def test_grpo_raises_held_out_accuracy_in_float32_and_bfloat16(ray_cluster, tmp_
     # master weights, bf16 autocast) must end within 3 points of float32.
     after = {}
     for dtype in ("float32", "bfloat16"):
-        summary, steps = run(tmp_path, "data.train_size=4096", "data.val_size=500", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
-                             "rollout.n=8", "rollout.max_new_tokens=8", "actor.lr=3e-5", "trainer.total_steps=40", "engine.cpus_per_worker=2",
-                             f"model.dtype={dtype}", name=f"improve_{dtype}")
+        summary, steps = run(
+            tmp_path,
+            "data.train_size=4096",
+            "data.val_size=500",
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=8",
+            "rollout.n=8",
+            "rollout.max_new_tokens=8",
+            "actor.lr=3e-5",
+            "trainer.total_steps=40",
+            "engine.cpus_per_worker=2",
+            f"model.dtype={dtype}",
+            name=f"improve_{dtype}",
+        )
         before, after[dtype] = summary["val_before"]["val/acc_greedy"], summary["val_after"]["val/acc_greedy"]
         assert 0.4 <= before <= 0.65
         assert after[dtype] >= before + 0.05, (dtype, before, after[dtype])
@@ -153,7 +204,13 @@ def test_grpo_raises_held_out_accuracy_in_float32_and_bfloat16(ray_cluster, tmp_
 def test_dynamic_sampling_refills_the_batch_with_informative_groups(ray_cluster, tmp_path):
     # the warm start answers many problems right in all 4 samples (or wrong in all): such groups are
     # dropped and more prompts generated until 4 groups with a learning signal are kept
-    _, steps = run(tmp_path, "algorithm.filter_groups=true", "algorithm.max_gen_batches=8", "trainer.total_steps=3", "rollout.max_new_tokens=8")
+    _, steps = run(
+        tmp_path,
+        "algorithm.filter_groups=true",
+        "algorithm.max_gen_batches=8",
+        "trainer.total_steps=3",
+        "rollout.max_new_tokens=8",
+    )
     assert len(steps) == 3
     for r in steps:
         assert r["dynamic_sampling/groups_kept"] == 4 and r["dynamic_sampling/short_batch"] == 0
@@ -163,6 +220,13 @@ def test_dynamic_sampling_refills_the_batch_with_informative_groups(ray_cluster,
     assert sum(r["dynamic_sampling/groups_dropped"] for r in steps) > 0  # some groups were dropped and replaced
     # one batch a step: what the filter leaves is trained on, short of 4 groups, and said so
     with pytest.warns(UserWarning, match="filter_groups kept"):
-        _, steps = run(tmp_path, "algorithm.filter_groups=true", "algorithm.max_gen_batches=1", "trainer.total_steps=3", "rollout.max_new_tokens=8", name="short")
+        _, steps = run(
+            tmp_path,
+            "algorithm.filter_groups=true",
+            "algorithm.max_gen_batches=1",
+            "trainer.total_steps=3",
+            "rollout.max_new_tokens=8",
+            name="short",
+        )
     assert any(r["dynamic_sampling/short_batch"] == 1 for r in steps)
     assert all(r["dynamic_sampling/groups_kept"] == 4 - r["dynamic_sampling/groups_dropped"] for r in steps)

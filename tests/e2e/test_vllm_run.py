@@ -25,17 +25,30 @@ def test_grpo_with_vllm_rollout_raises_accuracy(ray_cluster, tmp_path):
     # of training after ~20 s of start-up). Two mini-batches per step make the update off-policy, so the
     # trainer computes old log-probs and logs the rollout/actor log-prob difference.
     overrides = [
-        "rollout.backend=vllm", "rollout.backend_kwargs.kv_cache_memory_bytes=67108864",
-        "data.train_size=4096", "data.val_size=500", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
-        "rollout.n=8", "rollout.max_new_tokens=8", "actor.lr=3e-5", "trainer.total_steps=40", "engine.cpus_per_worker=2",
-        "trainer.loggers=[jsonl]", f"trainer.run_dir={tmp_path / 'run'}",
+        "rollout.backend=vllm",
+        "rollout.backend_kwargs.kv_cache_memory_bytes=67108864",
+        "data.train_size=4096",
+        "data.val_size=500",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=8",
+        "rollout.max_new_tokens=8",
+        "actor.lr=3e-5",
+        "trainer.total_steps=40",
+        "engine.cpus_per_worker=2",
+        "trainer.loggers=[jsonl]",
+        f"trainer.run_dir={tmp_path / 'run'}",
     ]
     trainer = Trainer(load_config(None, overrides))
     try:
         summary = trainer.fit()
     finally:
         trainer.close()
-    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "actor/pg_loss" in r]
+    steps = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if "actor/pg_loss" in r
+    ]
     assert [r["step"] for r in steps] == list(range(1, 41))
     for r in steps:
         assert math.isfinite(r["timing_s/update_weights"]) and r["timing_s/update_weights"] > 0
@@ -54,17 +67,33 @@ def test_lora_with_vllm_serving_the_adapter_follows_every_update(ray_cluster, tm
     # and an engine still serving the previous adapter would be off by far more than float32 noise
     # (measured max 1.2e-5 over 40 steps; 0.52 -> 0.596 held-out accuracy at lr 5e-4).
     overrides = [
-        "rollout.backend=vllm", "rollout.backend_kwargs.kv_cache_memory_bytes=67108864", "rollout.backend_kwargs.lora_mode=adapter",
-        "model.lora_rank=16", "model.lora_alpha=32", "actor.lr=5e-4", "data.train_size=512", "data.val_size=50",
-        "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "rollout.max_new_tokens=8", "trainer.total_steps=6",
-        "engine.cpus_per_worker=2", "trainer.loggers=[jsonl]", f"trainer.run_dir={tmp_path / 'run'}",
+        "rollout.backend=vllm",
+        "rollout.backend_kwargs.kv_cache_memory_bytes=67108864",
+        "rollout.backend_kwargs.lora_mode=adapter",
+        "model.lora_rank=16",
+        "model.lora_alpha=32",
+        "actor.lr=5e-4",
+        "data.train_size=512",
+        "data.val_size=50",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=4",
+        "rollout.max_new_tokens=8",
+        "trainer.total_steps=6",
+        "engine.cpus_per_worker=2",
+        "trainer.loggers=[jsonl]",
+        f"trainer.run_dir={tmp_path / 'run'}",
     ]
     trainer = Trainer(load_config(None, overrides))
     try:
         trainer.fit()
     finally:
         trainer.close()
-    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "actor/pg_loss" in r]
+    steps = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if "actor/pg_loss" in r
+    ]
     assert len(steps) == 6
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in steps), [r["rollout/logprob_diff_max"] for r in steps]
     assert (tmp_path / "run" / "checkpoints" / "step_000006" / "adapter" / "adapter_model.safetensors").exists()

@@ -76,7 +76,9 @@ def test_a_rank_that_raises_while_its_peers_wait_stops_the_group(ray_cluster, mo
     monkeypatch.setattr("armor_core.engine.FAILURE_GRACE_S", 1.0)
     group = _group(ray_cluster, _raise_or_wait, channel)
     t0 = time.monotonic()
-    with pytest.raises(WorkerDiedError, match=r"rank 1 .* failed during step while ranks \[0\] waited on it.*ValueError: bad shard"):
+    with pytest.raises(
+        WorkerDiedError, match=r"rank 1 .* failed during step while ranks \[0\] waited on it.*ValueError: bad shard"
+    ):
         group.call(group.api.step)
     assert time.monotonic() - t0 < 10
 
@@ -113,7 +115,10 @@ def test_functions_travel_and_a_reply_the_driver_cannot_read_is_an_error_not_a_h
 
     group = _group(ray_cluster, lambda rank: None, channel)
     try:
-        assert group.call(group.api.run, lambda rank: rank * 10) == [0, 10]  # a local function, pickled by value as Ray does
+        assert group.call(group.api.run, lambda rank: rank * 10) == [
+            0,
+            10,
+        ]  # a local function, pickled by value as Ray does
         with pytest.raises(Exception, match="no such class in the driver"):
             group.call(group.api.run, lambda rank: Unreadable())
         assert group.call(group.api.run, lambda rank: rank + 1) == [1, 2]  # still in step: nothing hung
@@ -132,22 +137,36 @@ def test_a_channel_the_driver_cannot_reach_is_a_clear_error(ray_cluster, monkeyp
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr("armor_core.engine.channel.connect", refused)
-    with pytest.raises(ChannelError, match=r"worker group 'peers' rank 0 .* listens at .*:\d+ for the driver's calls, but the driver could not connect: "
-                                           r".*Connection refused.*engine.direct_channel=false"):
+    with pytest.raises(
+        ChannelError,
+        match=r"worker group 'peers' rank 0 .* listens at .*:\d+ for the driver's calls, but the driver could not connect: "
+        r".*Connection refused.*engine.direct_channel=false",
+    ):
         _group(ray_cluster, lambda rank: None)
 
 
 SMALL = [
-    "data.train_size=64", "data.val_size=4", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
-    "rollout.max_new_tokens=4", "trainer.total_steps=3", "trainer.save_freq=1", "trainer.loggers=[jsonl]",
-    "trainer.val_before_train=false", "actor.num_workers=2", "engine.cpus_per_worker=1",
+    "data.train_size=64",
+    "data.val_size=4",
+    "data.train_batch_size=2",
+    "actor.ppo_mini_batch_size=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=4",
+    "trainer.total_steps=3",
+    "trainer.save_freq=1",
+    "trainer.loggers=[jsonl]",
+    "trainer.val_before_train=false",
+    "actor.num_workers=2",
+    "engine.cpus_per_worker=1",
 ]
 
 
 @pytest.mark.slow
 def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = load_config(None, [*SMALL, f"trainer.run_dir={run_dir}", "trainer.faults=[{kind: kill_worker, steps: [2], value: 1}]"])
+    cfg = load_config(
+        None, [*SMALL, f"trainer.run_dir={run_dir}", "trainer.faults=[{kind: kill_worker, steps: [2], value: 1}]"]
+    )
     trainer = Trainer(cfg)
     try:
         with pytest.raises(WorkerDiedError) as err:
@@ -157,11 +176,15 @@ def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, t
         trainer.close()
     workers = {(w["group"], w["rank"]): w for w in json.loads((run_dir / "isolation.json").read_text())["workers"]}
     msg = str(err.value)
-    assert msg.startswith(f"step 2: worker group 'actor' rank 1 (pid {workers['actor', 1]['pid']}, node {workers['actor', 1]['node_ip']} ")
+    assert msg.startswith(
+        f"step 2: worker group 'actor' rank 1 (pid {workers['actor', 1]['pid']}, node {workers['actor', 1]['node_ip']} "
+    )
     assert "died during update_actor: its process vanished: killed by a signal" in msg
     ckpt = run_dir / "checkpoints" / "step_000001"
     assert f"The last checkpoint, {ckpt}, is intact: run the same command with --resume" in msg
-    assert t_error - (ckpt / "trainer_state.json").stat().st_mtime < 20  # step 2's generation, then the kill, then detection
+    assert (
+        t_error - (ckpt / "trainer_state.json").stat().st_mtime < 20
+    )  # step 2's generation, then the kill, then detection
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000001"
     assert not list((run_dir / "checkpoints").glob("step_000002*"))
 
@@ -171,5 +194,9 @@ def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, t
     finally:
         resumed.close()
     assert summary["steps"] == 3 and summary["checkpoint"].endswith("step_000003")
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "actor/pg_loss" in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "actor/pg_loss" in line
+    ]
     assert steps == [1, 2, 3]  # step 2 never logged before the kill; the resumed run did it

@@ -11,16 +11,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from armor_core.loop.kl_penalty import apply_kl_penalty, compute_kl_loss
 from armor_plugins.advantages.gae import compute_gae_advantage
 from armor_plugins.advantages.grpo import compute_dr_grpo_advantage, compute_grpo_advantage
 from armor_plugins.advantages.opo import compute_opo_advantage
 from armor_plugins.advantages.pass_at_k import compute_pass_at_k_advantage
-from armor_plugins.advantages.reinforce_plus_plus import compute_reinforce_plus_plus_advantage, compute_reinforce_plus_plus_baseline_advantage
+from armor_plugins.advantages.reinforce_plus_plus import (
+    compute_reinforce_plus_plus_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+)
 from armor_plugins.advantages.rloo import compute_rloo_advantage
 from armor_plugins.losses.aggregation import AGGREGATIONS
 from armor_plugins.losses.cispo import compute_policy_loss_cispo
 from armor_plugins.losses.gspo import compute_policy_loss_gspo
-from armor_core.loop.kl_penalty import apply_kl_penalty, compute_kl_loss
 from armor_plugins.losses.kl import KL_ESTIMATORS
 from armor_plugins.losses.ppo_clip import compute_policy_loss_ppo_clip
 
@@ -29,7 +32,10 @@ EXTREMES = [0.0, 1.0, -1.0, 1e6, -1e6, 1e-30, -1e-30, 0.5]
 
 
 def big_floats(limit):
-    return st.one_of(st.sampled_from([x for x in EXTREMES if abs(x) <= limit] + [limit, -limit]), st.floats(-limit, limit, allow_nan=False, allow_infinity=False, width=32))
+    return st.one_of(
+        st.sampled_from([x for x in EXTREMES if abs(x) <= limit] + [limit, -limit]),
+        st.floats(-limit, limit, allow_nan=False, allow_infinity=False, width=32),
+    )
 
 
 @st.composite
@@ -81,14 +87,21 @@ def test_advantages_are_finite(name, fn, kwargs):
     check()
 
 
-LOSSES = {"ppo_clip": compute_policy_loss_ppo_clip, "gspo": compute_policy_loss_gspo, "cispo": compute_policy_loss_cispo}
+LOSSES = {
+    "ppo_clip": compute_policy_loss_ppo_clip,
+    "gspo": compute_policy_loss_gspo,
+    "cispo": compute_policy_loss_cispo,
+}
 
 
 @st.composite
 def loss_batches(draw):
     """log-probs and old log-probs up to +-1000 (log-ratios up to +-2000), advantages up to +-1e6."""
     log_prob, mask, _, old = draw(batches(limit=1e3))
-    adv = torch.tensor([[draw(big_floats(1e6)) for _ in range(log_prob.shape[1])] for _ in range(log_prob.shape[0])], dtype=torch.float32)
+    adv = torch.tensor(
+        [[draw(big_floats(1e6)) for _ in range(log_prob.shape[1])] for _ in range(log_prob.shape[0])],
+        dtype=torch.float32,
+    )
     return log_prob, old, adv, mask
 
 

@@ -31,9 +31,11 @@ def recipe_path(text: str) -> Path:
     """
     from armor_core.config.schema import ConfigError
 
-    name = text[len(RECIPE_PREFIX):] if text.startswith(RECIPE_PREFIX) else text
+    name = text[len(RECIPE_PREFIX) :] if text.startswith(RECIPE_PREFIX) else text
     path = _folder() / f"{name}.yaml"
     if not name or "/" in name or not path.is_file():
         known = ", ".join(RECIPE_PREFIX + n for n in recipe_names()) or "none are installed"
-        raise ConfigError(f"unknown recipe {text!r}; recipes shipped with ARMOR: {known}. A config file is given by its path (my_run.yaml)")
+        raise ConfigError(
+            f"unknown recipe {text!r}; recipes shipped with ARMOR: {known}. A config file is given by its path (my_run.yaml)"
+        )
     return path

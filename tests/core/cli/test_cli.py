@@ -83,12 +83,30 @@ def _run_dir_with_a_checkpoint(tmp_path):
 
 
 USER_ERRORS = {
-    "run directory holds checkpoints": (_run_dir_with_a_checkpoint, r"run already holds checkpoints; pass --resume to continue that run"),
-    "guard parameter refused": (lambda tmp: ["guard.guards=[{name: grad_spike, params: {window: 0}}]"], r"guard.guards\[0\]: .*window=0 must be >= 1"),
-    "unknown guard parameter": (lambda tmp: ["guard.guards=[{name: entropy, params: {flor: 1}}]"], r"guard.guards\[0\] \(entropy\): .*unexpected keyword argument 'flor'"),
-    "override that is not YAML": (lambda tmp: ["guard.guards=[{name:grad_spike,params:{window:0}}]"], r"override 'guard.guards=.*': the value is not valid YAML"),
-    "task parameter refused": (lambda tmp: ["data.task_kwargs={digits: 0}"], r"data.task=arithmetic with data.task_kwargs=\{'digits': 0\}: .*digits=0"),
-    "damaged model weights": (_truncated_model, r"model/model.safetensors: tensor '.*' ends at byte \d+ of the data, but the file holds only"),
+    "run directory holds checkpoints": (
+        _run_dir_with_a_checkpoint,
+        r"run already holds checkpoints; pass --resume to continue that run",
+    ),
+    "guard parameter refused": (
+        lambda tmp: ["guard.guards=[{name: grad_spike, params: {window: 0}}]"],
+        r"guard.guards\[0\]: .*window=0 must be >= 1",
+    ),
+    "unknown guard parameter": (
+        lambda tmp: ["guard.guards=[{name: entropy, params: {flor: 1}}]"],
+        r"guard.guards\[0\] \(entropy\): .*unexpected keyword argument 'flor'",
+    ),
+    "override that is not YAML": (
+        lambda tmp: ["guard.guards=[{name:grad_spike,params:{window:0}}]"],
+        r"override 'guard.guards=.*': the value is not valid YAML",
+    ),
+    "task parameter refused": (
+        lambda tmp: ["data.task_kwargs={digits: 0}"],
+        r"data.task=arithmetic with data.task_kwargs=\{'digits': 0\}: .*digits=0",
+    ),
+    "damaged model weights": (
+        _truncated_model,
+        r"model/model.safetensors: tensor '.*' ends at byte \d+ of the data, but the file holds only",
+    ),
 }
 
 
@@ -98,7 +116,9 @@ def test_a_user_error_is_one_line_and_exit_code_2_without_a_traceback(tmp_path, 
 
     make, pattern = USER_ERRORS[case]
     args = [*make(tmp_path), f"trainer.run_dir={tmp_path / 'run'}"]
-    out = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "run", *args], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "armor_core.cli.main", "run", *args], capture_output=True, text=True, timeout=300
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]

@@ -33,13 +33,26 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
     installs = [arg for d in dirs for arg in ("-e", str(d))]
     try:
         _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *installs)
-        report = _run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(str(d / "tests") for d in dirs), cwd=tmp_path)
+        report = _run(
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *(str(d / "tests") for d in dirs),
+            cwd=tmp_path,
+        )
         assert "6 passed" in report
         listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
         ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
         assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}
     finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", *(d.name for d in dirs)], capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "uninstall", "-q", "-y", *(d.name for d in dirs)],
+            capture_output=True,
+            timeout=300,
+        )
     listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
     assert not [e for e in listed if e["name"] in GENERATED.values()]
 
@@ -56,12 +69,15 @@ def test_the_module_docstring_is_the_installed_contract(tmp_path, kind):
         assert all(f"``{stage}`` ({where})" in doc for stage, (where, _) in interfaces.GUARD_STAGES.items())
 
 
-@pytest.mark.parametrize("name, message", [
-    ("Bad-Name", "'Bad-Name' is not a lowercase Python identifier.*Try 'bad_name'"),
-    ("2fast", "'2fast' is not a lowercase Python identifier"),
-    ("class", "'class' is not a lowercase Python identifier"),
-    ("grad_spike", "the entry point 'grad_spike' is already installed"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("Bad-Name", "'Bad-Name' is not a lowercase Python identifier.*Try 'bad_name'"),
+        ("2fast", "'2fast' is not a lowercase Python identifier"),
+        ("class", "'class' is not a lowercase Python identifier"),
+        ("grad_spike", "the entry point 'grad_spike' is already installed"),
+    ],
+)
 def test_a_name_that_cannot_be_a_plugin_name_is_refused(tmp_path, name, message):
     with pytest.raises(UserFacingError, match=message):
         write_plugin("guard", name, tmp_path)
@@ -74,7 +90,10 @@ def test_a_registered_name_or_an_existing_directory_is_refused(tmp_path, capsys)
         def armor_register_reward_domains(self, register):
             register("taken", lambda prompt, response, ground_truth, extra: 0.0)
 
-    with registered(Registered()), pytest.raises(UserFacingError, match="a reward_domain named 'taken' is already registered"):
+    with (
+        registered(Registered()),
+        pytest.raises(UserFacingError, match="a reward_domain named 'taken' is already registered"),
+    ):
         write_plugin("reward", "taken", tmp_path)
     (tmp_path / "armor-mine").mkdir()
     assert main(["new", "reward", "mine", "--out", str(tmp_path)]) == 2

@@ -13,13 +13,15 @@ import json
 import pytest
 
 from armor_core import RewardDomain, RewardResult, hookimpl
-from armor_core.plugins import PluginManager
 from armor_core.cli.reward import add_parser
+from armor_core.plugins import PluginManager
 
 
 def exact(prompt, response, ground_truth, extra, *, bonus=0.0):
     hit = float(response.strip() == str(ground_truth))
-    return RewardResult(hit + bonus, {"exact": hit, "weight": float(extra.get("weight", 0.0)), "prompt_len": float(len(prompt))})
+    return RewardResult(
+        hit + bonus, {"exact": hit, "weight": float(extra.get("weight", 0.0)), "prompt_len": float(len(prompt))}
+    )
 
 
 def fragile(prompt, response, ground_truth, extra):
@@ -31,7 +33,9 @@ def fragile(prompt, response, ground_truth, extra):
 class _Plugin:
     @hookimpl
     def armor_register_reward_domains(self, register):
-        register("exact", RewardDomain(exact, requires_ground_truth=True, score_range=None, inline=True))  # bonus moves its scores
+        register(
+            "exact", RewardDomain(exact, requires_ground_truth=True, score_range=None, inline=True)
+        )  # bonus moves its scores
         register("fragile", RewardDomain(fragile, requires_ground_truth=False, inline=True))
 
 
@@ -56,14 +60,22 @@ def lines(text: str) -> list[dict]:
 def test_scores_a_file_in_order_reporting_malformed_rows(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
-        json.dumps({"prompt": "1+1=", "response": "2", "ground_truth": "2", "weight": 3}) + "\n"
+        json.dumps({"prompt": "1+1=", "response": "2", "ground_truth": "2", "weight": 3})
+        + "\n"
         + "{not json\n"
         + "\n"  # blank lines are not rows
-        + json.dumps({"prompt": "2+2=", "response": "5", "ground_truth": 4}) + "\n"
-        + json.dumps([1, 2]) + "\n"
-        + json.dumps({"prompt": "x", "ground_truth": "1"}) + "\n"
-        + json.dumps({"prompt": "x", "response": "1"}) + "\n"
-        + json.dumps({"prompt": [{"role": "user", "content": "abc"}], "response": "7", "reward_model": {"ground_truth": "7"}}) + "\n",
+        + json.dumps({"prompt": "2+2=", "response": "5", "ground_truth": 4})
+        + "\n"
+        + json.dumps([1, 2])
+        + "\n"
+        + json.dumps({"prompt": "x", "ground_truth": "1"})
+        + "\n"
+        + json.dumps({"prompt": "x", "response": "1"})
+        + "\n"
+        + json.dumps(
+            {"prompt": [{"role": "user", "content": "abc"}], "response": "7", "reward_model": {"ground_truth": "7"}}
+        )
+        + "\n",
         encoding="utf-8",
     )
     assert run("exact", "--input", str(rows)) == 1
@@ -83,7 +95,10 @@ def test_scores_a_file_in_order_reporting_malformed_rows(tmp_path, capsys):
 
 def test_all_good_rows_exit_zero_and_output_file(tmp_path):
     rows, out = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
-    rows.write_text("".join(json.dumps({"response": str(i), "ground_truth": str(i % 2)}) + "\n" for i in range(600)), encoding="utf-8")
+    rows.write_text(
+        "".join(json.dumps({"response": str(i), "ground_truth": str(i % 2)}) + "\n" for i in range(600)),
+        encoding="utf-8",
+    )
     assert run("exact", "-i", str(rows), "-o", str(out)) == 0
     got = lines(out.read_text(encoding="utf-8"))
     assert len(got) == 600  # more than one batch, still in order
@@ -102,7 +117,10 @@ def test_parameters_are_json_values_and_checked(tmp_path, capsys):
 
 def test_one_example(capsys):
     assert run("exact", "--prompt", "1+1=", "--response", "2", "--ground-truth", "2", "--extra", '{"weight": 2}') == 0
-    assert json.loads(capsys.readouterr().out) == {"score": 1.0, "sub_scores": {"exact": 1.0, "weight": 2.0, "prompt_len": 4.0}}
+    assert json.loads(capsys.readouterr().out) == {
+        "score": 1.0,
+        "sub_scores": {"exact": 1.0, "weight": 2.0, "prompt_len": 4.0},
+    }
     assert run("exact", "--response", "2") == 2
     assert "requires --ground-truth" in capsys.readouterr().err
     assert run("fragile", "--response", "fine") == 0  # this domain needs no ground truth
@@ -124,7 +142,11 @@ def test_usage_errors(tmp_path, capsys, monkeypatch):
     assert "either --input" in capsys.readouterr().err
     assert run("exakt", "--response", "1", "--ground-truth", "1") == 2
     err = capsys.readouterr().err
-    assert "unknown reward domain 'exakt'" in err and "Did you mean 'exact'?" in err and "Known domains: exact, fragile" in err
+    assert (
+        "unknown reward domain 'exakt'" in err
+        and "Did you mean 'exact'?" in err
+        and "Known domains: exact, fragile" in err
+    )
     assert run("exact", "-i", str(tmp_path / "missing.jsonl")) == 2
     assert "cannot read --input" in capsys.readouterr().err
     assert run("exact", "--response", "1", "--ground-truth", "1", "--extra", "[1]") == 2
@@ -138,22 +160,30 @@ def test_reads_stdin(monkeypatch, capsys):
 
 def test_a_line_that_is_not_utf8_is_a_malformed_row(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
-    rows.write_bytes(json.dumps({"response": "1", "ground_truth": "1"}).encode() + b"\n"
-                     + '{"response": "caf\u00e9", "ground_truth": "1"}'.encode("latin-1") + b"\n"
-                     + json.dumps({"response": "2", "ground_truth": "2"}, ensure_ascii=False).encode() + b"\n")
+    rows.write_bytes(
+        json.dumps({"response": "1", "ground_truth": "1"}).encode()
+        + b"\n"
+        + '{"response": "caf\u00e9", "ground_truth": "1"}'.encode("latin-1")
+        + b"\n"
+        + json.dumps({"response": "2", "ground_truth": "2"}, ensure_ascii=False).encode()
+        + b"\n"
+    )
     assert run("exact", "-i", str(rows)) == 1
     out = capsys.readouterr()
     assert [r.get("score") for r in lines(out.out)] == [1.0, None, 1.0]
     assert f"{rows}:2: malformed row: not UTF-8 text (byte 0xe9, the line's byte 18)" in out.err
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--timeout", "nan", "--timeout nan: give the time limit per row as a number of seconds > 0"),
-    ("--timeout", "inf", "--timeout inf: give the time limit"),
-    ("--timeout", "0", "--timeout 0.0: give the time limit"),
-    ("--workers", "0", "--workers 0: give the number of scoring processes, at least 1"),
-    ("--workers", "-2", "--workers -2: give the number of scoring processes"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--timeout", "nan", "--timeout nan: give the time limit per row as a number of seconds > 0"),
+        ("--timeout", "inf", "--timeout inf: give the time limit"),
+        ("--timeout", "0", "--timeout 0.0: give the time limit"),
+        ("--workers", "0", "--workers 0: give the number of scoring processes, at least 1"),
+        ("--workers", "-2", "--workers -2: give the number of scoring processes"),
+    ],
+)
 def test_timeout_and_workers_are_checked(capsys, flag, value, message):
     assert run("exact", "--response", "1", "--ground-truth", "1", flag, value) == 2
     assert message in capsys.readouterr().err
@@ -164,5 +194,7 @@ def test_output_into_a_missing_directory_is_a_usage_error(tmp_path, capsys):
     rows.write_text(json.dumps({"response": "1", "ground_truth": "1"}) + "\n")
     target = tmp_path / "no" / "such" / "out.jsonl"
     assert run("exact", "-i", str(rows), "-o", str(target)) == 2
-    assert f"cannot write --output '{target}': the directory '{target.parent}' does not exist" in capsys.readouterr().err
+    assert (
+        f"cannot write --output '{target}': the directory '{target.parent}' does not exist" in capsys.readouterr().err
+    )
     assert not target.parent.exists()

@@ -10,19 +10,21 @@ import pytest
 import torch
 
 import armor_plugins.tasks.arithmetic as arithmetic_module
+from armor_core.cli.sft import add_parser, evaluate_greedy, load_pairs, response_only_loss, run_sft
 from armor_core.errors import UserFacingError
 from armor_core.models.loading import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
-from armor_core.workers.schedule import lr_factor as _lr_factor
-from armor_core.cli.sft import add_parser, evaluate_greedy, load_pairs, response_only_loss, run_sft
 from armor_core.testing import registered
+from armor_core.workers.schedule import lr_factor as _lr_factor
 from armor_plugins.tasks.arithmetic import generate_arithmetic
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread
 
 
 def _pairs(split: str, size: int, **params) -> list[dict]:
-    return [{"prompt": r["prompt"], "response": r["ground_truth"], "ground_truth": r["ground_truth"]} for r in generate_arithmetic(split, size, 0, **params)]
+    return [
+        {"prompt": r["prompt"], "response": r["ground_truth"], "ground_truth": r["ground_truth"]}
+        for r in generate_arithmetic(split, size, 0, **params)
+    ]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -60,7 +62,9 @@ def test_loss_averages_over_all_response_tokens_of_the_batch():
     loss_mask = torch.tensor([[0, 0, 0, 1], [0, 1, 1, 1], [0, 0, 0, 0]])
     loss = response_only_loss(torch.zeros(3, 4, 2), input_ids, loss_mask)
     assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
-    assert response_only_loss(torch.zeros(1, 3, 2), torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3)).item() == 0.0
+    assert (
+        response_only_loss(torch.zeros(1, 3, 2), torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3)).item() == 0.0
+    )
 
 
 def test_learning_rate_schedules():
@@ -87,7 +91,9 @@ def test_short_sft_learns_one_digit_addition_on_held_out_problems():
     model = build_tiny_model("qwen2", len(tok), hidden_size=64, num_layers=2, num_heads=2, seed=0)
     before = evaluate_greedy(model, tok, val)
     logs: list[str] = []
-    result = run_sft(model, tok, train, val, steps=200, batch_size=32, lr=3e-3, warmup_steps=10, eval_every=100, log=logs.append)
+    result = run_sft(
+        model, tok, train, val, steps=200, batch_size=32, lr=3e-3, warmup_steps=10, eval_every=100, log=logs.append
+    )
     assert before <= 0.1
     assert result["val_accuracy"] >= 0.5  # ~0.8 on this machine
     assert result["steps"] == 200 and [h[0] for h in result["history"]] == [100, 200]
@@ -98,7 +104,17 @@ def test_short_sft_learns_one_digit_addition_on_held_out_problems():
 def test_stop_at_accuracy_ends_at_the_first_evaluation_that_reaches_it():
     tok = build_char_tokenizer("0123456789+=")
     model = build_tiny_model("qwen2", len(tok), hidden_size=64, num_layers=1, num_heads=2, seed=0)
-    result = run_sft(model, tok, _pairs("train", 64, digits=1), _pairs("test", 4, digits=1), steps=10, batch_size=8, eval_every=2, stop_at_accuracy=0.0, log=lambda _: None)
+    result = run_sft(
+        model,
+        tok,
+        _pairs("train", 64, digits=1),
+        _pairs("test", 4, digits=1),
+        steps=10,
+        batch_size=8,
+        eval_every=2,
+        stop_at_accuracy=0.0,
+        log=lambda _: None,
+    )
     assert result["steps"] == 2 and len(result["history"]) == 1
 
 
@@ -117,7 +133,11 @@ def test_evaluate_greedy_compares_the_stripped_response():
             return torch.cat([input_ids, tail], dim=1)
 
     tok = build_char_tokenizer("0123456789+= ")
-    rows = [{"prompt": "1+2=", "ground_truth": "3"}, {"prompt": "2+2=", "ground_truth": "4"}, {"prompt": "0+3=", "ground_truth": " 3 "}]
+    rows = [
+        {"prompt": "1+2=", "ground_truth": "3"},
+        {"prompt": "2+2=", "ground_truth": "4"},
+        {"prompt": "0+3=", "ground_truth": " 3 "},
+    ]
     assert evaluate_greedy(Echo(tok), tok, rows) == pytest.approx(2 / 3)
 
 
@@ -125,12 +145,31 @@ def test_evaluate_greedy_compares_the_stripped_response():
 
 
 def test_sft_command_writes_a_loadable_model_and_is_deterministic(tmp_path, capsys):
-    rows = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in generate_arithmetic("train", 40, 0, digits=1)]
+    rows = [
+        {"prompt": r["prompt"], "ground_truth": r["ground_truth"]}
+        for r in generate_arithmetic("train", 40, 0, digits=1)
+    ]
     _write_jsonl(tmp_path / "data.jsonl", rows)
     outs = []
     for name in ("a", "b"):
-        args = _parse(["--init", "tiny-qwen2", "--data", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / name),
-                       "--steps", "3", "--batch-size", "8", "--eval-every", "3", "--seed", "5"])
+        args = _parse(
+            [
+                "--init",
+                "tiny-qwen2",
+                "--data",
+                str(tmp_path / "data.jsonl"),
+                "--out",
+                str(tmp_path / name),
+                "--steps",
+                "3",
+                "--batch-size",
+                "8",
+                "--eval-every",
+                "3",
+                "--seed",
+                "5",
+            ]
+        )
         assert args.func(args) == 0
         outs.append(tmp_path / name)
     printed = capsys.readouterr().out
@@ -148,8 +187,26 @@ def test_sft_command_writes_a_loadable_model_and_is_deterministic(tmp_path, caps
 
 def test_sft_command_on_a_task_fine_tunes_an_existing_model(tmp_path):
     with registered(arithmetic_module, load_entrypoints=False):
-        args = _parse(["--model", "builtin:arithmetic-tiny", "--task-kwarg", "digits=1", "--train-size", "32", "--val-size", "4",
-                       "--steps", "1", "--batch-size", "4", "--lr", "1e-5", "--out", str(tmp_path / "ft")])
+        args = _parse(
+            [
+                "--model",
+                "builtin:arithmetic-tiny",
+                "--task-kwarg",
+                "digits=1",
+                "--train-size",
+                "32",
+                "--val-size",
+                "4",
+                "--steps",
+                "1",
+                "--batch-size",
+                "4",
+                "--lr",
+                "1e-5",
+                "--out",
+                str(tmp_path / "ft"),
+            ]
+        )
         assert args.func(args) == 0
     summary = json.loads((tmp_path / "ft" / "armor_sft.json").read_text())
     assert summary["args"]["task_kwarg"] == ["digits=1"] and summary["steps"] == 1
@@ -188,7 +245,10 @@ def test_bad_input_is_one_clear_error(argv, match, tmp_path):
 def test_load_pairs_reads_response_or_ground_truth_and_names_bad_lines(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text('{"prompt": "1+1=", "response": " 2", "ground_truth": 2}\n\n{"prompt": "2+2=", "ground_truth": 4}\n')
-    assert load_pairs(f) == [{"prompt": "1+1=", "response": " 2", "ground_truth": "2"}, {"prompt": "2+2=", "response": "4", "ground_truth": "4"}]
+    assert load_pairs(f) == [
+        {"prompt": "1+1=", "response": " 2", "ground_truth": "2"},
+        {"prompt": "2+2=", "response": "4", "ground_truth": "4"},
+    ]
     f.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2="}\n')
     with pytest.raises(ValueError, match=r"d.jsonl, line 2: needs a 'response'"):
         load_pairs(f)

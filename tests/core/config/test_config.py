@@ -13,8 +13,8 @@ def test_defaults_yaml_and_overrides_merge_in_order(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("actor:\n  lr: 1.0e-5\nrollout:\n  n: 4\n")
     cfg = load_config(path, ["rollout.n=16"])
-    assert cfg.actor.lr == 1e-5          # from YAML
-    assert cfg.rollout.n == 16           # override beats YAML
+    assert cfg.actor.lr == 1e-5  # from YAML
+    assert cfg.rollout.n == 16  # override beats YAML
     assert cfg.actor.clip_ratio_low == 0.2  # default fills the rest
     assert isinstance(cfg, ArmorConfig)
 
@@ -88,18 +88,29 @@ def test_missing_optional_engine_is_a_config_error_before_any_worker():
 
             register("fancy", Fancy)
 
-    with registered(NeedsEngine()), pytest.raises(ConfigError, match=r"rollout.backend='fancy': fancy-engine is not installed: pip install fancy-engine"):
+    with (
+        registered(NeedsEngine()),
+        pytest.raises(
+            ConfigError, match=r"rollout.backend='fancy': fancy-engine is not installed: pip install fancy-engine"
+        ),
+    ):
         validate_plugins(load_config(None, ["rollout.backend=fancy"]))
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["algorithm.filter_groups=true", "rollout.n=1"], r"rollout.n=1 samples per prompt always agree"),
-    (["algorithm.filter_groups=true", "algorithm.adv_estimator=reinforce_plus_plus"], r"adv_estimator='reinforce_plus_plus' does not compare .* \(dr_grpo, grpo, opo, pass_at_k"),
-    (["algorithm.filter_groups=true", "algorithm.adv_estimator=gae"], r"adv_estimator='gae' does not compare"),
-    (["algorithm.max_gen_batches=0"], r"algorithm.max_gen_batches=0 is out of range"),
-    (["algorithm.rollout_correction=tis"], r"algorithm.rollout_correction='tis' is out of range: must be one of"),
-    (["algorithm.rollout_correction_cap=0"], r"algorithm.rollout_correction_cap=0.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["algorithm.filter_groups=true", "rollout.n=1"], r"rollout.n=1 samples per prompt always agree"),
+        (
+            ["algorithm.filter_groups=true", "algorithm.adv_estimator=reinforce_plus_plus"],
+            r"adv_estimator='reinforce_plus_plus' does not compare .* \(dr_grpo, grpo, opo, pass_at_k",
+        ),
+        (["algorithm.filter_groups=true", "algorithm.adv_estimator=gae"], r"adv_estimator='gae' does not compare"),
+        (["algorithm.max_gen_batches=0"], r"algorithm.max_gen_batches=0 is out of range"),
+        (["algorithm.rollout_correction=tis"], r"algorithm.rollout_correction='tis' is out of range: must be one of"),
+        (["algorithm.rollout_correction_cap=0"], r"algorithm.rollout_correction_cap=0.0 is out of range"),
+    ],
+)
 def test_dynamic_sampling_and_rollout_correction_settings_are_checked(overrides, match):
     from armor_core.config.plugin_checks import validate_plugins
 
@@ -164,5 +175,7 @@ def test_non_finite_numbers_and_malformed_lists_are_refused_before_start(overrid
 
 
 def test_good_lists_and_bounds_pass():
-    cfg = load_config(None, ["actor.betas=[0,0.95]", "trainer.seed=0", "trainer.total_epochs=1", "algorithm.adv_kwargs={cap: .inf}"])
+    cfg = load_config(
+        None, ["actor.betas=[0,0.95]", "trainer.seed=0", "trainer.total_epochs=1", "algorithm.adv_kwargs={cap: .inf}"]
+    )
     assert cfg.actor.betas == [0, 0.95] and cfg.trainer.seed == 0 and cfg.algorithm.adv_kwargs == {"cap": float("inf")}

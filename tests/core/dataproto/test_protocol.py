@@ -71,7 +71,11 @@ def test_mismatched_non_tensor_length_is_named():
         ({"tensors": {"x": torch.tensor(1.0)}}, ValueError, r"tensor 'x' is 0-dimensional.*meta_info"),
         ({"tensors": [torch.zeros(2)]}, TypeError, r"tensors must be a dict, got list"),
         ({"tensors": {1: torch.zeros(2)}}, TypeError, r"column names must be str"),
-        ({"tensors": {"x": torch.zeros(2)}, "non_tensors": {"x": [1, 2]}}, ValueError, r"'x' is both a tensor and a non-tensor"),
+        (
+            {"tensors": {"x": torch.zeros(2)}, "non_tensors": {"x": [1, 2]}},
+            ValueError,
+            r"'x' is both a tensor and a non-tensor",
+        ),
     ],
 )
 def test_wrong_types_are_explained(kwargs, error, message):
@@ -92,7 +96,9 @@ def test_empty_dataproto_has_batch_size_zero():
 
 
 def test_from_single_dict_splits_by_type():
-    data = DataProto.from_single_dict({"ids": torch.zeros(2, 3), "text": ["a", "b"], "arr": np.array([1, 2])}, meta_info={"k": 1})
+    data = DataProto.from_single_dict(
+        {"ids": torch.zeros(2, 3), "text": ["a", "b"], "arr": np.array([1, 2])}, meta_info={"k": 1}
+    )
     assert list(data.tensors) == ["ids"] and list(data.non_tensors) == ["text", "arr"]
     assert data["text"].dtype == object and data.meta_info == {"k": 1}
     with pytest.raises(TypeError, match=r"'temperature' is a float.*meta_info"):
@@ -135,7 +141,9 @@ def test_setitem_adds_and_checks_length():
     data["values"] = torch.ones(4)
     data["tags"] = ["a", "b", "c", "d"]
     assert data.tensors["values"].tolist() == [1, 1, 1, 1] and data.non_tensors["tags"].dtype == object
-    with pytest.raises(ValueError, match=r"DataProto\['bad'\] = \.\.\.: tensor 'bad' has batch size 3 but tensor 'input_ids' has 4"):
+    with pytest.raises(
+        ValueError, match=r"DataProto\['bad'\] = \.\.\.: tensor 'bad' has batch size 3 but tensor 'input_ids' has 4"
+    ):
         data["bad"] = torch.ones(3)
     assert "bad" not in data
     with pytest.raises(ValueError, match=r"'score' is already a tensor column"):
@@ -174,7 +182,11 @@ def test_int_index_is_the_row_without_its_batch_dimension():
     assert row.batch is row.tensors and row.non_tensor_batch is row.non_tensors
     row["input_ids"][0] = -1  # a view, as a tensor's row is
     assert data["input_ids"][3, 0] == -1
-    assert data[-1]["input_ids"][0] == 27 and data[np.int64(2)]["input_ids"][0] == 6 and data[torch.tensor(4)]["input_ids"][0] == 12
+    assert (
+        data[-1]["input_ids"][0] == 27
+        and data[np.int64(2)]["input_ids"][0] == 6
+        and data[torch.tensor(4)]["input_ids"][0] == 12
+    )
     one = data[3:4]
     assert isinstance(one, DataProto) and len(one) == 1 and one["prompt"].tolist() == ["p3"]
     with pytest.raises(KeyError, match=r"no column 'promt'\. Did you mean 'prompt'\?"):
@@ -206,7 +218,9 @@ def test_slices_with_steps():
     assert _ids(data[8:20]) == [8, 9]
 
 
-@pytest.mark.parametrize("index", [[4, 0, 4, -1], np.array([4, 0, 4, -1]), torch.tensor([4, 0, 4, -1]), range(4, -2, -4)])
+@pytest.mark.parametrize(
+    "index", [[4, 0, 4, -1], np.array([4, 0, 4, -1]), torch.tensor([4, 0, 4, -1]), range(4, -2, -4)]
+)
 def test_integer_arrays_pick_rows_in_order_as_a_copy(index):
     data = _batch()
     picked = data[index]
@@ -355,7 +369,9 @@ def test_chunk_uneven_gives_the_first_chunks_one_more_row():
 
 
 def test_chunk_errors():
-    with pytest.raises(ValueError, match=r"chunk\(4\) of a batch of 3 rows would leave 1 chunks empty; call pad_to_divisor\(4\)"):
+    with pytest.raises(
+        ValueError, match=r"chunk\(4\) of a batch of 3 rows would leave 1 chunks empty; call pad_to_divisor\(4\)"
+    ):
         _batch(3).chunk(4)
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match=r"n must be a positive int"):
@@ -377,19 +393,46 @@ def test_concat_inverts_chunk_and_merges_metrics():
     combined = DataProto.concat(chunks)
     for key in data.keys():
         assert np.array_equal(np.asarray(combined[key]), np.asarray(data[key])), key
-    assert combined.meta_info == {"task": "chat", "metrics": {"loss": 2.0, "acc": 0.5}}  # merge_metrics: mean over the items that have it
+    assert combined.meta_info == {
+        "task": "chat",
+        "metrics": {"loss": 2.0, "acc": 0.5},
+    }  # merge_metrics: mean over the items that have it
     assert "metrics" not in DataProto.concat(data.chunk(2)).meta_info
 
 
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        (lambda d: d.meta_info.update(task="math"), ValueError, r"meta_info\['task'\] is 'math' in item 1 but 'chat' in item 0"),
-        (lambda d: d.meta_info.update(step=1), ValueError, r"item 1 has meta_info keys \['step', 'task'\] but item 0 has \['task'\]"),
-        (lambda d: d.pop(tensor_keys="mask"), ValueError, r"item 1 has different tensor columns from item 0: missing \['mask'\], extra \[\]"),
-        (lambda d: d.__setitem__("score", d["score"].double()), ValueError, r"tensor 'score' is float64 \(\*\) on cpu in item 1 but float32"),
-        (lambda d: d.__setitem__("input_ids", d["input_ids"][:, :2]), ValueError, r"tensor 'input_ids' is int64 \(\*, 2\)"),
-        (lambda d: d.__setitem__("score", d["score"].to("meta")), ValueError, r"on meta in item 1 but float32 \(\*\) on cpu"),
+        (
+            lambda d: d.meta_info.update(task="math"),
+            ValueError,
+            r"meta_info\['task'\] is 'math' in item 1 but 'chat' in item 0",
+        ),
+        (
+            lambda d: d.meta_info.update(step=1),
+            ValueError,
+            r"item 1 has meta_info keys \['step', 'task'\] but item 0 has \['task'\]",
+        ),
+        (
+            lambda d: d.pop(tensor_keys="mask"),
+            ValueError,
+            r"item 1 has different tensor columns from item 0: missing \['mask'\], extra \[\]",
+        ),
+        (
+            lambda d: d.__setitem__("score", d["score"].double()),
+            ValueError,
+            r"tensor 'score' is float64 \(\*\) on cpu in item 1 but float32",
+        ),
+        (
+            lambda d: d.__setitem__("input_ids", d["input_ids"][:, :2]),
+            ValueError,
+            r"tensor 'input_ids' is int64 \(\*, 2\)",
+        ),
+        (
+            lambda d: d.__setitem__("score", d["score"].to("meta")),
+            ValueError,
+            r"on meta in item 1 but float32 \(\*\) on cpu",
+        ),
         (lambda d: d.meta_info.update(metrics=[1.0]), TypeError, r"item 1 meta_info\['metrics'\] is a list"),
     ],
 )
@@ -460,7 +503,13 @@ def test_to_moves_tensors_and_leaves_self_alone():
 def test_repr_shows_keys_shapes_dtypes():
     text = repr(_batch(4))
     assert text.startswith("DataProto(batch_size=4")
-    for part in ("input_ids: (4, 3) int64", "score: (4,) float32", "mask: (4,) bool", "prompt: (4,) object", "meta_info  ['task']"):
+    for part in (
+        "input_ids: (4, 3) int64",
+        "score: (4,) float32",
+        "mask: (4,) bool",
+        "prompt: (4,) object",
+        "meta_info  ['task']",
+    ):
         assert part in text
     broken = _batch(4)
     broken.tensors["x"] = torch.zeros(3)
@@ -473,8 +522,13 @@ def test_repr_shows_keys_shapes_dtypes():
 def _rich_batch() -> DataProto:
     base = torch.arange(12, dtype=torch.float32).reshape(4, 3)
     return DataProto.from_dict(
-        tensors={"x": base, "x_tail": base[:, 1:], "bf": torch.tensor([1.5, -2.0, 0.25, 3.0], dtype=torch.bfloat16),
-                 "mask": torch.tensor([True, False, True, False]), "ids": torch.arange(4)},
+        tensors={
+            "x": base,
+            "x_tail": base[:, 1:],
+            "bf": torch.tensor([1.5, -2.0, 0.25, 3.0], dtype=torch.bfloat16),
+            "mask": torch.tensor([True, False, True, False]),
+            "ids": torch.arange(4),
+        },
         non_tensors={
             "text": np.array(["héllo", "", "multi\nline", "✓"], dtype=object),
             "fixed": np.array(["a", "bb", "ccc", "d"]),
@@ -496,7 +550,12 @@ def test_save_load_round_trip(tmp_path):
     for key, arr in data.non_tensors.items():
         assert loaded[key].dtype == arr.dtype and loaded[key].shape == arr.shape, key
         assert loaded[key].tolist() == arr.tolist(), key
-    assert loaded["text"].tolist() == ["héllo", "", "multi\nline", "✓"] and loaded["mask"].tolist() == [True, False, True, False]
+    assert loaded["text"].tolist() == ["héllo", "", "multi\nline", "✓"] and loaded["mask"].tolist() == [
+        True,
+        False,
+        True,
+        False,
+    ]
     assert loaded.meta_info["task"] == "chat" and loaded.meta_info["metrics"]["loss"][0] == 1.0
     assert np.isnan(loaded.meta_info["metrics"]["loss"][1])
 
@@ -516,7 +575,10 @@ def test_load_never_unpickles(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "data, message",
     [
-        (DataProto(meta_info={"shape": (1, 2)}), r"meta_info\['shape'\] is a tuple, which cannot be saved without pickle"),
+        (
+            DataProto(meta_info={"shape": (1, 2)}),
+            r"meta_info\['shape'\] is a tuple, which cannot be saved without pickle",
+        ),
         (DataProto(meta_info={"m": {"x": np.float32(1)}}), r"meta_info\['m'\]\['x'\] is a float32"),
         (DataProto(meta_info={"m": {1: 2}}), r"meta_info\['m'\] has key 1 \(int\); JSON keys must be str"),
         (DataProto(non_tensors={"ids": [[1], np.array([2])]}), r"non-tensor 'ids' element 1 is a ndarray"),
@@ -641,11 +703,18 @@ def _generated_batch() -> DataProto:
     responses = torch.tensor([[2, 3, 0, 0], [1, 1, 1, 1], [9, 0, 0, 0], [4, 4, 0, 0]])
     response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
     return DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-                 "attention_mask": torch.cat([(prompts != 0).long(), response_mask], 1)},
-        non_tensors={"data_source": ["toy", "toy", "other", "toy"],
-                     "reward_model": [{"ground_truth": 5}, {"ground_truth": 4}, {"ground_truth": 9}, {"ground_truth": 7}]},
-        meta_info={"temperature": 1.0})
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": torch.cat([(prompts != 0).long(), response_mask], 1),
+        },
+        non_tensors={
+            "data_source": ["toy", "toy", "other", "toy"],
+            "reward_model": [{"ground_truth": 5}, {"ground_truth": 4}, {"ground_truth": 9}, {"ground_truth": 7}],
+        },
+        meta_info={"temperature": 1.0},
+    )
 
 
 def test_verl_style_reward_manager_and_data_hook_run_unchanged():
@@ -678,7 +747,9 @@ def test_verl_style_slicing_splitting_and_merging_keep_the_aliases():
     data = data.union(scores)
     assert "token_level_scores" in data.batch and sorted(data.batch.keys())[-1] == "token_level_scores"
     picked = data[[3, 0]]
-    assert picked.non_tensor_batch["data_source"].tolist() == ["toy", "toy"] and picked.meta_info == {"temperature": 1.0}
+    assert picked.non_tensor_batch["data_source"].tolist() == ["toy", "toy"] and picked.meta_info == {
+        "temperature": 1.0
+    }
     # data[i] is verl's DataProtoItem: the row without its batch dimension
     assert data[2].batch["responses"].shape == (4,) and data[2].non_tensor_batch["data_source"] == "other"
 
@@ -692,7 +763,11 @@ def _verl_style_per_row_reward(data):
         valid_response_length = int(data_item.batch["attention_mask"][prompt_length:].sum())
         response_ids = data_item.batch["responses"][:valid_response_length]
         ground_truth = data_item.non_tensor_batch["reward_model"]["ground_truth"]
-        score = 1.0 if data_item.non_tensor_batch["data_source"] == "toy" and int(response_ids.sum()) == ground_truth else 0.0
+        score = (
+            1.0
+            if data_item.non_tensor_batch["data_source"] == "toy" and int(response_ids.sum()) == ground_truth
+            else 0.0
+        )
         reward_tensor[i, valid_response_length - 1] = score
     return reward_tensor
 
@@ -706,10 +781,21 @@ def test_verl_per_row_reward_manager_and_verl_argument_names_run_unchanged():
     assert sub.keys() == ["responses", "data_source", "reward_model"] and sub.meta_info == {"temperature": 1.0}
     assert sub.batch["responses"] is data.batch["responses"]
     deep = data.select(batch_keys=["responses"], non_tensor_batch_keys=[], meta_info_keys=[], deepcopy=True)
-    assert deep.keys() == ["responses"] and deep.meta_info == {} and deep.batch["responses"] is not data.batch["responses"]
+    assert (
+        deep.keys() == ["responses"] and deep.meta_info == {} and deep.batch["responses"] is not data.batch["responses"]
+    )
     popped = data.pop(batch_keys=["prompts"], non_tensor_batch_keys=["reward_model"])
     assert popped.keys() == ["prompts", "reward_model"] and "prompts" not in data and popped.meta_info == {}
-    assert data.repeat(repeat_times=2, interleave=True).non_tensor_batch["data_source"].tolist() == ["toy", "toy", "toy", "toy", "other", "other", "toy", "toy"]
+    assert data.repeat(repeat_times=2, interleave=True).non_tensor_batch["data_source"].tolist() == [
+        "toy",
+        "toy",
+        "toy",
+        "toy",
+        "other",
+        "other",
+        "toy",
+        "toy",
+    ]
     with pytest.raises(TypeError, match=r"use ARMOR's names .* or verl's .*not both"):
         data.select(tensor_keys=["responses"], non_tensor_batch_keys=["data_source"])
     with pytest.raises(TypeError, match=r"unknown argument 'batch_key'"):

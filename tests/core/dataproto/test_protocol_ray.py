@@ -65,13 +65,24 @@ def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(r
         def pair(self, first: DataProto, second: DataProto, step: int, scale: float = 1.0) -> tuple[dict, DataProto]:
             second["seen_by"] = torch.full((len(second),), self.rank)
             second["doubled"] = second["input_ids"] * 2 * scale
-            return {"rows": float(len(first)), "step": float(step), "first_tokens": float(first["response_mask"].sum()),
-                    "perf/worker_s": 1.0 + self.rank}, second
+            return {
+                "rows": float(len(first)),
+                "step": float(step),
+                "first_tokens": float(first["response_mask"].sum()),
+                "perf/worker_s": 1.0 + self.rank,
+            }, second
 
     group = WorkerGroup(Peer, 2, cpus_per_worker=0.01, gpus_per_worker=0, name="peers", init_kwargs={}, channel=channel)
     try:
-        first = DataProto.from_dict(tensors={"response_mask": (torch.arange(6)[None, :] < torch.tensor([6, 1, 5, 2, 4, 3])[:, None]).long()})
-        second = DataProto.from_dict(tensors={"input_ids": torch.arange(8)[:, None].repeat(1, 3), "attention_mask": torch.ones(8, 3, dtype=torch.long)})
+        first = DataProto.from_dict(
+            tensors={"response_mask": (torch.arange(6)[None, :] < torch.tensor([6, 1, 5, 2, 4, 3])[:, None]).long()}
+        )
+        second = DataProto.from_dict(
+            tensors={
+                "input_ids": torch.arange(8)[:, None].repeat(1, 3),
+                "attention_mask": torch.ones(8, 3, dtype=torch.long),
+            }
+        )
         earlier = group.submit_pair(Peer.pair, first, second, 6)
         metrics, out = group.submit_pair(Peer.pair, first, second, 7, scale=0.5).result()
         assert earlier.result()[0]["step"] == 6.0  # gathered after a later call: its replies were kept
@@ -87,6 +98,8 @@ def test_a_group_splits_two_batches_on_their_own_and_merges_each_back_in_order(r
     assert metrics == {"rows": 3.0, "step": 7.0, "first_tokens": 10.5, "perf/worker_s": 2.0}
     with pytest.raises(TypeError, match=r"'pair' is not a method of Peer; name a worker method by reference"):
         group.submit_pair("pair", first, second, 7)
-    assert torch.equal(out["input_ids"], second["input_ids"]) and torch.equal(out["doubled"], second["input_ids"].float())
+    assert torch.equal(out["input_ids"], second["input_ids"]) and torch.equal(
+        out["doubled"], second["input_ids"].float()
+    )
     assert sorted(out["seen_by"].tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]
     out["doubled"] += 1  # what comes back is writable

@@ -89,14 +89,16 @@ def test_a_listener_that_never_answers_times_out_with_the_address(monkeypatch):
     mute.bind(("127.0.0.1", 0))
     mute.listen(1)
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match=rf"127.0.0.1:{mute.getsockname()[1]} accepted the connection but did not complete the handshake within 0.5 s"):
+    with pytest.raises(
+        TimeoutError,
+        match=rf"127.0.0.1:{mute.getsockname()[1]} accepted the connection but did not complete the handshake within 0.5 s",
+    ):
         channel.connect(mute.getsockname(), b"k" * 32)
     assert time.monotonic() - t0 < 5
     mute.close()
 
 
 def test_connecting_is_bounded_too(monkeypatch):
-    import socket
 
     from armor_core.engine import channel
 
@@ -104,7 +106,7 @@ def test_connecting_is_bounded_too(monkeypatch):
 
     def unreachable(address, timeout=None):  # a dropped SYN: only the timeout ends it
         calls.append(timeout)
-        raise socket.timeout("timed out")
+        raise TimeoutError("timed out")
 
     monkeypatch.setattr(channel.socket, "create_connection", unreachable)
     with pytest.raises(TimeoutError, match=r"connecting to 10.1.2.3:4567 timed out after 30 s"):

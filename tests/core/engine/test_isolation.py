@@ -37,14 +37,23 @@ def test_two_workers_one_core_each_on_two_cores():
 
 def test_groups_in_order_consecutive_sorted_cores():
     plan = plan_assignment({"actor": 2, "critic": 1}, 2.0, 0, [4, 5, 0, 1, 2, 3, 7, 1], None, node="n1")
-    assert [(a.group, a.rank, a.cpus, a.node) for a in plan] == [("actor", 0, (0, 1), "n1"), ("actor", 1, (2, 3), "n1"), ("critic", 0, (4, 5), "n1")]
+    assert [(a.group, a.rank, a.cpus, a.node) for a in plan] == [
+        ("actor", 0, (0, 1), "n1"),
+        ("actor", 1, (2, 3), "n1"),
+        ("critic", 0, (4, 5), "n1"),
+    ]
 
 
 def test_short_of_cores_says_what_was_asked_and_what_exists():
     with pytest.raises(IsolationError) as e:
         plan_assignment({"actor": 2, "critic": 1}, 1, 0, [0, 1], None)
     msg = str(e.value)
-    assert "3 workers (actor: 2, critic: 1)" in msg and "3 cores" in msg and "may use 2: [0, 1]" in msg and "engine.cpus_per_worker" in msg
+    assert (
+        "3 workers (actor: 2, critic: 1)" in msg
+        and "3 cores" in msg
+        and "may use 2: [0, 1]" in msg
+        and "engine.cpus_per_worker" in msg
+    )
 
 
 def test_gpus_come_from_the_users_mask():
@@ -73,7 +82,9 @@ def test_whole_devices_only_and_zero_means_unassigned():
 
 def test_exclusivity_error_names_both_workers():
     with pytest.raises(IsolationError, match="actor rank 1 and critic rank 0 both claim CPU core 1"):
-        check_exclusive([Assignment("actor", 0, (0,), ()), Assignment("actor", 1, (1,), ()), Assignment("critic", 0, (1,), ())])
+        check_exclusive(
+            [Assignment("actor", 0, (0,), ()), Assignment("actor", 1, (1,), ()), Assignment("critic", 0, (1,), ())]
+        )
     with pytest.raises(IsolationError, match="actor rank 0 and ref rank 0 both claim GPU 3"):
         check_exclusive([Assignment("actor", 0, (0,), ("3",)), Assignment("ref", 0, (1,), ("3",))])
     with pytest.raises(IsolationError, match="actor rank 0 is planned twice"):
@@ -100,11 +111,26 @@ def _child(scenarios):
         try:
             record = apply_assignment(a, seed)
         except IsolationError as e:
-            out.append({"error": str(e), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "affinity": sorted(os.sched_getaffinity(0))})
+            out.append(
+                {
+                    "error": str(e),
+                    "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "affinity": sorted(os.sched_getaffinity(0)),
+                }
+            )
             continue
-        out.append({"record": record, "affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
-                    "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
-                    "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "pyrand": random.random(), "torchrand": torch.rand(1).item()})
+        out.append(
+            {
+                "record": record,
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "threads": torch.get_num_threads(),
+                "omp": os.environ.get("OMP_NUM_THREADS"),
+                "mkl": os.environ.get("MKL_NUM_THREADS"),
+                "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "pyrand": random.random(),
+                "torchrand": torch.rand(1).item(),
+            }
+        )
     return out
 
 
@@ -129,7 +155,14 @@ def test_apply_assignment_in_a_spawned_worker(monkeypatch):
     assert first["pyrand"] == random.Random(6).random()  # seed 5 + rank 1
     assert first["torchrand"] == torch.rand(1, generator=torch.Generator().manual_seed(6)).item()
     rec = first["record"]
-    assert (rec["group"], rec["rank"], rec["cpus"], rec["gpus"], rec["threads"], rec["seed"]) == ("actor", 1, [last], ["3"], 1, 6)
+    assert (rec["group"], rec["rank"], rec["cpus"], rec["gpus"], rec["threads"], rec["seed"]) == (
+        "actor",
+        1,
+        [last],
+        ["3"],
+        1,
+        6,
+    )
     assert rec["pid"] != os.getpid() and rec["cuda_visible_devices"] == "3"
     assert "['5']" in widened["error"] and "never widens" in widened["error"]
     assert widened["cuda"] == "2,3" and widened["affinity"] == [last]  # refused before anything changed
@@ -158,8 +191,16 @@ def test_device_health_is_empty_without_nvml_or_nvidia_smi(monkeypatch):
 
 def test_parse_nvidia_smi():
     rows = parse_nvidia_smi(SMI)
-    assert rows[0] == {"index": 0, "uuid": "GPU-aaaa-1111", "name": "NVIDIA H200", "memory_free_mib": 140000.0, "memory_total_mib": 143771.0,
-                       "temperature_c": 35.0, "ecc_uncorrected": 0, "source": "nvidia-smi"}
+    assert rows[0] == {
+        "index": 0,
+        "uuid": "GPU-aaaa-1111",
+        "name": "NVIDIA H200",
+        "memory_free_mib": 140000.0,
+        "memory_total_mib": 143771.0,
+        "temperature_c": 35.0,
+        "ecc_uncorrected": 0,
+        "source": "nvidia-smi",
+    }
     assert rows[1]["ecc_uncorrected"] is None and rows[1]["memory_free_mib"] == 500.0
 
 
@@ -171,14 +212,33 @@ def test_device_health_through_nvml(monkeypatch):
         raise NVMLError("Not Supported")
 
     fake = types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_TEMPERATURE_GPU=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0,
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: i,
+        NVMLError=NVMLError,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
+        NVML_VOLATILE_ECC=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(free=3 * 2**30, total=8 * 2**30),
-        nvmlDeviceGetUUID=lambda h: b"GPU-cccc", nvmlDeviceGetName=lambda h: "Tiny GPU", nvmlDeviceGetTemperature=lambda h, s: 41,
-        nvmlDeviceGetTotalEccErrors=no_ecc)
+        nvmlDeviceGetUUID=lambda h: b"GPU-cccc",
+        nvmlDeviceGetName=lambda h: "Tiny GPU",
+        nvmlDeviceGetTemperature=lambda h, s: 41,
+        nvmlDeviceGetTotalEccErrors=no_ecc,
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert device_health() == [{"index": 0, "uuid": "GPU-cccc", "name": "Tiny GPU", "memory_free_mib": 3072.0, "memory_total_mib": 8192.0,
-                                "temperature_c": 41, "ecc_uncorrected": None, "source": "nvml"}]
+    assert device_health() == [
+        {
+            "index": 0,
+            "uuid": "GPU-cccc",
+            "name": "Tiny GPU",
+            "memory_free_mib": 3072.0,
+            "memory_total_mib": 8192.0,
+            "temperature_c": 41,
+            "ecc_uncorrected": None,
+            "source": "nvml",
+        }
+    ]
 
 
 def test_check_health_refuses_unhealthy_devices():
@@ -188,7 +248,11 @@ def test_check_health_refuses_unhealthy_devices():
     with pytest.raises(IsolationError) as e:
         check_health([good, bad], health, min_free_mib=1024, max_temperature_c=90)
     msg = str(e.value)
-    assert "actor rank 1: GPU 1 (NVIDIA H200, GPU-bbbb-2222) has 500 MiB free" in msg and "95 C, limit 90 C" in msg and "rank 0" not in msg
+    assert (
+        "actor rank 1: GPU 1 (NVIDIA H200, GPU-bbbb-2222) has 500 MiB free" in msg
+        and "95 C, limit 90 C" in msg
+        and "rank 0" not in msg
+    )
     check_health([bad], health, min_free_mib=None, max_temperature_c=None)
     with pytest.raises(IsolationError, match="GPU-bbbb"):  # a UUID in the mask, abbreviated as nvidia-smi allows
         check_health([Assignment("ref", 0, (), ("GPU-bbbb",))], health)
@@ -204,8 +268,21 @@ def test_isolator_plans_checks_health_and_reports(tmp_path, monkeypatch, capsys)
         iso.plan({"actor": 2}, available_cpus=[0, 1], visible_gpus=["0", "1"])
     plan = ProcessIsolator(cpus_per_worker=1, gpus_per_worker=0).plan({"actor": 2}, available_cpus=[0, 1])
     assert [a.cpus for a in plan] == [(0,), (1,)]
-    records = [{"pid": 11, "hostname": "h", "node": "", "group": "actor", "rank": r, "cpus": [r], "gpus": [], "cuda_visible_devices": "",
-                "threads": 1, "seed": 3 + r} for r in (1, 0)]
+    records = [
+        {
+            "pid": 11,
+            "hostname": "h",
+            "node": "",
+            "group": "actor",
+            "rank": r,
+            "cpus": [r],
+            "gpus": [],
+            "cuda_visible_devices": "",
+            "threads": 1,
+            "seed": 3 + r,
+        }
+        for r in (1, 0)
+    ]
     path = iso.report(records, tmp_path)
     assert path == tmp_path / "isolation.json"
     saved = json.loads(path.read_text())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from armor_core.loop.async_rollout import QUEUE_DIR, AsyncRollout
 from armor_core.dataproto.protocol import DataProto
+from armor_core.loop.async_rollout import QUEUE_DIR, AsyncRollout
 
 
 class _Done:
@@ -27,7 +27,11 @@ class _Group:
         self.n, self.restored = n, {}
 
     def submit(self, method, data):
-        return _Done(DataProto.from_dict(tensors={"responses": data["input_ids"] + 1, "policy_version": torch.zeros(len(data), dtype=torch.long)}))
+        return _Done(
+            DataProto.from_dict(
+                tensors={"responses": data["input_ids"] + 1, "policy_version": torch.zeros(len(data), dtype=torch.long)}
+            )
+        )
 
     def call(self, method):
         return [{"torch_rng": torch.full((4,), rank, dtype=torch.uint8)} for rank in range(self.n)]
@@ -43,8 +47,14 @@ class _Loader:
     def next_batch(self):
         ids = torch.arange(self.position, self.position + 2).unsqueeze(1).repeat(1, 3)
         self.position += 2
-        return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(3).repeat(2, 1)},
-                                   non_tensors={"data_source": ["a", "b"], "extra": [self.extra, {"k": 1}]})
+        return DataProto.from_dict(
+            tensors={
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "position_ids": torch.arange(3).repeat(2, 1),
+            },
+            non_tensors={"data_source": ["a", "b"], "extra": [self.extra, {"k": 1}]},
+        )
 
     def state_dict(self):
         return {"position": self.position}
@@ -64,14 +74,24 @@ def test_the_batches_in_flight_come_back_as_they_were(tmp_path):
     saved.save(tmp_path)
     restored = AsyncRollout(_Group(), actor=None, loader=_Loader(), n=2, max_staleness=2)
     assert restored.restore(tmp_path)
-    assert [i.loader_state for i in restored.queue] == [i.loader_state for i in saved.queue] == [{"position": 2}, {"position": 4}]
+    assert (
+        [i.loader_state for i in restored.queue]
+        == [i.loader_state for i in saved.queue]
+        == [{"position": 2}, {"position": 4}]
+    )
     assert restored.loader.state_dict() == {"position": 6} and restored.loader_state() == {"position": 2}
     for a, b in zip(restored.queue, saved.queue):
-        assert torch.equal(a.result()["responses"], b.result()["responses"]) and torch.equal(a.gen_in["input_ids"], b.gen_in["input_ids"])
+        assert torch.equal(a.result()["responses"], b.result()["responses"]) and torch.equal(
+            a.gen_in["input_ids"], b.gen_in["input_ids"]
+        )
         assert a.gen_in["extra"].tolist() == b.gen_in["extra"].tolist()
     assert {r: s["torch_rng"].tolist() for r, s in restored.group.restored.items()} == {0: [0] * 4, 1: [1] * 4}
-    gen_in, out = restored.next(2)  # the oldest saved batch, then the queue is topped up from the data position after them
-    assert torch.equal(gen_in["input_ids"], saved.queue[0].gen_in["input_ids"]) and restored.loader.state_dict() == {"position": 8}
+    gen_in, out = restored.next(
+        2
+    )  # the oldest saved batch, then the queue is topped up from the data position after them
+    assert torch.equal(gen_in["input_ids"], saved.queue[0].gen_in["input_ids"]) and restored.loader.state_dict() == {
+        "position": 8
+    }
 
 
 def test_rows_json_cannot_hold_are_not_saved_and_the_resume_regenerates(tmp_path):

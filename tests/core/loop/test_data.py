@@ -15,10 +15,18 @@ def write_jsonl(path, rows):
 
 
 def test_our_layout_and_verls_layout(tmp_path):
-    f = write_jsonl(tmp_path / "d.jsonl", [
-        {"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2", "level": 1},
-        {"prompt": [{"role": "user", "content": "2+2?"}], "data_source": "math", "reward_model": {"ground_truth": "4"}, "extra_info": {"split": "train"}},
-    ])
+    f = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2", "level": 1},
+            {
+                "prompt": [{"role": "user", "content": "2+2?"}],
+                "data_source": "math",
+                "reward_model": {"ground_truth": "4"},
+                "extra_info": {"split": "train"},
+            },
+        ],
+    )
     ds = load_rows([str(f)])
     assert [r["ground_truth"] for r in ds.rows] == ["2", "4"]
     assert ds.rows[0]["extra"] == {"level": 1}
@@ -39,8 +47,14 @@ def test_parquet(tmp_path):
     "row, message",
     [
         ({"data_source": "arithmetic", "ground_truth": "2"}, "line 2: missing field 'prompt'"),
-        ({"prompt": 5, "data_source": "arithmetic", "ground_truth": "2"}, "line 2: field 'prompt' must be text or a list of chat messages, got int"),
-        ({"prompt": [{"text": "hi"}], "data_source": "arithmetic", "ground_truth": "2"}, "line 2: field 'prompt' is a list but not of chat messages"),
+        (
+            {"prompt": 5, "data_source": "arithmetic", "ground_truth": "2"},
+            "line 2: field 'prompt' must be text or a list of chat messages, got int",
+        ),
+        (
+            {"prompt": [{"text": "hi"}], "data_source": "arithmetic", "ground_truth": "2"},
+            "line 2: field 'prompt' is a list but not of chat messages",
+        ),
         ({"prompt": "1+1=", "ground_truth": "2"}, "line 2: missing or non-text field 'data_source'"),
         ({"prompt": "1+1=", "data_source": "arithmetic"}, "line 2: missing 'ground_truth'"),
         ("{not json", "line 2: not valid JSON"),
@@ -99,8 +113,19 @@ def test_loader_needs_a_full_batch():
 def test_a_line_that_is_not_utf8_is_named_or_skipped(tmp_path):
     good = json.dumps({"prompt": "1+1=", "data_source": "arithmetic", "ground_truth": "2"}).encode()
     f = tmp_path / "latin1.jsonl"
-    f.write_bytes(b"\xef\xbb\xbf" + good + b"\n" + '{"prompt": "caf\u00e9", "data_source": "arithmetic"}'.encode("latin-1") + b"\n" + good + b"\n")
-    with pytest.raises(DataError, match=rf"{f}, line 2: not UTF-8 text \(byte 0xe9, the line's byte 16\); save the file as UTF-8.*data.skip_invalid=true"):
+    f.write_bytes(
+        b"\xef\xbb\xbf"
+        + good
+        + b"\n"
+        + '{"prompt": "caf\u00e9", "data_source": "arithmetic"}'.encode("latin-1")
+        + b"\n"
+        + good
+        + b"\n"
+    )
+    with pytest.raises(
+        DataError,
+        match=rf"{f}, line 2: not UTF-8 text \(byte 0xe9, the line's byte 16\); save the file as UTF-8.*data.skip_invalid=true",
+    ):
         load_rows([str(f)])
     ds = load_rows([str(f)], skip_invalid=True)  # the byte-order mark of line 1 is no problem
     assert len(ds.rows) == 2 and ds.skipped == 1 and "line 2: not UTF-8" in ds.problems[0]
@@ -120,8 +145,10 @@ def test_a_parquet_file_that_is_not_parquet_is_named_or_skipped(tmp_path):
 
 # a Qwen3-style switch: with enable_thinking false the template closes an empty thinking block ("+"
 # here, as the tiny tokenizer knows only digits, '+' and '=')
-THINKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
-                     "{% if enable_thinking is defined and not enable_thinking %}+{% endif %}")
+THINKING_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}+{% endif %}"
+)
 
 
 @pytest.fixture
@@ -137,7 +164,10 @@ def _encoded_prompts(tmp_path, tokenizer, *overrides):
     from armor_core.config.schema import load_config
     from armor_core.loop.data import prepare_data
 
-    f = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "12+3"}], "data_source": "arithmetic", "ground_truth": "15"}])
+    f = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"prompt": [{"role": "user", "content": "12+3"}], "data_source": "arithmetic", "ground_truth": "15"}],
+    )
     cfg = load_config(None, [f"data.train_files=[{f}]", "data.max_prompt_length=16", *overrides])
     train, _ = prepare_data(cfg, tokenizer=tokenizer)
     ids = train.encoded["tensors"]["input_ids"][0]
@@ -146,16 +176,27 @@ def _encoded_prompts(tmp_path, tokenizer, *overrides):
 
 def test_chat_template_kwargs_from_the_config_reach_the_template(tmp_path, chat_tokenizer):
     assert _encoded_prompts(tmp_path, chat_tokenizer) == "12+3="
-    assert _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={enable_thinking: false}") == "12+3=+"
-    assert _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={enable_thinking: true}") == "12+3="
+    assert (
+        _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={enable_thinking: false}")
+        == "12+3=+"
+    )
+    assert (
+        _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={enable_thinking: true}") == "12+3="
+    )
     # an apply_chat_template parameter passes too: without the generation prompt there is no '='
-    assert _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={add_generation_prompt: false}") == "12+3"
+    assert (
+        _encoded_prompts(tmp_path, chat_tokenizer, "data.apply_chat_template_kwargs={add_generation_prompt: false}")
+        == "12+3"
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ("{enable_thinkng: false}", "'enable_thinkng': not read by this tokenizer's chat template"),
-    ("{tokenize: true}", "apply_chat_template_kwargs.tokenize: ARMOR renders the template to text"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ("{enable_thinkng: false}", "'enable_thinkng': not read by this tokenizer's chat template"),
+        ("{tokenize: true}", "apply_chat_template_kwargs.tokenize: ARMOR renders the template to text"),
+    ],
+)
 def test_chat_template_kwargs_that_would_do_nothing_are_refused(tmp_path, chat_tokenizer, kwargs, message):
     with pytest.raises(DataError, match=message):
         _encoded_prompts(tmp_path, chat_tokenizer, f"data.apply_chat_template_kwargs={kwargs}")

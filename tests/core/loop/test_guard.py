@@ -21,7 +21,10 @@ def test_non_finite_guard_skips_then_rolls_back(tmp_path):
     assert runner.observe("grad", {"grad_norm": float("nan")}, 2).action == "skip"
     assert runner.observe("grad", {"grad_norm": float("inf")}, 3).action == "rollback"
     events = [json.loads(line) for line in (tmp_path / "guard_events.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["guard"], e["action"], e["signal"]) for e in events] == [(2, "non_finite", "skip", 1.0), (3, "non_finite", "rollback", 2.0)]
+    assert [(e["step"], e["guard"], e["action"], e["signal"]) for e in events] == [
+        (2, "non_finite", "skip", 1.0),
+        (3, "non_finite", "rollback", 2.0),
+    ]
     assert "grad_norm" in events[0]["reason"]
     assert runner.pop_metrics() == {"guard/non_finite/skip": 1.0, "guard/non_finite/rollback": 1.0}
     state = runner.state_dict()
@@ -62,7 +65,9 @@ def test_custom_guard_plugin_runs_in_order_with_builtins():
         runner = GuardRunner([{"name": "halver", "params": {"limit": 2.0}}, {"name": "non_finite"}])
         v = runner.observe("grad", {"grad_norm": 3.0}, 1)
         assert (v.action, v.scale) == ("scale", 0.5)
-        assert runner.observe("grad", {"grad_norm": float("nan")}, 2).action == "skip"  # nan > 2 is False; non_finite catches it
+        assert (
+            runner.observe("grad", {"grad_norm": float("nan")}, 2).action == "skip"
+        )  # nan > 2 is False; non_finite catches it
 
 
 def test_adjustments_of_all_guards_are_merged_cautiously():

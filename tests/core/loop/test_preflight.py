@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from armor_core.config.schema import ConfigError, load_config
-from armor_core.models.loading import ModelPathError, resolve_model_path
 from armor_core.loop.preflight import check_guards, check_model, check_model_dir, check_safetensors
+from armor_core.models.loading import ModelPathError, resolve_model_path
 
 BUILTIN = "builtin:arithmetic-tiny"
 
@@ -33,28 +33,58 @@ def _shard(d):
 
     tensors = load_file(d / "model.safetensors")
     names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    halves = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for shard, keys in halves.items():
         save_file({k: tensors[k] for k in keys}, d / shard, metadata={"format": "pt"})
     (d / "model.safetensors").unlink()
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: s for s, keys in halves.items() for k in keys}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {k: s for s, keys in halves.items() for k in keys}})
+    )
 
 
 DAMAGE = {
-    "empty weights": (lambda d: (d / "model.safetensors").write_bytes(b""), r"model.safetensors has 0 bytes, fewer than a safetensors file's 8-byte header"),
-    "truncated header": (lambda d: _truncate(d / "model.safetensors", 100), r"model.safetensors: its header says the JSON header has \d+ bytes, but the file has 100"),
-    "truncated data": (lambda d: _truncate(d / "model.safetensors", 6000), r"model.safetensors: tensor '.*' ends at byte \d+ of the data, but the file holds only \d+ bytes"),
-    "garbage weights": (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"),
-                        r"model.safetensors: the safetensors header is not valid JSON"),
-    "extra bytes": (lambda d: (d / "model.safetensors").open("ab").write(b"\x00" * 16), r"the tensors in its header cover \d+ bytes of data but the file holds \d+"),
-    "no weights": (lambda d: (d / "model.safetensors").unlink(), r"holds no weights \(model.safetensors or its shards\)"),
+    "empty weights": (
+        lambda d: (d / "model.safetensors").write_bytes(b""),
+        r"model.safetensors has 0 bytes, fewer than a safetensors file's 8-byte header",
+    ),
+    "truncated header": (
+        lambda d: _truncate(d / "model.safetensors", 100),
+        r"model.safetensors: its header says the JSON header has \d+ bytes, but the file has 100",
+    ),
+    "truncated data": (
+        lambda d: _truncate(d / "model.safetensors", 6000),
+        r"model.safetensors: tensor '.*' ends at byte \d+ of the data, but the file holds only \d+ bytes",
+    ),
+    "garbage weights": (
+        lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"),
+        r"model.safetensors: the safetensors header is not valid JSON",
+    ),
+    "extra bytes": (
+        lambda d: (d / "model.safetensors").open("ab").write(b"\x00" * 16),
+        r"the tensors in its header cover \d+ bytes of data but the file holds \d+",
+    ),
+    "no weights": (
+        lambda d: (d / "model.safetensors").unlink(),
+        r"holds no weights \(model.safetensors or its shards\)",
+    ),
     "missing config": (lambda d: (d / "config.json").unlink(), r"has no config.json"),
-    "config not JSON": (lambda d: (d / "config.json").write_text("{model_type: qwen2"), r"config.json is not valid JSON \(Expecting property name"),
+    "config not JSON": (
+        lambda d: (d / "config.json").write_text("{model_type: qwen2"),
+        r"config.json is not valid JSON \(Expecting property name",
+    ),
     "config without model_type": (lambda d: (d / "config.json").write_text("{}"), r"config.json has no 'model_type'"),
-    "missing shard": (lambda d: (_shard(d), (d / "model-00002-of-00002.safetensors").unlink()),
-                      r"model.safetensors.index.json names the shard 'model-00002-of-00002.safetensors', which is not in"),
+    "missing shard": (
+        lambda d: (_shard(d), (d / "model-00002-of-00002.safetensors").unlink()),
+        r"model.safetensors.index.json names the shard 'model-00002-of-00002.safetensors', which is not in",
+    ),
     "tokenizer not JSON": (lambda d: _truncate(d / "tokenizer.json", 50), r"tokenizer.json is not valid JSON"),
-    "tokenizer unloadable": (lambda d: (d / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}'), r"the tokenizer in .* cannot be loaded: "),
+    "tokenizer unloadable": (
+        lambda d: (d / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}'),
+        r"the tokenizer in .* cannot be loaded: ",
+    ),
     "no tokenizer": (lambda d: (d / "tokenizer.json").unlink(), r"has no tokenizer"),
 }
 
@@ -78,7 +108,9 @@ def test_an_intact_model_passes_whole_or_sharded(model_dir):
 
 
 def test_a_hub_name_is_refused_as_before_without_any_download():
-    with pytest.raises(ModelPathError, match=r"model path 'Qwen/Qwen2.5-0.5B' does not exist; .* ARMOR never downloads models"):
+    with pytest.raises(
+        ModelPathError, match=r"model path 'Qwen/Qwen2.5-0.5B' does not exist; .* ARMOR never downloads models"
+    ):
         check_model("Qwen/Qwen2.5-0.5B")
 
 
@@ -93,10 +125,19 @@ def test_a_lora_adapter_directory_is_checked_with_its_base(tmp_path, model_dir):
         check_model_dir(adapter)
 
 
-@pytest.mark.parametrize("guards, message", [
-    ("[{name: grad_spike, params: {window: 0}}]", r"^guard.guards\[0\]: guard grad_spike: parameter window=0 must be >= 1"),
-    ("[{name: non_finite}, {name: grad_spike, params: {windw: 3}}]", r"^guard.guards\[1\] \(grad_spike\): .*unexpected keyword argument 'windw'"),
-])
+@pytest.mark.parametrize(
+    "guards, message",
+    [
+        (
+            "[{name: grad_spike, params: {window: 0}}]",
+            r"^guard.guards\[0\]: guard grad_spike: parameter window=0 must be >= 1",
+        ),
+        (
+            "[{name: non_finite}, {name: grad_spike, params: {windw: 3}}]",
+            r"^guard.guards\[1\] \(grad_spike\): .*unexpected keyword argument 'windw'",
+        ),
+    ],
+)
 def test_guard_parameters_a_guard_refuses_are_config_errors(guards, message):
     with pytest.raises(ConfigError, match=message):
         check_guards(load_config(None, [f"guard.guards={guards}"]))

@@ -17,12 +17,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, 
 
 def test_at_n_metrics_by_hand():
     # 3 prompts x n=4: two from "a", one from "b"
-    responses = ["12", "13", "12 ", "7",      # a: "12" twice (the vote), correct twice
-                 "5", "6", "6", "5",          # a: 5 and 6 twice each: the tie goes to the first seen, "5", which is wrong
-                 "x", "y", "z", "y"]          # b: "y" wins the vote and is right
-    correct = np.array([1, 0, 1, 0,
-                        0, 1, 1, 0,
-                        0, 1, 0, 1], dtype=bool)
+    responses = [
+        "12",
+        "13",
+        "12 ",
+        "7",  # a: "12" twice (the vote), correct twice
+        "5",
+        "6",
+        "6",
+        "5",  # a: 5 and 6 twice each: the tie goes to the first seen, "5", which is wrong
+        "x",
+        "y",
+        "z",
+        "y",
+    ]  # b: "y" wins the vote and is right
+    correct = np.array([1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1], dtype=bool)
     out = at_n_metrics(correct, responses, ["a", "a", "b"], 4)
     assert out["val/a/mean@4"] == pytest.approx(4 / 8)
     assert out["val/a/best@4"] == 1.0 and out["val/b/best@4"] == 1.0
@@ -35,17 +44,56 @@ def test_at_n_metrics_by_hand():
 
 def test_armor_eval_n_samples_and_writes_each_row(tmp_path):
     out = tmp_path / "rows.jsonl"
-    run = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "eval", "builtin:arithmetic-tiny", "--data", "task:arithmetic", "--size", "12",
-                          "--n", "4", "--output", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "armor_core.cli.main",
+            "eval",
+            "builtin:arithmetic-tiny",
+            "--data",
+            "task:arithmetic",
+            "--size",
+            "12",
+            "--n",
+            "4",
+            "--output",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     for k in ("mean@4", "best@4", "maj@4", "arithmetic/mean@4", "acc_greedy"):
         assert 0.0 <= result[k] <= 1.0, k
     assert result["best@4"] >= result["mean@4"]  # any of 4 right is at least the average
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 12 and all(len(r["@4"]["responses"]) == 4 == len(r["@4"]["scores"]) and len(r["greedy"]["responses"]) == 1 for r in rows)
-    mean = np.mean([s >= 1.0 for r in rows for s in r["@4"]["scores"]])  # arithmetic alone: the score is the correctness
+    assert len(rows) == 12 and all(
+        len(r["@4"]["responses"]) == 4 == len(r["@4"]["scores"]) and len(r["greedy"]["responses"]) == 1 for r in rows
+    )
+    mean = np.mean(
+        [s >= 1.0 for r in rows for s in r["@4"]["scores"]]
+    )  # arithmetic alone: the score is the correctness
     assert result["mean@4"] == pytest.approx(mean)
-    bad = subprocess.run([sys.executable, "-m", "armor_core.cli.main", "eval", "builtin:arithmetic-tiny", "--data", "task:arithmetic", "--n", "4",
-                          "--output", str(tmp_path / "missing" / "rows.jsonl")], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "armor_core.cli.main",
+            "eval",
+            "builtin:arithmetic-tiny",
+            "--data",
+            "task:arithmetic",
+            "--n",
+            "4",
+            "--output",
+            str(tmp_path / "missing" / "rows.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr

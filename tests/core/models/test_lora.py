@@ -17,9 +17,24 @@ P, R, ROWS = 4, 5, 6
 def worker(tmp_path, *overrides: str):
     from armor_core.workers.actor import ActorWorker
 
-    cfg = load_config(None, ["model.lora_rank=4", "model.lora_alpha=8", "actor.lr=1e-2", "actor.use_kl_loss=true", f"data.train_batch_size={ROWS}",
-                             f"actor.ppo_mini_batch_size={ROWS}", "rollout.n=1", f"rollout.max_new_tokens={R}", f"data.max_prompt_length={P}",
-                             "actor.logprob_chunk_tokens=4", "trainer.loggers=[]", f"trainer.run_dir={tmp_path / 'run'}", *overrides])
+    cfg = load_config(
+        None,
+        [
+            "model.lora_rank=4",
+            "model.lora_alpha=8",
+            "actor.lr=1e-2",
+            "actor.use_kl_loss=true",
+            f"data.train_batch_size={ROWS}",
+            f"actor.ppo_mini_batch_size={ROWS}",
+            "rollout.n=1",
+            f"rollout.max_new_tokens={R}",
+            f"data.max_prompt_length={P}",
+            "actor.logprob_chunk_tokens=4",
+            "trainer.loggers=[]",
+            f"trainer.run_dir={tmp_path / 'run'}",
+            *overrides,
+        ],
+    )
     return ActorWorker(to_dict(cfg))
 
 
@@ -30,10 +45,17 @@ def batch(seed: int = 0):
     prompts, responses = torch.randint(4, 19, (ROWS, P), generator=g), torch.randint(4, 19, (ROWS, R), generator=g)
     mask = torch.ones(ROWS, R, dtype=torch.long)
     attn = torch.ones(ROWS, P + R, dtype=torch.long)
-    return DataProto.from_dict(tensors={
-        "input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn, "position_ids": torch.arange(P + R).expand(ROWS, -1).contiguous(),
-        "responses": responses, "response_mask": mask, "advantages": torch.randn(ROWS, 1, generator=g).expand(-1, R).contiguous(),
-        "ref_log_prob": torch.zeros(ROWS, R)})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attn,
+            "position_ids": torch.arange(P + R).expand(ROWS, -1).contiguous(),
+            "responses": responses,
+            "response_mask": mask,
+            "advantages": torch.randn(ROWS, 1, generator=g).expand(-1, R).contiguous(),
+            "ref_log_prob": torch.zeros(ROWS, R),
+        }
+    )
 
 
 def base_log_probs(data):
@@ -75,7 +97,9 @@ def test_the_reference_is_the_base_model_without_a_second_copy(trained):
     assert w.ref_model is None
     want = base_log_probs(data)
     torch.testing.assert_close(data["ref_log_prob"], want, rtol=1e-5, atol=1e-6)  # before the updates
-    torch.testing.assert_close(w.compute_ref_log_prob(data)["ref_log_prob"], want, rtol=1e-5, atol=1e-6)  # and after: adapters off
+    torch.testing.assert_close(
+        w.compute_ref_log_prob(data)["ref_log_prob"], want, rtol=1e-5, atol=1e-6
+    )  # and after: adapters off
     policy = w.compute_log_prob(data)["old_log_probs"]
     assert (policy - want).abs().max() > 1e-3  # while the policy itself has moved
 
@@ -107,17 +131,27 @@ def test_checkpoint_resumes_exactly_and_refuses_other_lora_settings(trained, tmp
     ckpt = tmp_path / "step_2"
     w.save_checkpoint(str(ckpt))
     files = {p.name for p in (ckpt / "adapter").iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= files and not (ckpt / "model").exists()
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= files and not (
+        ckpt / "model"
+    ).exists()
     # peft loads it on the base model and computes what the worker computes
     peft_model = PeftModel.from_pretrained(load_model("builtin:arithmetic-tiny"), str(ckpt / "adapter"))
     with torch.no_grad():
-        torch.testing.assert_close(peft_model(input_ids=data["input_ids"]).logits, w.model(input_ids=data["input_ids"]).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            peft_model(input_ids=data["input_ids"]).logits,
+            w.model(input_ids=data["input_ids"]).logits,
+            rtol=1e-5,
+            atol=1e-5,
+        )
     resumed = worker(tmp)
     resumed.load_checkpoint(str(ckpt))
     for (k, a), b in zip(w.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), k
     for pa, pb in zip(w.optimizer.param_groups[0]["params"], resumed.optimizer.param_groups[0]["params"]):
-        assert all(torch.equal(w.optimizer.state[pa][s], resumed.optimizer.state[pb][s]) for s in ("exp_avg", "exp_avg_sq", "step"))
+        assert all(
+            torch.equal(w.optimizer.state[pa][s], resumed.optimizer.state[pb][s])
+            for s in ("exp_avg", "exp_avg_sq", "step")
+        )
     assert resumed.global_step == w.global_step
     with pytest.raises(ValueError, match=r"model\.lora_rank=0: resume with model\.lora_rank=4"):
         worker(tmp, "model.lora_rank=0").load_checkpoint(str(ckpt))
@@ -137,8 +171,8 @@ def test_a_full_checkpoint_does_not_resume_into_a_lora_run(tmp_path):
 def test_export_merged_or_adapter_alone_and_eval_on_the_adapter(trained, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
-    from armor_core.cli.main import main
     from armor_core.cli.eval import evaluate
+    from armor_core.cli.main import main
 
     w, _, data, _, _ = trained
     ckpt = tmp_path / "step_2"
@@ -147,7 +181,12 @@ def test_export_merged_or_adapter_alone_and_eval_on_the_adapter(trained, tmp_pat
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")  # a plain model directory
     assert not any("lora" in k for k in merged.state_dict())
     with torch.no_grad():
-        torch.testing.assert_close(merged(input_ids=data["input_ids"]).logits, w.model(input_ids=data["input_ids"]).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            merged(input_ids=data["input_ids"]).logits,
+            w.model(input_ids=data["input_ids"]).logits,
+            rtol=1e-5,
+            atol=1e-5,
+        )
     assert main(["export", str(ckpt), str(tmp_path / "adapter_only")]) == 0
     assert json.loads((tmp_path / "adapter_only" / "adapter_config.json").read_text())["r"] == 4
     assert main(["export", str(ckpt), str(tmp_path / "merged")]) == 2  # never over a directory with files in it
@@ -160,9 +199,14 @@ def test_export_merged_or_adapter_alone_and_eval_on_the_adapter(trained, tmp_pat
 
 
 def test_targets_that_match_nothing_or_cannot_be_wrapped_are_named(tmp_path):
-    with pytest.raises(ValueError, match=r"'qproj' matches no module of Qwen2ForCausalLM; its linear layers are \['down_proj', 'gate_proj', 'k_proj'"):
+    with pytest.raises(
+        ValueError,
+        match=r"'qproj' matches no module of Qwen2ForCausalLM; its linear layers are \['down_proj', 'gate_proj', 'k_proj'",
+    ):
         worker(tmp_path, "model.lora_target_modules=[qproj]")
-    with pytest.raises(ValueError, match=r"'input_layernorm' is a Qwen2RMSNorm, a layer type LoRA \(peft\) cannot wrap"):
+    with pytest.raises(
+        ValueError, match=r"'input_layernorm' is a Qwen2RMSNorm, a layer type LoRA \(peft\) cannot wrap"
+    ):
         worker(tmp_path, "model.lora_target_modules=[input_layernorm]")
     w = worker(tmp_path, "model.lora_target_modules=[q_proj,v_proj]", "actor.use_kl_loss=false")
     assert {n.split(".")[-4] for n, p in w.model.named_parameters() if p.requires_grad} == {"q_proj", "v_proj"}
@@ -174,17 +218,22 @@ def test_every_rank_builds_the_same_adapters(tmp_path):
 
     cfg = to_dict(load_config(None, ["model.lora_rank=4", "trainer.loggers=[]", f"trainer.run_dir={tmp_path}"]))
     a = ActorWorker(cfg, rank=0, world_size=1)
-    b = ActorWorker(cfg, rank=1, world_size=1)  # seeded with trainer.seed + 1 (no process group is needed for the check)
+    b = ActorWorker(
+        cfg, rank=1, world_size=1
+    )  # seeded with trainer.seed + 1 (no process group is needed for the check)
     for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(x, y), k
 
 
-@pytest.mark.parametrize("override, match", [
-    ("model.lora_target_modules=qproj", r"expected 'all-linear' or a non-empty list of module names"),
-    ("model.lora_target_modules=[]", r"expected 'all-linear' or a non-empty list"),
-    ("model.lora_rank=-1", r"model.lora_rank=-1 is out of range"),
-    ("model.lora_dropout=1.0", r"model.lora_dropout=1.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("model.lora_target_modules=qproj", r"expected 'all-linear' or a non-empty list of module names"),
+        ("model.lora_target_modules=[]", r"expected 'all-linear' or a non-empty list"),
+        ("model.lora_rank=-1", r"model.lora_rank=-1 is out of range"),
+        ("model.lora_dropout=1.0", r"model.lora_dropout=1.0 is out of range"),
+    ],
+)
 def test_bad_lora_settings_fail_at_load(override, match):
     from armor_core.config.schema import ConfigError
 

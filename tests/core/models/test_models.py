@@ -236,7 +236,9 @@ def test_encode_prompts_chat_messages(tok):
     with pytest.raises(ValueError, match="no chat template"):
         encode_prompts(tok, messages, max_length=16)
     chat_tok = build_char_tokenizer(ARITH)
-    chat_tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    chat_tok.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    )
     ids, _, _, _ = encode_prompts(chat_tok, messages, max_length=16)
     assert ids.tolist() == [[2, 6, 4, 7, 15]]  # the template's <bos>, no second one added
 

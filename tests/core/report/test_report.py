@@ -27,13 +27,45 @@ from armor_core.testing import registered
 from armor_plugins.trackers import JsonlTracker
 
 REPO = Path(__file__).resolve().parents[3]
-TRAIN_KEYS = ["critic/score/mean", "reward/source/arithmetic/score", "reward/arithmetic/score", "reward/arithmetic/correct",
-              "reward/arithmetic/well_formed", "reward/arithmetic/failures", "reward/failures", "actor/ppo_kl", "actor/ppo_kl_k3",
-              "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/grad_norm", "response_length/mean",
-              "response_length/max", "response_length/clip_ratio", "actor/lr", "timing_s/step", "timing_s/gen", "timing_s/update_actor",
-              "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "actor/pg_loss"]
-ALL_PLOTS = {"heldout_accuracy", "train_score", "train_score_arithmetic", "kl", "entropy", "clip_fraction", "grad_norm",
-             "response_length", "response_clipped", "learning_rate", "step_time", "logprob_diff"}
+TRAIN_KEYS = [
+    "critic/score/mean",
+    "reward/source/arithmetic/score",
+    "reward/arithmetic/score",
+    "reward/arithmetic/correct",
+    "reward/arithmetic/well_formed",
+    "reward/arithmetic/failures",
+    "reward/failures",
+    "actor/ppo_kl",
+    "actor/ppo_kl_k3",
+    "actor/entropy",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/grad_norm",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/clip_ratio",
+    "actor/lr",
+    "timing_s/step",
+    "timing_s/gen",
+    "timing_s/update_actor",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
+    "actor/pg_loss",
+]
+ALL_PLOTS = {
+    "heldout_accuracy",
+    "train_score",
+    "train_score_arithmetic",
+    "kl",
+    "entropy",
+    "clip_fraction",
+    "grad_norm",
+    "response_length",
+    "response_clipped",
+    "learning_rate",
+    "step_time",
+    "logprob_diff",
+}
 
 
 class Scripted:
@@ -58,20 +90,36 @@ class Scripted:
         register("scripted", ScriptedGuard)
 
 
-def make_run(path: Path, steps: int = 12, seed: int = 0, nan_grad_at: tuple[int, ...] = (), events: dict | None = None,
-             keys: list[str] = TRAIN_KEYS, finished: bool = True, ranks: int = 1) -> Path:
+def make_run(
+    path: Path,
+    steps: int = 12,
+    seed: int = 0,
+    nan_grad_at: tuple[int, ...] = (),
+    events: dict | None = None,
+    keys: list[str] = TRAIN_KEYS,
+    finished: bool = True,
+    ranks: int = 1,
+) -> Path:
     rng = random.Random(seed)
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"actor": {"grad_clip": 1.0}}))
     tracker = JsonlTracker(path)
-    tracker.log({"val/acc_greedy": 0.5, "val/arithmetic/acc_greedy": 0.5, "val/arithmetic/score_greedy": 0.5, "val/step": 0.0}, 0)
+    tracker.log(
+        {"val/acc_greedy": 0.5, "val/arithmetic/acc_greedy": 0.5, "val/arithmetic/score_greedy": 0.5, "val/step": 0.0},
+        0,
+    )
     for step in range(1, steps + 1):
         row = {k: rng.uniform(0.1, 4.0) for k in keys}
-        row.update({"reward/arithmetic/score": row["reward/arithmetic/correct"]} if "reward/arithmetic/correct" in row else {})
+        row.update(
+            {"reward/arithmetic/score": row["reward/arithmetic/correct"]} if "reward/arithmetic/correct" in row else {}
+        )
         row.update({"actor/grad_norm": math.nan} if step in nan_grad_at and "actor/grad_norm" in keys else {})
         tracker.log(row, step)
         if step % 5 == 0:
-            tracker.log({"val/acc_greedy": rng.random(), "val/arithmetic/acc_greedy": rng.random(), "val/step": float(step)}, step)
+            tracker.log(
+                {"val/acc_greedy": rng.random(), "val/arithmetic/acc_greedy": rng.random(), "val/step": float(step)},
+                step,
+            )
     tracker.close()
     Scripted.SCRIPT = events or {}
     with registered(Scripted(), load_entrypoints=False) as pm:
@@ -104,11 +152,18 @@ def series_of(plot: dict, run: str) -> dict[str, dict]:
 
 def assert_drawn_equals_logged(plot: dict, run: str, data: dict[str, dict[int, float]]) -> None:
     for key, s in series_of(plot, run).items():
-        expected = data[key] if key != "actor/grad_norm_after_clip" else {k: min(v, 1.0) for k, v in data["actor/grad_norm"].items()}
+        expected = (
+            data[key]
+            if key != "actor/grad_norm_after_clip"
+            else {k: min(v, 1.0) for k, v in data["actor/grad_norm"].items()}
+        )
         finite = {k: v for k, v in sorted(expected.items()) if math.isfinite(v)}
         assert s["steps"] == list(finite), (plot["file"], key)
         assert s["values"] == pytest.approx(list(finite.values())), (plot["file"], key)
-        assert s["nonfinite_steps"] == [k for k, v in sorted(expected.items()) if not math.isfinite(v)], (plot["file"], key)
+        assert s["nonfinite_steps"] == [k for k, v in sorted(expected.items()) if not math.isfinite(v)], (
+            plot["file"],
+            key,
+        )
 
 
 def assert_png(path: Path) -> None:
@@ -136,32 +191,62 @@ def test_every_plot_holds_what_metrics_jsonl_holds(tmp_path):
         return [s["key"] for s in report["plots"][name]["series"]]
 
     assert keys("heldout_accuracy") == ["val/acc_greedy", "val/arithmetic/acc_greedy"]  # accuracy, not score_greedy
-    assert keys("train_score_arithmetic") == ["reward/arithmetic/correct", "reward/arithmetic/score", "reward/arithmetic/well_formed"]
-    assert report["plots"]["train_score_arithmetic"]["same_as"] == {"reward/arithmetic/score": "reward/arithmetic/correct"}  # said in the legend
+    assert keys("train_score_arithmetic") == [
+        "reward/arithmetic/correct",
+        "reward/arithmetic/score",
+        "reward/arithmetic/well_formed",
+    ]
+    assert report["plots"]["train_score_arithmetic"]["same_as"] == {
+        "reward/arithmetic/score": "reward/arithmetic/correct"
+    }  # said in the legend
     assert report["plots"]["heldout_accuracy"]["same_as"] == {}  # equal at step 0 only
     assert keys("grad_norm") == ["actor/grad_norm", "actor/grad_norm_after_clip"]
-    assert keys("step_time")[0] == "timing_s/step" and set(keys("step_time")) == {"timing_s/step", "timing_s/gen", "timing_s/update_actor"}
+    assert keys("step_time")[0] == "timing_s/step" and set(keys("step_time")) == {
+        "timing_s/step",
+        "timing_s/gen",
+        "timing_s/update_actor",
+    }
     assert report["plots"]["grad_norm"]["series"][0]["nonfinite_steps"] == [3]
-    assert report["plots"]["heldout_accuracy"]["series"][0]["steps"] == [0, 5, 10]  # the validation rows, merged by step
+    assert report["plots"]["heldout_accuracy"]["series"][0]["steps"] == [
+        0,
+        5,
+        10,
+    ]  # the validation rows, merged by step
 
 
 def test_guard_actions_are_marked_on_every_curve_and_tabled(tmp_path):
-    script = {("grad", 3): Verdict("skip", "grad_norm is nan", math.nan, None),
-              ("grad", 5): Verdict("scale", "grad spike", 9.0, 3.0, scale=0.25),
-              ("update", 7): Verdict("adjust", "entropy low", 0.1, 0.2, adjustments={"lr": 1e-5}),
-              ("update", 9): Verdict("rollback", "update too large", 0.01, 0.002, since=8)}
+    script = {
+        ("grad", 3): Verdict("skip", "grad_norm is nan", math.nan, None),
+        ("grad", 5): Verdict("scale", "grad spike", 9.0, 3.0, scale=0.25),
+        ("update", 7): Verdict("adjust", "entropy low", 0.1, 0.2, adjustments={"lr": 1e-5}),
+        ("update", 9): Verdict("rollback", "update too large", 0.01, 0.002, since=8),
+    }
     run = make_run(tmp_path / "run", events=script, ranks=2)
     report = write_report([run])
-    assert [(e["step"], e["action"]) for e in report["events"]] == [(3, "skip"), (5, "scale"), (7, "adjust"), (9, "rollback")]  # once, not per rank
+    assert [(e["step"], e["action"]) for e in report["events"]] == [
+        (3, "skip"),
+        (5, "scale"),
+        (7, "adjust"),
+        (9, "rollback"),
+    ]  # once, not per rank
     for name, plot in report["plots"].items():
-        assert sorted((e["step"], e["action"]) for e in plot["events"]) == [(3, "skip"), (5, "scale"), (7, "adjust"), (9, "rollback")], name
+        assert sorted((e["step"], e["action"]) for e in plot["events"]) == [
+            (3, "skip"),
+            (5, "scale"),
+            (7, "adjust"),
+            (9, "rollback"),
+        ], name
         for key, s in series_of(plot, "run").items():
             points = dict(zip(s["steps"], s["values"]))
             marks = {(m["step"], m["action"]): m["value"] for m in plot["marks"] if m["key"] == key}
-            expected = {(st, a): points[st] for st, a in [(3, "skip"), (5, "scale"), (7, "adjust"), (9, "rollback")] if st in points}
+            expected = {
+                (st, a): points[st]
+                for st, a in [(3, "skip"), (5, "scale"), (7, "adjust"), (9, "rollback")]
+                if st in points
+            }
             assert marks == pytest.approx(expected), (name, key)
     page = (run / "report" / PAGE).read_text()
-    table = page[page.index('id="guard-events"'):]
+    table = page[page.index('id="guard-events"') :]
     for reason in ("grad_norm is nan", "grad spike", "entropy low", "update too large"):
         assert table.count(reason) == 1
     assert "gradients x0.25" in table and "back to before step 8" in table and "lr = 1e-05" in table
@@ -170,7 +255,12 @@ def test_guard_actions_are_marked_on_every_curve_and_tabled(tmp_path):
 def test_two_runs_overlay_on_the_same_axes(tmp_path):
     off = make_run(tmp_path / "off", seed=1)
     on = make_run(tmp_path / "on", seed=2, events={("grad", 4): Verdict("skip", "nan")})
-    assert cli_main(["report", str(off), str(on), "--out", str(tmp_path / "cmp"), "--label", "guard off", "--label", "guard on"]) == 0
+    assert (
+        cli_main(
+            ["report", str(off), str(on), "--out", str(tmp_path / "cmp"), "--label", "guard off", "--label", "guard on"]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "cmp" / SIDECAR).read_text())
     assert [r["label"] for r in report["runs"]] == ["guard off", "guard on"]
     for name, plot in report["plots"].items():
@@ -202,12 +292,14 @@ def test_the_page_embeds_every_image_and_reaches_nothing_outside(tmp_path):
     write_report([run])
     out = run / "report"
     page = (out / PAGE).read_text()
-    embedded = [base64.b64decode(src) for src in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+    embedded = [
+        base64.b64decode(src) for src in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    ]
     pngs = sorted(out.glob("*.png"))
     assert len(pngs) == len(ALL_PLOTS) and sorted(embedded) == sorted(p.read_bytes() for p in pngs)
     assert len(re.findall(r"<img ", page)) == len(pngs)
     text = re.sub(r"(data:image/png;base64,)[A-Za-z0-9+/=]+", r"\1", page)  # base64 has '/' in its alphabet
-    for outside in ("http:", "https:", "//", "<script", "<link", "url(", "@import", "<iframe", "src=\"/", "href="):
+    for outside in ("http:", "https:", "//", "<script", "<link", "url(", "@import", "<iframe", 'src="/', "href="):
         assert outside not in text, outside
     assert re.findall(r'src="([^"]*)"', text) == ["data:image/png;base64,"] * len(pngs)
 
@@ -222,7 +314,12 @@ def test_plots_without_metrics_are_not_drawn_and_old_ones_go(tmp_path):
     report = write_report([partial], out)
     assert set(report["plots"]) == {"heldout_accuracy", "train_score", "entropy"}
     assert "Rollout vs trainer log-prob difference" in report["not_drawn"] and "Gradient norm" in report["not_drawn"]
-    assert sorted(p.name for p in out.glob("*.png")) == ["entropy.png", "heldout_accuracy.png", "mine.png", "train_score.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "entropy.png",
+        "heldout_accuracy.png",
+        "mine.png",
+        "train_score.png",
+    ]
 
 
 def test_errors_name_what_is_wrong(tmp_path, capsys):

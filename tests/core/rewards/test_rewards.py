@@ -74,7 +74,9 @@ def slow(prompt, response, ground_truth, extra):
         os._exit(3)
     if response == "raise":
         raise ValueError("raised in a worker")
-    return RewardResult(float(response == ground_truth), {"exact": float(response == ground_truth), "pid": float(os.getpid())})
+    return RewardResult(
+        float(response == ground_truth), {"exact": float(response == ground_truth), "pid": float(os.getpid())}
+    )
 
 
 _WARMED = []
@@ -97,7 +99,9 @@ class _Plugin:
         register("loud", RewardDomain(loud, requires_ground_truth=False, inline=True))  # the default range, [0, 1]
         register("unbounded", RewardDomain(loud, requires_ground_truth=False, score_range=None, inline=True))
         register("reversed_range", RewardDomain(loud, requires_ground_truth=False, score_range=(1.0, 0.0), inline=True))
-        register("picky", RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_refuse_lists, inline=True))
+        register(
+            "picky", RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_refuse_lists, inline=True)
+        )
         register("short", RewardDomain(short, requires_ground_truth=False, inline=True))
         register("flaky", RewardDomain(flaky, requires_ground_truth=False, inline=True))
         register("not_finite", RewardDomain(not_finite, requires_ground_truth=False, inline=True))
@@ -116,7 +120,9 @@ def pm():
 
 def score(rm, rows):
     """rows: (data_source, response, ground_truth)"""
-    return rm.score(["p"] * len(rows), [r[1] for r in rows], [r[0] for r in rows], [r[2] for r in rows], [{} for _ in rows])
+    return rm.score(
+        ["p"] * len(rows), [r[1] for r in rows], [r[0] for r in rows], [r[2] for r in rows], [{} for _ in rows]
+    )
 
 
 # -- routing and parameters ------------------------------------------------------------------------
@@ -134,11 +140,18 @@ def test_unknown_source_lists_known_domains_and_nearest(pm):
     with pytest.raises(ConfigError) as e:
         rm.domains_for("exakt")
     msg = str(e.value)
-    assert "'exakt'" in msg and "Did you mean 'exact'?" in msg and "exact, flaky" in msg and "reward.domain_map.exakt=" in msg
+    assert (
+        "'exakt'" in msg
+        and "Did you mean 'exact'?" in msg
+        and "exact, flaky" in msg
+        and "reward.domain_map.exakt=" in msg
+    )
 
 
 def test_unknown_domain_in_the_map_fails_at_construction(pm):
-    with pytest.raises(ConfigError, match=r"reward.domain_map.gsm: unknown reward domain 'exct'\. Did you mean 'exact'\?"):
+    with pytest.raises(
+        ConfigError, match=r"reward.domain_map.gsm: unknown reward domain 'exct'\. Did you mean 'exact'\?"
+    ):
         RewardManager(RewardConfig(domain_map={"gsm": "exct"}), pm)
     with pytest.raises(ConfigError, match=r"reward.domain_map.gsm.exact='high': a weight must be a finite number"):
         RewardManager(RewardConfig(domain_map={"gsm": {"exact": "high"}}), pm)
@@ -147,7 +160,10 @@ def test_unknown_domain_in_the_map_fails_at_construction(pm):
 def test_unknown_parameter_names_domain_and_key(pm):
     with pytest.raises(ConfigError) as e:
         RewardManager(RewardConfig(domain_kwargs={"exact": {"bonnus": 1.0}}), pm)
-    assert "reward.domain_kwargs.exact: unknown parameter 'bonnus' for reward domain 'exact'. Did you mean 'bonus'? It accepts: bonus" == str(e.value)
+    assert (
+        "reward.domain_kwargs.exact: unknown parameter 'bonnus' for reward domain 'exact'. Did you mean 'bonus'? It accepts: bonus"
+        == str(e.value)
+    )
     with pytest.raises(ConfigError, match="unknown reward domain 'exactt'"):
         RewardManager(RewardConfig(domain_kwargs={"exactt": {}}), pm)
 
@@ -201,7 +217,13 @@ def test_mismatched_lengths_are_an_error(pm):
 
 def test_failure_scores_failure_score_counts_and_logs_once_per_kind(pm, caplog):
     rm = RewardManager(RewardConfig(failure_score=-1.0, domain_map={"both": {"flaky": 1.0, "short": 0.5}}), pm)
-    rows = [("flaky", "boom", None), ("flaky", "ok", None), ("flaky", "boom", None), ("flaky", "key", None), ("both", "boom", None)]
+    rows = [
+        ("flaky", "boom", None),
+        ("flaky", "ok", None),
+        ("flaky", "boom", None),
+        ("flaky", "key", None),
+        ("both", "boom", None),
+    ]
     with caplog.at_level(logging.ERROR, logger="armor_core.rewards.manager"):
         batch = score(rm, rows)
     # the failing domain gives failure_score for its part only: row 4 = 1.0 * -1 + 0.5 * short("boom") = -1 + 0
@@ -227,34 +249,53 @@ def test_non_finite_score_and_reserved_sub_score_are_failures(pm):
 
 def test_a_score_outside_the_declared_range_fails_its_row(pm):
     rm = RewardManager(RewardConfig(failure_score=-1.0, domain_kwargs={"exact": {"bonus": 0.5}}), pm)
-    batch = score(rm, [("loud", "0.5", None), ("loud", "5", None), ("loud", "-0.1", None), ("unbounded", "5", None), ("exact", "a", "a")])
+    batch = score(
+        rm,
+        [
+            ("loud", "0.5", None),
+            ("loud", "5", None),
+            ("loud", "-0.1", None),
+            ("unbounded", "5", None),
+            ("exact", "a", "a"),
+        ],
+    )
     assert batch.scores.tolist() == [0.5, -1.0, -1.0, 5.0, 1.5]  # exact's range follows its bonus: [0.5, 1.5]
-    assert batch.errors[1] == ("loud: score 5 is outside the domain's score_range [0, 1]; return a score in it, "
-                               "or register the domain with the score_range its scores really have")
+    assert batch.errors[1] == (
+        "loud: score 5 is outside the domain's score_range [0, 1]; return a score in it, "
+        "or register the domain with the score_range its scores really have"
+    )
     assert batch.metrics["reward/loud/failures"] == 2.0 and batch.errors[3] is None and batch.errors[4] is None
 
 
 def test_a_malformed_score_range_is_an_error_naming_the_domain(pm):
     rm = RewardManager(RewardConfig(), pm)
-    with pytest.raises(ConfigError, match=r"reward domain 'reversed_range' declares score_range=\(1.0, 0.0\); expected \(low, high\)"):
+    with pytest.raises(
+        ConfigError, match=r"reward domain 'reversed_range' declares score_range=\(1.0, 0.0\); expected \(low, high\)"
+    ):
         rm.domains_for("reversed_range")
-    with pytest.raises(ConfigError, match=r"'exact': its score_range cannot be computed for the parameters \{'bonus': 'x'\}"):
+    with pytest.raises(
+        ConfigError, match=r"'exact': its score_range cannot be computed for the parameters \{'bonus': 'x'\}"
+    ):
         RewardManager(RewardConfig(domain_kwargs={"exact": {"bonus": "x"}}), pm)
 
 
 def test_a_domain_failing_on_too_many_rows_stops_a_watched_manager(pm):
     cfg = RewardConfig(failure_score=-1.0, max_failure_fraction=0.5, failure_window=2)
     watched, counting = RewardManager(cfg, pm, watch_failures=True), RewardManager(cfg, pm)
-    batches = [[("flaky", "boom", None)] + [("flaky", "ok", None)] * 3,  # 1 of 4 fail
-               [("flaky", "boom", None)] * 3 + [("flaky", "ok", None)],  # 3 of 4: 4 of 8 in the window, not more than half
-               [("flaky", "key", None)] * 4 + [("short", "ok", None)]]  # 4 of 4: 7 of 8 (short's rows do not count for flaky)
+    batches = [
+        [("flaky", "boom", None)] + [("flaky", "ok", None)] * 3,  # 1 of 4 fail
+        [("flaky", "boom", None)] * 3 + [("flaky", "ok", None)],  # 3 of 4: 4 of 8 in the window, not more than half
+        [("flaky", "key", None)] * 4 + [("short", "ok", None)],
+    ]  # 4 of 4: 7 of 8 (short's rows do not count for flaky)
     for rows in batches[:2]:
         score(watched, rows)
     with pytest.raises(RewardFailureError) as e:
         score(watched, batches[2])
     message = str(e.value)
-    assert message.startswith("reward domain 'flaky' failed on 7 of its 8 rows in the last 2 scored batches, more than "
-                              "reward.max_failure_fraction=0.5; e.g. KeyError: 'missing' (data_source 'flaky', ground_truth None).")
+    assert message.startswith(
+        "reward domain 'flaky' failed on 7 of its 8 rows in the last 2 scored batches, more than "
+        "reward.max_failure_fraction=0.5; e.g. KeyError: 'missing' (data_source 'flaky', ground_truth None)."
+    )
     assert "\n" not in message and "checkpoints already written" in message
     for rows in batches:  # armor reward's manager counts failures and goes on
         assert score(counting, rows).metrics["reward/flaky/failures"] >= 1
@@ -308,7 +349,9 @@ def test_crashed_and_raising_workers_are_failures(pooled):
 
 def test_time_limit_holds_outside_the_main_thread(pooled):
     out = {}
-    thread = threading.Thread(target=lambda: out.update(batch=score(pooled, [("slow", "hang", "a"), ("slow", "f", "f")])))
+    thread = threading.Thread(
+        target=lambda: out.update(batch=score(pooled, [("slow", "hang", "a"), ("slow", "f", "f")]))
+    )
     thread.start()
     thread.join(30)
     assert not thread.is_alive()
@@ -318,7 +361,9 @@ def test_time_limit_holds_outside_the_main_thread(pooled):
 def test_several_workers_keep_row_order_and_close_stops_them(pm):
     rm = RewardManager(RewardConfig(num_workers=2, timeout_s=5.0), pm)
     responses = [str(i) for i in range(12)]
-    batch = rm.score(["p"] * 12, responses, ["slow"] * 12, ["0", "1", "x", "3", "x", "5", "6", "x", "8", "9", "x", "11"], None)
+    batch = rm.score(
+        ["p"] * 12, responses, ["slow"] * 12, ["0", "1", "x", "3", "x", "5", "6", "x", "8", "9", "x", "11"], None
+    )
     assert batch.scores.tolist() == [1, 1, 0, 1, 0, 1, 1, 0, 1, 1, 0, 1]
     procs = [w.proc for w in rm._pool._workers]
     assert len(procs) == 2
@@ -331,23 +376,33 @@ def test_several_workers_keep_row_order_and_close_stops_them(pm):
 
 def test_check_rows_reports_missing_ground_truth_with_location(pm):
     rm = RewardManager(RewardConfig(domain_map={"gsm": "exact"}), pm)
-    rows = [{"data_source": "gsm", "ground_truth": "1", "_line": 1}, {"data_source": "gsm", "_line": 2},
-            {"data_source": "short", "_line": 3}, {"data_source": "gsm", "ground_truth": "  ", "_line": 4}]
+    rows = [
+        {"data_source": "gsm", "ground_truth": "1", "_line": 1},
+        {"data_source": "gsm", "_line": 2},
+        {"data_source": "short", "_line": 3},
+        {"data_source": "gsm", "ground_truth": "  ", "_line": 4},
+    ]
     with pytest.raises(ConfigError) as e:
         rm.check_rows(rows, "train.jsonl")
-    assert str(e.value).startswith("train.jsonl: 2 row(s) have no ground_truth but their reward domain requires one: "
-                                   "train.jsonl: line 2 (data_source 'gsm' -> domain 'exact'); train.jsonl: line 4 (data_source 'gsm' -> domain 'exact')")
+    assert str(e.value).startswith(
+        "train.jsonl: 2 row(s) have no ground_truth but their reward domain requires one: "
+        "train.jsonl: line 2 (data_source 'gsm' -> domain 'exact'); train.jsonl: line 4 (data_source 'gsm' -> domain 'exact')"
+    )
 
 
 def test_check_rows_uses_the_loaders_location(pm):
     rm = RewardManager(RewardConfig(), pm)
-    with pytest.raises(ConfigError, match=r"^a.jsonl, b.jsonl: 1 row\(s\) .*: b.jsonl:7 \(data_source 'exact' -> domain 'exact'\)"):
+    with pytest.raises(
+        ConfigError, match=r"^a.jsonl, b.jsonl: 1 row\(s\) .*: b.jsonl:7 \(data_source 'exact' -> domain 'exact'\)"
+    ):
         rm.check_rows([{"data_source": "exact", "ground_truth": None, "_where": "b.jsonl:7"}], "a.jsonl, b.jsonl")
 
 
 def test_check_rows_reports_unroutable_source_and_missing_field(pm):
     rm = RewardManager(RewardConfig(), pm)
-    with pytest.raises(ConfigError, match=r"train.jsonl: row 1: data_source 'gsm8' maps to no reward domain.*Known domains: exact"):
+    with pytest.raises(
+        ConfigError, match=r"train.jsonl: row 1: data_source 'gsm8' maps to no reward domain.*Known domains: exact"
+    ):
         rm.check_rows([{"data_source": "exact", "ground_truth": "1"}, {"data_source": "gsm8"}], "train.jsonl")
     with pytest.raises(ConfigError, match=r"val.jsonl: line 7: the row has no 'data_source' field"):
         rm.check_rows([{"prompt": "x", "_line": 7}], "val.jsonl")
@@ -356,8 +411,14 @@ def test_check_rows_reports_unroutable_source_and_missing_field(pm):
 def test_check_rows_refuses_a_ground_truth_its_domain_cannot_read(pm):
     rm = RewardManager(RewardConfig(), pm)
     rm.check_rows([{"data_source": "picky", "ground_truth": "4", "_where": "t.jsonl, line 1"}], "t.jsonl")
-    rows = [{"data_source": "picky", "ground_truth": "4", "_where": "t.jsonl, line 1"}, {"data_source": "picky", "ground_truth": ["4"], "_where": "t.jsonl, line 2"}]
-    with pytest.raises(ConfigError, match=r"^t.jsonl, line 2: reward domain 'picky' cannot read this ground_truth: a list is not an answer \(set data.skip_invalid"):
+    rows = [
+        {"data_source": "picky", "ground_truth": "4", "_where": "t.jsonl, line 1"},
+        {"data_source": "picky", "ground_truth": ["4"], "_where": "t.jsonl, line 2"},
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"^t.jsonl, line 2: reward domain 'picky' cannot read this ground_truth: a list is not an answer \(set data.skip_invalid",
+    ):
         rm.check_rows(rows, "t.jsonl")
 
 

@@ -60,7 +60,9 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     trainer = Trainer.__new__(Trainer)  # the rollback logic only: no workers
     trainer.ckpt, trainer.step = ck, 64
     trainer.cfg = SimpleNamespace(trainer=SimpleNamespace(keep_checkpoints=2))
-    trainer.loader = SimpleNamespace(state_dict=lambda: {"pos": 64}, load_state_dict=lambda s: loaded.append(("loader", s)))
+    trainer.loader = SimpleNamespace(
+        state_dict=lambda: {"pos": 64}, load_state_dict=lambda s: loaded.append(("loader", s))
+    )
     trainer._load = lambda path, resume=True: loaded.append(path.name)
     # a generation already queued for the next step came from the weights being discarded: its
     # prompts are kept (the loader has moved past them), its samples are not
@@ -83,6 +85,7 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
 
 def _save_two(tmp_path):
     """step_1 and step_2, each with a model file, an optimizer state and an RNG file, as a worker writes them."""
+
     def write(d, s):
         (d / "model").mkdir()
         (d / "model" / "model.safetensors").write_bytes(bytes([s]) * 4096)
@@ -113,15 +116,21 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warni
 
 
 def test_no_intact_checkpoint_stops_with_an_error_naming_each_damaged_file(tmp_path):
-    from armor_core.storage.checkpoint import CheckpointError
     from armor_core.errors import UserFacingError
+    from armor_core.storage.checkpoint import CheckpointError
 
     newest = _save_two(tmp_path)
     (newest / "model" / "model.safetensors").write_bytes(b"")
     (newest.parent / "step_000001" / "actor_state.safetensors").unlink()
     ck = CheckpointManager(tmp_path)
-    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match=r"no intact checkpoint in .*checkpoints \(step_000002: model/model.safetensors has 0 bytes.*"
-                                                                          r"step_000001: actor_state.safetensors is missing\)") as err:
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(
+            CheckpointError,
+            match=r"no intact checkpoint in .*checkpoints \(step_000002: model/model.safetensors has 0 bytes.*"
+            r"step_000001: actor_state.safetensors is missing\)",
+        ) as err,
+    ):
         ck.latest()
     assert isinstance(err.value, UserFacingError)  # the CLI prints it as one line, exit code 2
 
@@ -133,7 +142,9 @@ def test_save_fsyncs_every_file_and_directory_and_writes_the_manifest_before_the
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))
+    )
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a))), real_replace(a, b)))
     ck = CheckpointManager(tmp_path)
     ck.save(1, lambda d: ((d / "model").mkdir(), (d / "model" / "w.bin").write_bytes(b"abc")), {"step": 1})
@@ -168,8 +179,11 @@ def test_a_full_disk_names_the_directory_and_keeps_the_previous_checkpoint(tmp_p
         (d / "w.txt").write_text("half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(CheckpointError, match=rf"the disk holding {tmp_path / 'checkpoints'} is full.*checkpoint step_000002 could not "
-                                              r"be written.*the previous checkpoint, step_000001, is left as it was"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"the disk holding {tmp_path / 'checkpoints'} is full.*checkpoint step_000002 could not "
+        r"be written.*the previous checkpoint, step_000001, is left as it was",
+    ):
         ck.save(2, full, {"step": 2})
     assert not list(ck.root.glob("*.tmp")) and CheckpointManager(tmp_path).latest().name == "step_000001"
 
@@ -192,13 +206,19 @@ def test_a_full_disk_is_recognised_through_a_worker_error_and_torch_s_wording(tm
         ck.save(1, from_worker, {"step": 1})
 
     def torch_save(d):  # torch.save says nothing of ENOSPC; the free space does
-        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; PytorchStreamWriter failed writing file data/0")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; PytorchStreamWriter failed writing file data/0"
+        )
 
     monkeypatch.setattr(checkpoint, "_free_bytes", lambda path: 1 << 20)
-    with pytest.raises(CheckpointError, match=r"is full \(1 MiB left\).*no earlier checkpoint exists.*PytorchStreamWriter"):
+    with pytest.raises(
+        CheckpointError, match=r"is full \(1 MiB left\).*no earlier checkpoint exists.*PytorchStreamWriter"
+    ):
         ck.save(1, torch_save, {"step": 1})
     monkeypatch.setattr(checkpoint, "_free_bytes", lambda path: 10 << 30)
-    with pytest.raises(RuntimeError, match="PytorchStreamWriter") as err:  # plenty of space: some other failure, shown as it is
+    with pytest.raises(
+        RuntimeError, match="PytorchStreamWriter"
+    ) as err:  # plenty of space: some other failure, shown as it is
         ck.save(1, torch_save, {"step": 1})
     assert not isinstance(err.value, CheckpointError)
 

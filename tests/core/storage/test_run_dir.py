@@ -25,19 +25,38 @@ def test_config_changes_compares_leaf_keys_a_list_or_dict_whole():
 
 def test_a_resume_with_a_changed_config_names_the_keys_unless_allowed(tmp_path):
     _started(tmp_path, "actor.lr=1e-5")
-    changed = to_dict(load_config(None, [f"trainer.run_dir={tmp_path}", "actor.lr=2e-5", "trainer.seed=7", "data.train_batch_size=32"]))
-    with pytest.raises(RunDirError, match=r"data.train_batch_size \(16 -> 32\), actor.lr \(1e-05 -> 2e-05\), trainer.seed \(1 -> 7\).*"
-                                          r"--allow-config-change data.train_batch_size,actor.lr,trainer.seed"):
+    changed = to_dict(
+        load_config(
+            None, [f"trainer.run_dir={tmp_path}", "actor.lr=2e-5", "trainer.seed=7", "data.train_batch_size=32"]
+        )
+    )
+    with pytest.raises(
+        RunDirError,
+        match=r"data.train_batch_size \(16 -> 32\), actor.lr \(1e-05 -> 2e-05\), trainer.seed \(1 -> 7\).*"
+        r"--allow-config-change data.train_batch_size,actor.lr,trainer.seed",
+    ):
         check_resume_config(tmp_path, changed)
     with pytest.raises(RunDirError, match=r"trainer.seed \(1 -> 7\)\. "):
         check_resume_config(tmp_path, changed, ["actor.lr", "data"])  # a section allows its keys
     assert check_resume_config(tmp_path, changed, ["actor.lr", "data", "trainer.seed"]) == [
-        "data.train_batch_size: 16 -> 32", "actor.lr: 1e-05 -> 2e-05", "trainer.seed: 1 -> 7"]
+        "data.train_batch_size: 16 -> 32",
+        "actor.lr: 1e-05 -> 2e-05",
+        "trainer.seed: 1 -> 7",
+    ]
 
 
 def test_running_longer_elsewhere_or_logging_otherwise_needs_no_permission(tmp_path):
     _started(tmp_path)
-    longer = load_config(None, [f"trainer.run_dir={tmp_path}", "trainer.total_steps=500", "trainer.save_freq=5", "engine.num_cpus=8", "trainer.loggers=[jsonl]"])
+    longer = load_config(
+        None,
+        [
+            f"trainer.run_dir={tmp_path}",
+            "trainer.total_steps=500",
+            "trainer.save_freq=5",
+            "engine.num_cpus=8",
+            "trainer.loggers=[jsonl]",
+        ],
+    )
     assert check_resume_config(tmp_path, to_dict(longer)) == []
     assert check_resume_config(tmp_path / "never_started", to_dict(longer)) == []
 
@@ -56,7 +75,9 @@ def test_one_run_at_a_time_in_a_run_directory(tmp_path):
     import os
 
     with RunDirLock(tmp_path / "run"):
-        with pytest.raises(RunDirError, match=rf"{tmp_path / 'run'} is in use by another armor run \(pid {os.getpid()}\)"):
+        with pytest.raises(
+            RunDirError, match=rf"{tmp_path / 'run'} is in use by another armor run \(pid {os.getpid()}\)"
+        ):
             with RunDirLock(tmp_path / "run"):
                 pass
     with RunDirLock(tmp_path / "run"):  # released when the first run ended

@@ -18,11 +18,15 @@ def _assert_same(a, b, where="state"):
     """Equal structure with equal types all the way down; tensors equal in dtype, shape and bits."""
     assert type(a) is type(b), f"{where}: {type(a).__name__} came back as {type(b).__name__}"
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype} {tuple(a.shape)} -> {b.dtype} {tuple(b.shape)}"
+        assert a.dtype == b.dtype and a.shape == b.shape, (
+            f"{where}: {a.dtype} {tuple(a.shape)} -> {b.dtype} {tuple(b.shape)}"
+        )
         bits = lambda t: t.reshape(-1).contiguous().view(torch.uint8)  # noqa: E731  (nan == nan, -0.0 != 0.0)
         assert torch.equal(bits(a), bits(b)), where
     elif isinstance(a, dict):
-        assert list(a) == list(b) and [type(k) for k in a] == [type(k) for k in b], f"{where}: keys {list(a)} -> {list(b)}"
+        assert list(a) == list(b) and [type(k) for k in a] == [type(k) for k in b], (
+            f"{where}: keys {list(a)} -> {list(b)}"
+        )
         for k in a:
             _assert_same(a[k], b[k], f"{where}/{k}")
     elif isinstance(a, (list, tuple)):
@@ -54,11 +58,19 @@ def test_an_adamw_state_dict_round_trips_with_int_keys_tuple_betas_and_0d_steps(
     save_state(state, tmp_path / "actor_state")
     back = load_state(tmp_path / "actor_state")
     _assert_same(state, back)
-    assert list(back["optimizer"]["state"]) == [0, 1, 2, 3] and back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
+    assert list(back["optimizer"]["state"]) == [0, 1, 2, 3] and back["optimizer"]["param_groups"][0]["betas"] == (
+        0.9,
+        0.95,
+    )
     assert back["optimizer"]["state"][0]["step"].shape == () and float(back["optimizer"]["state"][0]["step"]) == 3.0
     assert json.loads((tmp_path / "actor_state.json").read_text())["state"]["optimizer"]["state"]["__items__"][0] == [
-        0, {"step": {"__tensor__": "optimizer/state/0/step"}, "exp_avg": {"__tensor__": "optimizer/state/0/exp_avg"},
-            "exp_avg_sq": {"__tensor__": "optimizer/state/0/exp_avg_sq"}}]
+        0,
+        {
+            "step": {"__tensor__": "optimizer/state/0/step"},
+            "exp_avg": {"__tensor__": "optimizer/state/0/exp_avg"},
+            "exp_avg_sq": {"__tensor__": "optimizer/state/0/exp_avg_sq"},
+        },
+    ]
     # the loaded state continues exactly as the original would have
     model2, opt2, _ = _adamw_after_steps(0)
     model2.load_state_dict(model.state_dict())
@@ -83,8 +95,12 @@ def test_the_rng_state_round_trips_and_replays_the_same_draws(tmp_path):
 
 
 def test_floats_and_scalars_come_back_exactly(tmp_path):
-    state = {"floats": [float("nan"), float("inf"), float("-inf"), -0.0, 0.1, 1e-310, 1.7976931348623157e308],
-             "nested": ({"__tuple__": 1, 5: None}, [True, "x", 2**40]), "empty": ({}, [], ()), -1: "negative key"}
+    state = {
+        "floats": [float("nan"), float("inf"), float("-inf"), -0.0, 0.1, 1e-310, 1.7976931348623157e308],
+        "nested": ({"__tuple__": 1, 5: None}, [True, "x", 2**40]),
+        "empty": ({}, [], ()),
+        -1: "negative key",
+    }
     save_state(state, tmp_path / "s")
     _assert_same(state, load_state(tmp_path / "s"))
     assert math.isnan(load_state(tmp_path / "s")["floats"][0])
@@ -92,20 +108,32 @@ def test_floats_and_scalars_come_back_exactly(tmp_path):
 
 def test_empty_non_contiguous_shared_and_0d_tensors_keep_dtype_shape_and_values(tmp_path):
     base = torch.arange(12, dtype=torch.float64)
-    state = {"empty": torch.empty(0, 3), "empty_int": torch.zeros(0, dtype=torch.int64), "transposed": torch.randn(3, 4).t(),
-             "slice": base[2:5], "whole": base, "again": base, "step": torch.tensor(4.0), "bf16": torch.randn(3, dtype=torch.bfloat16),
-             "flags": torch.tensor([True, False]), "rng": torch.get_rng_state()}
+    state = {
+        "empty": torch.empty(0, 3),
+        "empty_int": torch.zeros(0, dtype=torch.int64),
+        "transposed": torch.randn(3, 4).t(),
+        "slice": base[2:5],
+        "whole": base,
+        "again": base,
+        "step": torch.tensor(4.0),
+        "bf16": torch.randn(3, dtype=torch.bfloat16),
+        "flags": torch.tensor([True, False]),
+        "rng": torch.get_rng_state(),
+    }
     save_state(state, tmp_path / "t")
     back = load_state(tmp_path / "t")
     _assert_same(state, back)
 
 
-@pytest.mark.parametrize("state, where", [
-    ({"optimizer": {"param_groups": [{"lr": 1e-3, "fn": object()}]}}, "optimizer/param_groups/0/fn"),
-    ({"a": {1, 2}}, "a"),
-    ({"a": [torch.nn.Linear(1, 1)]}, "a/0"),
-    ({"a": {2.5: 1}}, "a"),
-])
+@pytest.mark.parametrize(
+    "state, where",
+    [
+        ({"optimizer": {"param_groups": [{"lr": 1e-3, "fn": object()}]}}, "optimizer/param_groups/0/fn"),
+        ({"a": {1, 2}}, "a"),
+        ({"a": [torch.nn.Linear(1, 1)]}, "a/0"),
+        ({"a": {2.5: 1}}, "a"),
+    ],
+)
 def test_an_object_json_cannot_hold_is_a_type_error_naming_its_path(tmp_path, state, where):
     with pytest.raises(TypeError, match=rf"state at '{where}'"):
         save_state(state, tmp_path / "bad")
@@ -115,7 +143,9 @@ def test_a_damaged_file_is_an_error_naming_it(tmp_path):
     save_state({"w": torch.randn(64)}, tmp_path / "s")
     f = tmp_path / "s.safetensors"
     f.write_bytes(f.read_bytes()[:100])
-    with pytest.raises(StateFileError, match=r"s\.safetensors: not a readable safetensors file .*damaged or incomplete"):
+    with pytest.raises(
+        StateFileError, match=r"s\.safetensors: not a readable safetensors file .*damaged or incomplete"
+    ):
         load_state(tmp_path / "s")
     save_state({"w": torch.randn(64)}, tmp_path / "j")
     (tmp_path / "j.json").write_text('{"format": 1, "state": {"w": {"__tensor__": "v"}}}')
@@ -130,7 +160,9 @@ def test_an_older_pt_file_is_read_when_the_new_files_are_absent(tmp_path):
     save_state({"optimizer": {"new": 1}}, tmp_path / "critic_state")  # both there: the new files win
     assert load_checkpoint_state(tmp_path / "critic_state") == {"optimizer": {"new": 1}}
     assert load_checkpoint_state(tmp_path / "actor_rng_rank3", missing_ok=True) is None
-    with pytest.raises(FileNotFoundError, match=r"actor_state\.safetensors is missing \(nor is there an older actor_state\.pt\)"):
+    with pytest.raises(
+        FileNotFoundError, match=r"actor_state\.safetensors is missing \(nor is there an older actor_state\.pt\)"
+    ):
         load_checkpoint_state(tmp_path / "actor_state")
 
 
@@ -145,8 +177,17 @@ def test_the_checkpoint_manifest_covers_both_files(tmp_path):
 # -- an actor worker checkpoint (in this process, no Ray) ------------------------------------------
 
 
-_OVERRIDES = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=1", "rollout.max_new_tokens=3",
-              "data.max_prompt_length=4", "actor.lr=1e-3", "engine.cpus_per_worker=1", "trainer.loggers=[]", "actor.skip_zero_advantage=false"]
+_OVERRIDES = [
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "rollout.n=1",
+    "rollout.max_new_tokens=3",
+    "data.max_prompt_length=4",
+    "actor.lr=1e-3",
+    "engine.cpus_per_worker=1",
+    "trainer.loggers=[]",
+    "actor.skip_zero_advantage=false",
+]
 
 
 def _actor():
@@ -170,9 +211,18 @@ def _batch():
     ids, attn, pos, responses = rollout_batch([4, 3, 2, 4], [3, 2, 3, 1], P=4, R=3, vocab=19)
     mask = attn[:, 4:].clone()
     g = torch.Generator().manual_seed(1)
-    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": attn, "position_ids": pos, "responses": responses, "response_mask": mask,
-                                        "advantages": torch.randn(4, 3, generator=g) * mask, "values": torch.randn(4, 3, generator=g) * mask,
-                                        "returns": torch.randn(4, 3, generator=g) * mask})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": attn,
+            "position_ids": pos,
+            "responses": responses,
+            "response_mask": mask,
+            "advantages": torch.randn(4, 3, generator=g) * mask,
+            "values": torch.randn(4, 3, generator=g) * mask,
+            "returns": torch.randn(4, 3, generator=g) * mask,
+        }
+    )
 
 
 def _to_old_pt_files(ckpt, *stems):
@@ -198,7 +248,9 @@ def test_an_actor_checkpoint_holds_no_pickle_and_resumes_from_it_or_from_older_p
     ckpt.mkdir()
     w.save_checkpoint(str(ckpt))
     rng = torch.get_rng_state()
-    assert {"actor_state.safetensors", "actor_state.json", "actor_rng_rank0.safetensors", "actor_rng_rank0.json"} <= {p.name for p in ckpt.iterdir()}
+    assert {"actor_state.safetensors", "actor_state.json", "actor_rng_rank0.safetensors", "actor_rng_rank0.json"} <= {
+        p.name for p in ckpt.iterdir()
+    }
     assert not list(ckpt.glob("*.pt"))
     resumed = _actor()
     assert not torch.equal(torch.get_rng_state(), rng)
@@ -215,7 +267,9 @@ def test_a_critic_checkpoint_resumes_from_safetensors_and_from_an_older_pt_file(
     c.update_critic(_batch(), step=1)
     assert c.optimizer.state
     c.save_checkpoint(str(tmp_path))
-    assert {"critic_state.safetensors", "critic_state.json"} <= {p.name for p in tmp_path.iterdir()} and not list(tmp_path.glob("*.pt"))
+    assert {"critic_state.safetensors", "critic_state.json"} <= {p.name for p in tmp_path.iterdir()} and not list(
+        tmp_path.glob("*.pt")
+    )
     resumed = _critic()
     resumed.load_checkpoint(str(tmp_path))
     _assert_same(c.optimizer.state_dict(), resumed.optimizer.state_dict(), "optimizer")

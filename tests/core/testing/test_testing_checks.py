@@ -8,8 +8,14 @@ import torch
 
 from armor_core.interfaces import KINDS, KLEstimator, LossAggregation, Task
 from armor_core.plugins import get_plugin_manager
-from armor_core.testing import (CHECKS, check_kl_estimator, check_loss_aggregation, check_metric_tracker, check_rollout_backend,
-                                check_task)
+from armor_core.testing import (
+    CHECKS,
+    check_kl_estimator,
+    check_loss_aggregation,
+    check_metric_tracker,
+    check_rollout_backend,
+    check_task,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread
 
@@ -22,7 +28,10 @@ def test_every_plugin_kind_has_a_check():
 PARAMS = {("task", "mix"): {"tasks": ["arithmetic", "facts"]}}
 
 
-@pytest.mark.parametrize("kind, check", [("kl_estimator", check_kl_estimator), ("loss_aggregation", check_loss_aggregation), ("task", check_task)])
+@pytest.mark.parametrize(
+    "kind, check",
+    [("kl_estimator", check_kl_estimator), ("loss_aggregation", check_loss_aggregation), ("task", check_task)],
+)
 def test_every_built_in_passes_its_check(kind, check):
     pm = get_plugin_manager()
     for name in pm.names(kind):

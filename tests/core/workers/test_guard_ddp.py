@@ -20,13 +20,24 @@ def make_config(strategy: str) -> dict:
     from armor_core.config.schema import load_config, to_dict
 
     rows = len(LENGTHS)
-    return to_dict(load_config(None, [
-        f"actor.strategy={strategy}", f"data.train_batch_size={rows}", f"actor.ppo_mini_batch_size={rows}", "rollout.n=1",
-        f"rollout.max_new_tokens={R}", "actor.lr=1e-3", "engine.cpus_per_worker=1", "trainer.loggers=[]",
-        # NaN in rank 1's gradients at step 2; x100 learning rate at step 3 (undone by update_size)
-        "trainer.faults=[{kind: nan_grad, steps: [2], value: 1}, {kind: lr_scale, steps: [3], value: 100}]",
-        "guard.guards=[{name: non_finite}, {name: update_size, params: {warmup: 1}}]",
-    ]))
+    return to_dict(
+        load_config(
+            None,
+            [
+                f"actor.strategy={strategy}",
+                f"data.train_batch_size={rows}",
+                f"actor.ppo_mini_batch_size={rows}",
+                "rollout.n=1",
+                f"rollout.max_new_tokens={R}",
+                "actor.lr=1e-3",
+                "engine.cpus_per_worker=1",
+                "trainer.loggers=[]",
+                # NaN in rank 1's gradients at step 2; x100 learning rate at step 3 (undone by update_size)
+                "trainer.faults=[{kind: nan_grad, steps: [2], value: 1}, {kind: lr_scale, steps: [3], value: 100}]",
+                "guard.guards=[{name: non_finite}, {name: update_size, params: {warmup: 1}}]",
+            ],
+        )
+    )
 
 
 def make_batch():
@@ -37,11 +48,16 @@ def make_batch():
     mask = (torch.arange(R).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()
     responses = torch.randint(4, 19, (n, R), generator=g) * mask
     attention = torch.cat([torch.ones(n, P, dtype=torch.long), mask], dim=1)
-    return DataProto.from_dict(tensors={
-        "input_ids": torch.cat([torch.randint(4, 19, (n, P), generator=g), responses], dim=1), "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0), "responses": responses, "response_mask": mask,
-        "advantages": torch.randn(n, R, generator=g) * mask,
-    })
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([torch.randint(4, 19, (n, P), generator=g), responses], dim=1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+            "responses": responses,
+            "response_mask": mask,
+            "advantages": torch.randn(n, R, generator=g) * mask,
+        }
+    )
 
 
 def _four_steps(rank: int, world: int) -> list[dict]:
@@ -53,8 +69,13 @@ def _four_steps(rank: int, world: int) -> list[dict]:
     out = []
     for step in (1, 2, 3, 4):
         m = w.update_actor(mine, step=step)
-        out.append({"skipped": m["actor/skipped_updates"], "grad_norm": m["actor/grad_norm"],
-                    "params": {k: v.clone() for k, v in full_model_state(w.model).items()}})
+        out.append(
+            {
+                "skipped": m["actor/skipped_updates"],
+                "grad_norm": m["actor/grad_norm"],
+                "params": {k: v.clone() for k, v in full_model_state(w.model).items()},
+            }
+        )
     return out
 
 

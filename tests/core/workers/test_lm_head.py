@@ -61,7 +61,9 @@ def test_chunk_must_be_positive():
 
 
 def _model(arch="qwen2", tied=False):
-    model = build_tiny_model(arch, 23, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, tie_word_embeddings=tied).eval()
+    model = build_tiny_model(
+        arch, 23, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, tie_word_embeddings=tied
+    ).eval()
     assert install_response_head(model) is None
     return model
 
@@ -72,7 +74,9 @@ def test_installed_head_keeps_parameters_names_and_tying():
     assert isinstance(head, ResponseHead) and head.weight is model.get_input_embeddings().weight
     assert "lm_head.weight" in model.state_dict()
     ids = torch.randint(3, 23, (2, 5))
-    plain = build_tiny_model("qwen2", 23, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, tie_word_embeddings=True).eval()
+    plain = build_tiny_model(
+        "qwen2", 23, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, tie_word_embeddings=True
+    ).eval()
     with torch.no_grad():  # without a request the head is the plain linear layer: generation is unchanged
         assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
 
@@ -88,8 +92,18 @@ def test_a_model_that_changes_its_logits_after_the_head_keeps_the_plain_path():
 LAYOUTS = {"padded": (), "packed": ("packed",), "grouped": ("grouped",)}
 
 
-@pytest.mark.parametrize("layout,arch,tied", [("padded", "qwen2", False), ("packed", "qwen2", False), ("grouped", "qwen2", False),
-                                              ("padded", "qwen2", True), ("grouped", "qwen2", True), ("packed", "qwen3", False), ("grouped", "deepseek_v3", False)])
+@pytest.mark.parametrize(
+    "layout,arch,tied",
+    [
+        ("padded", "qwen2", False),
+        ("packed", "qwen2", False),
+        ("grouped", "qwen2", False),
+        ("padded", "qwen2", True),
+        ("grouped", "qwen2", True),
+        ("packed", "qwen3", False),
+        ("grouped", "deepseek_v3", False),
+    ],
+)
 def test_chunked_forward_equals_full_logits_in_every_layout(layout, arch, tied):
     """Log-probs, entropies and every parameter's gradient through the model: chunked (3 tokens a
     block, so blocks cross rows) equal the full-logits path to float32 rounding (rtol 1e-5)."""
@@ -124,7 +138,9 @@ def test_gradient_checkpointing_gives_the_same_gradients_with_the_chunked_head()
         model = _model().train()  # dropout is 0 in these configs; train() is what enables checkpointing
         if checkpointing:
             model.gradient_checkpointing_enable()
-        lp, ent, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, True, layout_rows(ids, attn, pos, R), chunk_tokens=4)
+        lp, ent, _ = forward_response_log_probs(
+            model, ids, attn, pos, resp, 1.0, True, layout_rows(ids, attn, pos, R), chunk_tokens=4
+        )
         ((lp * valid).sum() + (ent * valid).sum()).backward()
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads):

@@ -24,12 +24,18 @@ def test_without_a_budget_micro_batches_hold_a_number_of_rows():
 
 
 def test_a_row_longer_than_the_budget_names_the_key_the_row_and_what_would_work():
-    with pytest.raises(ValueError, match=r"actor.max_tokens_per_micro_batch=8 cannot hold row 2 of this batch, which has 9 tokens.*at least 9"):
+    with pytest.raises(
+        ValueError,
+        match=r"actor.max_tokens_per_micro_batch=8 cannot hold row 2 of this batch, which has 9 tokens.*at least 9",
+    ):
         micro_batches(torch.tensor([5, 4, 9]), rows=64, max_tokens=8, key="actor.max_tokens_per_micro_batch")
 
 
 def test_config_refuses_a_budget_that_cannot_hold_the_longest_possible_row():
-    with pytest.raises(ConfigError, match=r"actor.max_tokens_per_micro_batch=40 cannot hold one row.*64 \+ 8 = 72 tokens; set it to at least 72"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor.max_tokens_per_micro_batch=40 cannot hold one row.*64 \+ 8 = 72 tokens; set it to at least 72",
+    ):
         load_config(None, ["actor.max_tokens_per_micro_batch=40"])
     with pytest.raises(ConfigError, match=r"critic.max_tokens_per_micro_batch=10"):
         load_config(None, ["critic.max_tokens_per_micro_batch=10"])

@@ -11,8 +11,16 @@ import pytest
 import torch
 
 from armor_core.models.loading import build_tiny_model
-from armor_core.testing import rollout_batch as _batch, shared_prompt_batch as _grouped_batch
-from armor_core.workers.layouts import forward_response_log_probs, forward_response_logits, layout_rows, pack_groups, pack_rows, response_log_probs
+from armor_core.testing import rollout_batch as _batch
+from armor_core.testing import shared_prompt_batch as _grouped_batch
+from armor_core.workers.layouts import (
+    forward_response_log_probs,
+    forward_response_logits,
+    layout_rows,
+    pack_groups,
+    pack_rows,
+    response_log_probs,
+)
 
 PAD = 0  # rollout_batch's pad id
 
@@ -33,7 +41,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case,arch", [(c, "qwen2") for c in sorted(CASES)] + [("mixed", "qwen3"), ("mixed", "deepseek_v3")])
+@pytest.mark.parametrize(
+    "case,arch", [(c, "qwen2") for c in sorted(CASES)] + [("mixed", "qwen3"), ("mixed", "deepseek_v3")]
+)
 def test_packed_log_probs_entropy_and_gradients_equal_padded(case, arch):
     model = _model(arch)
     ids, attn, pos, resp = _batch(*CASES[case])
@@ -43,7 +53,9 @@ def test_packed_log_probs_entropy_and_gradients_equal_padded(case, arch):
 
     def run(layouts):
         model.zero_grad()
-        lp, ent, stats = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, True, layout_rows(ids, attn, pos, R, layouts))
+        lp, ent, stats = forward_response_log_probs(
+            model, ids, attn, pos, resp, 0.7, True, layout_rows(ids, attn, pos, R, layouts)
+        )
         ((lp * weights * valid).sum() + (ent * valid).sum()).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], stats.computed, stats.needed
 
@@ -88,7 +100,9 @@ def test_rows_with_gapped_positions_fall_back_to_padded_forward(model):
     pos[0, -2:] += 5  # a jump inside one row: packed, transformers would read it as a new sequence
     assert pack_rows(ids, attn, pos, resp.shape[1], 64) is None
     with torch.no_grad():
-        lp, _, stats = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False, layout_rows(ids, attn, pos, resp.shape[1]))
+        lp, _, stats = forward_response_log_probs(
+            model, ids, attn, pos, resp, 1.0, False, layout_rows(ids, attn, pos, resp.shape[1])
+        )
         lp0, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 1.0, False)
     assert stats.kind == "padded" and stats.computed == attn.numel() and torch.equal(lp, lp0)
     assert pack_groups(ids, attn, pos, resp.shape[1]) is None
@@ -106,7 +120,9 @@ def test_grouped_log_probs_entropy_and_gradients_equal_padded(arch):
 
     def run(layouts):
         model.zero_grad()
-        lp, ent, stats = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, True, layout_rows(ids, attn, pos, R, layouts))
+        lp, ent, stats = forward_response_log_probs(
+            model, ids, attn, pos, resp, 0.7, True, layout_rows(ids, attn, pos, R, layouts)
+        )
         ((lp * weights * valid).sum() + (ent * valid).sum()).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], stats
 
@@ -148,7 +164,10 @@ def test_grouped_layout_masks_other_responses_and_places_each_prompt_once():
     assert pack_groups(ids, attn, pos, R, max_segment=8) is None
     assert layout_rows(ids, attn, pos, R).kind == "grouped"
     assert layout_rows(ids, attn, pos, R, layouts=("packed",)).kind == "packed"
-    cheap, dear = pack_groups(ids, attn, pos, R, attention_weight=0.0), pack_groups(ids, attn, pos, R, attention_weight=0.1)
+    cheap, dear = (
+        pack_groups(ids, attn, pos, R, attention_weight=0.0),
+        pack_groups(ids, attn, pos, R, attention_weight=0.1),
+    )
     assert dear.input_ids.shape[1] < cheap.input_ids.shape[1]  # dearer attention: narrower rows
     # 2-token prompts shared by 8 responses of 20: a segment (162 tokens) is far wider than a packed
     # row of a few sequences (88), and saves only 14 tokens in 176. With attention of some cost, the
@@ -173,7 +192,9 @@ def test_timer_splits_worker_time_from_overhead_and_adds_up():
     timer = StepTimer()
     with timer("gen") as stage:
         time.sleep(0.02)
-        stage.worker_s = merge_metrics([{"perf/worker_s": 0.005}, {"perf/worker_s": 0.01}])["perf/worker_s"]  # the slowest rank's time counts
+        stage.worker_s = merge_metrics([{"perf/worker_s": 0.005}, {"perf/worker_s": 0.01}])[
+            "perf/worker_s"
+        ]  # the slowest rank's time counts
     with timer("reward"):
         time.sleep(0.005)
     t = timer.t
@@ -189,14 +210,27 @@ def _worker_and_batch(tmp_path, overrides=()):
     from armor_core.loop.data import prepare_data
     from armor_core.workers.actor import ActorWorker
 
-    cfg = load_config(None, ["data.train_size=64", "data.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
-                             "rollout.n=4", "actor.micro_batch_size=16", f"trainer.run_dir={tmp_path}", *overrides])
+    cfg = load_config(
+        None,
+        [
+            "data.train_size=64",
+            "data.val_size=8",
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=8",
+            "rollout.n=4",
+            "actor.micro_batch_size=16",
+            f"trainer.run_dir={tmp_path}",
+            *overrides,
+        ],
+    )
     train, _ = prepare_data(cfg)
     prompts = DataProto.from_dict(tensors=dict(train.encoded["tensors"]))[:8].repeat(4, interleave=True)
     worker = ActorWorker(to_dict(cfg))
     torch.manual_seed(0)
     batch = worker.generate(prompts)
-    batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0)) * batch["response_mask"]
+    batch["advantages"] = (
+        torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0)) * batch["response_mask"]
+    )
     return cfg, worker, batch
 
 
@@ -224,7 +258,9 @@ def test_actor_update_is_the_same_in_every_layout_and_reports_padding_waste(tmp_
         assert 0 < m["perf/actor_fwd_bwd_s"] + m["perf/actor_optimizer_s"] <= m["perf/worker_s"]
     # 4 samples per prompt: 3 of every 4 prompt copies are not computed
     assert results[("packed",)][0]["perf/prompt_sharing"] == 0.0 == m_pad["perf/prompt_sharing"]
-    prompt_share = float(batch["attention_mask"][:, : -batch["responses"].shape[1]].sum() / batch["attention_mask"].sum())
+    prompt_share = float(
+        batch["attention_mask"][:, : -batch["responses"].shape[1]].sum() / batch["attention_mask"].sum()
+    )
     assert results[("grouped", "packed")][0]["perf/prompt_sharing"] == pytest.approx(0.75 * prompt_share)
 
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from armor_core.testing import run_ranks
-
 from armor_plugins.losses.aggregation import AGGREGATIONS
 
 MODES = sorted(AGGREGATIONS)
@@ -37,11 +36,24 @@ def make_config(mode: str, strategy: str, **extra: str) -> dict:
     from armor_core.config.schema import load_config, to_dict
 
     rows = len(LENGTHS)
-    overrides = [f"actor.loss_agg_mode={mode}", f"actor.strategy={strategy}", f"data.train_batch_size={rows}", f"actor.ppo_mini_batch_size={rows}",
-                 "rollout.n=1", f"rollout.max_new_tokens={R}", "actor.micro_batch_size=2", "critic.micro_batch_size=2", "actor.lr=1e-3",
-                 "critic.lr=1e-3", "actor.grad_clip=1.0", "engine.cpus_per_worker=1", "trainer.loggers=[]", f"data.max_prompt_length={P}",
-                 "actor.logprob_chunk_tokens=3",  # blocks of the chunked LM head cross rows; the 1-worker references take the full logits
-                 *[f"{k}={v}" for k, v in extra.items()]]
+    overrides = [
+        f"actor.loss_agg_mode={mode}",
+        f"actor.strategy={strategy}",
+        f"data.train_batch_size={rows}",
+        f"actor.ppo_mini_batch_size={rows}",
+        "rollout.n=1",
+        f"rollout.max_new_tokens={R}",
+        "actor.micro_batch_size=2",
+        "critic.micro_batch_size=2",
+        "actor.lr=1e-3",
+        "critic.lr=1e-3",
+        "actor.grad_clip=1.0",
+        "engine.cpus_per_worker=1",
+        "trainer.loggers=[]",
+        f"data.max_prompt_length={P}",
+        "actor.logprob_chunk_tokens=3",  # blocks of the chunked LM head cross rows; the 1-worker references take the full logits
+        *[f"{k}={v}" for k, v in extra.items()],
+    ]
     return to_dict(load_config(None, overrides))
 
 
@@ -57,18 +69,27 @@ def make_batch():
     attention_mask = torch.cat([torch.ones(n, P, dtype=torch.long), response_mask], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.randn(n, R, generator=g) * response_mask
-    return DataProto.from_dict(tensors={
-        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask, "position_ids": position_ids,
-        "responses": responses, "response_mask": response_mask, "advantages": advantages,
-        # critic targets: old values and returns
-        "values": torch.randn(n, R, generator=g) * response_mask * 0.1, "returns": torch.randn(n, R, generator=g) * response_mask,
-    })
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "advantages": advantages,
+            # critic targets: old values and returns
+            "values": torch.randn(n, R, generator=g) * response_mask * 0.1,
+            "returns": torch.randn(n, R, generator=g) * response_mask,
+        }
+    )
 
 
 def with_silent_rows(batch, world: int):
     """``batch`` with rollout log-probs, and advantage 0 on every row of the last rank's share."""
     out = batch.select(tensor_keys=list(batch.tensors))
-    out["rollout_log_probs"] = -torch.rand(out["response_mask"].shape, generator=torch.Generator().manual_seed(1)) * out["response_mask"]
+    out["rollout_log_probs"] = (
+        -torch.rand(out["response_mask"].shape, generator=torch.Generator().manual_seed(1)) * out["response_mask"]
+    )
     silent = torch.as_tensor(balanced_split_rows(out, world)[-1])
     adv = out["advantages"].clone()
     adv[silent] = 0.0
@@ -113,41 +134,80 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
 
     batch = make_batch()
     mine = shares(batch, world)[rank]
-    results: dict = {"ref": {}, "dp": {}, "critic_ref": {}, "critic_dp": {}, "resume": {}, "tokens": [int(s["response_mask"].sum()) for s in shares(batch, world)]}
+    results: dict = {
+        "ref": {},
+        "dp": {},
+        "critic_ref": {},
+        "critic_dp": {},
+        "resume": {},
+        "tokens": [int(s["response_mask"].sum()) for s in shares(batch, world)],
+    }
     # rows with advantage 0 are not forwarded (actor.skip_zero_advantage): rank 1 has none left, and
     # must still take part in every collective of rank 0's micro-batches
     skip_batch = with_silent_rows(batch, world)
     for strategy in STRATEGIES:
         w = ActorWorker(make_config("token-mean", strategy), rank=rank, world_size=world)
         m = w.update_actor(shares(skip_batch, world)[rank], step=1)
-        results["dp"][strategy, "skip"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                           "losses": (m["actor/pg_loss"],), "zero_adv_rows": m["actor/zero_adv_rows"]}
+        results["dp"][strategy, "skip"] = {
+            "params": full_state(w.model),
+            "grads": full_grads(w.model),
+            "grad_norm": m["actor/grad_norm"],
+            "losses": (m["actor/pg_loss"],),
+            "zero_adv_rows": m["actor/zero_adv_rows"],
+        }
     if rank == 0:
-        w = ActorWorker(make_config("token-mean", "ddp", **{"actor.skip_zero_advantage": "false"}), rank=0, world_size=1)
+        w = ActorWorker(
+            make_config("token-mean", "ddp", **{"actor.skip_zero_advantage": "false"}), rank=0, world_size=1
+        )
         m = w.update_actor(skip_batch, step=1)
-        results["ref"]["skip"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"], "losses": (m["actor/pg_loss"],)}
+        results["ref"]["skip"] = {
+            "params": full_state(w.model),
+            "grads": full_grads(w.model),
+            "grad_norm": m["actor/grad_norm"],
+            "losses": (m["actor/pg_loss"],),
+        }
     for strategy in STRATEGIES:
         for mode in MODES:
             cfg = make_config(mode, strategy)
             w = ActorWorker(cfg, rank=rank, world_size=world)
             m = w.update_actor(mine, step=1)
-            results["dp"][strategy, mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                             "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+            results["dp"][strategy, mode] = {
+                "params": full_state(w.model),
+                "grads": full_grads(w.model),
+                "grad_norm": m["actor/grad_norm"],
+                "losses": (m["actor/pg_loss"], m["actor/entropy"]),
+            }
             # micro-batches by token budget (rows hold 5-9 tokens): another split, the same step
-            w = ActorWorker(make_config(mode, strategy, **{"actor.max_tokens_per_micro_batch": str(BUDGET)}), rank=rank, world_size=world)
+            w = ActorWorker(
+                make_config(mode, strategy, **{"actor.max_tokens_per_micro_batch": str(BUDGET)}),
+                rank=rank,
+                world_size=world,
+            )
             m = w.update_actor(mine, step=1)
-            results["dp"][strategy, mode, "budget"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                                       "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+            results["dp"][strategy, mode, "budget"] = {
+                "params": full_state(w.model),
+                "grads": full_grads(w.model),
+                "grad_norm": m["actor/grad_norm"],
+                "losses": (m["actor/pg_loss"], m["actor/entropy"]),
+            }
         # bf16 mixed precision: float32 master weights and Adam state, bf16 compute (DDP: autocast; FSDP2: MixedPrecisionPolicy)
         w = ActorWorker(make_config("token-mean", strategy, **{"model.dtype": "bfloat16"}), rank=rank, world_size=world)
         m = w.update_actor(mine, step=1)
-        results["dp"][strategy, "bf16"] = {"grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                           "dtypes": {p.dtype for p in w.model.parameters()} | {v.dtype for st in w.optimizer.state.values() for v in st.values() if v.dim()}}
+        results["dp"][strategy, "bf16"] = {
+            "grads": full_grads(w.model),
+            "grad_norm": m["actor/grad_norm"],
+            "dtypes": {p.dtype for p in w.model.parameters()}
+            | {v.dtype for st in w.optimizer.state.values() for v in st.values() if v.dim()},
+        }
         # LoRA: only the adapters train, sharded with their layers under FSDP2
         w = ActorWorker(make_config("seq-mean-token-sum", strategy, **LORA), rank=rank, world_size=world)
         m = w.update_actor(mine, step=1)
-        results["dp"][strategy, "lora"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                           "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+        results["dp"][strategy, "lora"] = {
+            "params": full_state(w.model),
+            "grads": full_grads(w.model),
+            "grad_norm": m["actor/grad_norm"],
+            "losses": (m["actor/pg_loss"], m["actor/entropy"]),
+        }
         for mode in MODES[:2]:
             c = CriticWorker(make_config(mode, strategy), rank=rank, world_size=world)
             c.update_critic(mine, step=1)
@@ -156,23 +216,44 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
         for mode in MODES:
             w = ActorWorker(make_config(mode, "ddp", **{"actor.logprob_chunk_tokens": "0"}), rank=0, world_size=1)
             m = w.update_actor(batch, step=1)
-            results["ref"][mode] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                    "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+            results["ref"][mode] = {
+                "params": full_state(w.model),
+                "grads": full_grads(w.model),
+                "grad_norm": m["actor/grad_norm"],
+                "losses": (m["actor/pg_loss"], m["actor/entropy"]),
+            }
             # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
             from armor_core.workers.layouts import forward_response_logits
 
             ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
             with torch.no_grad():  # in float64: the truth both ways of computing the entropy are rounded from
-                logits = forward_response_logits(ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R).double()
+                logits = forward_response_logits(
+                    ref_model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R
+                ).double()
                 ent = -(logits.log_softmax(-1).exp() * logits.log_softmax(-1)).sum(-1)
-            results["ref"][mode]["entropy_direct"] = float(AGGREGATIONS[mode](ent, batch["response_mask"].float(), global_num_tokens=float(batch["response_mask"].sum()),
-                                                                                  global_num_seqs=float(len(batch)), norm_constant=float(R)))
+            results["ref"][mode]["entropy_direct"] = float(
+                AGGREGATIONS[mode](
+                    ent,
+                    batch["response_mask"].float(),
+                    global_num_tokens=float(batch["response_mask"].sum()),
+                    global_num_seqs=float(len(batch)),
+                    norm_constant=float(R),
+                )
+            )
         results["init"] = full_state(ActorWorker(make_config(MODES[0], "ddp"), rank=0, world_size=1).model)
-        w = ActorWorker(make_config("seq-mean-token-sum", "ddp", **LORA, **{"actor.logprob_chunk_tokens": "0"}), rank=0, world_size=1)
+        w = ActorWorker(
+            make_config("seq-mean-token-sum", "ddp", **LORA, **{"actor.logprob_chunk_tokens": "0"}),
+            rank=0,
+            world_size=1,
+        )
         results["lora_init"] = full_state(w.model)
         m = w.update_actor(batch, step=1)
-        results["ref"]["lora"] = {"params": full_state(w.model), "grads": full_grads(w.model), "grad_norm": m["actor/grad_norm"],
-                                  "losses": (m["actor/pg_loss"], m["actor/entropy"])}
+        results["ref"]["lora"] = {
+            "params": full_state(w.model),
+            "grads": full_grads(w.model),
+            "grad_norm": m["actor/grad_norm"],
+            "losses": (m["actor/pg_loss"], m["actor/entropy"]),
+        }
         for mode in MODES[:2]:
             c = CriticWorker(make_config(mode, "ddp"), rank=0, world_size=1)
             c.update_critic(batch, step=1)
@@ -199,7 +280,9 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
         # LoRA: rank 0 writes the adapter (peft format) gathered from the shards
         lora_dir = os.path.join(out_dir, f"lora_{strategy}")
         os.makedirs(lora_dir, exist_ok=True)
-        results["resume"][strategy, "lora_2to1"] = _save_on_two_load_on_one(make_config("token-mean", strategy, **LORA), lora_dir, mine, rank, world)
+        results["resume"][strategy, "lora_2to1"] = _save_on_two_load_on_one(
+            make_config("token-mean", strategy, **LORA), lora_dir, mine, rank, world
+        )
     return results
 
 
@@ -262,11 +345,23 @@ def test_two_workers_take_the_same_step_as_one(results, strategy, mode, budget):
         assert n_sure > 0.9 * sum(g.numel() for g in ref["grads"].values())
         for k, want in ref["params"].items():
             sure = ref["grads"][k].abs() > 1e-6
-            torch.testing.assert_close(got["params"][k][sure], want[sure], rtol=1e-5, atol=1e-7, msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}")
-            torch.testing.assert_close(got["params"][k], want, rtol=0, atol=1e-4, msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}")
+            torch.testing.assert_close(
+                got["params"][k][sure],
+                want[sure],
+                rtol=1e-5,
+                atol=1e-7,
+                msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}",
+            )
+            torch.testing.assert_close(
+                got["params"][k], want, rtol=0, atol=1e-4, msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}"
+            )
         assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
-        assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-7)  # each rank reports the global batch's loss
-    assert ref["losses"][1] == pytest.approx(ref["entropy_direct"], rel=1e-5)  # the whole batch's entropy, computed in one piece
+        assert got["losses"] == pytest.approx(
+            ref["losses"], rel=1e-5, abs=1e-7
+        )  # each rank reports the global batch's loss
+    assert ref["losses"][1] == pytest.approx(
+        ref["entropy_direct"], rel=1e-5
+    )  # the whole batch's entropy, computed in one piece
     assert ref["grad_norm"] > 1.0  # so clipping acted, and a per-shard (non-global) norm would have shown
 
 
@@ -292,7 +387,9 @@ def test_two_workers_take_the_same_lora_step_as_one(results, strategy):
     for rank in range(2):
         got = results[rank]["dp"][strategy, "lora"]
         close(got["grads"], ref["grads"], f"{strategy}/lora rank {rank} gradients")
-        close(got["params"], ref["params"], f"{strategy}/lora rank {rank} parameters", atol=1e-4)  # lr / 10: Adam's step where a gradient is ~0 is noise
+        close(
+            got["params"], ref["params"], f"{strategy}/lora rank {rank} parameters", atol=1e-4
+        )  # lr / 10: Adam's step where a gradient is ~0 is noise
         assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
         assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-7)
 
@@ -302,7 +399,9 @@ def test_skipping_zero_advantage_rows_keeps_ranks_in_step(results, strategy):
     """Rank 1's rows all have advantage 0, so it forwards nothing of its own and runs stand-ins
     while rank 0 trains; the step is the one-worker step computed without skipping."""
     ref = results[0]["ref"]["skip"]
-    assert results[1]["dp"][strategy, "skip"]["zero_adv_rows"] == 1.0 > results[0]["dp"][strategy, "skip"]["zero_adv_rows"]
+    assert (
+        results[1]["dp"][strategy, "skip"]["zero_adv_rows"] == 1.0 > results[0]["dp"][strategy, "skip"]["zero_adv_rows"]
+    )
     for rank in range(2):
         got = results[rank]["dp"][strategy, "skip"]
         close(got["grads"], ref["grads"], f"{strategy} skip rank {rank} gradients")
@@ -326,5 +425,7 @@ def test_checkpoint_resumes_on_another_world_size(results, strategy, direction):
     saved, loaded = results[0]["resume"][strategy, direction]
     close(loaded["params"], saved["params"], f"{strategy} {direction} parameters")
     want = _flat_optim(saved["optim"])
-    assert any(k.endswith("exp_avg_sq") for k in want) and all(float(v) == 1.0 for k, v in want.items() if k.endswith(".step"))
+    assert any(k.endswith("exp_avg_sq") for k in want) and all(
+        float(v) == 1.0 for k, v in want.items() if k.endswith(".step")
+    )
     close(_flat_optim(loaded["optim"]), want, f"{strategy} {direction} optimizer state")

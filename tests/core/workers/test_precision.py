@@ -17,7 +17,9 @@ def test_compute_dtype_checks_the_device_can_run_it(monkeypatch):
     assert compute_dtype("float32", torch.device("cpu")) is torch.float32
     assert compute_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16  # CPU autocast runs bf16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # e.g. a V100 or T4
-    with pytest.raises(ValueError, match=r"model.dtype=bfloat16: this GPU does not support bfloat16.*use model.dtype=float32"):
+    with pytest.raises(
+        ValueError, match=r"model.dtype=bfloat16: this GPU does not support bfloat16.*use model.dtype=float32"
+    ):
         compute_dtype("bfloat16", torch.device("cuda"))
 
 

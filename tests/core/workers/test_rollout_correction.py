@@ -22,18 +22,23 @@ LN = math.log
 
 def _inputs():
     # token ratios 1, 2, 4, 1/2 | 3, 1, (padding: NaN), (padding: inf)
-    log_ratio = torch.tensor([[0.0, LN(2), LN(4), -LN(2)], [LN(3), 0.0, float("nan"), float("inf")]], dtype=torch.float64)
+    log_ratio = torch.tensor(
+        [[0.0, LN(2), LN(4), -LN(2)], [LN(3), 0.0, float("nan"), float("inf")]], dtype=torch.float64
+    )
     rollout = torch.full((2, 4), -1.5, dtype=torch.float64)
     return rollout + log_ratio, rollout, torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
 
 
-@pytest.mark.parametrize("mode, expected, capped", [
-    ("tis_token", [[1.0, 2.0, 2.5, 0.5], [2.5, 1.0, 0, 0]], 2 / 6),
-    ("mask_token", [[1.0, 2.0, 0.0, 0.5], [0.0, 1.0, 0, 0]], 2 / 6),
-    # sequence ratios: 1 * 2 * 4 * 1/2 = 4 and 3 * 1 = 3, both above the cap
-    ("tis_seq", [[2.5] * 4, [2.5, 2.5, 0, 0]], 1.0),
-    ("mask_seq", [[0.0] * 4, [0.0, 0.0, 0, 0]], 1.0),
-])
+@pytest.mark.parametrize(
+    "mode, expected, capped",
+    [
+        ("tis_token", [[1.0, 2.0, 2.5, 0.5], [2.5, 1.0, 0, 0]], 2 / 6),
+        ("mask_token", [[1.0, 2.0, 0.0, 0.5], [0.0, 1.0, 0, 0]], 2 / 6),
+        # sequence ratios: 1 * 2 * 4 * 1/2 = 4 and 3 * 1 = 3, both above the cap
+        ("tis_seq", [[2.5] * 4, [2.5, 2.5, 0, 0]], 1.0),
+        ("mask_seq", [[0.0] * 4, [0.0, 0.0, 0, 0]], 1.0),
+    ],
+)
 def test_weights_are_the_hand_computed_ones(mode, expected, capped):
     old, rollout, mask = _inputs()
     w, m = correction_weights(old, rollout, mask, mode, cap=2.5)
@@ -60,7 +65,9 @@ def test_extremes_and_bad_arguments():
     assert all(math.isfinite(float(v)) for v in m.values())
     w, m = correction_weights(old, rollout, torch.zeros(1, 4), "tis_token", cap=2.0)
     assert torch.equal(w, torch.zeros(1, 4)) and all(float(v) == 0.0 for v in m.values())
-    assert not correction_weights(torch.zeros(1, 4, requires_grad=True), old, torch.ones(1, 4), "tis_seq", 2.0)[0].requires_grad
+    assert not correction_weights(torch.zeros(1, 4, requires_grad=True), old, torch.ones(1, 4), "tis_seq", 2.0)[
+        0
+    ].requires_grad
     with pytest.raises(ValueError, match="rollout_correction_cap"):
         correction_weights(old, old, torch.ones(1, 4), "tis_token", cap=0.0)
     with pytest.raises(ValueError, match="expected one of"):
@@ -70,8 +77,11 @@ def test_extremes_and_bad_arguments():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=8, max_size=8),
-       st.floats(min_value=0.01, max_value=100.0), st.sampled_from(MODES[1:]))
+@given(
+    st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=8, max_size=8),
+    st.floats(min_value=0.01, max_value=100.0),
+    st.sampled_from(MODES[1:]),
+)
 def test_weights_are_finite_and_bounded(values, cap, mode):
     x = torch.tensor(values).reshape(2, 4)
     w, m = correction_weights(x, x.flip(1), torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]]), mode, cap)
@@ -92,7 +102,9 @@ def _train_bandit(correction: str, cap: float = 5.0, steps: int = 400) -> float:
 
     loss_fn = PluginManager().get("policy_loss", "ppo_clip").fn
     stale = torch.log(torch.tensor([0.3, 0.7]))
-    actions = torch.multinomial(stale.exp(), 4096, replacement=True, generator=torch.Generator().manual_seed(0)).unsqueeze(1)
+    actions = torch.multinomial(
+        stale.exp(), 4096, replacement=True, generator=torch.Generator().manual_seed(0)
+    ).unsqueeze(1)
     reward = (actions == 0).float()
     adv = reward - reward.mean()  # a baseline, as a group's mean gives
     mask = torch.ones_like(adv)
@@ -137,9 +149,20 @@ def _worker(correction: str):
     from armor_core.config.schema import load_config, to_dict
     from armor_core.workers.actor import ActorWorker
 
-    overrides = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=1", "rollout.max_new_tokens=3", "data.max_prompt_length=4",
-                 "actor.micro_batch_size=4", "actor.lr=1e-3", "engine.cpus_per_worker=1", "trainer.loggers=[]",
-                 "actor.skip_zero_advantage=false", f"algorithm.rollout_correction={correction}", "algorithm.rollout_correction_cap=2.0"]
+    overrides = [
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=1",
+        "rollout.max_new_tokens=3",
+        "data.max_prompt_length=4",
+        "actor.micro_batch_size=4",
+        "actor.lr=1e-3",
+        "engine.cpus_per_worker=1",
+        "trainer.loggers=[]",
+        "actor.skip_zero_advantage=false",
+        f"algorithm.rollout_correction={correction}",
+        "algorithm.rollout_correction_cap=2.0",
+    ]
     return ActorWorker(to_dict(load_config(None, overrides)), rank=0, world_size=1)
 
 
@@ -150,8 +173,16 @@ def _batch():
     prompts, responses = torch.randint(4, 19, (4, 4), generator=g), torch.randint(4, 19, (4, 3), generator=g)
     mask = torch.ones(4, 3, dtype=torch.long)
     attn = torch.ones(4, 7, dtype=torch.long)
-    return DataProto.from_dict(tensors={"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn, "position_ids": attn.cumsum(-1) - 1,
-                                        "responses": responses, "response_mask": mask, "advantages": torch.randn(4, 3, generator=g)})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attn,
+            "position_ids": attn.cumsum(-1) - 1,
+            "responses": responses,
+            "response_mask": mask,
+            "advantages": torch.randn(4, 3, generator=g),
+        }
+    )
 
 
 def test_the_actor_multiplies_the_policy_loss_by_the_weights():
@@ -170,5 +201,7 @@ def test_the_actor_multiplies_the_policy_loss_by_the_weights():
     assert metrics["rollout_correction/weight_mean"] == pytest.approx(0.25, rel=1e-4)
     assert metrics["rollout_correction/capped_frac"] == 0.0
     assert metrics["rollout_correction/mismatch_kl"] == pytest.approx(0.25 - 1 + LN(4), rel=1e-3)
-    grads = [(a.grad, b.grad) for a, b in zip(corrected.model.parameters(), plain.model.parameters()) if a.grad is not None]
+    grads = [
+        (a.grad, b.grad) for a, b in zip(corrected.model.parameters(), plain.model.parameters()) if a.grad is not None
+    ]
     assert grads and all(torch.allclose(a, b, rtol=1e-4, atol=1e-9) for a, b in grads)

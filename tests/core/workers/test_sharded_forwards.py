@@ -17,9 +17,24 @@ BUDGET = "11"  # rank 0's rows (9 tokens) one per micro-batch, rank 1's (5 token
 def _config(strategy: str) -> dict:
     from armor_core.config.schema import load_config, to_dict
 
-    return to_dict(load_config(None, [f"actor.strategy={strategy}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=1",
-                                      f"rollout.max_new_tokens={R}", f"data.max_prompt_length={P}", f"actor.max_tokens_per_micro_batch={BUDGET}",
-                                      "actor.use_kl_loss=true", "algorithm.adv_estimator=gae", "engine.cpus_per_worker=1", "trainer.loggers=[]"]))
+    return to_dict(
+        load_config(
+            None,
+            [
+                f"actor.strategy={strategy}",
+                "data.train_batch_size=4",
+                "actor.ppo_mini_batch_size=4",
+                "rollout.n=1",
+                f"rollout.max_new_tokens={R}",
+                f"data.max_prompt_length={P}",
+                f"actor.max_tokens_per_micro_batch={BUDGET}",
+                "actor.use_kl_loss=true",
+                "algorithm.adv_estimator=gae",
+                "engine.cpus_per_worker=1",
+                "trainer.loggers=[]",
+            ],
+        )
+    )
 
 
 def _batch(rank: int):
@@ -31,8 +46,15 @@ def _batch(rank: int):
     resp_mask = (torch.arange(R).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long()
     responses = torch.randint(4, 19, (4, R), generator=g) * resp_mask
     attn = torch.cat([torch.ones(4, P, dtype=torch.long), resp_mask], 1)
-    return DataProto.from_dict(tensors={"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn,
-                                        "position_ids": (attn.cumsum(-1) - 1).clamp(min=0), "responses": responses, "response_mask": resp_mask})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attn,
+            "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+            "responses": responses,
+            "response_mask": resp_mask,
+        }
+    )
 
 
 def _forwards(rank: int, world: int) -> dict:
@@ -40,10 +62,18 @@ def _forwards(rank: int, world: int) -> dict:
     from armor_core.workers.critic import CriticWorker
 
     strategy = "fsdp2" if world > 1 else "ddp"
-    actor, critic, data = ActorWorker(_config(strategy), rank=rank, world_size=world), CriticWorker(_config(strategy), rank=rank, world_size=world), _batch(rank)
+    actor, critic, data = (
+        ActorWorker(_config(strategy), rank=rank, world_size=world),
+        CriticWorker(_config(strategy), rank=rank, world_size=world),
+        _batch(rank),
+    )
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in actor.ref_model.parameters())
-    return {"old": actor.compute_log_prob(data)["old_log_probs"], "ref": actor.compute_ref_log_prob(data)["ref_log_prob"],
-            "values": critic.compute_values(data)["values"], "ref_elements": (local, sum(p.numel() for p in actor.ref_model.parameters()))}
+    return {
+        "old": actor.compute_log_prob(data)["old_log_probs"],
+        "ref": actor.compute_ref_log_prob(data)["ref_log_prob"],
+        "values": critic.compute_values(data)["values"],
+        "ref_elements": (local, sum(p.numel() for p in actor.ref_model.parameters())),
+    }
 
 
 def test_sharded_forwards_match_across_unequal_micro_batch_counts(tmp_path):
@@ -54,13 +84,18 @@ def test_sharded_forwards_match_across_unequal_micro_batch_counts(tmp_path):
     sharded = run_ranks(_forwards, 2, tmp_path)
     # the reference model is sharded like the policy: each rank holds about half of it
     total = sharded[0]["ref_elements"][1]
-    assert all(r["ref_elements"][0] < 0.6 * total for r in sharded) and sum(r["ref_elements"][0] for r in sharded) >= total
+    assert (
+        all(r["ref_elements"][0] < 0.6 * total for r in sharded) and sum(r["ref_elements"][0] for r in sharded) >= total
+    )
     for rank, got in enumerate(sharded):
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
 
         data = _batch(rank)
-        actor, critic = ActorWorker(_config("ddp"), rank=0, world_size=1), CriticWorker(_config("ddp"), rank=0, world_size=1)
+        actor, critic = (
+            ActorWorker(_config("ddp"), rank=0, world_size=1),
+            CriticWorker(_config("ddp"), rank=0, world_size=1),
+        )
         assert torch.allclose(got["old"], actor.compute_log_prob(data)["old_log_probs"], atol=1e-5)
         assert torch.allclose(got["ref"], actor.compute_ref_log_prob(data)["ref_log_prob"], atol=1e-5)
         # the value head starts at zero, so the values are 0 either way: what counts is that the

@@ -15,10 +15,19 @@ from armor_plugins.advantages.gae import compute_gae_advantage
 from armor_plugins.advantages.grpo import compute_dr_grpo_advantage, compute_grpo_advantage
 from armor_plugins.advantages.opo import compute_opo_advantage
 from armor_plugins.advantages.pass_at_k import compute_pass_at_k_advantage
-from armor_plugins.advantages.reinforce_plus_plus import compute_reinforce_plus_plus_advantage, compute_reinforce_plus_plus_baseline_advantage
+from armor_plugins.advantages.reinforce_plus_plus import (
+    compute_reinforce_plus_plus_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+)
 from armor_plugins.advantages.rloo import compute_rloo_advantage
 
-GROUP_ESTIMATORS = [compute_grpo_advantage, compute_dr_grpo_advantage, compute_rloo_advantage, compute_opo_advantage, compute_reinforce_plus_plus_baseline_advantage]
+GROUP_ESTIMATORS = [
+    compute_grpo_advantage,
+    compute_dr_grpo_advantage,
+    compute_rloo_advantage,
+    compute_opo_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+]
 
 
 def outcome_batch(scores, lengths, T=4):
@@ -90,7 +99,12 @@ def test_equal_rewards_with_inexact_mean_still_give_exact_zero():
 def test_group_ids_of_every_type_give_the_same_result():
     rewards, mask = outcome_batch([1, 0, 3, 1, 2], [1, 2, 3, 4, 1])
     expected, _ = compute_grpo_advantage(rewards, mask, torch.tensor([5, 5, 2, 2, 2]))
-    for index in (np.array([5, 5, 2, 2, 2]), [5, 5, 2, 2, 2], np.array(["b", "b", "a", "a", "a"], dtype=object), torch.tensor([5, 5, 2, 2, 2], dtype=torch.int32)):
+    for index in (
+        np.array([5, 5, 2, 2, 2]),
+        [5, 5, 2, 2, 2],
+        np.array(["b", "b", "a", "a", "a"], dtype=object),
+        torch.tensor([5, 5, 2, 2, 2], dtype=torch.int32),
+    ):
         adv, _ = compute_grpo_advantage(rewards, mask, index)
         assert torch.equal(adv, expected)
 
@@ -209,7 +223,10 @@ def brute_force_pass_at_k(values, k):
     maxes = [max(values[i] for i in c) for c in subsets]
     mean = sum(maxes) / len(maxes)
     std = math.sqrt(sum((x - mean) ** 2 for x in maxes) / len(maxes))
-    return [sum(x for c, x in zip(subsets, maxes) if i in c) / sum(1 for c in subsets if i in c) - mean for i in range(len(values))], std
+    return [
+        sum(x for c, x in zip(subsets, maxes) if i in c) / sum(1 for c in subsets if i in c) - mean
+        for i in range(len(values))
+    ], std
 
 
 def test_pass_at_k_continuous_rewards_and_ties_match_enumerating_every_subset():
@@ -237,7 +254,9 @@ def test_pass_at_k_k1_is_grpo_with_population_std():
     rewards, mask = outcome_batch([1, 0, 0, 1, 1], [1, 2, 3, 1, 1])
     adv, _ = compute_pass_at_k_advantage(rewards, mask, [0] * 5, k=1, epsilon=0.0)
     p = 0.6
-    assert row_values(adv, mask) == pytest.approx([(1 - p) / math.sqrt(p * (1 - p)) if r else -p / math.sqrt(p * (1 - p)) for r in [1, 0, 0, 1, 1]])
+    assert row_values(adv, mask) == pytest.approx(
+        [(1 - p) / math.sqrt(p * (1 - p)) if r else -p / math.sqrt(p * (1 - p)) for r in [1, 0, 0, 1, 1]]
+    )
 
 
 def test_pass_at_k_requires_k():
@@ -263,14 +282,15 @@ ALL = [
 ]
 
 
-
 @pytest.mark.parametrize("name,extra", ALL)
 def test_every_estimator_resolves_and_handles_empty_and_singleton_batches(pm, name, extra):
     est = pm.get("advantage_estimator", name)
     assert est.requires_critic == (name == "gae")
     available = {"values": torch.zeros(3, 4), "gamma": 1.0, "lam": 1.0, "epsilon": 1e-6, "norm_adv_by_std": True}
     # every row fully masked
-    adv, ret = call_with_params(est.fn, torch.ones(3, 4), torch.zeros(3, 4), torch.tensor([0, 0, 1]), available=available, extra=extra)
+    adv, ret = call_with_params(
+        est.fn, torch.ones(3, 4), torch.zeros(3, 4), torch.tensor([0, 0, 1]), available=available, extra=extra
+    )
     assert adv.shape == ret.shape == (3, 4)
     assert torch.all(adv == 0) and torch.all(ret == 0)
     # one row per group: group estimators give exactly 0; the batch-level ones whiten across rows
@@ -286,10 +306,24 @@ def test_config_parameters_reach_the_estimators_by_name(pm):
     rewards, mask = outcome_batch([1.0, 0.0], [1, 1])
     index = [0, 0]
     # dr_grpo ignores the config's norm_adv_by_std=True because it does not declare it
-    dr = call_with_params(pm.get("advantage_estimator", "dr_grpo").fn, rewards, mask, index, available={"norm_adv_by_std": True, "epsilon": 1e-6})[0]
+    dr = call_with_params(
+        pm.get("advantage_estimator", "dr_grpo").fn,
+        rewards,
+        mask,
+        index,
+        available={"norm_adv_by_std": True, "epsilon": 1e-6},
+    )[0]
     assert dr[:, 0].tolist() == pytest.approx([0.5, -0.5])
     with pytest.raises(TypeError, match="unknown parameter 'kk'"):
-        call_with_params(pm.get("advantage_estimator", "pass_at_k").fn, rewards, mask, index, available={}, extra={"kk": 2}, where="algorithm.adv_kwargs")
+        call_with_params(
+            pm.get("advantage_estimator", "pass_at_k").fn,
+            rewards,
+            mask,
+            index,
+            available={},
+            extra={"kk": 2},
+            where="algorithm.adv_kwargs",
+        )
 
 
 def test_a_second_grpo_is_refused_naming_both_plugins(pm):

@@ -11,13 +11,13 @@ import armor_plugins.advantages.grpo as grpo_plugin
 import armor_plugins.rewards.format as format_plugin
 import armor_plugins.rewards.length as length_plugin
 from armor_core import RewardDomain, RewardResult, hookimpl
-from armor_core.config.schema import ConfigError, RewardConfig, load_config
 from armor_core.config.plugin_checks import validate_plugins
-from armor_core.plugins import PluginManager, get_plugin_manager
+from armor_core.config.schema import ConfigError, RewardConfig, load_config
 from armor_core.dataproto.protocol import DataProto
-from armor_core.rewards.manager import RewardManager
 from armor_core.loop.step import Scorer, Step, StepResult
 from armor_core.loop.step_timer import StepTimer
+from armor_core.plugins import PluginManager, get_plugin_manager
+from armor_core.rewards.manager import RewardManager
 from armor_plugins.advantages.grpo import compute_dr_grpo_advantage, compute_grpo_advantage
 from armor_plugins.advantages.opo import compute_opo_advantage
 from armor_plugins.advantages.pass_at_k import compute_pass_at_k_advantage
@@ -25,7 +25,7 @@ from armor_plugins.advantages.reinforce_plus_plus import compute_reinforce_plus_
 from armor_plugins.advantages.rloo import compute_rloo_advantage
 from armor_plugins.advantages.utils import normalize_reward_components
 
-Z = 0.5 ** 0.5  # sqrt(1/2)
+Z = 0.5**0.5  # sqrt(1/2)
 
 
 def last_token_batch(scores, T=3):
@@ -42,17 +42,25 @@ def last_token_batch(scores, T=3):
 # Group 1 (rows 4-5), routed to math only: math [0, 1]: mean 0.5, std sqrt(0.5) -> z [-sqrt(1/2), sqrt(1/2)];
 #   format takes no part in its statistics and adds nothing.
 # Group 2 (rows 6-7): math [1, 1] equal -> 0; format [0, 1] -> 0.5 * z = [-0.5 sqrt(1/2), 0.5 sqrt(1/2)].
-COMPONENTS = [{"math": (1.0, 1.0), "format": (1.0, 0.5)}, {"math": (0.0, 1.0), "format": (1.0, 0.5)},
-              {"math": (0.0, 1.0), "format": (1.0, 0.5)}, {"math": (0.0, 1.0), "format": (0.0, 0.5)},
-              {"math": (0.0, 1.0)}, {"math": (1.0, 1.0)},
-              {"math": (1.0, 1.0), "format": (0.0, 0.5)}, {"math": (1.0, 1.0), "format": (1.0, 0.5)}]
+COMPONENTS = [
+    {"math": (1.0, 1.0), "format": (1.0, 0.5)},
+    {"math": (0.0, 1.0), "format": (1.0, 0.5)},
+    {"math": (0.0, 1.0), "format": (1.0, 0.5)},
+    {"math": (0.0, 1.0), "format": (0.0, 0.5)},
+    {"math": (0.0, 1.0)},
+    {"math": (1.0, 1.0)},
+    {"math": (1.0, 1.0), "format": (0.0, 0.5)},
+    {"math": (1.0, 1.0), "format": (1.0, 0.5)},
+]
 INDEX = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
 RAW = [1.5, 0.5, 0.5, 0.0, 0.0, 1.0, 1.0, 1.5]  # sum of weight * score per row
 NORMALISED = [1.75, -0.25, -0.25, -1.25, -Z, Z, -0.5 * Z, 0.5 * Z]
 
 
 def test_components_are_standardised_within_their_group_then_weighted():
-    out = normalize_reward_components(torch.tensor(RAW, dtype=torch.float64), INDEX, torch.ones(8, dtype=torch.bool), COMPONENTS)
+    out = normalize_reward_components(
+        torch.tensor(RAW, dtype=torch.float64), INDEX, torch.ones(8, dtype=torch.bool), COMPONENTS
+    )
     torch.testing.assert_close(out, torch.tensor(NORMALISED, dtype=torch.float64), atol=1e-5, rtol=0)
 
 
@@ -79,8 +87,12 @@ def test_what_else_the_reward_holds_is_kept():
 def test_weights_not_raw_scales_decide():
     # math scores 0 or 0.2 (weight 1), format 0 or 1 (weight 0.5): summed, the format-only row (0.5)
     # beats the math-only row (0.2) although math weighs twice as much; standardised, math's weight wins
-    comps = [{"math": (0.2, 1.0), "format": (0.0, 0.5)}, {"math": (0.0, 1.0), "format": (1.0, 0.5)},
-             {"math": (0.0, 1.0), "format": (0.0, 0.5)}, {"math": (0.0, 1.0), "format": (0.0, 0.5)}]
+    comps = [
+        {"math": (0.2, 1.0), "format": (0.0, 0.5)},
+        {"math": (0.0, 1.0), "format": (1.0, 0.5)},
+        {"math": (0.0, 1.0), "format": (0.0, 0.5)},
+        {"math": (0.0, 1.0), "format": (0.0, 0.5)},
+    ]
     rewards, mask = last_token_batch([0.2, 0.5, 0.0, 0.0])
     index = torch.zeros(4, dtype=torch.long)
     plain, _ = compute_grpo_advantage(rewards, mask, index)
@@ -88,8 +100,17 @@ def test_weights_not_raw_scales_decide():
     assert plain[0, -1] < plain[1, -1] and gdpo[0, -1] > gdpo[1, -1]
 
 
-@pytest.mark.parametrize("estimator", [compute_grpo_advantage, compute_dr_grpo_advantage, compute_rloo_advantage, compute_opo_advantage,
-                                       compute_reinforce_plus_plus_baseline_advantage, compute_pass_at_k_advantage])
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        compute_grpo_advantage,
+        compute_dr_grpo_advantage,
+        compute_rloo_advantage,
+        compute_opo_advantage,
+        compute_reinforce_plus_plus_baseline_advantage,
+        compute_pass_at_k_advantage,
+    ],
+)
 def test_every_grouped_estimator_runs_on_the_normalised_scores(estimator):
     params = {"k": 2} if estimator is compute_pass_at_k_advantage else {}
     rewards, mask = last_token_batch(RAW)
@@ -103,10 +124,17 @@ def test_every_grouped_estimator_runs_on_the_normalised_scores(estimator):
 
 def test_normalize_components_needs_a_grouped_estimator():
     for estimator in ("gae", "reinforce_plus_plus"):
-        cfg = load_config(None, [f"algorithm.adv_estimator={estimator}", "algorithm.adv_kwargs={normalize_components: true}"])
-        with pytest.raises(ConfigError, match=rf"normalize_components=true .* algorithm.adv_estimator='{estimator}' has no groups; use one that does \(.*grpo"):
+        cfg = load_config(
+            None, [f"algorithm.adv_estimator={estimator}", "algorithm.adv_kwargs={normalize_components: true}"]
+        )
+        with pytest.raises(
+            ConfigError,
+            match=rf"normalize_components=true .* algorithm.adv_estimator='{estimator}' has no groups; use one that does \(.*grpo",
+        ):
             validate_plugins(cfg, get_plugin_manager())
-    validate_plugins(load_config(None, ["algorithm.adv_kwargs={normalize_components: true}"]), get_plugin_manager())  # grpo: fine
+    validate_plugins(
+        load_config(None, ["algorithm.adv_kwargs={normalize_components: true}"]), get_plugin_manager()
+    )  # grpo: fine
 
 
 # -- from the scoring step to the estimator -----------------------------------------------------------
@@ -137,21 +165,36 @@ def test_the_scorer_hands_each_rows_components_to_the_estimator():
     responses = torch.zeros(6, T, dtype=torch.long)
     mask = torch.zeros(6, T, dtype=torch.long)
     for i, t in enumerate(texts):
-        responses[i, :len(t)], mask[i, :len(t)] = torch.tensor([ord(c) for c in t]), 1
-    batch = DataProto.from_dict(tensors={"responses": responses, "response_mask": mask}, non_tensors={
-        "raw_prompt": ["2+2?"] * 6, "data_source": sources, "ground_truth": ["4"] * 6, "extra": [{}] * 6, "uid": [0, 0, 0, 0, 1, 1]})
+        responses[i, : len(t)], mask[i, : len(t)] = torch.tensor([ord(c) for c in t]), 1
+    batch = DataProto.from_dict(
+        tensors={"responses": responses, "response_mask": mask},
+        non_tensors={
+            "raw_prompt": ["2+2?"] * 6,
+            "data_source": sources,
+            "ground_truth": ["4"] * 6,
+            "extra": [{}] * 6,
+            "uid": [0, 0, 0, 0, 1, 1],
+        },
+    )
     cfg = load_config(None, ["algorithm.adv_estimator=dr_grpo", "algorithm.adv_kwargs={normalize_components: true}"])
-    rm = RewardManager(RewardConfig(domain_map={"boxed_math": {"correct": 1.0, "format": 0.5}, "plain": "correct"},
-                                    domain_kwargs={"format": {"preset": "boxed"}}), pm)
+    rm = RewardManager(
+        RewardConfig(
+            domain_map={"boxed_math": {"correct": 1.0, "format": 0.5}, "plain": "correct"},
+            domain_kwargs={"format": {"preset": "boxed"}},
+        ),
+        pm,
+    )
     scores, _ = Scorer(rm, CharTokenizer())(batch)
     assert scores.tolist() == [1.5, 1.0, 0.5, 0.0, 1.0, 0.0]
-    assert batch["reward_components"][0] == {"correct": (1.0, 1.0), "format": (1.0, 0.5)} and batch["reward_components"][4] == {"correct": (1.0, 1.0)}
+    assert batch["reward_components"][0] == {"correct": (1.0, 1.0), "format": (1.0, 0.5)} and batch[
+        "reward_components"
+    ][4] == {"correct": (1.0, 1.0)}
     batch["token_level_scores"] = torch.zeros(6, T).scatter_(1, (mask.sum(-1, keepdim=True) - 1), scores.unsqueeze(-1))
     step = Step(cfg, pm, pm.get("advantage_estimator", "dr_grpo"), None, None, None, None, None, None, None)
     out = step._advantages(batch, StepResult({}, StepTimer()))
     # group 0: correct [1, 1, 0, 0] -> z [Z', Z', -Z', -Z'] with std sqrt(1/3), Z' = 0.5 / sqrt(1/3) = sqrt(3)/2;
     # format [1, 0, 1, 0] -> the same shape across rows; 0.5 weight. Group 1: correct [1, 0] -> [Z, -Z]
-    h = 3 ** 0.5 / 2
+    h = 3**0.5 / 2
     expected = [h + 0.5 * h, h - 0.5 * h, -h + 0.5 * h, -h - 0.5 * h, Z, -Z]
     got = [float(out["advantages"][i, int(mask[i].sum()) - 1]) for i in range(6)]
     np.testing.assert_allclose(got, expected, atol=1e-5)

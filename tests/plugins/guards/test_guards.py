@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 
 from armor_core.loop.guard import GuardRunner
 from armor_core.testing import registered
-from armor_plugins.guards import entropy, grad_spike, importance_ratio, kl, reward_collapse, rollout_mismatch, update_size
+from armor_plugins.guards import (
+    entropy,
+    grad_spike,
+    importance_ratio,
+    kl,
+    reward_collapse,
+    rollout_mismatch,
+    update_size,
+)
 from armor_plugins.guards.entropy import EntropyGuard
 from armor_plugins.guards.grad_spike import GradSpikeGuard
 from armor_plugins.guards.importance_ratio import ImportanceRatioGuard
@@ -25,8 +33,15 @@ from armor_plugins.guards.reward_collapse import RewardCollapseGuard
 from armor_plugins.guards.rollout_mismatch import RolloutMismatchGuard
 from armor_plugins.guards.update_size import UpdateSizeGuard
 
-MODULES = {"grad_spike": grad_spike, "importance_ratio": importance_ratio, "kl": kl, "entropy": entropy,
-           "reward_collapse": reward_collapse, "rollout_mismatch": rollout_mismatch, "update_size": update_size}
+MODULES = {
+    "grad_spike": grad_spike,
+    "importance_ratio": importance_ratio,
+    "kl": kl,
+    "entropy": entropy,
+    "reward_collapse": reward_collapse,
+    "rollout_mismatch": rollout_mismatch,
+    "update_size": update_size,
+}
 
 
 def run(guard, stage, values, key=None, **extra):
@@ -67,7 +82,10 @@ def test_grad_spike_scales_a_spike_to_mean_plus_k_std():
 
 
 def test_grad_spike_does_not_let_spikes_pollute_the_statistics():
-    spiked, clean = GradSpikeGuard(window=4, warmup=4, z_threshold=2.0, min_rel_std=0.0), GradSpikeGuard(window=4, warmup=4, z_threshold=2.0, min_rel_std=0.0)
+    spiked, clean = (
+        GradSpikeGuard(window=4, warmup=4, z_threshold=2.0, min_rel_std=0.0),
+        GradSpikeGuard(window=4, warmup=4, z_threshold=2.0, min_rel_std=0.0),
+    )
     run(spiked, "grad", [1.0, 3.0, 1.0, 3.0, 1e6], "grad_norm")
     run(clean, "grad", [1.0, 3.0, 1.0, 3.0, 4.0], "grad_norm")  # 4 = the clipped value of the spike
     assert spiked.moments.state_dict() == pytest.approx(clean.moments.state_dict())
@@ -122,8 +140,20 @@ CALM = {"actor/pg_clipfrac": 0.01, "actor/pg_clipfrac_lower": 0.0, "actor/ratio_
 
 
 def ir_guard(**kw):
-    params = dict(max_clipfrac=0.1, max_ratio=10.0, min_ratio=0.1, patience=2, tighten_factor=0.5, lr_factor=0.5,
-                  clip_ratio_floor=0.05, min_lr_scale=0.25, recover_every=2, clip_ratio_low=0.2, clip_ratio_high=0.28, lr=1e-4)
+    params = dict(
+        max_clipfrac=0.1,
+        max_ratio=10.0,
+        min_ratio=0.1,
+        patience=2,
+        tighten_factor=0.5,
+        lr_factor=0.5,
+        clip_ratio_floor=0.05,
+        min_lr_scale=0.25,
+        recover_every=2,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        lr=1e-4,
+    )
     params.update(kw)
     return ImportanceRatioGuard(**params)
 
@@ -151,7 +181,9 @@ def test_importance_ratio_tightens_after_patience_then_floors():
 def test_importance_ratio_recovers_slowly_to_the_initial_values():
     g = ir_guard()
     run(g, "update", [{**CALM, "actor/ratio_max": 50.0}] * 6)  # three cuts: low 0.05, high 0.05, lr 2.5e-5
-    assert {n: k.value for n, k in g.knobs.items()} == pytest.approx({"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "lr": 2.5e-5})
+    assert {n: k.value for n, k in g.knobs.items()} == pytest.approx(
+        {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "lr": 2.5e-5}
+    )
     v = run(g, "update", [CALM] * 8)
     assert actions(v) == ["proceed", "adjust"] * 3 + ["proceed", "proceed"]
     assert v[1].adjustments == pytest.approx({"clip_ratio_low": 0.1, "clip_ratio_high": 0.1, "lr": 5e-5})
@@ -179,8 +211,19 @@ def test_importance_ratio_only_lr():
 
 
 def kl_guard(**kw):
-    params = dict(target=0.1, rollback_factor=10.0, patience=2, coef_factor=2.0, max_kl_loss_coef=0.004, lr_factor=0.5,
-                  min_lr_scale=0.5, recover_below=0.5, recover_every=2, kl_loss_coef=0.001, lr=1e-4)
+    params = dict(
+        target=0.1,
+        rollback_factor=10.0,
+        patience=2,
+        coef_factor=2.0,
+        max_kl_loss_coef=0.004,
+        lr_factor=0.5,
+        min_lr_scale=0.5,
+        recover_below=0.5,
+        recover_every=2,
+        kl_loss_coef=0.001,
+        lr=1e-4,
+    )
     params.update(kw)
     return KLGuard(**params)
 
@@ -191,7 +234,14 @@ def test_kl_raises_the_coefficient_then_lowers_lr_then_rolls_back():
     assert actions(v) == ["proceed", "adjust"]
     assert v[1].adjustments == pytest.approx({"kl_loss_coef": 0.002}) and (v[1].signal, v[1].threshold) == (0.12, 0.1)
     v = run(g, "update", [0.2] * 6, "actor/kl_loss")
-    assert [x.adjustments for x in v] == [{}, pytest.approx({"kl_loss_coef": 0.004}), {}, pytest.approx({"lr": 5e-5}), {}, {}]
+    assert [x.adjustments for x in v] == [
+        {},
+        pytest.approx({"kl_loss_coef": 0.004}),
+        {},
+        pytest.approx({"lr": 5e-5}),
+        {},
+        {},
+    ]
     assert actions(v)[5] == "proceed"  # coefficient at its max (0.004) and lr at its floor (0.5 * 1e-4)
     v = g.observe("update", {"actor/kl_loss": 1.5}, 9)  # 1.5 > 10 * 0.1
     assert (v.action, v.signal, v.threshold) == ("rollback", 1.5, pytest.approx(1.0))
@@ -230,8 +280,17 @@ def test_kl_reward_kl_lowers_lr_and_kl_loss_is_preferred():
 
 
 def ent_guard(**kw):
-    params = dict(floor=0.1, ceiling=2.0, patience=2, coeff_step=0.001, max_entropy_coeff=0.002, clip_step=0.04,
-                  max_clip_ratio_high=0.28, entropy_coeff=0.0, clip_ratio_high=0.2)
+    params = dict(
+        floor=0.1,
+        ceiling=2.0,
+        patience=2,
+        coeff_step=0.001,
+        max_entropy_coeff=0.002,
+        clip_step=0.04,
+        max_clip_ratio_high=0.28,
+        entropy_coeff=0.0,
+        clip_ratio_high=0.2,
+    )
     params.update(kw)
     return EntropyGuard(**params)
 
@@ -241,8 +300,11 @@ def test_entropy_collapse_raises_coefficient_then_widens_clip():
     v = run(g, "update", [0.05] * 10, "actor/entropy")
     assert actions(v) == ["proceed", "adjust"] * 4 + ["proceed"] * 2
     assert [v[i].adjustments for i in (1, 3, 5, 7)] == [
-        pytest.approx({"entropy_coeff": 0.001}), pytest.approx({"entropy_coeff": 0.002}),
-        pytest.approx({"clip_ratio_high": 0.24}), pytest.approx({"clip_ratio_high": 0.28})]
+        pytest.approx({"entropy_coeff": 0.001}),
+        pytest.approx({"entropy_coeff": 0.002}),
+        pytest.approx({"clip_ratio_high": 0.24}),
+        pytest.approx({"clip_ratio_high": 0.28}),
+    ]
     assert (v[1].signal, v[1].threshold) == (0.05, 0.1)
 
 
@@ -311,7 +373,9 @@ def test_update_size_is_an_opt_in_stage(tmp_path):
 
     pm = get_plugin_manager()
     assert not GuardRunner([{"name": "non_finite"}, {"name": "grad_spike"}], pm=pm).watches("step")
-    runner = GuardRunner([{"name": "non_finite"}, {"name": "update_size", "params": {"warmup": 1}}], pm=pm, run_dir=tmp_path)
+    runner = GuardRunner(
+        [{"name": "non_finite"}, {"name": "update_size", "params": {"warmup": 1}}], pm=pm, run_dir=tmp_path
+    )
     assert runner.watches("step") and runner.watches("grad")
     runner.observe("step", {"update_ratio": 1e-3, "lr": 1e-4}, 1)
     assert runner.observe("step", {"update_ratio": 1.0, "lr": 1e-4}, 2).action == "skip"
@@ -379,7 +443,9 @@ def test_reward_collapse_ignores_noisy_but_stable_rewards(seed):
 
 def test_rollout_mismatch_guard():
     g = RolloutMismatchGuard(max_diff_mean=0.2)
-    assert g.observe("update", {"rollout/logprob_diff_mean": 0.1, "rollout/logprob_diff_max": 9.0}, 1).action == "proceed"
+    assert (
+        g.observe("update", {"rollout/logprob_diff_mean": 0.1, "rollout/logprob_diff_max": 9.0}, 1).action == "proceed"
+    )
     v = g.observe("advantage", {"rollout/logprob_diff_mean": 0.3}, 2)  # any stage that carries the stat
     assert (v.action, v.signal, v.threshold) == ("skip", 0.3, 0.2)
     g = RolloutMismatchGuard(max_diff_mean=0.2, max_diff_max=5.0)
@@ -400,8 +466,15 @@ ACTIVE = {
     "rollout_mismatch": dict(max_diff_mean=0.2),
     "update_size": dict(warmup=3, window=5, max_ratio=2e-3),
 }
-CLASSES = {"grad_spike": GradSpikeGuard, "importance_ratio": ImportanceRatioGuard, "kl": KLGuard, "entropy": EntropyGuard,
-           "reward_collapse": RewardCollapseGuard, "rollout_mismatch": RolloutMismatchGuard, "update_size": UpdateSizeGuard}
+CLASSES = {
+    "grad_spike": GradSpikeGuard,
+    "importance_ratio": ImportanceRatioGuard,
+    "kl": KLGuard,
+    "entropy": EntropyGuard,
+    "reward_collapse": RewardCollapseGuard,
+    "rollout_mismatch": RolloutMismatchGuard,
+    "update_size": UpdateSizeGuard,
+}
 
 
 def turbulent(seed, n):
@@ -409,12 +482,28 @@ def turbulent(seed, n):
     rng, step_rng = random.Random(seed), random.Random(seed + 1000)
     out = []
     for step in range(1, n + 1):
-        out.append(("reward", {"score/mean": rng.choice([0.6, 0.65, 0.7, 0.1]), "score/min": 0.0, "score/max": 1.0}, step))
-        out.append(("advantage", {"critic/advantages/mean": 0.0, "rollout/logprob_diff_mean": rng.choice([0.01, 0.3])}, step))
+        out.append(
+            ("reward", {"score/mean": rng.choice([0.6, 0.65, 0.7, 0.1]), "score/min": 0.0, "score/max": 1.0}, step)
+        )
+        out.append(
+            ("advantage", {"critic/advantages/mean": 0.0, "rollout/logprob_diff_mean": rng.choice([0.01, 0.3])}, step)
+        )
         out.append(("grad", {"grad_norm": rng.choice([1.0, 1.2, 0.9, 30.0]), "pg_loss": 0.1}, step))
-        out.append(("update", {"actor/pg_clipfrac": rng.choice([0.0, 0.3]), "actor/pg_clipfrac_lower": 0.0, "actor/ratio_max": rng.choice([1.5, 20.0]),
-                               "actor/ratio_min": 0.5, "actor/kl_loss": rng.choice([0.01, 0.2, 0.8]), "actor/entropy": rng.choice([0.1, 1.0, 5.0]),
-                               "rollout/logprob_diff_mean": rng.choice([0.01, 0.5])}, step))
+        out.append(
+            (
+                "update",
+                {
+                    "actor/pg_clipfrac": rng.choice([0.0, 0.3]),
+                    "actor/pg_clipfrac_lower": 0.0,
+                    "actor/ratio_max": rng.choice([1.5, 20.0]),
+                    "actor/ratio_min": 0.5,
+                    "actor/kl_loss": rng.choice([0.01, 0.2, 0.8]),
+                    "actor/entropy": rng.choice([0.1, 1.0, 5.0]),
+                    "rollout/logprob_diff_mean": rng.choice([0.01, 0.5]),
+                },
+                step,
+            )
+        )
         out.append(("step", {"update_ratio": step_rng.choice([1e-3, 1.2e-3, 0.9e-3, 3e-3, 0.05]), "lr": 1e-4}, step))
         if step % 4 == 0:
             out.append(("validation", {"val/acc_greedy": rng.choice([0.7, 0.72, 0.2])}, step))
@@ -426,7 +515,9 @@ def test_state_round_trip_continues_identically(name):
     seq = turbulent(7, 40)
     full = CLASSES[name](**ACTIVE[name])
     expected = [full.observe(*x) for x in seq]
-    assert any(v.action != "proceed" for v in expected[80:]), f"{name} never acted late in the run: the test would prove nothing"
+    assert any(v.action != "proceed" for v in expected[80:]), (
+        f"{name} never acted late in the run: the test would prove nothing"
+    )
     for split in range(0, len(seq), 5):  # every 5th point, so the split falls inside streaks and warm-ups too
         a = CLASSES[name](**ACTIVE[name])
         for x in seq[:split]:
@@ -450,14 +541,35 @@ def test_each_module_registers_its_own_name_and_runs_in_the_runner(name, tmp_pat
         CLASSES[name](**{next(iter(ACTIVE[name])): -1})  # every guard validates its first parameter
 
 
-FLOATS = st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), -float("inf")]))
-KEYS = ["grad_norm", "score/mean", "val/acc_greedy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ratio_max", "actor/ratio_min",
-        "actor/kl_loss", "actor/reward_kl", "actor/entropy", "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "update_ratio", "lr"]
+FLOATS = st.one_of(
+    st.floats(), st.sampled_from([0.0, -0.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), -float("inf")])
+)
+KEYS = [
+    "grad_norm",
+    "score/mean",
+    "val/acc_greedy",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ratio_max",
+    "actor/ratio_min",
+    "actor/kl_loss",
+    "actor/reward_kl",
+    "actor/entropy",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
+    "update_ratio",
+    "lr",
+]
 STAGES = ["reward", "advantage", "grad", "step", "update", "validation"]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(list(CLASSES)), st.lists(st.tuples(st.sampled_from(STAGES), st.dictionaries(st.sampled_from(KEYS), FLOATS, max_size=6)), max_size=40))
+@given(
+    st.sampled_from(list(CLASSES)),
+    st.lists(
+        st.tuples(st.sampled_from(STAGES), st.dictionaries(st.sampled_from(KEYS), FLOATS, max_size=6)), max_size=40
+    ),
+)
 def test_guards_never_raise_and_keep_finite_state(name, seq):
     g = CLASSES[name](**ACTIVE[name])
     for step, (stage, stats) in enumerate(seq, 1):
@@ -470,8 +582,11 @@ def test_guards_never_raise_and_keep_finite_state(name, seq):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(list(CLASSES)), st.lists(st.tuples(st.sampled_from(STAGES), st.booleans()), max_size=60),
-       st.sampled_from([float("nan"), float("inf"), -float("inf")]))
+@given(
+    st.sampled_from(list(CLASSES)),
+    st.lists(st.tuples(st.sampled_from(STAGES), st.booleans()), max_size=60),
+    st.sampled_from([float("nan"), float("inf"), -float("inf")]),
+)
 def test_non_finite_observations_leave_the_state_untouched(name, plan, bad):
     """The same run with non-finite observations interleaved ends in the same state as without them."""
     clean, dirty = CLASSES[name](**ACTIVE[name]), CLASSES[name](**ACTIVE[name])

@@ -18,7 +18,9 @@ NORM = 8.0  # the constant C of seq-mean-token-sum-norm
 
 
 def call(mode, loss_mat, mask, **counts):
-    return AGGREGATIONS[mode](loss_mat, mask, norm_constant=NORM, **{"global_num_tokens": None, "global_num_seqs": None, **counts})
+    return AGGREGATIONS[mode](
+        loss_mat, mask, norm_constant=NORM, **{"global_num_tokens": None, "global_num_seqs": None, **counts}
+    )
 
 
 # -- hand-computed ------------------------------------------------------------------------------
@@ -27,7 +29,10 @@ def call(mode, loss_mat, mask, **counts):
 def test_modes_by_hand():
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 99.0, float("nan")], [5.0, 5.0, 5.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # row 2 is fully masked: not a sequence
-    got = {mode: float(AGGREGATIONS[mode](loss, mask, global_num_tokens=None, global_num_seqs=None, norm_constant=4.0)) for mode in MODES}
+    got = {
+        mode: float(AGGREGATIONS[mode](loss, mask, global_num_tokens=None, global_num_seqs=None, norm_constant=4.0))
+        for mode in MODES
+    }
     assert got == {
         "token-mean": pytest.approx((1 + 2 + 3 + 4) / 4),
         "seq-mean-token-sum": pytest.approx((6 + 4) / 2),
@@ -39,10 +44,20 @@ def test_modes_by_hand():
 def test_global_counts_divide_instead_of_local_ones():
     loss = torch.tensor([[1.0, 2.0, 3.0]])
     mask = torch.ones(1, 3)
-    assert float(AGGREGATIONS["token-mean"](loss, mask, global_num_tokens=12, global_num_seqs=None, norm_constant=None)) == pytest.approx(0.5)
-    assert float(AGGREGATIONS["seq-mean-token-mean"](loss, mask, global_num_tokens=None, global_num_seqs=torch.tensor(4), norm_constant=None)) == pytest.approx(0.5)
+    assert float(
+        AGGREGATIONS["token-mean"](loss, mask, global_num_tokens=12, global_num_seqs=None, norm_constant=None)
+    ) == pytest.approx(0.5)
+    assert float(
+        AGGREGATIONS["seq-mean-token-mean"](
+            loss, mask, global_num_tokens=None, global_num_seqs=torch.tensor(4), norm_constant=None
+        )
+    ) == pytest.approx(0.5)
     # norm_constant None falls back to the padded length
-    assert float(AGGREGATIONS["seq-mean-token-sum-norm"](loss, mask, global_num_tokens=None, global_num_seqs=2, norm_constant=None)) == pytest.approx(6 / 3 / 2)
+    assert float(
+        AGGREGATIONS["seq-mean-token-sum-norm"](
+            loss, mask, global_num_tokens=None, global_num_seqs=2, norm_constant=None
+        )
+    ) == pytest.approx(6 / 3 / 2)
 
 
 def test_empty_batch_is_zero_not_nan_and_bad_constants_are_errors():
@@ -50,13 +65,22 @@ def test_empty_batch_is_zero_not_nan_and_bad_constants_are_errors():
         out = call(mode, torch.ones(2, 3, requires_grad=True), torch.zeros(2, 3))
         assert float(out.detach()) == 0.0
     with pytest.raises(ValueError, match="norm_constant=0.0 must be > 0"):
-        AGGREGATIONS["seq-mean-token-sum-norm"](torch.ones(1, 1), torch.ones(1, 1), global_num_tokens=None, global_num_seqs=None, norm_constant=0.0)
+        AGGREGATIONS["seq-mean-token-sum-norm"](
+            torch.ones(1, 1), torch.ones(1, 1), global_num_tokens=None, global_num_seqs=None, norm_constant=0.0
+        )
 
 
 def test_every_mode_resolves_through_the_plugin_manager(pm):  # conftest.py: the built-in algorithms only
     assert pm.names("loss_aggregation") == MODES
     loss, mask = torch.tensor([[2.0, 4.0]]), torch.ones(1, 2)
-    assert float(pm.get("loss_aggregation", "token-mean").fn(loss, mask, global_num_tokens=None, global_num_seqs=None, norm_constant=None)) == 3.0
+    assert (
+        float(
+            pm.get("loss_aggregation", "token-mean").fn(
+                loss, mask, global_num_tokens=None, global_num_seqs=None, norm_constant=None
+            )
+        )
+        == 3.0
+    )
 
 
 # -- equivalence: whole batch == micro-batches == DP ranks ------------------------------------------
@@ -189,4 +213,6 @@ def test_real_gloo_ddp_gradients_match_the_whole_batch(tmp_path):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for mode in MODES:
             _, want_grad = full_batch(mode, x, mask, theta)
-            torch.testing.assert_close(got[mode], want_grad, msg=lambda m, mode=mode, rank=rank: f"{mode} rank {rank}: {m}")
+            torch.testing.assert_close(
+                got[mode], want_grad, msg=lambda m, mode=mode, rank=rank: f"{mode} rank {rank}: {m}"
+            )

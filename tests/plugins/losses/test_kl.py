@@ -5,14 +5,20 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
-import torch
 
 from armor_core import KLEstimator
+from armor_core.loop.kl_penalty import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    build_kl_controller,
+    compute_kl_loss,
+)
 from armor_core.plugins import PluginManager
 from armor_plugins.losses.aggregation import agg_token_mean
-from armor_core.loop.kl_penalty import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller, compute_kl_loss
 from armor_plugins.losses.kl import KL_ESTIMATORS
 
 LN2 = math.log(2)
@@ -28,7 +34,6 @@ EXPECTED = {
     "k1+": (-LN2, -LN2),
     "k3+": (1 - LN2, -LN2),
 }
-
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -146,7 +151,9 @@ def test_a_third_party_kl_estimator_is_accepted_by_the_penalty():
     pm = PluginManager(load_entrypoints=False)
     pm.register(Halved(), name="halved")
     est = pm.get("kl_estimator", "half_k1")
-    rewards, _ = apply_kl_penalty(torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 1.0, estimator=est)
+    rewards, _ = apply_kl_penalty(
+        torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 1.0, estimator=est
+    )
     assert float(rewards) == pytest.approx(-0.5)
 
 

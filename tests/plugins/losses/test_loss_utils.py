@@ -44,7 +44,9 @@ def test_masked_whiten_by_hand_and_no_signal_is_exact_zero():
     m = torch.tensor([[1, 1, 0], [1, 1, 0]])
     sd = math.sqrt(14 / 3 + 1e-8)
     torch.testing.assert_close(masked_whiten(x, m), torch.tensor([[-2 / sd, -1 / sd, 0.0], [0.0, 3 / sd, 0.0]]))
-    torch.testing.assert_close(masked_whiten(x, m, shift_mean=False), torch.tensor([[1 / sd, 2 / sd, 0.0], [3 / sd, 6 / sd, 0.0]]))
+    torch.testing.assert_close(
+        masked_whiten(x, m, shift_mean=False), torch.tensor([[1 / sd, 2 / sd, 0.0], [3 / sd, 6 / sd, 0.0]])
+    )
     same = torch.full((2, 3), 0.1)
     assert torch.all(masked_whiten(same, torch.ones(2, 3)) == 0)
 
@@ -57,7 +59,12 @@ def test_masked_whiten_of_huge_values_is_finite_and_right():
 
 
 def test_entropy_from_logits_by_hand():
-    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3), -float("inf"), -float("inf")]], [[1e4, 0.0, -1e4, 5.0], [7.0, 7.0, 7.0, 7.0]]])
+    logits = torch.tensor(
+        [
+            [[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3), -float("inf"), -float("inf")]],
+            [[1e4, 0.0, -1e4, 5.0], [7.0, 7.0, 7.0, 7.0]],
+        ]
+    )
     h = entropy_from_logits(logits[:, :, :2].contiguous())
     assert h.shape == (2, 2)
     expected = torch.tensor([[math.log(2), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))], [0.0, math.log(2)]])
@@ -87,6 +94,8 @@ def test_value_loss_clipping_by_hand():
 
 
 def test_clamped_ratio_upcasts_half_precision():
-    lr, r = clamped_ratio(torch.tensor([[15.0]], dtype=torch.float16), torch.tensor([[0.0]], dtype=torch.float16), torch.ones(1, 1))
+    lr, r = clamped_ratio(
+        torch.tensor([[15.0]], dtype=torch.float16), torch.tensor([[0.0]], dtype=torch.float16), torch.ones(1, 1)
+    )
     assert r.dtype == torch.float32 and torch.isfinite(r).all()  # exp(15) overflows float16
     assert float(r) == pytest.approx(math.exp(15), rel=1e-3)

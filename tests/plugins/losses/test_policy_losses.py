@@ -14,7 +14,6 @@ from armor_plugins.losses.gspo import compute_policy_loss_gspo
 from armor_plugins.losses.ppo_clip import compute_policy_loss_ppo_clip
 
 
-
 def log(x):
     return math.log(x)
 
@@ -46,7 +45,9 @@ def ppo_batch():
 
 def test_ppo_clip_hand_computed_values_gradients_and_metrics():
     log_prob, old, adv, mask = ppo_batch()
-    loss, metrics = compute_policy_loss_ppo_clip(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    loss, metrics = compute_policy_loss_ppo_clip(
+        log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0
+    )
     torch.testing.assert_close(loss, torch.tensor([[-1.28, -0.5, 0.8, 1.2, 3.0, 4.0, 0.0]], dtype=torch.float64))
     loss.sum().backward()
     # d(-A r)/d log pi = -A r where unclipped, 0 where a clip binds; 0 (not NaN) for the padded token
@@ -65,7 +66,9 @@ def test_ppo_clip_hand_computed_values_gradients_and_metrics():
 
 def test_ppo_clip_symmetric_and_without_dual_clip():
     log_prob, old, adv, mask = ppo_batch()
-    loss, metrics = compute_policy_loss_ppo_clip(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=None)
+    loss, metrics = compute_policy_loss_ppo_clip(
+        log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=None
+    )
     # upper bound 1.2 now; token 5 (A=-1, r=5) keeps its unbounded 5
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.5, 0.8, 1.2, 5.0, 4.0, 0.0]], dtype=torch.float64))
     assert float(metrics["pg_clipfrac_dual"]) == 0.0
@@ -87,7 +90,9 @@ def test_log_ratio_is_clamped_so_extreme_inputs_stay_finite():
         assert torch.isfinite(loss).all() and torch.isfinite(log_prob.grad).all(), loss_fn.__name__
         assert all(math.isfinite(float(v)) for v in metrics.values()), loss_fn.__name__
     # the clamp is at +-20: the ratio metric shows exp(20), not inf
-    _, metrics = compute_policy_loss_ppo_clip(torch.tensor([[1000.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1))
+    _, metrics = compute_policy_loss_ppo_clip(
+        torch.tensor([[1000.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1)
+    )
     assert float(metrics["ratio_max"]) == pytest.approx(math.exp(20), rel=1e-5)
 
 
@@ -97,7 +102,11 @@ def test_no_valid_token_gives_zero_loss_and_neutral_metrics():
         loss, metrics = loss_fn(log_prob, torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3))
         agg_token_mean(loss, torch.zeros(2, 3)).backward()
         assert torch.all(loss == 0) and torch.all(log_prob.grad == 0), loss_fn.__name__
-        assert float(metrics["ratio_mean"]) == 1.0 and float(metrics["pg_clipfrac"]) == 0.0 and float(metrics["ppo_kl"]) == 0.0
+        assert (
+            float(metrics["ratio_mean"]) == 1.0
+            and float(metrics["pg_clipfrac"]) == 0.0
+            and float(metrics["ppo_kl"]) == 0.0
+        )
 
 
 # -- GSPO -----------------------------------------------------------------------------------------
@@ -126,7 +135,9 @@ def test_gspo_token_form_equals_the_sequence_objective_under_seq_mean_token_mean
     torch.testing.assert_close(loss, seq_obj.detach())
     torch.testing.assert_close(log_prob.grad, lp2.grad * mask)
     # by hand: seq 0 tokens get -s0/2 / 3 each, seq 1 nothing, seq 2: -A s = 1.8, / 3 sequences
-    torch.testing.assert_close(log_prob.grad, torch.tensor([[-s0 / 6, -s0 / 6, 0], [0, 0, 0], [0.6, 0, 0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        log_prob.grad, torch.tensor([[-s0 / 6, -s0 / 6, 0], [0, 0, 0], [0.6, 0, 0]], dtype=torch.float64)
+    )
     assert float(metrics["pg_clipfrac"]) == pytest.approx(3 / 6)  # the 3 tokens of seq 1
     assert float(metrics["ratio_max"]) == pytest.approx(3.0)
     assert float(metrics["ratio_min"]) == pytest.approx(0.9)
@@ -169,7 +180,9 @@ def test_cispo_clips_the_weight_but_keeps_every_tokens_gradient():
 def test_cispo_without_lower_bound():
     old = torch.zeros(1, 1)
     log_prob = torch.tensor([[log(0.1)]], requires_grad=True)
-    loss, _ = compute_policy_loss_cispo(log_prob, old, torch.tensor([[1.0]]), torch.ones(1, 1), clip_ratio_low=1.0, clip_ratio_high=0.28)
+    loss, _ = compute_policy_loss_cispo(
+        log_prob, old, torch.tensor([[1.0]]), torch.ones(1, 1), clip_ratio_low=1.0, clip_ratio_high=0.28
+    )
     assert float(loss.detach()) == pytest.approx(-0.1)
 
 
@@ -187,21 +200,22 @@ def test_losses_resolve_and_take_config_parameters_by_name(pm, name):
         assert key in metrics
 
 
-
 # -- end to end: every loss with every estimator learns a two-token bandit -------------------------
-
-
-
 
 
 @pytest.mark.parametrize(
     "adv_name,loss_name",
-    [(a, "ppo_clip") for a in ["grpo", "dr_grpo", "rloo", "opo", "reinforce_plus_plus_baseline", "pass_at_k"]] + [("grpo", "gspo"), ("grpo", "cispo"), ("rloo", "gspo"), ("pass_at_k", "cispo")],
+    [(a, "ppo_clip") for a in ["grpo", "dr_grpo", "rloo", "opo", "reinforce_plus_plus_baseline", "pass_at_k"]]
+    + [("grpo", "gspo"), ("grpo", "cispo"), ("rloo", "gspo"), ("pass_at_k", "cispo")],
 )
 def test_a_tiny_policy_learns_with_every_estimator_and_loss(pm, one_thread, adv_name, loss_name):
     # policy: an independent softmax over 4 actions at each of 2 positions; reward 1 only for
     # (2, 2), which starts at probability 1/16. Sign or stop-gradient mistakes would not learn it.
-    est, loss_fn, agg = pm.get("advantage_estimator", adv_name), pm.get("policy_loss", loss_name), pm.get("loss_aggregation", "seq-mean-token-mean")
+    est, loss_fn, agg = (
+        pm.get("advantage_estimator", adv_name),
+        pm.get("policy_loss", loss_name),
+        pm.get("loss_aggregation", "seq-mean-token-mean"),
+    )
     gen = torch.Generator().manual_seed(0)
     logits = torch.zeros(2, 4, requires_grad=True)
     opt = torch.optim.Adam([logits], lr=0.1)
@@ -212,14 +226,30 @@ def test_a_tiny_policy_learns_with_every_estimator_and_loss(pm, one_thread, adv_
     for _ in range(25):
         with torch.no_grad():
             probs = torch.softmax(logits, -1)
-            actions = torch.stack([torch.multinomial(probs[p], groups * n, replacement=True, generator=gen) for p in pos], dim=1)  # (B, 2)
+            actions = torch.stack(
+                [torch.multinomial(probs[p], groups * n, replacement=True, generator=gen) for p in pos], dim=1
+            )  # (B, 2)
             rewards = torch.zeros(groups * n, 2)
             rewards[:, 1] = (actions == 2).all(-1).float()
             old = torch.log_softmax(logits, -1)[pos, actions]
-        adv, _ = call_with_params(est.fn, rewards, mask, index, available={"norm_adv_by_std": True}, extra={"k": 2} if adv_name == "pass_at_k" else {})
+        adv, _ = call_with_params(
+            est.fn,
+            rewards,
+            mask,
+            index,
+            available={"norm_adv_by_std": True},
+            extra={"k": 2} if adv_name == "pass_at_k" else {},
+        )
         for _ in range(2):  # two updates per batch: the second is off-policy, so the ratio and clip matter
             log_prob = torch.log_softmax(logits, -1)[pos, actions]
-            loss_mat, _ = call_with_params(loss_fn.fn, log_prob, old, adv, mask, available={"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0})
+            loss_mat, _ = call_with_params(
+                loss_fn.fn,
+                log_prob,
+                old,
+                adv,
+                mask,
+                available={"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0},
+            )
             opt.zero_grad()
             agg.fn(loss_mat, mask, global_num_tokens=None, global_num_seqs=None, norm_constant=2.0).backward()
             opt.step()

