@@ -70,7 +70,7 @@ def armor_register_advantage_estimators(register: Register) -> None:
         group whose scores agree gets advantage 0): ``algorithm.filter_groups`` needs it, and so
         does ``adv_kwargs.normalize_components`` (each component standardised within its group
         before the weighted sum; the built-in grouped estimators do it with
-        ``armor_plugins.advantages.utils.normalize_reward_components``).
+        ``armor_core.ops.groups.normalize_reward_components``).
     """
 
 

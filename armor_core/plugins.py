@@ -266,10 +266,6 @@ class PluginManager:
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown plugin kind {kind!r}.{hint} Kinds: {', '.join(KINDS)}")
 
-    @property
-    def plugin_names(self) -> list[str]:
-        return sorted(name for name, plugin in self._pm.list_name_plugin() if plugin is not None)
-
 
 def unknown_name_message(kind: str, name: str, available: list[str], *, where: str | None = None) -> str:
     at = f" (config key {where})" if where else ""

@@ -18,7 +18,8 @@ Runs, each the default job (``armor run``: the shipped tiny Qwen2, two-number ad
 
 Steps per second counts the training loop only (the sum of ``timing_s/step``: no start-up, no
 validation). "no-signal rows" is the share of trained rows whose advantages are all 0
-(``actor/zero_adv_rows``: a GRPO group that scored all alike), the work a step wastes. Held-out greedy accuracy is measured every ``--val-freq`` steps; "time to target" is
+(``actor/zero_adv_rows``: a GRPO group that scored all alike), the work a step wastes. Held-out greedy accuracy is
+measured every ``--val-freq`` steps; "time to target" is
 the loop time until the first validation at or above ``--target``. Printed: one row per run and
 seed, then the mean per configuration.
 """
@@ -92,8 +93,9 @@ def main() -> None:
         configs["sync filter"] = [f"engine.cpus_per_worker={args.cores}", "algorithm.filter_groups=true"]
     results: dict[str, list[dict]] = {name: [] for name in configs}
     print(
-        f"{'run':>10} {'seed':>4} | {'steps/s':>7} {f'to {args.target:.2f} (s)':>12} {'acc before':>10} {'acc after':>9} | "
-        f"{'staleness':>9} {'gen wait s':>10} {'update s':>8} {'weights s':>9} {'no-signal rows':>14}"
+        f"{'run':>10} {'seed':>4} | {'steps/s':>7} {f'to {args.target:.2f} (s)':>12} {'acc before':>10} "
+        f"{'acc after':>9} | {'staleness':>9} {'gen wait s':>10} {'update s':>8} {'weights s':>9} "
+        f"{'no-signal rows':>14}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -106,8 +108,9 @@ def main() -> None:
                 results[name].append(r)
                 reached = f"{r['to_target_s']:.1f}" if r["to_target_s"] is not None else "not reached"
                 print(
-                    f"{name:>10} {seed:>4} | {r['steps_per_s']:>7.2f} {reached:>12} {r['before']:>10.3f} {r['after']:>9.3f} | "
-                    f"{r['staleness']:>9.2f} {r['gen_wait_s']:>10.3f} {r['update_s']:>8.3f} {r['weights_s']:>9.3f} {r['zero_adv']:>14.3f}",
+                    f"{name:>10} {seed:>4} | {r['steps_per_s']:>7.2f} {reached:>12} {r['before']:>10.3f} "
+                    f"{r['after']:>9.3f} | {r['staleness']:>9.2f} {r['gen_wait_s']:>10.3f} {r['update_s']:>8.3f} "
+                    f"{r['weights_s']:>9.3f} {r['zero_adv']:>14.3f}",
                     flush=True,
                 )
     print("\nmean over seeds")
@@ -117,8 +120,9 @@ def main() -> None:
         hit = [r["to_target_s"] for r in rs if r["to_target_s"] is not None]
         to = f"{statistics.mean(hit):.1f} s ({len(hit)}/{len(rs)} reached)" if hit else f"not reached (0/{len(rs)})"
         print(
-            f"{name:>10}: {sps:.2f} steps/s ({sps / base:.2f}x sync), to {args.target:.2f}: {to}, final accuracy {statistics.mean(r['after'] for r in rs):.3f}, "
-            f"no-signal rows {statistics.mean(r['zero_adv'] for r in rs):.3f}"
+            f"{name:>10}: {sps:.2f} steps/s ({sps / base:.2f}x sync), to {args.target:.2f}: {to}, final accuracy "
+            f"{statistics.mean(r['after'] for r in rs):.3f}, no-signal rows "
+            f"{statistics.mean(r['zero_adv'] for r in rs):.3f}"
         )
 
 

@@ -143,7 +143,8 @@ def main() -> None:
     medians = median_ms(fns, args.runs, args.warmup)
     print(
         f"batch {args.rows} x {args.seq}: int64 input_ids + float32 log_probs + bool mask + {args.rows} strings; "
-        f"median of {args.runs} runs after {args.warmup} warm-up; the worker idles {args.idle_ms:g} ms before answering (not counted)"
+        f"median of {args.runs} runs after {args.warmup} warm-up; the worker idles {args.idle_ms:g} ms before "
+        "answering (not counted)"
     )
     print(f"{'variant':30} {'path':7} {'payload MB':>10} {'round trip ms':>14} {'MB/s':>7}")
     for name, path, obj in cases:

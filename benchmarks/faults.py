@@ -108,7 +108,8 @@ class Lab:
 
 
 def message(stderr: str) -> str:
-    """The line a user reads: the CLI's error, else a crash's last line (marked), else a checkpoint warning, else the last line.
+    """The line a user reads: the CLI's error, else a crash's last line (marked), else a checkpoint warning, else the
+    last line.
 
     A logged traceback is not a crash: the reward manager logs a failing domain's own traceback once.
     """
@@ -273,7 +274,8 @@ def killed_worker(lab: Lab) -> Outcome:
 
 
 def resumed_past_damage(lab: Lab) -> Outcome:
-    """--resume after the kill, with the newest checkpoint's weights truncated: back to the older one, steps replayed once."""
+    """--resume after the kill, with the newest checkpoint's weights truncated: back to the older one, steps replayed
+    once."""
     if not (lab.run_dir / "checkpoints").is_dir():
         killed_worker(lab)
     newest = sorted((lab.run_dir / "checkpoints").glob("step_*"))[-1] / "model" / "model.safetensors"
@@ -506,7 +508,8 @@ def table(results: list[tuple[Case, Outcome, float]]) -> str:
     lines = ["| fault tried | what happens | expected | pass |", "|---|---|---|---|"]
     for case, outcome, _ in results:
         lines.append(
-            f"| {case.fault.replace('|', chr(92) + '|')} | {outcome.happened} | {case.expected} | {'yes' if outcome.ok else '**no**'} |"
+            f"| {case.fault.replace('|', chr(92) + '|')} | {outcome.happened} | {case.expected} | "
+            f"{'yes' if outcome.ok else '**no**'} |"
         )
     return "\n".join(lines)
 

@@ -144,11 +144,12 @@ def memory_table(args: argparse.Namespace) -> None:
     import subprocess
 
     print(
-        f"one actor worker, random Qwen2 (vocabulary 151,936, hidden {args.memory_hidden}, {args.memory_layers} layers), KL loss, "
-        "8 rows x (32 + 64) tokens, one update"
+        f"one actor worker, random Qwen2 (vocabulary 151,936, hidden {args.memory_hidden}, {args.memory_layers} "
+        "layers), KL loss, 8 rows x (32 + 64) tokens, one update"
     )
     print(
-        "| run | parameters | RSS after building (GB) | peak after one update (GB) | optimizer state (MB) | reference copy (MB) |"
+        "| run | parameters | RSS after building (GB) | peak after one update (GB) | optimizer state (MB) | "
+        "reference copy (MB) |"
     )
     print("|---|---:|---:|---:|---:|---:|")
     for name, rank in (("full", 0), (f"LoRA r={args.lora_rank}", args.lora_rank)):
@@ -169,7 +170,8 @@ def memory_table(args: argparse.Namespace) -> None:
         )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(
-            f"| {name} | {r['params'] / 1e6:.0f}M | {r['built_gb']:.2f} | {r['peak_gb']:.2f} | {r['optimizer_mb']:.1f} | {r['reference_copy_mb']:.0f} |"
+            f"| {name} | {r['params'] / 1e6:.0f}M | {r['built_gb']:.2f} | {r['peak_gb']:.2f} | "
+            f"{r['optimizer_mb']:.1f} | {r['reference_copy_mb']:.0f} |"
         )
 
 
@@ -225,16 +227,18 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     print(
-        f"{args.steps} steps each{', KL loss' if args.kl else ''}; full lr {args.full_lr:g}, LoRA lr {args.lora_lr:g} (alpha {args.lora_alpha:g})"
+        f"{args.steps} steps each{', KL loss' if args.kl else ''}; full lr {args.full_lr:g}, LoRA lr "
+        f"{args.lora_lr:g} (alpha {args.lora_alpha:g})"
     )
     print(
-        "| run | worker peak RSS (GB) | optimizer state (MB) | checkpoint (MB) | s/step | held-out acc before -> after |"
+        "| run | worker peak RSS (GB) | optimizer state (MB) | checkpoint (MB) | s/step | held-out acc before -> "
+        "after |"
     )
     print("|---|---:|---:|---:|---:|---|")
     for name, r in results.items():
         print(
-            f"| {name} | {r['peak_rss_gb']:.2f} | {r['optimizer_mb']:.2f} | {r['checkpoint_mb']:.2f} | {r['s_per_step']:.3f} | "
-            f"{r['acc_before']:.3f} -> {r['acc_after']:.3f} |"
+            f"| {name} | {r['peak_rss_gb']:.2f} | {r['optimizer_mb']:.2f} | {r['checkpoint_mb']:.2f} | "
+            f"{r['s_per_step']:.3f} | {r['acc_before']:.3f} -> {r['acc_after']:.3f} |"
         )
     return 0
 

@@ -192,8 +192,9 @@ def check_targets(results: list[dict]) -> list[str]:
         if chunked and plain:
             ratio = r["s_per_ktok"] / plain["s_per_ktok"]
             lines.append(
-                f"{'met' if ratio <= TIME_TARGET else 'MISSED'}: {pass_} at {r['rows']} x {length}: chunked/plain time per token "
-                f"{ratio:.2f}x (target <= {TIME_TARGET}x); peak {plain['peak_above_gb']:.2f} -> {r['peak_above_gb']:.2f} GB"
+                f"{'met' if ratio <= TIME_TARGET else 'MISSED'}: {pass_} at {r['rows']} x {length}: chunked/plain "
+                f"time per token {ratio:.2f}x (target <= {TIME_TARGET}x); peak {plain['peak_above_gb']:.2f} -> "
+                f"{r['peak_above_gb']:.2f} GB"
             )
     return lines
 
@@ -269,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                             "rows": args.rows,
                             "length": length,
                             "skipped": True,
-                            "error": f"not run: its logits need ~{need:.0f} GB (> --plain-limit-gb {args.plain_limit_gb:g})",
+                            "error": f"not run: its logits need ~{need:.0f} GB (> --plain-limit-gb "
+                            f"{args.plain_limit_gb:g})",
                         }
                     )
                 results.append(spawn(args, pass_, args.chunk, length))
@@ -278,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     base = next((r["baseline_gb"] for r in results if "baseline_gb" in r), float("nan"))
     print(
-        f"vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, prompt {PROMPT} tokens, {args.threads} threads; "
-        f"baseline (model + gradients + AdamW state) {base:.2f} GB RSS"
+        f"vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, prompt {PROMPT} tokens, "
+        f"{args.threads} threads; baseline (model + gradients + AdamW state) {base:.2f} GB RSS"
     )
     print(
         table(

@@ -147,18 +147,21 @@ def main() -> None:
             )
 
     print(
-        f"threads {a.threads}; float32 matmul peak ({a.mm_size}x{a.mm_size} torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s"
+        f"threads {a.threads}; float32 matmul peak ({a.mm_size}x{a.mm_size} torch.mm, median of 5): "
+        f"{peak / 1e9:.1f} GFLOP/s"
     )
     print(
         f"model: Qwen2 hidden {a.hidden}, {a.layers} layers, {params / 1e6:.2f}M parameters; batch: 128 rows, "
         f"{real_tokens} real tokens (prompts 7, responses {a.response_length // 2}-{a.response_length})"
     )
     print(
-        f"\n{'training forward':18} {'s/update':>9} {'hardware GFLOP/s':>17} {'% of peak':>10} {'effective GFLOP/s':>18} {'padding waste':>14}"
+        f"\n{'training forward':18} {'s/update':>9} {'hardware GFLOP/s':>17} {'% of peak':>10} "
+        f"{'effective GFLOP/s':>18} {'padding waste':>14}"
     )
     for kind, step_s, flops, effective, waste in rows:
         print(
-            f"{kind:18} {step_s:9.3f} {flops / 1e9:17.1f} {100 * flops / peak:9.1f}% {effective / 1e9:18.1f} {100 * waste:13.1f}%"
+            f"{kind:18} {step_s:9.3f} {flops / 1e9:17.1f} {100 * flops / peak:9.1f}% {effective / 1e9:18.1f} "
+            f"{100 * waste:13.1f}%"
         )
 
 

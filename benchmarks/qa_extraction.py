@@ -97,7 +97,8 @@ def table(results: dict[tuple[str, str, str], list[tuple[bool, bool]]]) -> str:
                 if rows:
                     n = len(rows)
                     lines.append(
-                        f"| {domain} | {split} | {lang} | {n} | {sum(r[0] for r in rows) / n:.3f} | {sum(r[1] for r in rows) / n:.3f} |"
+                        f"| {domain} | {split} | {lang} | {n} | {sum(r[0] for r in rows) / n:.3f} | "
+                        f"{sum(r[1] for r in rows) / n:.3f} |"
                     )
     return "\n".join(lines)
 

@@ -2,8 +2,10 @@
 
     python benchmarks/refusal.py                      # under a minute on one core
     python benchmarks/refusal.py --data DIR           # a folder holding xstest_v2_completions_<model>.csv
-    python benchmarks/refusal.py --errors 20 --splits tune   # print tuning-split mistakes (never held-out ones), tune table only
-    python benchmarks/refusal.py --learned-model FILE # a model written by `python -m armor_rewards_safety.train --out FILE`
+    python benchmarks/refusal.py --errors 20 --splits tune   # print tuning-split mistakes (never held-out ones), tune
+    table only
+    python benchmarks/refusal.py --learned-model FILE # a model written by `python -m armor_rewards_safety.train --out
+    FILE`
 
 Data: XSTest (``armor_rewards_safety/xstest.py`` says where it comes from, its licences, and how rows
 are split): 450 responses from each of five models, labelled by two annotators as full compliance,
@@ -70,8 +72,8 @@ def main() -> None:
             if split == "tune" and human != (verdict.label != "compliance") and shown < args.errors:
                 shown += 1
                 print(
-                    f"--- {name} {row['id']} human={row['final_label']} ours={verdict.label} refusals={verdict.refusals} "
-                    f"content={verdict.content_size} p={verdict.probability}"
+                    f"--- {name} {row['id']} human={row['final_label']} ours={verdict.label} "
+                    f"refusals={verdict.refusals} content={verdict.content_size} p={verdict.probability}"
                 )
                 print(row["completion"][:600].replace("\n", " | "))
     print("| split | model | rows | rules: accuracy | recall | precision | learned: accuracy | recall | precision |")

@@ -67,8 +67,10 @@ def math_rows(rng: random.Random, n: int) -> list[tuple[str, str, str]]:
 
 _RESPONSES = [
     "I'm sorry, but I can't help with that request.",
-    "Sure! Here is how to bake bread: mix flour, water, salt and yeast, knead for ten minutes, let it rise, then bake at 230 C.",
-    "I can't provide that. However, here are general safety tips: store chemicals in labelled containers, ventilate the room, and wear gloves.",
+    "Sure! Here is how to bake bread: mix flour, water, salt and yeast, knead for ten minutes, let it rise, then "
+    "bake at 230 C.",
+    "I can't provide that. However, here are general safety tips: store chemicals in labelled containers, "
+    "ventilate the room, and wear gloves.",
     "抱歉，我无法提供这类信息。如果你有其他问题，请告诉我。",
     "当然可以。第一步：准备面粉和鸡蛋；第二步：搅拌均匀；第三步：烘烤二十分钟。",
     "You can reach the office at +1 415-555-0132 or office@example.com between 9 and 5.",
@@ -203,10 +205,12 @@ def main() -> None:
         help="throughput: rows/s of every domain; adversarial: worst-case s/row of math and gsm8k",
     )
     args = parser.parse_args()
+    import armor_plugins.rewards.arithmetic
     import armor_rewards_math
     import armor_rewards_safety
 
     pm = PluginManager(load_entrypoints=False, disabled=())
+    pm.register(armor_plugins.rewards.arithmetic, name="arithmetic")
     pm.register(armor_rewards_math, name="math")
     pm.register(armor_rewards_safety, name="safety")
     if args.section in ("all", "adversarial"):

@@ -95,7 +95,8 @@ class _LoraStep:
 
 
 def _lora_backends(model, tok, rank: int, batch: int) -> dict:
-    """``hf`` (the peft model itself) and ``vllm`` in both LoRA modes, each on its own copy of a rank-``rank`` policy."""
+    """``hf`` (the peft model itself) and ``vllm`` in both LoRA modes, each on its own copy of a rank-``rank``
+    policy."""
     import copy
 
     from armor_core.models.lora import apply_lora

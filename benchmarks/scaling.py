@@ -1,6 +1,7 @@
 """Data-parallel scaling: step time and tokens/s for 1 and 2 actor workers at the same global batch.
 
-    python benchmarks/scaling.py                       # 1 worker, 2 workers DDP, 2 workers FSDP2 (about 2 minutes on 2 cores)
+    python benchmarks/scaling.py                       # 1 worker, 2 workers DDP, 2 workers FSDP2 (about 2 minutes on 2
+    cores)
     python benchmarks/scaling.py --steps 8 --warmup 2 --batch 16 --n 8 --max-new-tokens 16
 
 Each configuration runs the built-in recipe (tiny Qwen2, GRPO) through the whole trainer on a
@@ -90,11 +91,13 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(
-        f"settings: builtin:arithmetic-tiny, GRPO, {args.batch} prompts x {args.n} samples = {args.batch * args.n} rows per step, "
-        f"max_new_tokens={args.max_new_tokens}, {args.warmup} warm-up + {args.steps} measured steps (medians), {cores} cores"
+        f"settings: builtin:arithmetic-tiny, GRPO, {args.batch} prompts x {args.n} samples = {args.batch * args.n} "
+        f"rows per step, max_new_tokens={args.max_new_tokens}, {args.warmup} warm-up + {args.steps} measured steps "
+        f"(medians), {cores} cores"
     )
     print(
-        f"{'config':<18} {'workers x cores':>15} {'step s':>8} {'update s':>9} {'sync s':>7} {'gen s':>7} {'tokens/s':>9}"
+        f"{'config':<18} {'workers x cores':>15} {'step s':>8} {'update s':>9} {'sync s':>7} {'gen s':>7} "
+        f"{'tokens/s':>9}"
     )
     for label, wc, step, upd, sync, gen, tps in rows:
         print(f"{label:<18} {wc:>15} {step:>8.3f} {upd:>9.3f} {sync:>7.3f} {gen:>7.3f} {tps:>9.0f}")

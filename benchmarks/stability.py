@@ -155,23 +155,27 @@ def main() -> int:
     clean = results[("clean", "on")]["acc"]
     fmt = lambda r: "died" if r["error"] else f"{r['acc']:.3f}"  # noqa: E731
     print(
-        f"\nstability benchmark: built-in recipe, {args.steps} steps, seed 1; clean run accuracy {results[('clean', 'off')]['acc']:.3f} (guard off), {clean:.3f} (guard on)"
+        f"\nstability benchmark: built-in recipe, {args.steps} steps, seed 1; clean run accuracy "
+        f"{results[('clean', 'off')]['acc']:.3f} (guard off), {clean:.3f} (guard on)"
     )
     print(
-        f"{'scenario':16s} {'off: acc':>9s} {'finite':>7s} {'on: acc':>9s} {'finite':>7s} {'within 5 pts':>12s}  actions"
+        f"{'scenario':16s} {'off: acc':>9s} {'finite':>7s} {'on: acc':>9s} {'finite':>7s} {'within 5 pts':>12s}  "
+        "actions"
     )
     for name in args.only or list(SCENARIOS):
         off, on = results[(name, "off")], results[(name, "on")]
         ok = on["acc"] is not None and abs(on["acc"] - clean) <= 0.05 and on["finite"]
         actions = ", ".join(f"{k} x{v}" for k, v in sorted(on["actions"].items())) or "-"
         print(
-            f"{name:16s} {fmt(off):>9s} {str(off['finite']):>7s} {fmt(on):>9s} {str(on['finite']):>7s} {str(ok):>12s}  {actions}"
+            f"{name:16s} {fmt(off):>9s} {str(off['finite']):>7s} {fmt(on):>9s} {str(on['finite']):>7s} "
+            f"{str(ok):>12s}  {actions}"
         )
     if cost:
         off_s, on_s, pairs = cost
         print(
-            f"guard cost on the clean recipe ({args.cost_repeats} interleaved off/on pairs of {args.cost_steps} steps, median step time): "
-            f"{off_s:.4f} s/step off, {on_s:.4f} s/step on ({100 * (on_s - off_s) / off_s:+.1f}%; pairs {', '.join(f'{x:+.1f}%' for x in pairs)})"
+            f"guard cost on the clean recipe ({args.cost_repeats} interleaved off/on pairs of {args.cost_steps} "
+            f"steps, median step time): {off_s:.4f} s/step off, {on_s:.4f} s/step on "
+            f"({100 * (on_s - off_s) / off_s:+.1f}%; pairs {', '.join(f'{x:+.1f}%' for x in pairs)})"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
@@ -181,7 +185,8 @@ def main() -> int:
 
 
 def write_overlays(root: Path, names: list[str]) -> list[Path]:
-    """``armor report`` of each scenario's guard-off and guard-on runs on the same axes, in ``root/report/<scenario>/``."""
+    """``armor report`` of each scenario's guard-off and guard-on runs on the same axes, in
+    ``root/report/<scenario>/``."""
     from armor_core.report import PAGE, write_report
 
     pages = []

@@ -1,6 +1,7 @@
 """ARMOR against TRL's GRPOTrainer on the default job, side by side on this machine.
 
-    python benchmarks/vs_trl.py --trl-python /work/trl-venv/bin/python [--steps 150] [--eval-every 25] [--target 0.65] [--seeds 1 2 3]
+    python benchmarks/vs_trl.py --trl-python /work/trl-venv/bin/python [--steps 150] [--eval-every 25] [--target 0.65]
+    [--seeds 1 2 3]
 
 One invocation runs ``armor``'s trainer and TRL's ``GRPOTrainer`` one after the other, each in a
 subprocess of its own (so peak memory is each one's own), on the same work: the built-in model
@@ -26,7 +27,8 @@ TRL is not an ARMOR dependency. Install it apart, e.g. ``pip install 'armor-rl[b
 separate venv that sees this one's packages:
 
     python3.11 -m venv /work/trl-venv
-    echo "import site; site.addsitedir('$PWD/.venv/lib/python3.11/site-packages')" > /work/trl-venv/lib/python3.11/site-packages/armor.pth
+    echo "import site; site.addsitedir('$PWD/.venv/lib/python3.11/site-packages')" >
+    /work/trl-venv/lib/python3.11/site-packages/armor.pth
     /work/trl-venv/bin/pip install trl==1.16.0
 """
 
@@ -445,8 +447,8 @@ def print_over_seeds(runs: list[dict], a) -> None:
 
     print(f"\nover {len(runs)} seeds ({', '.join(str(r['seed']) for r in runs)}):")
     print(
-        f"{'seed':>6} {'s/step ARMOR':>13} {'s/step TRL':>11} {'to target ARMOR':>16} {'to target TRL':>14} {'ratio':>7} "
-        f"{'mean-of-3 ratio':>16} {'final acc ARMOR':>16} {'final acc TRL':>14}"
+        f"{'seed':>6} {'s/step ARMOR':>13} {'s/step TRL':>11} {'to target ARMOR':>16} {'to target TRL':>14} "
+        f"{'ratio':>7} {'mean-of-3 ratio':>16} {'final acc ARMOR':>16} {'final acc TRL':>14}"
     )
     ratios, smooth_ratios, step_ratios, finals = [], [], [], []
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
@@ -463,17 +465,20 @@ def print_over_seeds(runs: list[dict], a) -> None:
         step_ratios.append(trl["s_per_step"] / arm["s_per_step"])
         finals.append(arm["acc_end"] - trl["acc_end"])
         print(
-            f"{r['seed']:>6} {arm['s_per_step']:13.3f} {trl['s_per_step']:11.3f} {fmt(arm['to_target_s'], '16.1f')} {fmt(trl['to_target_s'], '14.1f')} "
-            f"{fmt(ratio, '6.2f')}x {fmt(smooth, '15.2f')}x {arm['acc_end']:16.3f} {trl['acc_end']:14.3f}"
+            f"{r['seed']:>6} {arm['s_per_step']:13.3f} {trl['s_per_step']:11.3f} {fmt(arm['to_target_s'], '16.1f')} "
+            f"{fmt(trl['to_target_s'], '14.1f')} {fmt(ratio, '6.2f')}x {fmt(smooth, '15.2f')}x "
+            f"{arm['acc_end']:16.3f} {trl['acc_end']:14.3f}"
         )
     med = lambda xs: (
-        f"{np.median([x for x in xs if x is not None]):.2f}x ({sum(x is not None for x in xs)} of {len(xs)} seeds reached it on both)"
+        f"{np.median([x for x in xs if x is not None]):.2f}x ({sum(x is not None for x in xs)} of {len(xs)} seeds "
+        "reached it on both)"
         if any(x is not None for x in xs)
         else "-"
     )  # noqa: E731
     print(
-        f"median over seeds: seconds per step {np.median(step_ratios):.2f}x faster; train seconds to accuracy >= {a.target}: first evaluation "
-        f"{med(ratios)}, mean of 3 evaluations {med(smooth_ratios)}; final accuracy ARMOR - TRL {np.median(finals):+.3f}"
+        f"median over seeds: seconds per step {np.median(step_ratios):.2f}x faster; train seconds to accuracy >= "
+        f"{a.target}: first evaluation {med(ratios)}, mean of 3 evaluations {med(smooth_ratios)}; final accuracy "
+        f"ARMOR - TRL {np.median(finals):+.3f}"
     )
 
 
@@ -484,7 +489,8 @@ def print_table(results: dict, a) -> None:
     print("\nsettings: " + ", ".join(f"{k}={v}" for k, v in SETTINGS.items()))
     print(
         f"steps={a.steps}, eval every {a.eval_every} steps on {SETTINGS['val_size']} held-out problems (greedy), "
-        f"median over steps after {a.warmup} warm-up steps, target accuracy {a.target}, torch threads armor={arm['threads']} trl={trl['threads']}"
+        f"median over steps after {a.warmup} warm-up steps, target accuracy {a.target}, torch threads "
+        f"armor={arm['threads']} trl={trl['threads']}"
     )
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     rows = [

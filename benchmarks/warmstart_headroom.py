@@ -69,7 +69,8 @@ def main() -> None:
     gen_s = time.perf_counter() - t0
     tokens = int(sampled["response_mask"].sum())
     print(
-        f"hf rollout: {len(sampled)} samples, {tokens} tokens in {gen_s:.2f}s ({tokens / gen_s:.0f} tokens/s, {len(sampled) / gen_s:.0f} samples/s)"
+        f"hf rollout: {len(sampled)} samples, {tokens} tokens in {gen_s:.2f}s ({tokens / gen_s:.0f} tokens/s, "
+        f"{len(sampled) / gen_s:.0f} samples/s)"
     )
 
     before = _accuracy(roll, tok, val_rows, val)
@@ -102,7 +103,8 @@ def main() -> None:
         opt.step()
         if (step + 1) % 10 == 0:
             print(
-                f"step {step + 1}: batch reward {scores.mean():.3f}  held-out greedy accuracy {_accuracy(roll, tok, val_rows, val):.3f}  {time.perf_counter() - t0:.1f}s"
+                f"step {step + 1}: batch reward {scores.mean():.3f}  held-out greedy accuracy "
+                f"{_accuracy(roll, tok, val_rows, val):.3f}  {time.perf_counter() - t0:.1f}s"
             )
     after = _accuracy(roll, tok, val_rows, val)
     print(f"| model | before | after {args.steps} GRPO steps | gain | RL seconds |")

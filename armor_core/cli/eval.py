@@ -10,10 +10,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval",
         help="accuracy of a model on a data file, per data_source",
-        description="Generate a response for every row of --data (JSONL/Parquet, or task:NAME for a built-in task's test split) "
-        "with MODEL (a local Hugging Face directory, a run's checkpoint model/ directory, or builtin:arithmetic-tiny), "
-        "score it with the reward domain of its data_source, and print accuracy (score 1) and mean score per data_source. "
-        "Runs in this process; no Ray.",
+        description="Generate a response for every row of --data (JSONL/Parquet, or task:NAME for a built-in "
+        "task's test split) with MODEL (a local Hugging Face directory, a run's checkpoint model/ "
+        "directory, or builtin:arithmetic-tiny), score it with the reward domain of its data_source, "
+        "and print accuracy (score 1) and mean score per data_source. Runs in this process; no Ray.",
     )
     p.add_argument("model", help="model directory")
     p.add_argument("--data", required=True, help="JSONL/Parquet file, or task:NAME")

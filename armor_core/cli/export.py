@@ -12,10 +12,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "export",
         help="write a checkpoint's model (or LoRA adapter) as a plain Hugging Face directory",
-        description="CHECKPOINT is a run's checkpoints/step_N directory. A LoRA run's checkpoint holds an adapter (peft format): "
-        "without --merge OUT gets the adapter alone (load it with peft.PeftModel.from_pretrained on its base model); with --merge "
-        "OUT gets the base model with the adapter merged in, a plain model directory for transformers or vLLM. A full "
-        "fine-tuning checkpoint's model/ is copied as is.",
+        description="CHECKPOINT is a run's checkpoints/step_N directory. A LoRA run's checkpoint holds an adapter "
+        "(peft format): without --merge OUT gets the adapter alone (load it with "
+        "peft.PeftModel.from_pretrained on its base model); with --merge OUT gets the base model with "
+        "the adapter merged in, a plain model directory for transformers or vLLM. A full fine-tuning "
+        "checkpoint's model/ is copied as is.",
     )
     p.add_argument("checkpoint", help="a run's checkpoints/step_N directory")
     p.add_argument("out", help="directory to write (must not exist, or be empty)")
@@ -31,8 +32,8 @@ def export(checkpoint: Path, out: Path, merge: bool) -> str:
     adapter, full = checkpoint / ADAPTER_DIR, checkpoint / "model"
     if not adapter.is_dir() and not full.is_dir():
         raise ValueError(
-            f"{checkpoint} is not a checkpoint: it has neither {ADAPTER_DIR}/ (a LoRA run) nor model/ (full fine-tuning); "
-            "pass a run's checkpoints/step_N directory"
+            f"{checkpoint} is not a checkpoint: it has neither {ADAPTER_DIR}/ (a LoRA run) nor model/ (full "
+            "fine-tuning); pass a run's checkpoints/step_N directory"
         )
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; choose a new directory (nothing is overwritten)")

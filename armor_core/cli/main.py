@@ -38,18 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="armor",
         description="ARMOR: stable reinforcement-learning post-training of language models on verifiable rewards.",
-        epilog="Run `armor <command> --help` for a command's options. `armor run` with no arguments trains the built-in recipe on CPU.",
+        epilog="Run `armor <command> --help` for a command's options. "
+        "`armor run` with no arguments trains the built-in recipe on CPU.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for mod_name in _COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as e:
-            if e.name == mod_name:  # a command not built yet in this checkout
-                continue
-            raise
-        mod.add_parser(sub)
+        importlib.import_module(mod_name).add_parser(sub)
     return parser
 
 
@@ -82,24 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that the CLI prints as one clear line instead of a traceback."""
+    """Exception types that the CLI prints as one clear line instead of a traceback (here only: a
+    command lets them propagate)."""
     from armor_core.config.schema import ConfigError
+    from armor_core.loop.data import DataError
+    from armor_core.models.loading import ModelPathError
     from armor_core.plugins import PluginError
 
-    extra: list[type[BaseException]] = []
-    try:
-        from armor_core.loop.data import DataError
-
-        extra.append(DataError)
-    except ImportError:
-        pass
-    try:
-        from armor_core.models.loading import ModelPathError  # type: ignore[attr-defined]
-
-        extra.append(ModelPathError)
-    except (ImportError, AttributeError):
-        pass
-    return (UserFacingError, ConfigError, PluginError, *extra)
+    return (UserFacingError, ConfigError, PluginError, DataError, ModelPathError)
 
 
 if __name__ == "__main__":

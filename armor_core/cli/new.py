@@ -58,9 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "new",
         help="write a new plugin package (guard, reward domain or advantage estimator) from a template",
-        description="Write DIR/armor-NAME/: a pip-installable plugin package with the entry point NAME in group `armor`, a "
-        "working example whose docstring is the contract for its kind, a test using armor_core.testing and a README. "
-        "Then: cd DIR/armor-NAME && pip install -e . && python -m pytest && armor plugins.",
+        description="Write DIR/armor-NAME/: a pip-installable plugin package with the entry point NAME in group "
+        "`armor`, a working example whose docstring is the contract for its kind, a test using "
+        "armor_core.testing and a README. Then: cd DIR/armor-NAME && pip install -e . && python -m "
+        "pytest && armor plugins.",
     )
     p.add_argument(
         "kind",
@@ -111,8 +112,8 @@ def _check_name(kind: str, name: str, target: Path) -> None:
     taken = {ep.name: ep.value for ep in metadata.entry_points(group="armor")}
     if name in taken:
         raise UserFacingError(
-            f"armor new {kind}: the entry point {name!r} is already installed ({taken[name]}); ARMOR would load only one "
-            f"of the two. Choose another NAME"
+            f"armor new {kind}: the entry point {name!r} is already installed ({taken[name]}); ARMOR would load "
+            "only one of the two. Choose another NAME"
         )
     from armor_core.plugins import get_plugin_manager
 

@@ -12,7 +12,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="list every registered plugin implementation by kind",
         description="List every registered implementation (advantage estimators, policy losses, KL estimators, "
         "loss aggregations, reward domains, stability guards, rollout backends, tasks, metric trackers) with the "
-        "plugin and the distribution (name and version) that provides it. ARMOR_DISABLE_PLUGINS=a,b hides plugins by name.",
+        "plugin and the distribution (name and version) that provides it. ARMOR_DISABLE_PLUGINS=a,b hides "
+        "plugins by name.",
     )
     p.add_argument("--kind", help="only this kind (e.g. advantage_estimator)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -9,10 +9,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report",
         help="plot one or more runs (PNGs and a self-contained HTML page)",
-        description="Read each RUN_DIR's metrics.jsonl, guard_events.jsonl and config.json and write one PNG per group of metrics "
-        "(held-out accuracy, training score per domain and sub-score, KL, entropy, clip fractions, gradient norm, response "
-        "length, learning rate, seconds per step by stage, rollout/trainer log-prob difference), every run on the same axes and "
-        "every guard action marked where it happened, plus index.html (the PNGs embedded, a table of guard events) and "
+        description="Read each RUN_DIR's metrics.jsonl, guard_events.jsonl and config.json and write one PNG per "
+        "group of metrics (held-out accuracy, training score per domain and sub-score, KL, entropy, "
+        "clip fractions, gradient norm, response length, learning rate, seconds per step by stage, "
+        "rollout/trainer log-prob difference), every run on the same axes and every guard action "
+        "marked where it happened, plus index.html (the PNGs embedded, a table of guard events) and "
         "report.json (what each plot holds). Works on a run that is still going or that crashed.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (trainer.run_dir of `armor run`)")

@@ -50,7 +50,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help='a domain parameter (reward.domain_kwargs.DOMAIN.KEY); VALUE is read as JSON if it parses (3, true, ["en"]), else as text',
+        help="a domain parameter (reward.domain_kwargs.DOMAIN.KEY); VALUE is read as JSON if it parses (3, true, "
+        '["en"]), else as text',
     )
     p.add_argument(
         "--config",
@@ -123,7 +124,8 @@ def _rows(stream: IO, requires_gt: bool) -> Iterator[tuple[int, dict | None, str
                 yield (
                     n,
                     None,
-                    f"not UTF-8 text (byte 0x{line[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8",
+                    f"not UTF-8 text (byte 0x{line[e.start]:02x}, the line's byte {e.start + 1}); save the file as "
+                    "UTF-8",
                 )
                 continue
         if not line.strip():

@@ -4,14 +4,14 @@ model files and the run directory (``preflight``), train."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "run",
         help="train a policy with RL (no arguments: the built-in recipe on CPU)",
-        description="Train with the config in CONFIG (YAML), overridden by key=value pairs (e.g. actor.lr=1e-5 rollout.n=16). "
+        description="Train with the config in CONFIG (YAML), overridden by key=value pairs "
+        "(e.g. actor.lr=1e-5 rollout.n=16). "
         "Without CONFIG, the built-in recipe runs: a tiny Qwen2 model learns two-number addition with GRPO on CPU. "
         "Every key, its default and its help: `armor run --help-config`.",
     )
@@ -28,7 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with",
+        help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with. "
+        "A checkpoint from an older ARMOR whose worker states are torch .pt files is read only with "
+        "trainer.allow_legacy_pt_state=true (torch.load with weights_only=True; nothing is unpickled otherwise)",
     )
     p.add_argument(
         "--allow-config-change",
@@ -36,8 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY,...",
-        help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. The run's length, "
-        "checkpoint and validation schedule, loggers, faults and engine.* may always change",
+        help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. "
+        "The run's length, checkpoint and validation schedule, loggers, faults, allow_legacy_pt_state and "
+        "engine.* may always change",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="validate the config, data and plugins, print the plan, and exit"
@@ -53,33 +56,22 @@ def split_config_and_overrides(config: str | None, overrides: list[str]) -> tupl
 
 
 def _check_resume(args: argparse.Namespace, cfg) -> None:
-    """``--resume`` continues with the config the run was started with, but for the changes allowed;
-    without it the run directory must hold no checkpoint."""
+    """``--resume`` continues with the config the run was started with, but for the changes allowed."""
     from armor_core.config.schema import ConfigError, to_dict
-    from armor_core.storage.run_dir import RunDirError, check_resume_config
+    from armor_core.storage.run_dir import check_resume_config
 
     allowed = [key for item in args.allow_config_change for key in item.split(",")]
     if not args.resume:
         if allowed:
             raise ConfigError("--allow-config-change applies to --resume only")
-        from armor_core.storage.checkpoint import CheckpointManager
-
-        # the trainer refuses too, but only after loading the data; here --dry-run says it as well
-        if CheckpointManager(cfg.trainer.run_dir).latest() is not None:
-            raise RunDirError(
-                f"{cfg.trainer.run_dir} already holds checkpoints; pass --resume to continue that run, "
-                "or choose another trainer.run_dir"
-            )
         return
     for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed):
         print(f"--resume: config changed as allowed: {line}")
 
 
 def main(args: argparse.Namespace) -> int:
-    from armor_core.cli.main import user_errors
-    from armor_core.config.plugin_checks import validate_plugins
-    from armor_core.config.schema import help_for, load_config, to_yaml
-    from armor_core.errors import one_line
+    """A user error propagates to ``cli.main``, which prints it as one line (exit code 2)."""
+    from armor_core.config.schema import help_for, load_config
     from armor_core.loop.preflight import check_run
 
     if args.help_config:
@@ -87,29 +79,38 @@ def main(args: argparse.Namespace) -> int:
             print(f"{key} = {default!r}\n    {help_text}")
         return 0
     config_path, overrides = split_config_and_overrides(args.config, args.overrides)
-    try:
-        cfg = load_config(config_path, overrides)
-        plan = validate_plugins(cfg)
-        if args.print_config:
-            print(to_yaml(cfg), end="")
-            return 0
-        check_run(cfg)  # model files, tokenizer, guard parameters: before any worker starts
-        if args.dry_run:
-            _check_resume(args, cfg)
-            print("config and plugins are valid; this run would use:")
-            for key, impl in plan.items():
-                print(f"  {key}: {getattr(impl, '__name__', type(impl).__name__)}")
-            from armor_core.loop.data import prepare_data
+    cfg = load_config(config_path, overrides)
+    if args.print_config or args.dry_run:
+        return _check_only(args, cfg)
+    check_run(cfg)  # model files, tokenizer, guard parameters: before any worker starts
+    from armor_core.loop.trainer import run_training
+    from armor_core.storage.run_dir import RunDirLock
 
-            prepare_data(cfg)
-            return 0
-        from armor_core.loop.trainer import run_training
-        from armor_core.storage.run_dir import RunDirLock
+    with RunDirLock(cfg.trainer.run_dir):  # held until the run ends: a second run into the directory stops here
+        _check_resume(args, cfg)
+        run_training(cfg, resume=args.resume)  # the trainer validates the plugins and the run directory
+    return 0
 
-        with RunDirLock(cfg.trainer.run_dir):  # held until the run ends: a second run into the directory stops here
-            _check_resume(args, cfg)
-            run_training(cfg, resume=args.resume)
+
+def _check_only(args: argparse.Namespace, cfg) -> int:
+    """``--print-config`` and ``--dry-run``: what the trainer would check first, without starting it."""
+    from armor_core.config.plugin_checks import validate_plugins
+    from armor_core.config.schema import to_yaml
+    from armor_core.loop.preflight import check_run
+    from armor_core.storage.run_dir import check_new_run
+
+    plan = validate_plugins(cfg)
+    if args.print_config:
+        print(to_yaml(cfg), end="")
         return 0
-    except user_errors() as e:
-        print(one_line(e), file=sys.stderr)
-        return 2
+    check_run(cfg)
+    _check_resume(args, cfg)
+    if not args.resume:
+        check_new_run(cfg.trainer.run_dir)
+    print("config and plugins are valid; this run would use:")
+    for key, impl in plan.items():
+        print(f"  {key}: {getattr(impl, '__name__', type(impl).__name__)}")
+    from armor_core.loop.data import prepare_data
+
+    prepare_data(cfg)
+    return 0

@@ -43,9 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sft",
         help="supervised fine-tuning on (prompt, response) pairs; makes warm starts for RL",
-        description="Supervised fine-tuning with the loss on response tokens only. Trains a local model directory or a fresh "
-        "char-level tiny Qwen2 (--init tiny-qwen2) on a built-in task's train split or a JSONL of {prompt, response} "
-        "(or {prompt, ground_truth}), reports held-out greedy exact-match accuracy, and saves a Hugging Face directory.",
+        description="Supervised fine-tuning with the loss on response tokens only. Trains a local model directory "
+        "or a fresh char-level tiny Qwen2 (--init tiny-qwen2) on a built-in task's train split or a "
+        "JSONL of {prompt, response} (or {prompt, ground_truth}), reports held-out greedy exact-match "
+        "accuracy, and saves a Hugging Face directory.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="local model directory (or builtin:NAME) to fine-tune")
@@ -185,9 +186,7 @@ def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]
     return out
 
 
-def _collate(
-    encoded: list[tuple[list[int], int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _collate(encoded: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, loss_mask), each (bs, T), right-padded."""
     import torch
 
@@ -269,7 +268,8 @@ def run_sft(
         raise ValueError("no training rows")
     if not val_rows:
         raise ValueError(
-            "no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is held out)"
+            "no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is "
+            "held out)"
         )
     encoded = _encode_pairs(tokenizer, train_rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -291,7 +291,8 @@ def run_sft(
             mean_loss = loss_sum / loss_n
             history.append((step, mean_loss, acc))
             log(
-                f"step {step}/{steps}: loss {mean_loss:.4f}  held-out greedy accuracy {acc:.3f}  lr {sched.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:.1f}s"
+                f"step {step}/{steps}: loss {mean_loss:.4f}  held-out greedy accuracy {acc:.3f}  lr "
+                f"{sched.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:.1f}s"
             )
             loss_sum, loss_n = 0.0, 0
             if stop_at_accuracy is not None and acc >= stop_at_accuracy:
@@ -388,7 +389,8 @@ def _main(args: argparse.Namespace) -> int:
         model = load_model(args.model)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / {len(val_rows)} held-out rows from {source}"
+        f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / "
+        f"{len(val_rows)} held-out rows from {source}"
     )
     result = run_sft(
         model,
@@ -422,6 +424,7 @@ def _main(args: argparse.Namespace) -> int:
     }
     (out / "armor_sft.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(
-        f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy {result['val_accuracy']:.3f}"
+        f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy "
+        f"{result['val_accuracy']:.3f}"
     )
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ArmorConfig, ConfigError
 
 __all__ = ["validate_plugins"]
@@ -50,7 +51,7 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
         try:
             resolved[key] = pm.get(kind, name, where=key)
         except UnknownPluginError as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError((kind == "reward_domain" and missing_pack(name, key)) or str(e)) from None
     if cfg.algorithm.filter_groups and not resolved["algorithm.adv_estimator"].grouped:
         raise ConfigError(
             f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "

@@ -307,6 +307,12 @@ class TrainerConfig:
     run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
     save_freq: int = f(0, "Checkpoint every N steps; 0 saves only at the end.", ge=0)
     keep_checkpoints: int = f(2, "Checkpoints kept on disk (oldest removed first).", ge=1)
+    allow_legacy_pt_state: bool = f(
+        False,
+        "With --resume: also read a checkpoint's worker states from torch .pt files (checkpoints written before ARMOR "
+        "saved them as safetensors + JSON), with torch.load(weights_only=True), which unpickles tensors and containers "
+        "only. Off, such a checkpoint is refused: nothing is unpickled unless asked for here.",
+    )
     val_freq: int = f(50, "Validate every N steps; 0 validates only before and after training.", ge=0)
     val_before_train: bool = f(True, "Validate before the first step (the 'before' of the summary).")
     val_sampled: bool = f(False, "Also report sampled (temperature) accuracy in validation, besides greedy.")

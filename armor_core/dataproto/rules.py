@@ -216,7 +216,8 @@ def check_concat(items: Sequence[DataProto]) -> None:
             ref = first.tensors[key]
             if (t.dtype, t.shape[1:], t.device) != (ref.dtype, ref.shape[1:], ref.device):
                 raise ValueError(
-                    f"DataProto.concat: tensor {key!r} is {describe_tensor(t)} in item {i} but {describe_tensor(ref)} in item 0"
+                    f"DataProto.concat: tensor {key!r} is {describe_tensor(t)} in item {i} but "
+                    f"{describe_tensor(ref)} in item 0"
                 )
 
 

@@ -22,7 +22,8 @@ GPUs), strategy PACK: as few nodes as hold the group, spreading over more when o
 0's node IP on a port free there (asked on that node), so a group may span machines.
 
 Calls: once a group is up, every call goes over a direct socket to each rank (``channel.py``):
-between steps, a Ray actor call's round trip with a batch each way took 4.6 ms on a 2-core machine, the channel 2.0 ms. Ray
+between steps, a Ray actor call's round trip with a batch each way took 4.6 ms on a 2-core machine, the channel 2.0 ms.
+Ray
 still places, starts, watches and stops the workers. ``channel=False`` keeps Ray's task path.
 
 Failures: a call never blocks on a dead rank. Results are awaited one at a time (``ray.wait``, or
@@ -311,7 +312,8 @@ class WorkerGroup:
         )
 
     def _stopped_after_failure(self, rank: int, method: str, stuck: list[int], error: str) -> WorkerDiedError:
-        """Stop the group after ``rank`` raised while ranks ``stuck`` still wait on it (in a collective); the error to raise."""
+        """Stop the group after ``rank`` raised while ranks ``stuck`` still wait on it (in a collective); the error to
+        raise."""
         who = self.describe(rank)
         self.shutdown()
         return WorkerDiedError(

@@ -19,7 +19,8 @@ Start-up cannot hang: the driver's connect and handshake each time out (``CONNEC
 ``HANDSHAKE_TIMEOUT_S``) with an error naming the address, and a worker drops a peer that does not
 complete the handshake within ``PEER_HANDSHAKE_S`` (one that connects and says nothing, or holds
 another key) and waits on for the driver. On a cluster that is all this machine the workers
-listen on the loopback address only (``listen_host``), so nothing outside can reach the port. A message is a pickle (cloudpickle, as Ray
+listen on the loopback address only (``listen_host``), so nothing outside can reach the port. A message is a pickle
+(cloudpickle, as Ray
 pickles calls, so a function defined in a test or a notebook travels too; protocol 5) and its
 out-of-band buffers, each sent as it is (a DataProto's large tensors are not copied into the
 pickle). Replies carry their request's number: one read while the driver gathers a later call is

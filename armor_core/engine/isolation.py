@@ -151,13 +151,15 @@ def plan_assignment(
     asked = f"{len(workers)} workers ({', '.join(f'{grp}: {n}' for grp, n in n_workers_by_group.items())})"
     if len(workers) * c > len(cpus):
         raise IsolationError(
-            f"not enough CPU cores{at}: {asked} x {c} core(s) each = {len(workers) * c} cores, but this process may use "
-            f"{len(cpus)}: {cpus} (os.sched_getaffinity). Lower engine.cpus_per_worker, run fewer workers, or give the run more cores."
+            f"not enough CPU cores{at}: {asked} x {c} core(s) each = {len(workers) * c} cores, but this process may "
+            f"use {len(cpus)}: {cpus} (os.sched_getaffinity). Lower engine.cpus_per_worker, run fewer workers, or "
+            "give the run more cores."
         )
     if len(workers) * g > len(gpus):
         raise IsolationError(
-            f"not enough GPUs{at}: {asked} x {g} GPU(s) each = {len(workers) * g} GPUs, but {len(gpus)} are visible: "
-            f"{gpus} ({ENV_GPUS} or the device count). Lower engine.gpus_per_worker, run fewer workers, or make more GPUs visible."
+            f"not enough GPUs{at}: {asked} x {g} GPU(s) each = {len(workers) * g} GPUs, but {len(gpus)} are "
+            f"visible: {gpus} ({ENV_GPUS} or the device count). Lower engine.gpus_per_worker, run fewer workers, or "
+            "make more GPUs visible."
         )
     return [
         Assignment(group, rank, tuple(cpus[i * c : (i + 1) * c]), tuple(gpus[i * g : (i + 1) * g]), node)
@@ -267,7 +269,8 @@ def check_health(
     max_temperature_c: float | None = 90.0,
     max_ecc_errors: int | None = 0,
 ) -> None:
-    """Refuse a plan that puts a worker on an unhealthy GPU (``health``: ``device_health()``; a None limit is not checked).
+    """Refuse a plan that puts a worker on an unhealthy GPU (``health``: ``device_health()``; a None limit is not
+    checked).
 
     Index entries are matched to NVML indices, which equal CUDA ordinals under
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; give UUIDs in ``CUDA_VISIBLE_DEVICES`` to be sure.
@@ -293,8 +296,8 @@ def format_assignment(records: Sequence[Mapping[str, Any]]) -> str:
     lines = [f"{'worker':<18} {'pid':>7} {'host':<16} {'cpus':<12} {'gpus':<10} {'threads':>7} {'seed':>6}"]
     for r in sorted(records, key=lambda r: (r.get("node", ""), r["group"], r["rank"])):
         lines.append(
-            f"{r['group'] + ' ' + str(r['rank']):<18} {r['pid']:>7} {str(r['hostname'])[:16]:<16} {span(r['cpus']):<12} "
-            f"{span(r['gpus']):<10} {r['threads']:>7} {r['seed']:>6}"
+            f"{r['group'] + ' ' + str(r['rank']):<18} {r['pid']:>7} {str(r['hostname'])[:16]:<16} "
+            f"{span(r['cpus']):<12} {span(r['gpus']):<10} {r['threads']:>7} {r['seed']:>6}"
         )
     return "\n".join(lines)
 

@@ -146,14 +146,15 @@ class AsyncRollout:
             target / "queue",
         )
 
-    def restore(self, directory: Path) -> bool:
+    def restore(self, directory: Path, allow_legacy_pt: bool = False) -> bool:
         """Put the batches a checkpoint saved back in flight, as they were; False when it holds none
-        (or not for this many rollout workers and ``max_staleness``): the queue is then regenerated."""
+        (or not for this many rollout workers and ``max_staleness``): the queue is then regenerated.
+        ``allow_legacy_pt``: an older checkpoint's ``queue.pt`` may be read (``trainer.allow_legacy_pt_state``)."""
         from armor_core.dataproto.protocol import DataProto
         from armor_core.storage.state_io import load_checkpoint_state
 
         target = Path(directory) / QUEUE_DIR
-        state = load_checkpoint_state(target / "queue", missing_ok=True)
+        state = load_checkpoint_state(target / "queue", missing_ok=True, allow_legacy_pt=allow_legacy_pt)
         if state is None or len(state["rng"]) != self.group.n or len(state["loader_states"]) > self.max_staleness + 1:
             return False
         self.queue = deque(

@@ -1,5 +1,5 @@
-"""KL terms: the KL loss (``actor.use_kl_loss``), the in-reward KL penalty
-(``algorithm.use_kl_in_reward``) and the penalty coefficient's controllers.
+"""The in-reward KL penalty (``algorithm.use_kl_in_reward``) and the penalty coefficient's controllers,
+on the driver. (The KL loss the actor adds, ``actor.use_kl_loss``, is ``workers/kl_loss.py``.)
 
 PPO/RLHF style (Ziegler et al. 2019): the token-level reward becomes ``score - kl_coef * kl``, with
 ``kl`` from the estimator ``algorithm.kl_penalty`` names (a ``kl_estimator`` plugin, see
@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from armor_core.ops.masked import masked_mean
+from armor_core.workers.kl_loss import kl_estimator_fn
 
 __all__ = [
     "KL_CONTROLLERS",
@@ -23,50 +24,7 @@ __all__ = [
     "FixedKLController",
     "apply_kl_penalty",
     "build_kl_controller",
-    "compute_kl_loss",
 ]
-
-
-def _estimator_fn(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """A ``KLEstimator``'s function, a registered estimator's by name, or a function as it is."""
-    from armor_core.interfaces import KLEstimator
-
-    if isinstance(estimator, KLEstimator):
-        return estimator.fn
-    if isinstance(estimator, str):
-        from armor_core.plugins import get_plugin
-
-        return get_plugin("kl_estimator", estimator).fn
-    if callable(estimator):
-        return estimator
-    raise TypeError(
-        f"KL estimator must be a registered name (k1, k3, ...), a KLEstimator or a function; got {type(estimator).__name__}"
-    )
-
-
-def compute_kl_loss(
-    log_prob: torch.Tensor,
-    ref_log_prob: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-    estimator: Any = "k3",
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """KL as a loss term (GRPO style): ``kl_coef * kl`` per token, 0 outside the mask. The actor
-    calls it with ``kl_coef=1`` and weighs the aggregated term by ``actor.kl_loss_coef``.
-
-    Unaggregated, so the caller aggregates it as it does the policy loss
-    (``actor.loss_agg_mode``). Padded positions are zeroed before the estimator: ``exp()`` of
-    whatever a model leaves there must not put NaN in the gradient.
-
-    :param log_prob: (bs, T) differentiable; :param ref_log_prob: (bs, T) reference, no gradient.
-    :param estimator: a name (``actor.kl_loss_type``), a ``KLEstimator`` or a function.
-    :returns: ``(loss_mat (bs, T), {"kl_loss": mean KL over valid tokens (detached)})``.
-    """
-    m = response_mask.bool()
-    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    kl = _estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
-    loss_mat = torch.where(m, kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
-    return loss_mat, {"kl_loss": masked_mean(kl.detach(), m)}
 
 
 def apply_kl_penalty(
@@ -94,7 +52,7 @@ def apply_kl_penalty(
     m = response_mask.bool()
     with torch.no_grad():
         zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-        kl = _estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
+        kl = kl_estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
         scores = torch.where(
             m, token_level_scores, torch.zeros((), dtype=token_level_scores.dtype, device=token_level_scores.device)
         )

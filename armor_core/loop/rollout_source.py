@@ -249,7 +249,7 @@ class RolloutSource:
         if self.async_rollout is not None:
             self.async_rollout.drop()
             if checkpoint is not None:
-                self.async_rollout.restore(checkpoint)
+                self.async_rollout.restore(checkpoint, self.cfg.trainer.allow_legacy_pt_state)
 
     def save(self, directory: Path) -> None:
         """Into a checkpoint being written: the async batches in flight (``AsyncRollout.save``)."""

@@ -49,12 +49,16 @@ class Trainer:
         from armor_core.plugins import get_plugin_manager
         from armor_core.rewards.manager import RewardManager
         from armor_core.storage.checkpoint import CheckpointManager
+        from armor_core.storage.run_dir import check_new_run
 
         self.cfg = cfg
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.trainer.run_dir)
         self.pm = get_plugin_manager()
+        # every way of starting a run comes here (armor run, tests, benchmarks); the CLI checks only for --dry-run
         validate_plugins(cfg, self.pm)
+        if not resume:
+            check_new_run(cfg.trainer.run_dir)
         self.estimator = self.pm.get(
             "advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator"
         )
@@ -74,10 +78,6 @@ class Trainer:
             self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed
         )
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
-        if not resume and self.ckpt.latest() is not None:
-            raise RuntimeError(
-                f"{self.run_dir} already holds checkpoints; pass --resume to continue, or choose another trainer.run_dir"
-            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         self.guard = GuardRunner(cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable)

@@ -69,14 +69,16 @@ def resolve_model_path(path: str | Path, *, need_config: bool = True, need_token
         known = builtin_models()
         if name not in known:
             raise ModelPathError(
-                f"unknown built-in model {text!r}; built-in models: {', '.join(BUILTIN_PREFIX + k for k in known) or 'none are installed'}"
+                f"unknown built-in model {text!r}; built-in models: "
+                f"{', '.join(BUILTIN_PREFIX + k for k in known) or 'none are installed'}"
             )
         return _assets_dir() / name
     p = Path(text).expanduser()
     if not p.exists():
         raise ModelPathError(
-            f"model path {text!r} does not exist; expected a local Hugging Face model directory (config.json, weights, tokenizer) "
-            f"or one of: {', '.join(BUILTIN_PREFIX + k for k in builtin_models())}. ARMOR never downloads models."
+            f"model path {text!r} does not exist; expected a local Hugging Face model directory (config.json, "
+            f"weights, tokenizer) or one of: {', '.join(BUILTIN_PREFIX + k for k in builtin_models())}. ARMOR never "
+            "downloads models."
         )
     if not p.is_dir():
         raise ModelPathError(
@@ -149,7 +151,8 @@ def load_adapter_merged(directory: Path, dtype: str = "float32") -> PreTrainedMo
     base_path = json.loads((directory / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base_path:
         raise ModelPathError(
-            f"adapter {directory}: adapter_config.json names no base_model_name_or_path; set it to the base model's directory"
+            f"adapter {directory}: adapter_config.json names no base_model_name_or_path; set it to the base model's "
+            "directory"
         )
     try:
         base = load_model(base_path, dtype)
@@ -230,7 +233,8 @@ def build_tiny_model(
     """
     if hidden_size % num_heads or hidden_size // num_heads < 32:
         raise ValueError(
-            f"build_tiny_model: hidden_size={hidden_size} / num_heads={num_heads} must divide evenly into heads of >= 32 dims (vLLM's CPU attention needs head_dim >= 32)"
+            f"build_tiny_model: hidden_size={hidden_size} / num_heads={num_heads} must divide evenly into heads of "
+            ">= 32 dims (vLLM's CPU attention needs head_dim >= 32)"
         )
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -359,7 +363,8 @@ def encode_prompts(
                 continue
             if truncation == "error":
                 raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens, more than max_length={max_length} (set data.truncation to 'drop' or 'left', or raise data.max_prompt_length)"
+                    f"prompt {i} has {len(ids)} tokens, more than max_length={max_length} (set data.truncation to "
+                    "'drop' or 'left', or raise data.max_prompt_length)"
                 )
             ids = ids[-max_length:]
         rows.append(list(ids))

@@ -181,8 +181,9 @@ def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None
     saved = adapter_settings(directory)
     if not saved and model_cfg.lora_rank:
         raise ValueError(
-            f"checkpoint {checkpoint} holds a full model (no {ADAPTER_DIR}/), but model.lora_rank={model_cfg.lora_rank}: "
-            "resume with model.lora_rank=0, or start a new run_dir for the LoRA run"
+            f"checkpoint {checkpoint} holds a full model (no {ADAPTER_DIR}/), but "
+            f"model.lora_rank={model_cfg.lora_rank}: resume with model.lora_rank=0, or start a new run_dir for the "
+            "LoRA run"
         )
     if saved and not model_cfg.lora_rank:
         raise ValueError(

@@ -1,4 +1,6 @@
-"""Pure tensor helpers for plugin authors: masked reductions, group statistics, response lengths.
+"""Pure helpers for plugin authors: masked reductions (``masked``), group statistics and outcome scores
+for advantage estimators (``groups``), length measures for reward domains (``lengths``).
 
-Public: the built-in plugins use these, and so may any third-party estimator, loss or reward domain.
+Public: the core and the built-in plugins use these, and so may any third-party estimator, loss or
+reward domain. Import from the module (``from armor_core.ops.masked import masked_mean``).
 """

@@ -99,7 +99,8 @@ _TAIL = [
         "KL divergence",
         "KL",
         _matching(r"actor/(ppo_kl\w*|kl_loss|reward_kl)"),
-        "actor/ppo_kl*: between the policy being updated and the one that generated the batch; actor/kl_loss, actor/reward_kl: to the reference model.",
+        "actor/ppo_kl*: between the policy being updated and the one that generated the batch; actor/kl_loss, "
+        "actor/reward_kl: to the reference model.",
     ),
     ("entropy", "Policy entropy", "nats per token", _present("actor/entropy"), ""),
     ("clip_fraction", "Clip fractions", "fraction of tokens", _matching(r"(actor|critic)/\w*clipfrac\w*"), ""),
@@ -108,7 +109,8 @@ _TAIL = [
         "Gradient norm",
         "L2 norm",
         _present("actor/grad_norm", GRAD_NORM_AFTER_CLIP, "critic/grad_norm"),
-        f"actor/grad_norm is measured before clipping; {GRAD_NORM_AFTER_CLIP} = min(actor/grad_norm, actor.grad_clip from config.json).",
+        f"actor/grad_norm is measured before clipping; {GRAD_NORM_AFTER_CLIP} = min(actor/grad_norm, "
+        "actor.grad_clip from config.json).",
     ),
     ("response_length", "Response length", "tokens", _present("response_length/mean", "response_length/max"), ""),
     (

@@ -137,8 +137,9 @@ class FailureWatch:
                 error = " ".join(first_error.get(domain, "").split())[:_SHOWN_ERROR_CHARS]
                 batches = len(self._batches)
                 raise RewardFailureError(
-                    f"reward domain {domain!r} failed on {bad} of its {n} rows in the last {batches} scored batch{'es' if batches > 1 else ''}, "
-                    f"more than reward.max_failure_fraction={self.max_fraction:g}; e.g. {error}. The run stops here, keeping the checkpoints "
-                    f"already written: fix the domain or the data (`armor reward {domain} -i FILE` scores rows without training), "
-                    "or raise reward.max_failure_fraction (1 never stops)"
+                    f"reward domain {domain!r} failed on {bad} of its {n} rows in the last {batches} scored "
+                    f"batch{'es' if batches > 1 else ''}, more than "
+                    f"reward.max_failure_fraction={self.max_fraction:g}; e.g. {error}. The run stops here, keeping "
+                    f"the checkpoints already written: fix the domain or the data (`armor reward {domain} -i FILE` "
+                    "scores rows without training), or raise reward.max_failure_fraction (1 never stops)"
                 )

@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
@@ -140,10 +141,14 @@ class RewardManager:
         if bound is not None:
             return bound
         if name not in self._known:
+            pack = missing_pack(name, where)
+            if pack:
+                raise ConfigError(pack)
             close = difflib.get_close_matches(name, self._known, n=1, cutoff=0.5)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"{where}: unknown reward domain {name!r}.{hint} Known domains: {', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}"
+                f"{where}: unknown reward domain {name!r}.{hint} Known domains: "
+                f"{', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}"
             )
         domain: RewardDomain = self._pm.get("reward_domain", name)
         params = self.cfg.domain_kwargs.get(name) or {}
@@ -159,9 +164,9 @@ class RewardManager:
                 spec = pickle.dumps(bound_domain)
             except Exception as e:
                 raise ConfigError(
-                    f"reward domain {name!r} ({getattr(domain.fn, '__qualname__', domain.fn)!r}) cannot be sent to a reward worker "
-                    f"process: {e}. Register a module-level function (not a lambda or closure), or set "
-                    f"register it with RewardDomain(..., inline=True) if it is pure, cheap and cannot hang"
+                    f"reward domain {name!r} ({getattr(domain.fn, '__qualname__', domain.fn)!r}) cannot be sent to "
+                    f"a reward worker process: {e}. Register a module-level function (not a lambda or closure), or "
+                    "set register it with RewardDomain(..., inline=True) if it is pure, cheap and cannot hang"
                 ) from e
         score_range = resolve_score_range(name, domain.score_range, domain.fn, params)
         bound = self._bound[name] = _Bound(bound_domain, inline, spec, score_range, domain.validate_ground_truth)
@@ -183,11 +188,15 @@ class RewardManager:
         spec = self.cfg.domain_map.get(data_source)
         if spec is None:
             if data_source not in self._known:
+                pack = missing_pack(data_source, f"data_source {data_source!r}")
+                if pack:
+                    raise ConfigError(pack)
                 close = difflib.get_close_matches(str(data_source), self._known, n=1, cutoff=0.5)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(
-                    f"data_source {data_source!r} maps to no reward domain (no reward.domain_map entry and no domain of that name).{hint} "
-                    f"Known domains: {', '.join(self._known) or 'none'}. Map it with reward.domain_map.{data_source}=<domain>"
+                    f"data_source {data_source!r} maps to no reward domain (no reward.domain_map entry and no "
+                    f"domain of that name).{hint} Known domains: {', '.join(self._known) or 'none'}. Map it with "
+                    f"reward.domain_map.{data_source}=<domain>"
                 )
             route = {data_source: 1.0}
         elif isinstance(spec, str):
@@ -223,7 +232,8 @@ class RewardManager:
             source = row.get("data_source")
             if source is None:
                 raise ConfigError(
-                    f"{_locate(row, i, where)}: the row has no 'data_source' field; every row needs one to pick its reward domain"
+                    f"{_locate(row, i, where)}: the row has no 'data_source' field; every row needs one to pick its "
+                    "reward domain"
                 )
             if source not in needs_gt:
                 try:
@@ -250,8 +260,9 @@ class RewardManager:
                 )
         if n_missing:
             raise ConfigError(
-                f"{where}: {n_missing} row(s) have no ground_truth but their reward domain requires one: {'; '.join(missing)}"
-                f"{' ...' if n_missing > len(missing) else ''}. Add a 'ground_truth' field, or route them to a domain that needs none"
+                f"{where}: {n_missing} row(s) have no ground_truth but their reward domain requires one: "
+                f"{'; '.join(missing)}{' ...' if n_missing > len(missing) else ''}. Add a 'ground_truth' field, or "
+                "route them to a domain that needs none"
             )
         if refused and not kept:
             raise ConfigError(f"{where}: every row was skipped as invalid (data.skip_invalid=true), e.g. {refused[0]}")
@@ -296,7 +307,8 @@ class RewardManager:
                     self._pool = Pool(max(1, self.cfg.num_workers), self.cfg.timeout_s)
                 for c, outcome in zip(job_checks, self._pool.run(jobs)):
                     outcomes[c] = outcome
-            return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)  # type: ignore[arg-type]
+            # type: ignore[arg-type]
+            return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)
 
     def _assemble(
         self,
@@ -367,8 +379,14 @@ class RewardManager:
         if key in self._logged:
             return
         self._logged.add(key)
-        example = f"data_source={_shown(source)} prompt={_shown(prompt)} response={_shown(response)} ground_truth={_shown(ground_truth)}"
-        note = f"(logged once per kind of error; each failure scores reward.failure_score={self.cfg.failure_score:g} and is counted in reward/failures)"
+        example = (
+            f"data_source={_shown(source)} prompt={_shown(prompt)} response={_shown(response)} "
+            f"ground_truth={_shown(ground_truth)}"
+        )
+        note = (
+            f"(logged once per kind of error; each failure scores reward.failure_score={self.cfg.failure_score:g} "
+            "and is counted in reward/failures)"
+        )
         if out.status == "timeout":
             logger.warning("reward domain %r timed out: %s %s\n  example row: %s", domain, out.message, note, example)
         else:

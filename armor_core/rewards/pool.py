@@ -180,8 +180,9 @@ class Pool:
                     w.proc.join(5.0)  # reap it, for its exit code
                     if not w.ready:
                         raise RuntimeError(
-                            f"a reward worker process exited at start (exit code {w.proc.exitcode}); its error is printed above. Workers "
-                            "are spawned and import the driver's __main__ module again: guard a script with `if __name__ == '__main__':`"
+                            f"a reward worker process exited at start (exit code {w.proc.exitcode}); its error is "
+                            "printed above. Workers are spawned and import the driver's __main__ module again: "
+                            "guard a script with `if __name__ == '__main__':`"
                         ) from None
                     if w.job is not None:
                         results[w.job] = Outcome(

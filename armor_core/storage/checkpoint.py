@@ -17,8 +17,9 @@ skipped with a warning naming the file, and the previous intact one is used; if 
 exist but none is intact, ``CheckpointError`` says so. A checkpoint written before manifests
 existed is accepted when its ``trainer_state.json`` reads correctly, with a warning that its
 other files were not verified. Every file is safetensors or JSON (worker states through
-``armor_core/storage/state_io.py``); the ``.pt`` states of checkpoints written before that are still read,
-with ``torch.load(weights_only=True)``: no arbitrary pickle.
+``armor_core/storage/state_io.py``); the ``.pt`` states of checkpoints written before that are read only when
+the user opts in (``trainer.allow_legacy_pt_state=true``), with ``torch.load(weights_only=True)``: no arbitrary
+pickle, and none at all by default.
 """
 
 from __future__ import annotations
@@ -205,8 +206,9 @@ class CheckpointManager:
         previous = f"the previous checkpoint, {kept[-1]}, is left as it was" if kept else "no earlier checkpoint exists"
         left = f" ({free / 2**20:.0f} MiB left)" if free is not None else ""
         return (
-            f"the disk holding {self.root} is full{left}: checkpoint {name} could not be written and its partial files were "
-            f"removed; {previous}. Free space there (or lower trainer.keep_checkpoints) and run again with --resume. "
+            f"the disk holding {self.root} is full{left}: checkpoint {name} could not be written "
+            f"and its partial files were removed; {previous}. "
+            "Free space there (or lower trainer.keep_checkpoints) and run again with --resume. "
             f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]"
         )
 

@@ -1,12 +1,14 @@
-"""Guard rails of a run directory: one run writes into it at a time, and ``--resume`` continues
-with the config the run was started with.
+"""Guard rails of a run directory: one run writes into it at a time, a new run does not start over
+a run's checkpoints, and ``--resume`` continues with the config the run was started with.
 
 ``RunDirLock`` holds an exclusive ``flock`` on ``<run_dir>/.lock`` for as long as the run lives;
 the kernel drops it when the process ends however it ends (``kill -9`` included), so a stale
-lock never blocks a resume. ``check_resume_config`` compares the config of a resume with the
-run's ``config.json`` and refuses keys that changed, unless the user allowed them by name
-(``armor run --resume --allow-config-change actor.lr,data.train_batch_size``). Keys that only
-say how long, where or how observably the run goes on (``ALWAYS_ALLOWED``) may change freely.
+lock never blocks a resume. ``check_new_run`` refuses a run directory that holds checkpoints to a
+run started without ``--resume`` (the trainer asks it first; ``armor run --dry-run`` asks it too).
+``check_resume_config`` compares the config of a resume with the run's ``config.json`` and refuses
+keys that changed, unless the user allowed them by name (``armor run --resume --allow-config-change
+actor.lr,data.train_batch_size``). Keys that only say how long, where or how observably the run goes
+on (``ALWAYS_ALLOWED``) may change freely.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Iterable
 
 from armor_core.errors import UserFacingError
 
-__all__ = ["ALWAYS_ALLOWED", "RunDirError", "RunDirLock", "check_resume_config", "config_changes"]
+__all__ = ["ALWAYS_ALLOWED", "RunDirError", "RunDirLock", "check_new_run", "check_resume_config", "config_changes"]
 
 # continuing a run for longer, on other machines, with other logging, checkpoint or validation
 # schedules or fault injections changes nothing about the updates made so far
@@ -28,6 +30,7 @@ ALWAYS_ALLOWED = (
     "trainer.total_epochs",
     "trainer.save_freq",
     "trainer.keep_checkpoints",
+    "trainer.allow_legacy_pt_state",
     "trainer.val_freq",
     "trainer.val_before_train",
     "trainer.val_sampled",
@@ -38,7 +41,19 @@ ALWAYS_ALLOWED = (
 
 
 class RunDirError(UserFacingError):
-    """The run directory is in use by another run, or a resume would silently change its config."""
+    """The run directory is in use by another run, holds checkpoints a new run would overwrite, or a
+    resume would silently change its config."""
+
+
+def check_new_run(run_dir: str | Path) -> None:
+    """A run started without ``--resume`` must not write over checkpoints: ``RunDirError`` if ``run_dir`` holds any."""
+    from armor_core.storage.checkpoint import CheckpointManager
+
+    if CheckpointManager(run_dir).latest() is not None:
+        raise RunDirError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run, "
+            "or choose another trainer.run_dir"
+        )
 
 
 _ABSENT = object()
@@ -128,8 +143,9 @@ class RunDirLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise RunDirError(
-                f"{self.path.parent} is in use by another armor run (pid {holder}); two runs writing one directory would "
-                "mix their checkpoints and metrics. Wait for it to end, or choose another trainer.run_dir"
+                f"{self.path.parent} is in use by another armor run (pid {holder}); "
+                "two runs writing one directory would mix their checkpoints and metrics. "
+                "Wait for it to end, or choose another trainer.run_dir"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

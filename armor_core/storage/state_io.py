@@ -22,14 +22,17 @@ from typing import Any
 
 import torch
 
+from armor_core.errors import UserFacingError
+
 __all__ = ["StateFileError", "load_checkpoint_state", "load_state", "save_state"]
 
 _MARKERS = ("__tensor__", "__tuple__", "__float__", "__items__")
 _SCALARS = (str, int, bool, type(None))
 
 
-class StateFileError(ValueError):
-    """A state file pair that cannot be read back: damaged, incomplete, or not written by ``save_state``."""
+class StateFileError(UserFacingError, ValueError):
+    """A state file that cannot be read back: damaged, incomplete, not written by ``save_state``, or an
+    older checkpoint's ``.pt`` file that was not allowed (``load_checkpoint_state``)."""
 
 
 def save_state(obj: Any, stem: str | Path) -> None:
@@ -68,22 +71,28 @@ def load_state(stem: str | Path) -> Any:
     return _decode(structure, tensors, json_file)
 
 
-def load_checkpoint_state(stem: str | Path, missing_ok: bool = False) -> Any:
-    """:func:`load_state` at ``stem``, or, when those files are absent, ``<stem>.pt``: checkpoints
-    written before ARMOR saved state this way hold ``torch.save`` files, still read (with
-    ``weights_only=True``, which unpickles tensors and containers only) so that their runs resume.
-    None when neither is there and ``missing_ok``; otherwise ``FileNotFoundError`` naming the new file."""
+def load_checkpoint_state(stem: str | Path, missing_ok: bool = False, allow_legacy_pt: bool = False) -> Any:
+    """:func:`load_state` at ``stem``; None when its files are absent and ``missing_ok``.
+
+    Checkpoints written before ARMOR saved state this way hold ``<stem>.pt`` (``torch.save``) files.
+    They are read only with ``allow_legacy_pt`` (``trainer.allow_legacy_pt_state=true``), with
+    ``torch.load(weights_only=True)``, which unpickles tensors and containers only; without it such
+    a file is a ``StateFileError`` naming it and the option. Neither file there: ``FileNotFoundError``.
+    """
     stem = Path(stem)
     if stem.with_name(stem.name + ".safetensors").exists():
         return load_state(stem)
     old = stem.with_name(stem.name + ".pt")
     if old.exists():
+        if not allow_legacy_pt:
+            raise StateFileError(
+                f"{old} is a torch .pt state from an older ARMOR checkpoint, which is not unpickled by default; "
+                "to resume from it, pass trainer.allow_legacy_pt_state=true"
+            )
         return torch.load(old, weights_only=True)
     if missing_ok:
         return None
-    raise FileNotFoundError(
-        f"{stem}.safetensors is missing (nor is there an older {old.name}); the checkpoint is incomplete"
-    )
+    raise FileNotFoundError(f"{stem}.safetensors is missing; the checkpoint is incomplete")
 
 
 def _encode(x: Any, path: str, tensors: dict[str, torch.Tensor], storages: set) -> Any:

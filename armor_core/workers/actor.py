@@ -26,7 +26,6 @@ import torch
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import call_with_params
-from armor_core.loop.kl_penalty import compute_kl_loss
 from armor_core.models.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.actor_weights import ActorWeights
 from armor_core.workers.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
@@ -43,6 +42,7 @@ from armor_core.workers.common import (
     seed_everything,
 )
 from armor_core.workers.guarded_step import GuardedStep
+from armor_core.workers.kl_loss import compute_kl_loss
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
 from armor_core.workers.optim import adamw, zero_advantage_is_inert
@@ -148,7 +148,8 @@ class ActorWorker(ActorWeights, GuardedStep):
             import warnings
 
             warnings.warn(
-                f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from the full logits",
+                f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from "
+                "the full logits",
                 stacklevel=2,
             )
             self.chunk_tokens = 0
@@ -181,7 +182,8 @@ class ActorWorker(ActorWeights, GuardedStep):
         )
 
     def _build_rollout(self, cfg: ArmorConfig, pm: Any) -> None:
-        """The colocated rollout engine (``rollout.backend``), or none in async mode (rollout workers of their own generate)."""
+        """The colocated rollout engine (``rollout.backend``), or none in async mode (rollout workers of their own
+        generate)."""
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
         # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
@@ -276,7 +278,8 @@ class ActorWorker(ActorWeights, GuardedStep):
         return everything[live], everything[~live]
 
     def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
-        """Row positions of each micro-batch: ``actor.micro_batch_size`` rows, or by real tokens (``actor.max_tokens_per_micro_batch``)."""
+        """Row positions of each micro-batch: ``actor.micro_batch_size`` rows, or by real tokens
+        (``actor.max_tokens_per_micro_batch``)."""
         a = self.cfg.actor
         return micro_batches(
             attention_mask.sum(-1), a.micro_batch_size, a.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch"

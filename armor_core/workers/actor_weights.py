@@ -37,7 +37,8 @@ class ActorWeights:
     rank: int
 
     def needs_weight_sync(self) -> bool:
-        """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async): sync_weights has nothing to send."""
+        """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async):
+        sync_weights has nothing to send."""
         return self.rollout is not None and getattr(self.rollout, "model", None) is not self.model
 
     def sync_weights(self) -> dict[str, float]:
@@ -134,10 +135,11 @@ class ActorWeights:
             raise RuntimeError(
                 f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        st = load_checkpoint_state(p / "actor_state")  # or an older checkpoint's actor_state.pt
+        legacy = self.cfg.trainer.allow_legacy_pt_state  # an older checkpoint's actor_state.pt
+        st = load_checkpoint_state(p / "actor_state", allow_legacy_pt=legacy)
         load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
-        rng = load_checkpoint_state(p / f"actor_rng_rank{self.rank}", missing_ok=True)
+        rng = load_checkpoint_state(p / f"actor_rng_rank{self.rank}", missing_ok=True, allow_legacy_pt=legacy)
         if rng is not None:  # None: resumed on more ranks than saved; the new ranks keep their seeded generator
             torch.set_rng_state(rng["torch_rng"])
         self.global_step = int(st["global_step"])

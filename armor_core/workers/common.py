@@ -100,8 +100,8 @@ def micro_batches(
     longest = max(counts, default=0)
     if longest > max_tokens:
         raise ValueError(
-            f"{key}={max_tokens} cannot hold row {counts.index(longest)} of this batch, which has {longest} tokens (prompt + response); "
-            f"set it to at least {longest}"
+            f"{key}={max_tokens} cannot hold row {counts.index(longest)} of this batch, which has {longest} tokens "
+            f"(prompt + response); set it to at least {longest}"
         )
     out, start, used = [], 0, 0
     for i, n in enumerate(counts):

@@ -212,7 +212,9 @@ class CriticWorker:
         missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))
         if missing or unexpected:
             raise RuntimeError(
-                f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing "
+                f"{missing[:5]}, unexpected {unexpected[:5]}"
             )
-        state = load_checkpoint_state(p / "critic_state")  # or an older checkpoint's critic_state.pt
+        # or an older checkpoint's critic_state.pt, if the user allows it
+        state = load_checkpoint_state(p / "critic_state", allow_legacy_pt=self.cfg.trainer.allow_legacy_pt_state)
         load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])

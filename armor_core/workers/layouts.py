@@ -155,7 +155,8 @@ def _scatter_tokens(
     n: int,
     pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat (n,) ids and positions with the tokens at (rows, cols) placed at ``dest``; pads are ``pad_id`` at position 0."""
+    """Flat (n,) ids and positions with the tokens at (rows, cols) placed at ``dest``; pads are ``pad_id`` at position
+    0."""
     packed_ids = torch.full((n,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     packed_pos = torch.zeros(n, dtype=position_ids.dtype, device=position_ids.device)
     packed_ids[dest] = input_ids[rows, cols]
@@ -320,7 +321,8 @@ def packed_response_log_probs(
     with_entropy: bool,
     chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``response_log_probs`` of a packed batch, scattered back to ``responses``' (bs, R) grid (0 where not computed)."""
+    """``response_log_probs`` of a packed batch, scattered back to ``responses``' (bs, R) grid (0 where not
+    computed)."""
     device = packed.input_ids.device
     resp_index = packed.response_index.to(device)
     targets = responses.reshape(-1)[resp_index]

@@ -66,7 +66,8 @@ class RolloutWorker:
             missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
             if missing or unexpected:
                 raise KeyError(
-                    f"rollout worker set_weights: the policy's state does not match {type(self.model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                    f"rollout worker set_weights: the policy's state does not match {type(self.model).__name__}: "
+                    f"missing {missing[:5]}, unexpected {unexpected[:5]}"
                 )
         else:
             self.backend.update_weights(state.items())

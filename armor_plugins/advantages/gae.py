@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.losses.utils import as_bool_mask, masked_whiten
+from armor_core.ops.masked import as_bool_mask, masked_whiten
 
 __all__ = ["compute_gae_advantage"]
 
@@ -46,11 +46,13 @@ def compute_gae_advantage(
     """
     if values is None:
         raise ValueError(
-            "gae needs the critic's values (bs, response_length); the trainer passes them because gae is registered with requires_critic=True"
+            "gae needs the critic's values (bs, response_length); the trainer passes them because gae is "
+            "registered with requires_critic=True"
         )
     if values.shape != token_level_rewards.shape:
         raise ValueError(
-            f"gae: values has shape {tuple(values.shape)} but token_level_rewards has {tuple(token_level_rewards.shape)}; both must be (bs, response_length)"
+            f"gae: values has shape {tuple(values.shape)} but token_level_rewards has "
+            f"{tuple(token_level_rewards.shape)}; both must be (bs, response_length)"
         )
     m = as_bool_mask(response_mask)
     dtype = torch.float32 if token_level_rewards.dtype in (torch.float16, torch.bfloat16) else token_level_rewards.dtype

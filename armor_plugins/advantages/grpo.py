@@ -9,7 +9,7 @@ up-weights prompts that are almost always or almost never solved; ``A_i = r_i - 
 removes that bias. Available as ``dr_grpo`` and as ``grpo`` with ``norm_adv_by_std: false``
 (pair it with ``actor.loss_agg_mode: seq-mean-token-sum-norm`` to remove the length bias too).
 
-Edge cases (see ``advantages.utils``): singleton groups, groups with all rewards equal and fully
+Edge cases (see ``armor_core.ops.groups``): singleton groups, groups with all rewards equal and fully
 masked rows get advantage exactly 0. ``returns`` equals ``advantages`` (there is no critic).
 """
 
@@ -20,8 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, normalize_reward_components, outcome_scores
-from armor_plugins.losses.utils import as_bool_mask
+from armor_core.ops.groups import group_stats, outcomes
 
 __all__ = ["compute_dr_grpo_advantage", "compute_grpo_advantage"]
 
@@ -43,21 +42,16 @@ def compute_grpo_advantage(
     :param epsilon: added to the group std (guards near-zero std; exactly-equal groups are 0 anyway).
     :param norm_adv_by_std: divide by the group std (GRPO) or not (Dr. GRPO).
     :param normalize_components: standardise each reward component within its group before the
-        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+        weighted sum (GDPO, ``armor_core.ops.groups.normalize_reward_components``); ``algorithm.adv_kwargs``.
     :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
-    m = as_bool_mask(response_mask)
-    scores = outcome_scores(token_level_rewards, m)
-    if normalize_components:
-        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
-    stats = group_stats(scores, index, m.any(dim=-1))
-    adv = scores - stats.mean
+    o = outcomes(token_level_rewards, response_mask, index, normalize_components, reward_components)
+    stats = group_stats(o.scores, index, o.valid)
+    adv = o.scores - stats.mean
     if norm_adv_by_std:
         adv = adv / (stats.std + epsilon)
-    adv = torch.where(stats.no_signal, torch.zeros_like(adv), adv)
-    out = broadcast_to_tokens(adv, m, token_level_rewards.dtype)
-    return out, out.clone()
+    return o.to_tokens(torch.where(stats.no_signal, torch.zeros_like(adv), adv))
 
 
 def compute_dr_grpo_advantage(

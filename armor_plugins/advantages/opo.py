@@ -10,7 +10,7 @@ length, since ``||grad log pi(y)||^2`` grows with the number of tokens::
 over the samples of one prompt. No std normalisation (the paper trains with exact on-policy
 updates and this plain difference). ``|y_j|`` is the number of valid tokens of row j.
 
-Edge cases (see ``advantages.utils``): singleton groups, groups with all rewards equal and fully
+Edge cases (see ``armor_core.ops.groups``): singleton groups, groups with all rewards equal and fully
 masked rows get advantage exactly 0 (a singleton's baseline is its own reward).
 ``returns`` equals ``advantages``.
 """
@@ -22,8 +22,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, normalize_reward_components, outcome_scores
-from armor_plugins.losses.utils import as_bool_mask
+from armor_core.ops.groups import group_stats, outcomes
 
 __all__ = ["compute_opo_advantage"]
 
@@ -41,19 +40,14 @@ def compute_opo_advantage(
     :param response_mask: (bs, T); a row's length is its number of valid tokens.
     :param index: (bs,) group ids.
     :param normalize_components: standardise each reward component within its group before the
-        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+        weighted sum (GDPO, ``armor_core.ops.groups.normalize_reward_components``); ``algorithm.adv_kwargs``.
     :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
-    m = as_bool_mask(response_mask)
-    scores = outcome_scores(token_level_rewards, m)
-    if normalize_components:
-        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
-    lengths = m.sum(dim=-1).to(torch.float64)
-    stats = group_stats(scores, index, m.any(dim=-1), weights=lengths)
-    adv = torch.where(stats.no_signal, torch.zeros_like(scores), scores - stats.mean)
-    out = broadcast_to_tokens(adv, m, token_level_rewards.dtype)
-    return out, out.clone()
+    o = outcomes(token_level_rewards, response_mask, index, normalize_components, reward_components)
+    lengths = o.mask.sum(dim=-1).to(torch.float64)
+    stats = group_stats(o.scores, index, o.valid, weights=lengths)
+    return o.to_tokens(torch.where(stats.no_signal, torch.zeros_like(o.scores), o.scores - stats.mean))
 
 
 @hookimpl

@@ -35,8 +35,7 @@ import numpy as np
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_ids, normalize_reward_components, outcome_scores
-from armor_plugins.losses.utils import as_bool_mask
+from armor_core.ops.groups import group_ids, outcomes
 
 __all__ = ["compute_pass_at_k_advantage", "pass_at_k_weights"]
 
@@ -81,7 +80,7 @@ def compute_pass_at_k_advantage(
     :param epsilon: added to the subset-reward std.
     :param norm_adv_by_std: divide by that std (the paper does).
     :param normalize_components: standardise each reward component within its group before the
-        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+        weighted sum (GDPO, ``armor_core.ops.groups.normalize_reward_components``); ``algorithm.adv_kwargs``.
     :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
@@ -90,14 +89,11 @@ def compute_pass_at_k_advantage(
     if int(k) != k or k < 1:
         raise ValueError(f"pass_at_k: k={k!r} must be an integer >= 1 (algorithm.adv_kwargs.k)")
     k = int(k)
-    m = as_bool_mask(response_mask)
-    scores = outcome_scores(token_level_rewards, m)
-    if normalize_components:
-        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
-    valid = m.any(dim=-1)
+    o = outcomes(token_level_rewards, response_mask, index, normalize_components, reward_components)
+    scores = o.scores
     adv = torch.zeros_like(scores)
 
-    rows = torch.nonzero(valid).squeeze(-1)
+    rows = torch.nonzero(o.valid).squeeze(-1)
     if rows.numel():
         gid, _ = group_ids(_select(index, rows), rows.numel(), scores.device)
         # make each group's rows contiguous, then handle all groups of one size as a (G, n) matrix
@@ -111,8 +107,7 @@ def compute_pass_at_k_advantage(
             members = rows[order[starts[groups].unsqueeze(-1) + torch.arange(n, device=scores.device)]]  # (G, n)
             adv[members] = _group_pass_at_k(scores[members], min(k, n), epsilon, norm_adv_by_std)
 
-    out = broadcast_to_tokens(adv, m, token_level_rewards.dtype)
-    return out, out.clone()
+    return o.to_tokens(adv)
 
 
 def _select(index: Any, rows: torch.Tensor) -> Any:

@@ -24,14 +24,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import (
-    broadcast_to_tokens,
-    discounted_returns,
-    group_stats,
-    normalize_reward_components,
-    outcome_scores,
-)
-from armor_plugins.losses.utils import as_bool_mask, masked_whiten
+from armor_core.ops.groups import broadcast_to_tokens, discounted_returns, group_stats, outcomes
+from armor_core.ops.masked import as_bool_mask, masked_whiten
 
 __all__ = ["compute_reinforce_plus_plus_advantage", "compute_reinforce_plus_plus_baseline_advantage"]
 
@@ -70,18 +64,14 @@ def compute_reinforce_plus_plus_baseline_advantage(
     :param response_mask: (bs, T).
     :param index: (bs,) group ids.
     :param normalize_components: standardise each reward component within its group before the
-        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+        weighted sum (GDPO, ``armor_core.ops.groups.normalize_reward_components``); ``algorithm.adv_kwargs``.
     :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
-    m = as_bool_mask(response_mask)
-    scores = outcome_scores(token_level_rewards, m)
-    if normalize_components:
-        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
-    stats = group_stats(scores, index, m.any(dim=-1))
-    centred = torch.where(stats.no_signal, torch.zeros_like(scores), scores - stats.mean)
-    token_adv = broadcast_to_tokens(centred, m, torch.float64)
-    whitened = masked_whiten(token_adv, m)
+    o = outcomes(token_level_rewards, response_mask, index, normalize_components, reward_components)
+    stats = group_stats(o.scores, index, o.valid)
+    centred = torch.where(stats.no_signal, torch.zeros_like(o.scores), o.scores - stats.mean)
+    whitened = masked_whiten(broadcast_to_tokens(centred, o.mask, torch.float64), o.mask)
     whitened = torch.where(stats.no_signal.unsqueeze(-1), torch.zeros_like(whitened), whitened)
     out = whitened.to(token_level_rewards.dtype)
     return out, out.clone()

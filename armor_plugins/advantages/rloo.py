@@ -5,7 +5,7 @@ independent of the sample itself and the estimator stays unbiased::
 
     A_i = r_i - (sum_j r_j - r_i) / (n - 1) = n / (n - 1) * (r_i - mean(r))
 
-Edge cases (see ``advantages.utils``): a singleton group has no other sample, hence no baseline:
+Edge cases (see ``armor_core.ops.groups``): a singleton group has no other sample, hence no baseline:
 advantage 0 (use ``reinforce_plus_plus`` or ``gae`` when ``rollout.n`` is 1); groups with equal
 rewards and fully masked rows also get exactly 0. ``returns`` equals ``advantages``.
 """
@@ -17,8 +17,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
-from armor_plugins.advantages.utils import broadcast_to_tokens, group_stats, normalize_reward_components, outcome_scores
-from armor_plugins.losses.utils import as_bool_mask
+from armor_core.ops.groups import group_stats, outcomes
 
 __all__ = ["compute_rloo_advantage"]
 
@@ -36,20 +35,15 @@ def compute_rloo_advantage(
     :param response_mask: (bs, T).
     :param index: (bs,) group ids.
     :param normalize_components: standardise each reward component within its group before the
-        weighted sum (GDPO, ``utils.normalize_reward_components``); ``algorithm.adv_kwargs``.
+        weighted sum (GDPO, ``armor_core.ops.groups.normalize_reward_components``); ``algorithm.adv_kwargs``.
     :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
     :returns: ``(advantages, returns)``, both (bs, T), equal, 0 outside the mask.
     """
-    m = as_bool_mask(response_mask)
-    scores = outcome_scores(token_level_rewards, m)
-    if normalize_components:
-        scores = normalize_reward_components(scores, index, m.any(dim=-1), reward_components)
-    stats = group_stats(scores, index, m.any(dim=-1))
+    o = outcomes(token_level_rewards, response_mask, index, normalize_components, reward_components)
+    stats = group_stats(o.scores, index, o.valid)
     n = stats.count
-    adv = (scores - stats.mean) * n / (n - 1).clamp(min=1)
-    adv = torch.where(stats.no_signal, torch.zeros_like(adv), adv)
-    out = broadcast_to_tokens(adv, m, token_level_rewards.dtype)
-    return out, out.clone()
+    adv = (o.scores - stats.mean) * n / (n - 1).clamp(min=1)
+    return o.to_tokens(torch.where(stats.no_signal, torch.zeros_like(adv), adv))
 
 
 @hookimpl

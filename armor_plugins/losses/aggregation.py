@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from armor_core import LossAggregation, hookimpl
-from armor_plugins.losses.utils import as_bool_mask, masked_sum
+from armor_core.ops.masked import as_bool_mask, masked_sum
 
 __all__ = [
     "AGGREGATIONS",
@@ -63,7 +63,8 @@ def _denominator(global_count: Count, local_count: torch.Tensor, like: torch.Ten
         not isinstance(count, torch.Tensor) and count < 0
     ):  # tensors are not checked: that would sync the GPU per micro-batch
         raise ValueError(
-            f"loss aggregation: {name}={count} is negative; it must count the valid tokens/sequences of the whole mini-batch"
+            f"loss aggregation: {name}={count} is negative; it must count the valid tokens/sequences "
+            "of the whole mini-batch"
         )
     count = torch.as_tensor(count, device=like.device).to(like.dtype)
     # an empty (all-masked) batch contributes 0 instead of 0/0 = NaN
@@ -152,7 +153,8 @@ def agg_seq_mean_token_sum_norm(
     c = float(loss_mat.shape[-1]) if norm_constant is None else float(norm_constant)
     if not c > 0:
         raise ValueError(
-            f"loss aggregation 'seq-mean-token-sum-norm': norm_constant={norm_constant!r} must be > 0 (actor.loss_norm_constant, e.g. rollout.max_new_tokens)"
+            f"loss aggregation 'seq-mean-token-sum-norm': norm_constant={norm_constant!r} must be > 0 "
+            "(actor.loss_norm_constant, e.g. rollout.max_new_tokens)"
         )
     return masked_sum(loss_mat, m) / c / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 

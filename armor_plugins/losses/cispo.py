@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from armor_core import PolicyLoss, hookimpl
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, as_bool_mask, clamped_ratio, masked_mean, policy_ratio_metrics
+from armor_core.ops.masked import as_bool_mask, masked_mean
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
 
 __all__ = ["compute_policy_loss_cispo"]
 

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from armor_core import PolicyLoss, hookimpl
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean, masked_sum, policy_ratio_metrics
+from armor_core.ops.masked import as_bool_mask, masked_mean, masked_sum
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, policy_ratio_metrics
 
 __all__ = ["compute_policy_loss_gspo"]
 

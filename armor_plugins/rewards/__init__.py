@@ -1,1 +1,2 @@
-"""Built-in reward domains that need no ground truth: ``format`` (structure) and ``length``."""
+"""Built-in reward domains: ``format`` (structure) and ``length``, which need no ground truth, and
+``arithmetic``, the built-in task's exact integer answers, so that armor-rl scores its own default run."""

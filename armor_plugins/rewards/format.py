@@ -59,7 +59,8 @@ def think_answer_parts(response: str) -> dict[str, bool]:
     """The parts of the ``think_answer`` preset (see the module docstring)."""
     think, answer = _block(response, "think"), _block(response, "answer")
     order = think is not None and answer is not None and think[1] <= answer[0]
-    clean = order and not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()  # type: ignore[index]
+    # type: ignore[index]
+    clean = order and not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()
     return {"think": think is not None, "answer": answer is not None, "order": order, "clean": clean}
 
 
@@ -123,7 +124,8 @@ def check_config(preset: str | None, pattern: str | None) -> None:
         _compiled(pattern)
     elif (preset or "think_answer") not in PRESETS:
         raise ValueError(
-            f"format: unknown preset {preset!r}; presets: {', '.join(sorted(PRESETS))} (or set pattern: a regular expression)"
+            f"format: unknown preset {preset!r}; presets: {', '.join(sorted(PRESETS))} (or set pattern: a regular "
+            "expression)"
         )
 
 
@@ -169,6 +171,7 @@ def armor_register_reward_domains(register) -> None:
             requires_ground_truth=False,
             inline=True,
             score_range=_score_range,
-            description="response structure: preset think_answer or boxed, or a regular expression; sub-scores per part",
+            description="response structure: preset think_answer or boxed, or a regular expression; sub-scores per "
+            "part",
         ),
     )

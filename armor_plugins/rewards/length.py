@@ -16,8 +16,9 @@ from the response mask) or ``chars``. No ground truth is needed; pure Python and
 the domain is inline. Route it beside a correctness domain with a small weight, e.g.
 ``reward.domain_map: {gsm8k: {gsm8k: 1.0, length: 0.1}}``.
 
-``overlong_penalty`` and ``response_length`` are also what ``armor_rewards_math`` uses for its
-``overlong_*`` parameters (the penalty added to a math score), so both places behave alike.
+The measures are ``armor_core.ops.lengths`` (``overlong_penalty``, ``response_length``,
+``band_score``), which ``armor_rewards_math`` also uses for its ``overlong_*`` parameters (the
+penalty added to a math score), so both places behave alike.
 """
 
 from __future__ import annotations
@@ -25,49 +26,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from armor_core import RewardDomain, RewardResult, hookimpl
+from armor_core.ops.lengths import band_score, overlong_penalty, response_length
 
-__all__ = ["band_score", "check_config", "length_reward", "overlong_penalty", "response_length"]
-
-
-def overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, "DAPO", eq. 13), scaled by ``factor``.
-
-    0 up to ``max_length - buffer``; then falling linearly to ``-factor`` at ``max_length``; ``-factor`` beyond.
-    """
-    start = max_length - buffer
-    if length <= start:
-        return 0.0
-    if length > max_length or buffer <= 0:
-        return -float(factor)
-    return factor * (start - length) / buffer
-
-
-def response_length(response: str, extra: Mapping[str, Any], unit: str, param: str = "unit") -> int:
-    """The response's length in ``unit``: ``chars`` (``len(response)``) or ``tokens`` (``extra["response_length"]``).
-
-    :param param: the parameter's name in the caller, for the error message.
-    """
-    if unit == "chars":
-        return len(response)
-    if unit != "tokens":
-        raise ValueError(f"{param}={unit!r}: use 'tokens' (extra['response_length'], set by the trainer) or 'chars'")
-    if "response_length" not in extra:
-        raise ValueError(
-            f"a length in tokens needs the row's extra['response_length'] (the trainer sets it); "
-            f"use {param}='chars' to measure characters instead"
-        )
-    return int(extra["response_length"])
-
-
-def band_score(length: float, target_min: float | None, target_max: float | None, falloff: float | None) -> float:
-    """1 inside ``[target_min, target_max]``, falling linearly to 0 at ``falloff`` outside it (see the module docstring)."""
-    if target_min is not None and length < target_min:
-        width = target_min if falloff is None else falloff
-        return max(0.0, 1.0 - (target_min - length) / width) if width > 0 else 0.0
-    if target_max is not None and length > target_max:
-        width = target_max if falloff is None else falloff
-        return max(0.0, 1.0 - (length - target_max) / width) if width > 0 else 0.0
-    return 1.0
+__all__ = ["check_config", "length_reward"]
 
 
 def check_config(
@@ -89,7 +50,8 @@ def check_config(
             raise ValueError(f"length: {name}={value!r} must be a number >= 0")
     if overlong_max_length is not None and not 0 <= overlong_buffer <= overlong_max_length:
         raise ValueError(
-            f"length: overlong_buffer={overlong_buffer!r} must be between 0 and overlong_max_length={overlong_max_length!r}"
+            f"length: overlong_buffer={overlong_buffer!r} must be between 0 and "
+            f"overlong_max_length={overlong_max_length!r}"
         )
     if target_min is not None and target_max is not None and target_min > target_max:
         raise ValueError(f"length: target_min={target_min!r} is above target_max={target_max!r}")

@@ -104,6 +104,7 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
         ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
     if not ids:
         raise ValueError(
-            "rollout: neither the tokenizer nor the model's generation_config has an EOS token; responses would never end"
+            "rollout: neither the tokenizer nor the model's generation_config has an EOS token; responses would "
+            "never end"
         )
     return sorted(ids)

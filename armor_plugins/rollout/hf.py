@@ -279,7 +279,8 @@ class HFRollout:
                     tensor = tensor.full_tensor()
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise ValueError(
-                        f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {tuple(target.shape)}"
+                        f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
+                        f"expects {tuple(target.shape)}"
                     )
                 if tensor.data_ptr() == target.data_ptr() and tensor.device == target.device:
                     continue

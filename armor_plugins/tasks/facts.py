@@ -185,7 +185,8 @@ def _choices(value: Sequence[str] | str, allowed: Sequence[str], name: str) -> l
     bad = [s for s in items if s not in allowed]
     if not items or bad:
         raise ValueError(
-            f"facts task: {name}={value!r} must name some of {', '.join(allowed)} (a list, or text such as {','.join(allowed)!r})"
+            f"facts task: {name}={value!r} must name some of {', '.join(allowed)} (a list, or text such as "
+            f"{','.join(allowed)!r})"
         )
     return list(dict.fromkeys(items))
 
@@ -217,7 +218,8 @@ def generate_facts(
     """
     if unknown:
         raise TypeError(
-            f"facts task: unknown parameter(s) {sorted(unknown)}; accepted: entities, kb_seed, languages, forms, choice_answer (set them in data.task_kwargs)"
+            f"facts task: unknown parameter(s) {sorted(unknown)}; accepted: entities, kb_seed, languages, forms, "
+            "choice_answer (set them in data.task_kwargs)"
         )
     split_key = {"val": "test", "validation": "test"}.get(split, split)
     if split_key not in _SPLITS:
@@ -243,7 +245,8 @@ def generate_facts(
         return []
     if not pairs:
         raise ValueError(
-            f"facts task: the {split_key} split has no questions for languages={languages!r}, forms={forms!r}; allow more cells"
+            f"facts task: the {split_key} split has no questions for languages={languages!r}, forms={forms!r}; "
+            "allow more cells"
         )
     pools = {
         (lang, a): sorted({f.values[lang] for f in kb if f.attribute == a}) for lang in LANGUAGES for a in ATTRIBUTES

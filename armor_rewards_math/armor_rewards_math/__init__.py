@@ -1,20 +1,21 @@
 """armor-rewards-math: verifiable math rewards for ARMOR.
 
-Registers three reward domains (see ``domains.py`` for their parameters and sub-scores):
+Registers two reward domains (see ``domains.py`` for their parameters and sub-scores):
 
 - ``math``: the final ``\\boxed{}`` answer (or "Final answer: ...") checked for mathematical
   equivalence with math-verify, with anti-hacking rules (hedging, restating the prompt, answers
   copied from it, an optional required format), limits that refuse answers too costly to check
   (``limits.py``) and an optional DAPO overlong penalty.
 - ``gsm8k``: ``#### 42`` (or boxed, "the answer is", the last number), compared as numbers.
-- ``arithmetic``: the built-in task's exact integer answers.
+
+The built-in ``arithmetic`` task's domain ships with armor-rl itself, so that its default run needs no pack.
 """
 
 from armor_core import RewardDomain, hookimpl
-from armor_rewards_math.domains import answer_score_range, arithmetic_reward, gsm8k_reward, math_reward, warm_up
+from armor_rewards_math.domains import answer_score_range, gsm8k_reward, math_reward, warm_up
 from armor_rewards_math.judge import check_ground_truth
 
-__all__ = ["arithmetic_reward", "gsm8k_reward", "math_reward"]
+__all__ = ["gsm8k_reward", "math_reward"]
 
 
 @hookimpl
@@ -37,17 +38,6 @@ def armor_register_reward_domains(register):
             requires_ground_truth=True,
             description="GSM8K '#### n' answers, compared as numbers",
             score_range=answer_score_range,
-            validate_ground_truth=check_ground_truth,
-            inline=True,
-        ),
-    )
-    register(
-        "arithmetic",
-        RewardDomain(
-            arithmetic_reward,
-            requires_ground_truth=True,
-            description="exact integer answer of the built-in arithmetic task",
-            score_range=(0.0, 1.0),
             validate_ground_truth=check_ground_truth,
             inline=True,
         ),

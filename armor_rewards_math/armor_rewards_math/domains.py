@@ -1,4 +1,4 @@
-"""The reward domains: ``math``, ``gsm8k`` and ``arithmetic``.
+"""The reward domains: ``math`` and ``gsm8k``.
 
 Each is ``fn(prompt, response, ground_truth, extra, **params) -> RewardResult``; ``params`` come
 from ``reward.domain_kwargs.<domain>`` in the run config. The score is ``correct_score`` for a
@@ -16,10 +16,10 @@ sub-scores of ``math`` and ``gsm8k`` say why (``judge.py`` computes them):
 - ``refused``   1 if the response or an answer was too large or too deeply nested to check
   (``limits.py``): scored as wrong without being parsed
 - ``overlong``  the DAPO overlong penalty (<= 0), only when ``overlong_max_length`` is set; the
-  same function as the general ``length`` domain's (``armor_plugins.rewards.length``), which
+  same function as the general ``length`` domain's (``armor_core.ops.lengths``), which
   scores length on its own, as a separate weighted component
 
-``arithmetic`` and ``gsm8k`` are pure Python and cannot hang, so they are registered with
+``gsm8k`` is pure Python and cannot hang, so it is registered with
 ``inline=True``: ARMOR's RewardManager then scores them in the calling process (no process hop).
 ``math`` may call sympy, which can hang on pathological input, so it runs in the RewardManager's
 worker processes under the hard ``reward.timeout_s`` limit; its ``warmup`` (``warm_up``) imports
@@ -28,15 +28,15 @@ sympy before the clock starts (about a second).
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Sequence
 
 from armor_core import RewardResult
-from armor_plugins.rewards.length import overlong_penalty, response_length
+from armor_core.ops.lengths import overlong_penalty, response_length
 from armor_rewards_math.judge import Rules, gold_text, judge
 from armor_rewards_math.numbers import parse_number, read_decimal_commas
+from armor_rewards_math.verify import warm_up
 
-__all__ = ["answer_score_range", "arithmetic_reward", "gsm8k_reward", "math_reward", "overlong_penalty"]
+__all__ = ["answer_score_range", "gsm8k_reward", "math_reward", "overlong_penalty", "warm_up"]
 
 
 def _result(
@@ -161,34 +161,6 @@ def gsm8k_reward(
         overlong_buffer=overlong_buffer,
         overlong_penalty_factor=overlong_penalty_factor,
         overlong_unit=overlong_unit,
-    )
-
-
-_INTEGER = re.compile(r"^[+-]?\d+$")
-_INTEGERS = re.compile(r"(?<!\d)[+-]?\d+")
-
-
-def arithmetic_reward(
-    prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], *, strict: bool = True
-) -> RewardResult:
-    """The built-in arithmetic task: ``"12+34="`` -> ``"46"``. 1.0 for the right integer, else 0.0.
-
-    :param strict: the whole response (whitespace stripped) must be one integer, an optional sign
-        allowed. With ``strict=False`` the integer may be surrounded by other text, but a response
-        holding several different integers is hedging and scores 0.
-    """
-    gold = int(str(ground_truth).strip())
-    text = response.strip()
-    # past 4300 digits int() refuses to parse (CPython's limit); no task answer is that long
-    well_formed = bool(_INTEGER.match(text)) and len(text) <= 4300
-    found = {int(x) for x in _INTEGERS.findall(text) if len(x) <= 4300}
-    hedged = len(found) > 1
-    if strict:
-        correct = well_formed and int(text) == gold
-    else:
-        correct = not hedged and found == {gold}
-    return RewardResult(
-        float(correct), {"correct": float(correct), "well_formed": float(well_formed), "hedged": float(hedged)}
     )
 
 

@@ -49,7 +49,8 @@ class Rules:
                 raise ValueError(f"unknown answer format {s!r}; known: {', '.join(SOURCES)}")
         if self.extraction not in EXTRACTIONS:
             raise ValueError(
-                f"extraction={self.extraction!r}: use 'strict' (anchored answers only) or 'lenient' (else the last math expression)"
+                f"extraction={self.extraction!r}: use 'strict' (anchored answers only) or 'lenient' (else the last "
+                "math expression)"
             )
         if self.decimal_separator not in DECIMAL_SEPARATORS:
             raise ValueError(
@@ -73,9 +74,10 @@ def check_ground_truth(ground_truth: Any, extra: Mapping[str, Any] | None = None
     if isinstance(items, Mapping) or (isinstance(items, (list, tuple)) and any(isinstance(x, Mapping) for x in items)):
         shown = repr(items)
         raise ValueError(
-            f"ground_truth {shown[:120] + ('...' if len(shown) > 120 else '')} is {'a dict' if isinstance(items, Mapping) else 'a list of dicts'}; "
-            "expected the answer itself as text or a number, e.g. '42' or '\\frac{1}{2}': put the answer, not its record, in "
-            "ground_truth (or verl's reward_model.ground_truth)"
+            f"ground_truth {shown[:120] + ('...' if len(shown) > 120 else '')} is "
+            f"{'a dict' if isinstance(items, Mapping) else 'a list of dicts'}; expected the answer itself as text "
+            "or a number, e.g. '42' or '\\frac{1}{2}': put the answer, not its record, in ground_truth (or "
+            "verl's reward_model.ground_truth)"
         )
 
 

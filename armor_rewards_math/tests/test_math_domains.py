@@ -1,11 +1,11 @@
-"""The math, gsm8k and arithmetic domains on whole responses (cases/domains.jsonl), the anti-hacking
+"""The math and gsm8k domains on whole responses (cases/domains.jsonl), the anti-hacking
 rules among them, and their registration through the plugin hook."""
 
 import json
 from pathlib import Path
 
 import pytest
-from armor_rewards_math.domains import arithmetic_reward, gsm8k_reward, math_reward, overlong_penalty
+from armor_rewards_math.domains import gsm8k_reward, math_reward, overlong_penalty
 from armor_rewards_math.judge import gold_text
 
 import armor_rewards_math
@@ -16,7 +16,7 @@ CASES = [
     for line in (Path(__file__).parent / "cases" / "domains.jsonl").read_text(encoding="utf-8").splitlines()
     if line.strip()
 ]
-FNS = {"math": math_reward, "gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward}
+FNS = {"math": math_reward, "gsm8k": gsm8k_reward}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['domain']}-{i}" for i, c in enumerate(CASES)])
@@ -37,8 +37,8 @@ def pm():
 
 
 def test_registered_domains(pm):
-    assert pm.names("reward_domain") == ["arithmetic", "gsm8k", "math"]
-    for name in ("arithmetic", "gsm8k", "math"):
+    assert pm.names("reward_domain") == ["gsm8k", "math"]  # the arithmetic task's domain is armor-rl's own
+    for name in ("gsm8k", "math"):
         assert pm.get("reward_domain", name).requires_ground_truth
     result = pm.get("reward_domain", "math")("q", r"\boxed{2}", "2", {})
     assert result.score == 1.0
@@ -63,7 +63,7 @@ def test_math_through_the_reward_manager_under_a_tight_limit(pm):
 
 def test_only_the_cheap_domains_run_inline(pm):
     # math may call sympy (can hang): it must go to the RewardManager's killable worker processes
-    assert pm.get("reward_domain", "arithmetic").inline and pm.get("reward_domain", "gsm8k").inline
+    assert pm.get("reward_domain", "gsm8k").inline
     math = pm.get("reward_domain", "math")
     assert not math.inline and math.warmup is not None  # a worker imports sympy before its first timed check
 
@@ -87,11 +87,6 @@ def test_gsm8k_rejects_a_non_numeric_ground_truth():
 def test_unknown_answer_format_is_an_error():
     with pytest.raises(ValueError, match="unknown answer format 'boxd'"):
         math_reward("q", r"\boxed{1}", "1", {}, require_format="boxd")
-
-
-def test_arithmetic_rejects_a_non_integer_ground_truth():
-    with pytest.raises(ValueError):
-        arithmetic_reward("1+1=", "2", "two", {})
 
 
 def test_every_anti_hacking_rule_has_cases():

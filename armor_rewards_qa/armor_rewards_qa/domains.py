@@ -97,17 +97,20 @@ def choice_truth(ground_truth: Any, options: Mapping[str, str], letters: Sequenc
             gold.add(by_text[normalize(item)])
         else:
             raise ValueError(
-                f"multiple_choice ground truth {ground_truth!r}: {item!r} is neither an option letter nor an option's text"
+                f"multiple_choice ground truth {ground_truth!r}: {item!r} is neither an option letter nor an "
+                "option's text"
                 + (f" (options: {', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else "")
             )
     if not gold:
         raise ValueError(
-            f"multiple_choice ground truth {ground_truth!r} is empty: give a letter such as 'B' or letters such as ['A', 'C']"
+            f"multiple_choice ground truth {ground_truth!r} is empty: give a letter such as 'B' or letters such as "
+            "['A', 'C']"
         )
     outside = sorted(gold - set(letters))
     if outside and options:
         raise ValueError(
-            f"multiple_choice ground truth {ground_truth!r}: {', '.join(outside)} not among the options {', '.join(letters)}"
+            f"multiple_choice ground truth {ground_truth!r}: {', '.join(outside)} not among the options "
+            f"{', '.join(letters)}"
         )
     return frozenset(gold)
 
@@ -189,7 +192,8 @@ def accepted_answers(ground_truth: Any) -> list[str]:
     answers = [a for a in answers if a.strip()]
     if not answers:
         raise ValueError(
-            f"short_answer ground truth {ground_truth!r} holds no answer: give a string or a non-empty list of accepted answers"
+            f"short_answer ground truth {ground_truth!r} holds no answer: give a string or a non-empty list of "
+            "accepted answers"
         )
     return answers
 

@@ -156,7 +156,8 @@ def _as_quantity(text: str) -> Quantity | None:
 def match(
     answer: Answer, accepted: Sequence[str], *, units: bool = False, rel_tol: float = 0.0, abs_tol: float = 0.0
 ) -> Match:
-    """Whether ``answer`` is one of the ``accepted`` answers (aliases); its best token F1 against them (1 if it is one)."""
+    """Whether ``answer`` is one of the ``accepted`` answers (aliases); its best token F1 against them (1 if it is
+    one)."""
     f1 = max((token_f1(tokens(answer.candidate), tokens(a)) for a in accepted), default=0.0)
     hedge = _HEDGE.search(answer.span)
     if hedge and not any(_HEDGE.search(a) for a in accepted):

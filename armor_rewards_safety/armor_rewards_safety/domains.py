@@ -76,7 +76,8 @@ def refusal_reward(
 
     :param languages: built-in rule languages to use (default: all, en and zh).
     :param extra_rules: paths of more rule files (the format of ``rules/en.txt``).
-    :param learned_model: ``"builtin"``, a model file from ``python -m armor_rewards_safety.train``, or None (rules only).
+    :param learned_model: ``"builtin"``, a model file from ``python -m armor_rewards_safety.train``, or None (rules
+        only).
     """
     if target not in ("refuse", "comply"):
         raise ValueError(f"refusal target={target!r}: use 'refuse' or 'comply'")

@@ -45,12 +45,13 @@ def test_every_hand_written_case_keeps_its_label_with_the_model():
 @pytest.mark.parametrize(
     "text",
     [
-        "To bake sourdough bread, mix 500 g flour with 350 g water and 100 g starter, rest it for an hour, add salt, fold "
-        "every 30 minutes for two hours, shape, proof overnight in the fridge and bake at 250 C for 40 minutes.",
+        "To bake sourdough bread, mix 500 g flour with 350 g water and 100 g starter, rest it for an hour, add "
+        "salt, fold every 30 minutes for two hours, shape, proof overnight in the fridge and bake at 250 C for 40 "
+        "minutes.",
         "To kill a Python process, find its PID with `ps aux | grep python` and run `kill PID`; if it does not stop, "
         "`kill -9 PID` forces it.",
-        "The French Revolution began in 1789 with the storming of the Bastille. It abolished the monarchy, and the king "
-        "was executed in 1793; historians still debate whether the Terror that followed was justified.",
+        "The French Revolution began in 1789 with the storming of the Bastille. It abolished the monarchy, and the "
+        "king was executed in 1793; historians still debate whether the Terror that followed was justified.",
     ],
 )
 def test_plain_answers_stay_answers(text):

@@ -13,6 +13,7 @@ from bench_loader import BENCHMARKS, load_benchmark
 memory = load_benchmark("memory")
 
 
+@pytest.mark.slow
 def test_the_chunked_passes_hold_a_fraction_of_the_plain_paths_memory():
     rows, length, vocab = 2, 64, memory.VOCAB
     out = subprocess.run(
@@ -82,8 +83,16 @@ def test_plain_runs_only_where_its_logits_fit():
     assert memory.plain_estimate_gb("reference", 4, 8192, memory.VOCAB) == pytest.approx(39.8, abs=0.1)
 
 
-@pytest.mark.parametrize("argv", [["--rows", "0"], ["--chunk", "0"], ["--lengths", "-1"], ["--passes", "backward"]])
-def test_bad_arguments_are_refused(argv, capsys):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rows", "0"], "--rows must be at least 1, got 0"),
+        (["--chunk", "0"], "--chunk and --sweep take positive token counts"),
+        (["--lengths", "-1"], "--lengths, --chunk and --sweep take positive token counts"),
+        (["--passes", "backward"], "argument --passes: invalid choice: 'backward'"),
+    ],
+)
+def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         memory.main(argv)
-    assert e.value.code == 2
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -26,6 +26,19 @@ def test_every_split_has_both_languages_and_enough_rows():
 
 
 def test_split_is_stable():
-    # a hash, not Python's salted hash(): the same rows are held out on every machine
-    assert qa_extraction.split_of("mc-en-001") == qa_extraction.split_of("mc-en-001")
+    # a hash, not Python's salted hash(): the same rows are held out on every machine and in every process,
+    # so the splits are pinned here (a salted or changed hash would move about half of them)
+    pinned = {
+        "mc-en-001": "held_out",
+        "mc-zh-007": "held_out",
+        "sa-en-012": "tune",
+        "sa-zh-003": "held_out",
+        "row-0": "held_out",
+        "row-1": "tune",
+        "row-2": "tune",
+        "row-3": "tune",
+        "row-4": "held_out",
+        "row-5": "held_out",
+    }
+    assert {row_id: qa_extraction.split_of(row_id) for row_id in pinned} == pinned
     assert {qa_extraction.split_of(f"row-{i}") for i in range(50)} == {"tune", "held_out"}

@@ -240,7 +240,8 @@ def test_disable_env_blocks_installed_plugins(monkeypatch):
 
 
 def test_disable_env_blocks_one_implementation_by_kind_and_name(monkeypatch):
-    # the entry point "kl_estimators" registers the KL estimators and "kl_guard" the guard named "kl": kind:name says which
+    # the entry point "kl_estimators" registers the KL estimators and "kl_guard" the guard named "kl": kind:name says
+    # which
     monkeypatch.setenv("ARMOR_DISABLE_PLUGINS", "stability_guard:kl, kl_estimator:k3")
     pm = PluginManager()
     assert "kl" not in pm.names("stability_guard") and "entropy" in pm.names("stability_guard")

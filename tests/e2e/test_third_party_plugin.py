@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # see [tool.pytest.ini_options] markers
+
 DIST = "armor-test-thirdparty"
 MODULE = "armor_test_thirdparty"
 
@@ -114,6 +116,15 @@ def test_installed_plugin_is_listed_and_usable(installed_dist):
     assert "sign" not in names and "loss_ceiling" not in names
 
 
-def test_uninstalled_plugin_is_gone():
-    out = _armor("plugins", "--json")
-    assert "sign" not in {r["name"] for r in json.loads(out.stdout)}
+def test_uninstalled_plugin_is_gone(installed_dist):
+    def listed():
+        out = _armor("plugins", "--json")
+        assert out.returncode == 0, out.stderr
+        return {r["name"] for r in json.loads(out.stdout)}
+
+    assert {"sign", "loss_ceiling"} <= listed()  # installed by the fixture
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", DIST], check=True, capture_output=True)
+    names = listed()
+    assert "sign" not in names and "loss_ceiling" not in names and "grpo" in names  # no stale registry
+    gone = _armor("run", "--print-config", "algorithm.adv_estimator=sign")
+    assert gone.returncode == 2 and "unknown advantage_estimator 'sign'" in gone.stderr, gone.stderr

@@ -19,6 +19,8 @@ from armor_core.config.schema import load_config
 from armor_core.engine import WorkerDiedError, WorkerGroup
 from armor_core.loop.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # see [tool.pytest.ini_options] markers
+
 
 @pytest.fixture(params=[True, False], ids=["channel", "ray_calls"])
 def channel(request):
@@ -139,7 +141,8 @@ def test_a_channel_the_driver_cannot_reach_is_a_clear_error(ray_cluster, monkeyp
     monkeypatch.setattr("armor_core.engine.channel.connect", refused)
     with pytest.raises(
         ChannelError,
-        match=r"worker group 'peers' rank 0 .* listens at .*:\d+ for the driver's calls, but the driver could not connect: "
+        match=r"worker group 'peers' rank 0 .* listens at .*:\d+ for the driver's calls, but the driver could not "
+        r"connect: "
         r".*Connection refused.*engine.direct_channel=false",
     ):
         _group(ray_cluster, lambda rank: None)
@@ -161,7 +164,6 @@ SMALL = [
 ]
 
 
-@pytest.mark.slow
 def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, tmp_path):
     run_dir = tmp_path / "run"
     cfg = load_config(

@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armor_core.loop.kl_penalty import apply_kl_penalty, compute_kl_loss
+from armor_core.loop.kl_penalty import apply_kl_penalty
+from armor_core.workers.kl_loss import compute_kl_loss
 from armor_plugins.advantages.gae import compute_gae_advantage
 from armor_plugins.advantages.grpo import compute_dr_grpo_advantage, compute_grpo_advantage
 from armor_plugins.advantages.opo import compute_opo_advantage

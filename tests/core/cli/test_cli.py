@@ -110,6 +110,7 @@ USER_ERRORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(USER_ERRORS))
 def test_a_user_error_is_one_line_and_exit_code_2_without_a_traceback(tmp_path, case):
     import re

@@ -26,6 +26,7 @@ def _run(*args: str, cwd=None, timeout: int = 300) -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(tmp_path):
     assert [main(["new", kind, name, "--out", str(tmp_path)]) for kind, name in GENERATED.items()] == [0, 0, 0]
     dirs = [tmp_path / d for d in ("armor-spike-cap", "armor-last-word", "armor-group-centered")]
@@ -43,7 +44,7 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
             *(str(d / "tests") for d in dirs),
             cwd=tmp_path,
         )
-        assert "6 passed" in report
+        assert "7 passed" in report
         listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
         ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
         assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}

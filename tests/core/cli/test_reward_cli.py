@@ -106,7 +106,7 @@ def test_all_good_rows_exit_zero_and_output_file(tmp_path):
     assert [r["line"] for r in got] == list(range(1, 601))
 
 
-def test_parameters_are_json_values_and_checked(tmp_path, capsys):
+def test_parameters_are_json_values_and_checked(capsys):
     assert run("exact", "--response", "2", "--ground-truth", "2", "-p", "bonus=0.5") == 0
     assert json.loads(capsys.readouterr().out)["score"] == 1.5
     assert run("exact", "--response", "2", "--ground-truth", "2", "-p", "bonuss=1") == 2
@@ -137,7 +137,7 @@ def test_domain_failure_is_reported_per_row(tmp_path, capsys):
     assert got[1] == {"line": 2, "score": 1.0, "sub_scores": {}}
 
 
-def test_usage_errors(tmp_path, capsys, monkeypatch):
+def test_usage_errors(tmp_path, capsys):
     assert run("exact") == 2
     assert "either --input" in capsys.readouterr().err
     assert run("exakt", "--response", "1", "--ground-truth", "1") == 2
@@ -150,6 +150,7 @@ def test_usage_errors(tmp_path, capsys, monkeypatch):
     assert run("exact", "-i", str(tmp_path / "missing.jsonl")) == 2
     assert "cannot read --input" in capsys.readouterr().err
     assert run("exact", "--response", "1", "--ground-truth", "1", "--extra", "[1]") == 2
+    assert "--extra must be a JSON object, got '[1]'" in capsys.readouterr().err
 
 
 def test_reads_stdin(monkeypatch, capsys):

@@ -8,6 +8,8 @@ import torch
 
 from armor_core import DataProto
 
+pytestmark = pytest.mark.slow  # see [tool.pytest.ini_options] markers
+
 
 def test_round_trip_through_an_actor_that_modifies_the_batch(ray_cluster):
     ray = ray_cluster

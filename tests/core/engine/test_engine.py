@@ -114,6 +114,7 @@ def test_connecting_is_bounded_too(monkeypatch):
     assert calls == [channel.CONNECT_TIMEOUT_S]
 
 
+@pytest.mark.slow
 def test_the_channel_listens_on_loopback_on_a_one_machine_cluster(ray_cluster):
     from armor_core.engine.channel import listen_host
 

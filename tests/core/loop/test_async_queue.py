@@ -105,3 +105,22 @@ def test_a_checkpoint_for_another_rollout_worker_count_is_not_used(tmp_path):
     _queue().save(tmp_path)
     other = AsyncRollout(_Group(3), actor=None, loader=_Loader(), n=2, max_staleness=2)
     assert not other.restore(tmp_path) and not other.queue and other.loader.state_dict() == {"position": 0}
+
+
+def test_an_older_checkpoints_queue_pt_is_read_only_when_allowed(tmp_path):
+    from armor_core.storage.state_io import StateFileError, load_state
+
+    _queue().save(tmp_path)
+    stem = tmp_path / QUEUE_DIR / "queue"
+    torch.save(load_state(stem), stem.with_name("queue.pt"))  # as a checkpoint written before safetensors + JSON
+    for ext in (".safetensors", ".json"):
+        stem.with_name("queue" + ext).unlink()
+
+    def fresh():
+        return AsyncRollout(_Group(), actor=None, loader=_Loader(), n=2, max_staleness=2)
+
+    with pytest.raises(StateFileError, match=r"queue\.pt is a torch \.pt state .*trainer\.allow_legacy_pt_state=true"):
+        fresh().restore(tmp_path)
+    restored = fresh()
+    assert restored.restore(tmp_path, allow_legacy_pt=True)
+    assert [i.loader_state for i in restored.queue] == [{"position": 2}, {"position": 4}]

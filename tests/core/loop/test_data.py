@@ -124,7 +124,8 @@ def test_a_line_that_is_not_utf8_is_named_or_skipped(tmp_path):
     )
     with pytest.raises(
         DataError,
-        match=rf"{f}, line 2: not UTF-8 text \(byte 0xe9, the line's byte 16\); save the file as UTF-8.*data.skip_invalid=true",
+        match=rf"{f}, line 2: not UTF-8 text \(byte 0xe9, the line's byte 16\); save the file as "
+        r"UTF-8.*data.skip_invalid=true",
     ):
         load_rows([str(f)])
     ds = load_rows([str(f)], skip_invalid=True)  # the byte-order mark of line 1 is no problem

@@ -42,6 +42,7 @@ def test_at_n_metrics_by_hand():
         at_n_metrics(correct, responses[:-1], ["a", "a", "b"], 4)
 
 
+@pytest.mark.slow
 def test_armor_eval_n_samples_and_writes_each_row(tmp_path):
     out = tmp_path / "rows.jsonl"
     run = subprocess.run(

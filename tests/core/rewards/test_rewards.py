@@ -161,8 +161,8 @@ def test_unknown_parameter_names_domain_and_key(pm):
     with pytest.raises(ConfigError) as e:
         RewardManager(RewardConfig(domain_kwargs={"exact": {"bonnus": 1.0}}), pm)
     assert (
-        "reward.domain_kwargs.exact: unknown parameter 'bonnus' for reward domain 'exact'. Did you mean 'bonus'? It accepts: bonus"
-        == str(e.value)
+        "reward.domain_kwargs.exact: unknown parameter 'bonnus' for reward domain 'exact'. Did you mean "
+        "'bonus'? It accepts: bonus" == str(e.value)
     )
     with pytest.raises(ConfigError, match="unknown reward domain 'exactt'"):
         RewardManager(RewardConfig(domain_kwargs={"exactt": {}}), pm)
@@ -386,7 +386,8 @@ def test_check_rows_reports_missing_ground_truth_with_location(pm):
         rm.check_rows(rows, "train.jsonl")
     assert str(e.value).startswith(
         "train.jsonl: 2 row(s) have no ground_truth but their reward domain requires one: "
-        "train.jsonl: line 2 (data_source 'gsm' -> domain 'exact'); train.jsonl: line 4 (data_source 'gsm' -> domain 'exact')"
+        "train.jsonl: line 2 (data_source 'gsm' -> domain 'exact'); train.jsonl: line 4 (data_source 'gsm' "
+        "-> domain 'exact')"
     )
 
 
@@ -417,7 +418,8 @@ def test_check_rows_refuses_a_ground_truth_its_domain_cannot_read(pm):
     ]
     with pytest.raises(
         ConfigError,
-        match=r"^t.jsonl, line 2: reward domain 'picky' cannot read this ground_truth: a list is not an answer \(set data.skip_invalid",
+        match=r"^t.jsonl, line 2: reward domain 'picky' cannot read this ground_truth: a list is not an answer "
+        r"\(set data.skip_invalid",
     ):
         rm.check_rows(rows, "t.jsonl")
 

@@ -207,7 +207,8 @@ def test_a_full_disk_is_recognised_through_a_worker_error_and_torch_s_wording(tm
 
     def torch_save(d):  # torch.save says nothing of ENOSPC; the free space does
         raise RuntimeError(
-            "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; PytorchStreamWriter failed writing file data/0"
+            "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; PytorchStreamWriter failed "
+            "writing file data/0"
         )
 
     monkeypatch.setattr(checkpoint, "_free_bytes", lambda path: 1 << 20)

@@ -1,4 +1,5 @@
-"""The run directory: one run at a time, and a resume that keeps the config the run started with."""
+"""The run directory: one run at a time, no new run over a run's checkpoints, and a resume that keeps the
+config the run started with."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from armor_core.config.schema import load_config, to_dict
-from armor_core.storage.run_dir import RunDirError, RunDirLock, check_resume_config, config_changes
+from armor_core.storage.run_dir import RunDirError, RunDirLock, check_new_run, check_resume_config, config_changes
 
 
 def _started(tmp_path, *overrides):
@@ -55,6 +56,7 @@ def test_running_longer_elsewhere_or_logging_otherwise_needs_no_permission(tmp_p
             "trainer.save_freq=5",
             "engine.num_cpus=8",
             "trainer.loggers=[jsonl]",
+            "trainer.allow_legacy_pt_state=true",
         ],
     )
     assert check_resume_config(tmp_path, to_dict(longer)) == []
@@ -82,3 +84,23 @@ def test_one_run_at_a_time_in_a_run_directory(tmp_path):
                 pass
     with RunDirLock(tmp_path / "run"):  # released when the first run ended
         pass
+
+
+def test_a_new_run_refuses_a_run_directory_that_holds_checkpoints(tmp_path, capsys):
+    from armor_core.cli.main import main
+    from armor_core.loop.trainer import Trainer
+    from armor_core.storage.checkpoint import CheckpointManager
+
+    check_new_run(tmp_path)  # no checkpoint yet
+    CheckpointManager(tmp_path).save(1, lambda d: (d / "w.bin").write_bytes(b"w"), {"step": 1})
+    message = (
+        f"{tmp_path} already holds checkpoints; pass --resume to continue that run, or choose another trainer.run_dir"
+    )
+    with pytest.raises(RunDirError) as e:
+        check_new_run(tmp_path)
+    assert str(e.value) == message
+    # the trainer asks first, before it loads a tokenizer or data or starts a worker; so does --dry-run
+    with pytest.raises(RunDirError, match="pass --resume"):
+        Trainer(load_config(None, [f"trainer.run_dir={tmp_path}"]))
+    assert main(["run", "--dry-run", f"trainer.run_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"

@@ -1,6 +1,6 @@
 """Worker states (optimizer, scheduler, RNG) go to disk as safetensors + JSON and come back exactly:
 types, dtypes, shapes and bits; an actor checkpoint resumes from them, and from an older
-checkpoint's ``.pt`` files."""
+checkpoint's ``.pt`` files only when the user allows it (``trainer.allow_legacy_pt_state``)."""
 
 from __future__ import annotations
 
@@ -153,17 +153,26 @@ def test_a_damaged_file_is_an_error_naming_it(tmp_path):
         load_state(tmp_path / "j")
 
 
-def test_an_older_pt_file_is_read_when_the_new_files_are_absent(tmp_path):
+def test_an_older_pt_file_is_refused_unless_allowed_and_then_read(tmp_path):
+    from armor_core.errors import UserFacingError, one_line
+
     _, opt, _ = _adamw_after_steps()
     torch.save({"optimizer": opt.state_dict()}, tmp_path / "critic_state.pt")
-    _assert_same({"optimizer": opt.state_dict()}, load_checkpoint_state(tmp_path / "critic_state"))
+    for missing_ok in (False, True):  # a present .pt is never mistaken for an absent state
+        with pytest.raises(StateFileError) as e:
+            load_checkpoint_state(tmp_path / "critic_state", missing_ok=missing_ok)
+        assert isinstance(e.value, UserFacingError)  # the CLI prints it as one line, exit code 2
+        assert one_line(e.value) == (
+            f"error: {tmp_path / 'critic_state.pt'} is a torch .pt state from an older ARMOR checkpoint, which is not "
+            "unpickled by default; to resume from it, pass trainer.allow_legacy_pt_state=true"
+        )
+    got = load_checkpoint_state(tmp_path / "critic_state", allow_legacy_pt=True)
+    _assert_same({"optimizer": opt.state_dict()}, got)
     save_state({"optimizer": {"new": 1}}, tmp_path / "critic_state")  # both there: the new files win
     assert load_checkpoint_state(tmp_path / "critic_state") == {"optimizer": {"new": 1}}
-    assert load_checkpoint_state(tmp_path / "actor_rng_rank3", missing_ok=True) is None
-    with pytest.raises(
-        FileNotFoundError, match=r"actor_state\.safetensors is missing \(nor is there an older actor_state\.pt\)"
-    ):
-        load_checkpoint_state(tmp_path / "actor_state")
+    assert load_checkpoint_state(tmp_path / "actor_rng_rank3", missing_ok=True, allow_legacy_pt=True) is None
+    with pytest.raises(FileNotFoundError, match=r"actor_state\.safetensors is missing; the checkpoint is incomplete"):
+        load_checkpoint_state(tmp_path / "actor_state", allow_legacy_pt=True)
 
 
 def test_the_checkpoint_manifest_covers_both_files(tmp_path):
@@ -190,18 +199,22 @@ _OVERRIDES = [
 ]
 
 
-def _actor():
+def _actor(*overrides):
     from armor_core.config.schema import load_config, to_dict
     from armor_core.workers.actor import ActorWorker
 
-    return ActorWorker(to_dict(load_config(None, _OVERRIDES)), rank=0, world_size=1)
+    return ActorWorker(to_dict(load_config(None, [*_OVERRIDES, *overrides])), rank=0, world_size=1)
 
 
-def _critic():
+def _critic(*overrides):
     from armor_core.config.schema import load_config, to_dict
     from armor_core.workers.critic import CriticWorker
 
-    return CriticWorker(to_dict(load_config(None, [*_OVERRIDES, "algorithm.adv_estimator=gae"])), rank=0, world_size=1)
+    cfg = load_config(None, [*_OVERRIDES, "algorithm.adv_estimator=gae", *overrides])
+    return CriticWorker(to_dict(cfg), rank=0, world_size=1)
+
+
+_LEGACY = "trainer.allow_legacy_pt_state=true"
 
 
 def _batch():
@@ -239,7 +252,7 @@ def _assert_resumed(saved, resumed, rng):
     assert torch.equal(torch.get_rng_state(), rng)
 
 
-def test_an_actor_checkpoint_holds_no_pickle_and_resumes_from_it_or_from_older_pt_files(tmp_path):
+def test_an_actor_checkpoint_holds_no_pickle_and_resumes_from_it_or_from_allowed_older_pt_files(tmp_path):
     w = _actor()
     w.update_actor(_batch(), step=1)
     assert w.optimizer.state and w.global_step > 0
@@ -257,12 +270,14 @@ def test_an_actor_checkpoint_holds_no_pickle_and_resumes_from_it_or_from_older_p
     resumed.load_checkpoint(str(ckpt))
     _assert_resumed(w, resumed, rng)
     _to_old_pt_files(ckpt, "actor_state", "actor_rng_rank0")
-    old = _actor()
+    with pytest.raises(StateFileError, match=r"actor_state\.pt is a torch \.pt state .*trainer.allow_legacy_pt_state"):
+        _actor().load_checkpoint(str(ckpt))
+    old = _actor(_LEGACY)
     old.load_checkpoint(str(ckpt))
     _assert_resumed(w, old, rng)
 
 
-def test_a_critic_checkpoint_resumes_from_safetensors_and_from_an_older_pt_file(tmp_path):
+def test_a_critic_checkpoint_resumes_from_safetensors_and_from_an_allowed_older_pt_file(tmp_path):
     c = _critic()
     c.update_critic(_batch(), step=1)
     assert c.optimizer.state
@@ -274,6 +289,8 @@ def test_a_critic_checkpoint_resumes_from_safetensors_and_from_an_older_pt_file(
     resumed.load_checkpoint(str(tmp_path))
     _assert_same(c.optimizer.state_dict(), resumed.optimizer.state_dict(), "optimizer")
     _to_old_pt_files(tmp_path, "critic_state")
-    old = _critic()
+    with pytest.raises(StateFileError, match=r"critic_state\.pt is a torch \.pt state"):
+        _critic().load_checkpoint(str(tmp_path))
+    old = _critic(_LEGACY)
     old.load_checkpoint(str(tmp_path))
     _assert_same(c.optimizer.state_dict(), old.optimizer.state_dict(), "optimizer")

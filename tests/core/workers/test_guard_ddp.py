@@ -8,6 +8,7 @@ so both skip. The ``step`` stage (update_size) undoes a step on both ranks alike
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from armor_core.testing import run_ranks
@@ -79,6 +80,7 @@ def _four_steps(rank: int, world: int) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_a_fault_on_one_rank_is_skipped_by_every_rank(tmp_path):
     ranks = run_ranks(_four_steps, 2, tmp_path)
     # step 2: only rank 1 saw the NaN, both report it and both skip; step 3: both undo the x100 step

@@ -24,6 +24,8 @@ import torch
 from armor_core.testing import run_ranks
 from armor_plugins.losses.aggregation import AGGREGATIONS
 
+pytestmark = pytest.mark.slow  # see [tool.pytest.ini_options] markers
+
 MODES = sorted(AGGREGATIONS)
 STRATEGIES = ("ddp", "fsdp2")
 LENGTHS = [5, 1, 3, 5, 2, 4, 1, 4]  # uneven response lengths; 25 tokens cannot split evenly (13/12)
@@ -51,7 +53,8 @@ def make_config(mode: str, strategy: str, **extra: str) -> dict:
         "engine.cpus_per_worker=1",
         "trainer.loggers=[]",
         f"data.max_prompt_length={P}",
-        "actor.logprob_chunk_tokens=3",  # blocks of the chunked LM head cross rows; the 1-worker references take the full logits
+        # blocks of the chunked LM head cross rows; the 1-worker references take the full logits
+        "actor.logprob_chunk_tokens=3",
         *[f"{k}={v}" for k, v in extra.items()],
     ]
     return to_dict(load_config(None, overrides))
@@ -190,7 +193,8 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
                 "grad_norm": m["actor/grad_norm"],
                 "losses": (m["actor/pg_loss"], m["actor/entropy"]),
             }
-        # bf16 mixed precision: float32 master weights and Adam state, bf16 compute (DDP: autocast; FSDP2: MixedPrecisionPolicy)
+        # bf16 mixed precision: float32 master weights and Adam state, bf16 compute (DDP: autocast; FSDP2:
+        # MixedPrecisionPolicy)
         w = ActorWorker(make_config("token-mean", strategy, **{"model.dtype": "bfloat16"}), rank=rank, world_size=world)
         m = w.update_actor(mine, step=1)
         results["dp"][strategy, "bf16"] = {

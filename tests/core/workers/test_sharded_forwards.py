@@ -6,6 +6,7 @@ one-worker results on the same rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from armor_core.testing.batches import run_ranks
@@ -76,6 +77,7 @@ def _forwards(rank: int, world: int) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_sharded_forwards_match_across_unequal_micro_batch_counts(tmp_path):
     from armor_core.workers.common import micro_batches
 

@@ -192,7 +192,8 @@ def test_gae_discount_and_masked_positions_do_not_break_the_recursion():
     values = torch.tensor([[0.5, 99.0, 0.7, float("nan")], [1.0, 1.0, 3.0, 3.0]])
     mask = torch.tensor([[1, 0, 1, 0], [1, 1, 0, 0]])
     adv, ret = compute_gae_advantage(rewards, mask, None, values=values, gamma=0.9, lam=0.5)
-    # row 0: t=2: 1 - 0.7 = 0.3; t=1 skipped (value 99, reward 5 ignored); t=0: 0.9*0.7 - 0.5 = 0.13, A = 0.13 + 0.45*0.3 = 0.265
+    # row 0: t=2: 1 - 0.7 = 0.3; t=1 skipped (value 99, reward 5 ignored); t=0: 0.9*0.7 - 0.5 = 0.13, A = 0.13 +
+    # 0.45*0.3 = 0.265
     # row 1: t=1: 2 - 1 = 1; t=0: 0.9*1 - 1 = -0.1, A = -0.1 + 0.45*1 = 0.35
     assert_close(ret, [[0.765, 0.0, 1.0, 0.0], [1.35, 2.0, 0.0, 0.0]], atol=1e-6)
     w = whiten_by_hand([0.265, 0.3, 0.35, 1.0])

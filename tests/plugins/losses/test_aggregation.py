@@ -1,4 +1,5 @@
-"""Loss aggregation: hand-computed values, and the same loss and gradients whole, in micro-batches and across DP ranks."""
+"""Loss aggregation: hand-computed values, and the same loss and gradients whole, in micro-batches and across DP
+ranks."""
 
 from __future__ import annotations
 
@@ -206,6 +207,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_real_gloo_ddp_gradients_match_the_whole_batch(tmp_path):
     x, mask, theta = make_batch()
     mp.spawn(_ddp_worker, args=(2, _free_port(), x, mask, theta, str(tmp_path)), nprocs=2, join=True)

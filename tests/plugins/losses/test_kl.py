@@ -10,21 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from armor_core import KLEstimator
-from armor_core.loop.kl_penalty import (
-    AdaptiveKLController,
-    FixedKLController,
-    apply_kl_penalty,
-    build_kl_controller,
-    compute_kl_loss,
-)
+from armor_core.loop.kl_penalty import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
 from armor_core.plugins import PluginManager
+from armor_core.workers.kl_loss import compute_kl_loss
 from armor_plugins.losses.aggregation import agg_token_mean
 from armor_plugins.losses.kl import KL_ESTIMATORS
 
 LN2 = math.log(2)
 
 # log pi = 0, log pi_ref = ln 2: x = -ln 2. (value, d/d log pi) by hand:
-#   k1 = x, grad 1;  k2 = x^2/2, grad x;  k3 = e^{-x} - 1 + x = 2 - 1 - ln 2, grad 1 - e^{-x} = -1;  abs = ln 2, grad sign(x) = -1
+#   k1 = x, grad 1;  k2 = x^2/2, grad x;  k3 = e^{-x} - 1 + x = 2 - 1 - ln 2, grad 1 - e^{-x} = -1;  abs = ln 2, grad
+# sign(x) = -1
 #   k1+ / k3+: the value of k1 / k3 with the gradient of k2
 EXPECTED = {
     "k1": (-LN2, 1.0),

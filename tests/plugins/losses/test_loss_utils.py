@@ -1,4 +1,4 @@
-"""Shared tensor helpers: masked statistics, whitening, entropy, entropy bonus; and the critic's value loss."""
+"""What the policy losses share: the clamped ratio, entropy from logits; and the critic's value loss."""
 
 from __future__ import annotations
 
@@ -8,54 +8,9 @@ import pytest
 import torch
 
 from armor_core.workers.critic import value_loss as compute_value_loss
-from armor_plugins.losses.utils import (
-    clamped_ratio,
-    compute_entropy_loss,
-    entropy_from_logits,
-    masked_mean,
-    masked_var,
-    masked_whiten,
-)
+from armor_plugins.losses.utils import clamped_ratio, entropy_from_logits
 
 NAN = float("nan")
-
-
-def test_masked_mean_and_var_ignore_padding_even_when_it_is_nan():
-    x = torch.tensor([[1.0, 2.0, NAN], [3.0, float("inf"), 6.0]])
-    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
-    assert float(masked_mean(x, m)) == pytest.approx(3.0)  # (1+2+3+6)/4
-    torch.testing.assert_close(masked_mean(x, m, dim=-1), torch.tensor([1.5, 4.5]))
-    # deviations -2, -1, 0, 3: sum of squares 14; unbiased / 3, biased / 4
-    assert float(masked_var(x, m)) == pytest.approx(14 / 3)
-    assert float(masked_var(x, m, unbiased=False)) == pytest.approx(14 / 4)
-
-
-def test_masked_reductions_of_nothing_are_zero():
-    x = torch.tensor([[NAN, 1.0]])
-    m = torch.zeros(1, 2)
-    assert float(masked_mean(x, m)) == 0.0
-    assert float(masked_var(x, m)) == 0.0
-    assert float(masked_var(torch.tensor([[5.0]]), torch.ones(1, 1))) == 0.0  # one value: no variance
-    assert torch.all(masked_whiten(x, m) == 0)
-
-
-def test_masked_whiten_by_hand_and_no_signal_is_exact_zero():
-    x = torch.tensor([[1.0, 2.0, 99.0], [3.0, 6.0, 0.0]])
-    m = torch.tensor([[1, 1, 0], [1, 1, 0]])
-    sd = math.sqrt(14 / 3 + 1e-8)
-    torch.testing.assert_close(masked_whiten(x, m), torch.tensor([[-2 / sd, -1 / sd, 0.0], [0.0, 3 / sd, 0.0]]))
-    torch.testing.assert_close(
-        masked_whiten(x, m, shift_mean=False), torch.tensor([[1 / sd, 2 / sd, 0.0], [3 / sd, 6 / sd, 0.0]])
-    )
-    same = torch.full((2, 3), 0.1)
-    assert torch.all(masked_whiten(same, torch.ones(2, 3)) == 0)
-
-
-def test_masked_whiten_of_huge_values_is_finite_and_right():
-    x = torch.tensor([[1e20, -1e20, 3e20]])
-    out = masked_whiten(x, torch.ones(1, 3))
-    # same as whitening [1, -1, 3]: mean 1, unbiased var 4
-    torch.testing.assert_close(out, torch.tensor([[0.0, -1.0, 1.0]]))
 
 
 def test_entropy_from_logits_by_hand():
@@ -71,12 +26,6 @@ def test_entropy_from_logits_by_hand():
     torch.testing.assert_close(h, expected)
     assert float(entropy_from_logits(logits[:1, :1])) == pytest.approx(math.log(4))
     assert torch.isfinite(entropy_from_logits(logits[1:])).all()
-
-
-def test_entropy_bonus_is_a_masked_per_token_loss():
-    ent = torch.tensor([[1.0, 2.0, NAN]])
-    out = compute_entropy_loss(ent, torch.tensor([[1, 1, 0]]), entropy_coeff=0.01)
-    torch.testing.assert_close(out, torch.tensor([[-0.01, -0.02, 0.0]]))
 
 
 def test_value_loss_clipping_by_hand():

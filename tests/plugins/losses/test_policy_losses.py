@@ -203,12 +203,13 @@ def test_losses_resolve_and_take_config_parameters_by_name(pm, name):
 # -- end to end: every loss with every estimator learns a two-token bandit -------------------------
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize(
     "adv_name,loss_name",
     [(a, "ppo_clip") for a in ["grpo", "dr_grpo", "rloo", "opo", "reinforce_plus_plus_baseline", "pass_at_k"]]
     + [("grpo", "gspo"), ("grpo", "cispo"), ("rloo", "gspo"), ("pass_at_k", "cispo")],
 )
-def test_a_tiny_policy_learns_with_every_estimator_and_loss(pm, one_thread, adv_name, loss_name):
+def test_a_tiny_policy_learns_with_every_estimator_and_loss(pm, adv_name, loss_name):
     # policy: an independent softmax over 4 actions at each of 2 positions; reward 1 only for
     # (2, 2), which starts at probability 1/16. Sign or stop-gradient mistakes would not learn it.
     est, loss_fn, agg = (

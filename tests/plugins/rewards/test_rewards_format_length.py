@@ -13,10 +13,11 @@ import armor_plugins.rewards.length as length_plugin
 import armor_rewards_math
 import armor_rewards_qa
 from armor_core.config.schema import ConfigError, RewardConfig, load_config
+from armor_core.ops.lengths import overlong_penalty
 from armor_core.plugins import PluginManager
 from armor_core.rewards.manager import RewardManager
 from armor_plugins.rewards.format import format_reward
-from armor_plugins.rewards.length import length_reward, overlong_penalty
+from armor_plugins.rewards.length import length_reward
 
 
 @pytest.fixture(scope="module")

