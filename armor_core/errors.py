@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["UserFacingError", "one_line"]
+__all__ = ["ConfigError", "UserFacingError", "one_line"]
 
 
 class UserFacingError(Exception):
     """An error whose message is the whole story for the user (no traceback)."""
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key, the value and what is allowed."""
 
 
 def one_line(error: BaseException) -> str:

@@ -23,20 +23,88 @@ and an entry point in group ``armor`` in its distribution's ``pyproject.toml``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import pluggy
+
+if TYPE_CHECKING:  # the types only: importing them here would pull torch into `armor --help`
+    import torch
+
+    from armor_core.interfaces import (
+        AdvantageEstimator,
+        KLEstimator,
+        LossAggregation,
+        MetricTracker,
+        PolicyLoss,
+        RewardDomain,
+        RewardResult,
+        RolloutBackend,
+        StabilityGuard,
+        Task,
+    )
 
 PROJECT_NAME = "armor"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-#: ``register(name, implementation)``: the callable every hook receives.
+#: ``register(name, implementation)`` with no kind attached; each hook below receives a typed registrar.
 Register = Callable[[str, Any], None]
+
+
+# One registrar type per kind, so that a type checker refuses registering a guard as an estimator. Each is
+# called as ``register(name, implementation)``; the name is the value users write in the config.
+class RegisterAdvantageEstimator(Protocol):
+    def __call__(
+        self, name: str, estimator: AdvantageEstimator | Callable[..., tuple[torch.Tensor, torch.Tensor]], /
+    ) -> None: ...
+
+
+class RegisterPolicyLoss(Protocol):
+    def __call__(self, name: str, loss: PolicyLoss | Callable[..., tuple[torch.Tensor, dict[str, Any]]], /) -> None: ...
+
+
+class RegisterKLEstimator(Protocol):
+    def __call__(
+        self, name: str, estimator: KLEstimator | Callable[[torch.Tensor, torch.Tensor], torch.Tensor], /
+    ) -> None: ...
+
+
+class RegisterLossAggregation(Protocol):
+    def __call__(self, name: str, aggregation: LossAggregation | Callable[..., torch.Tensor], /) -> None: ...
+
+
+class RegisterRewardDomain(Protocol):
+    def __call__(self, name: str, domain: RewardDomain | Callable[..., float | RewardResult], /) -> None: ...
+
+
+class RegisterStabilityGuard(Protocol):
+    def __call__(self, name: str, guard_cls: type[StabilityGuard], /) -> None: ...
+
+
+class RegisterRolloutBackend(Protocol):
+    def __call__(self, name: str, backend_cls: type[RolloutBackend], /) -> None: ...
+
+
+class RegisterTask(Protocol):
+    def __call__(self, name: str, task: Task | Callable[..., list[dict[str, Any]]], /) -> None: ...
+
+
+class RegisterMetricTracker(Protocol):
+    def __call__(self, name: str, tracker_cls: type[MetricTracker], /) -> None: ...
+
 
 __all__ = [
     "Register",
+    "RegisterAdvantageEstimator",
+    "RegisterKLEstimator",
+    "RegisterLossAggregation",
+    "RegisterMetricTracker",
+    "RegisterPolicyLoss",
+    "RegisterRewardDomain",
+    "RegisterRolloutBackend",
+    "RegisterStabilityGuard",
+    "RegisterTask",
     "armor_register_advantage_estimators",
     "armor_register_kl_estimators",
     "armor_register_loss_aggregations",
@@ -52,7 +120,7 @@ __all__ = [
 
 
 @hookspec
-def armor_register_advantage_estimators(register: Register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     """Register advantage estimators (config key ``algorithm.adv_estimator``).
 
     :param register: call ``register(name, estimator)`` where ``estimator`` is an
@@ -75,7 +143,7 @@ def armor_register_advantage_estimators(register: Register) -> None:
 
 
 @hookspec
-def armor_register_policy_losses(register: Register) -> None:
+def armor_register_policy_losses(register: RegisterPolicyLoss) -> None:
     """Register policy losses (config key ``actor.policy_loss``).
 
     :param register: call ``register(name, loss)`` where ``loss`` is an
@@ -91,7 +159,7 @@ def armor_register_policy_losses(register: Register) -> None:
 
 
 @hookspec
-def armor_register_kl_estimators(register: Register) -> None:
+def armor_register_kl_estimators(register: RegisterKLEstimator) -> None:
     """Register KL estimators (config keys ``algorithm.kl_penalty``, ``actor.kl_loss_type``).
 
     :param register: call ``register(name, kl)`` where ``kl`` is an
@@ -102,7 +170,7 @@ def armor_register_kl_estimators(register: Register) -> None:
 
 
 @hookspec
-def armor_register_loss_aggregations(register: Register) -> None:
+def armor_register_loss_aggregations(register: RegisterLossAggregation) -> None:
     """Register loss aggregation modes (config key ``actor.loss_agg_mode``).
 
     :param register: call ``register(name, agg)`` where ``agg`` is an
@@ -119,7 +187,7 @@ def armor_register_loss_aggregations(register: Register) -> None:
 
 
 @hookspec
-def armor_register_reward_domains(register: Register) -> None:
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     """Register reward domains (matched against each data row's ``data_source``).
 
     :param register: call ``register(name, domain)`` where ``domain`` is an
@@ -142,7 +210,7 @@ def armor_register_reward_domains(register: Register) -> None:
 
 
 @hookspec
-def armor_register_stability_guards(register: Register) -> None:
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     """Register stability guards (config key ``guard.guards``, an ordered list).
 
     :param register: call ``register(name, guard_cls)`` where ``guard_cls`` is a class following
@@ -151,11 +219,26 @@ def armor_register_stability_guards(register: Register) -> None:
         :class:`~armor_core.interfaces.Verdict`, and saves its state with ``state_dict``. The
         stages, where each runs and its statistic keys are ``interfaces.GUARD_STAGES``; what a
         verdict does at each is in ``interfaces.StabilityGuard``.
+
+    Parameters: the class is built with ``guard.guards[i].params``. A constructor parameter named after
+    an adjustable coefficient (``interfaces.ADJUSTABLE_COEFFICIENTS``: ``lr``, ``clip_ratio_low``,
+    ``clip_ratio_high``, ``kl_loss_coef``, ``entropy_coeff``) that the params leave out is filled with the
+    run's value (``actor.lr``, ...), so a guard that lowers a coefficient restores the run's own. Each
+    listed guard is its own instance; a name listed twice is labelled ``name#i`` (its position) in its
+    state, events and metrics, so two instances never share state. A refused parameter is a one-line
+    ConfigError naming ``guard.guards[i]``, raised before any worker starts.
+
+    Combining verdicts, per stage: severity is ``rollback`` > ``skip`` > ``scale`` > ``adjust`` >
+    ``proceed``, and the most severe verdict wins (the first listed among equals); a winning rollback goes
+    back to the earliest ``since`` any guard gave; the adjustments of every ``adjust`` verdict are merged,
+    and when two guards set one coefficient the more cautious value wins (the lower ``lr`` and clip ranges,
+    the higher ``kl_loss_coef`` and ``entropy_coeff``). Every verdict other than ``proceed`` is written to
+    ``guard_events.jsonl`` and counted as ``guard/<label>/<action>``.
     """
 
 
 @hookspec
-def armor_register_rollout_backends(register: Register) -> None:
+def armor_register_rollout_backends(register: RegisterRolloutBackend) -> None:
     """Register rollout backends (config key ``rollout.backend``).
 
     :param register: call ``register(name, backend_cls)`` where ``backend_cls`` follows
@@ -166,7 +249,7 @@ def armor_register_rollout_backends(register: Register) -> None:
 
 
 @hookspec
-def armor_register_tasks(register: Register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     """Register built-in tasks: datasets made in code (config key ``data.task``).
 
     :param register: call ``register(name, task)`` where ``task`` is an
@@ -178,7 +261,7 @@ def armor_register_tasks(register: Register) -> None:
 
 
 @hookspec
-def armor_register_metric_trackers(register: Register) -> None:
+def armor_register_metric_trackers(register: RegisterMetricTracker) -> None:
     """Register metric trackers (config key ``trainer.loggers``).
 
     :param register: call ``register(name, tracker_cls)`` where ``tracker_cls`` follows

@@ -10,6 +10,7 @@ classes following the protocols below.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, runtime_checkable
@@ -286,6 +287,34 @@ KINDS: dict[str, tuple[str, type | None]] = {
 }
 
 
+def unknown_param(fn: Callable[..., Any], extra: Mapping[str, Any], n_positional: int, where: str) -> str | None:
+    """Why one of the user-supplied ``extra`` keywords cannot be passed to ``fn``, or None when all can.
+
+    ``n_positional`` arguments are passed by position and are not keywords a user may set. The message names
+    ``where`` (``algorithm.adv_kwargs``), the nearest accepted name and every accepted one. Called at start by
+    ``config.plugin_checks.validate_plugins`` and again by ``call_with_params``, so a run never reaches step 1
+    with a misspelt key.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    accepted = [
+        k
+        for k, p in list(params.items())[n_positional:]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    for key in extra:
+        if key not in accepted:
+            close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            name = getattr(fn, "__name__", repr(fn))
+            return f"{where}: unknown parameter {key!r} for {name}.{hint} It accepts: {', '.join(accepted) or 'none'}"
+    return None
+
+
 def call_with_params(
     fn: Callable[..., Any],
     /,
@@ -298,17 +327,13 @@ def call_with_params(
 
     ``available`` are values the core offers (``gamma``, ``values``, ...), passed when declared.
     ``extra`` are user-supplied parameters (``algorithm.adv_kwargs``): every one of them must be
-    declared by ``fn``, otherwise the user misspelled something and we say so, naming ``where``.
+    declared by ``fn`` (``unknown_param``); the config check makes the same test before anything starts.
     """
-    sig = inspect.signature(fn)
-    params = sig.parameters
+    params = inspect.signature(fn).parameters
     takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in available.items() if k in params or takes_var_kw}
-    for key, value in (extra or {}).items():
-        if key not in params and not takes_var_kw:
-            allowed = [
-                k for k, p in list(params.items())[len(args) :] if p.kind is not inspect.Parameter.VAR_POSITIONAL
-            ]
-            raise TypeError(f"{where or fn.__name__}: unknown parameter {key!r}; {fn.__name__} accepts {allowed}")
-        kwargs[key] = value
+    problem = unknown_param(fn, extra or {}, len(args), where or fn.__name__)
+    if problem:
+        raise TypeError(problem)
+    kwargs.update(extra or {})
     return fn(*args, **kwargs)

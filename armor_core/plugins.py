@@ -131,22 +131,25 @@ class PluginManager:
                 if self._pm.get_plugin(ep.name) is not None:
                     other = self._dists.get(ep.name, ("?", "?"))[0]
                     raise DuplicatePluginError(
-                        f"two plugins are named {ep.name!r}: from {other} and from {dist_name}; block one with {DISABLE_ENV}={ep.name}"
+                        f"two plugins are named {ep.name!r}: from {other} and from {dist_name}; block one with "
+                        f"{DISABLE_ENV}={ep.name}"
                     )
                 try:
                     plugin = ep.load()
                 except Exception as e:  # an installed plugin that fails to import must say which one
                     raise PluginError(
-                        f"plugin {ep.name!r} ({ep.value}) from distribution {dist_name} {dist.version} failed to import: "
-                        f"{type(e).__name__}: {e}. Fix or uninstall it, or block it with {DISABLE_ENV}={ep.name}"
+                        f"plugin {ep.name!r} ({ep.value}) from distribution {dist_name} {dist.version} failed to "
+                        f"import: {type(e).__name__}: {e}. Fix or uninstall it, or block it with "
+                        f"{DISABLE_ENV}={ep.name}"
                     ) from e
                 self._pm.register(plugin, name=ep.name)
                 self._dists[ep.name] = (dist_name, dist.version)
         unknown = sorted(d for d in self.disabled if ":" not in d and d not in seen)
         if unknown:
             raise PluginError(
-                f"{DISABLE_ENV}: {', '.join(map(repr, unknown))} is no installed plugin (entry point of group {ENTRY_POINT_GROUP!r}); "
-                f"installed: {', '.join(sorted(seen))}. To block one implementation write kind:name, e.g. stability_guard:kl"
+                f"{DISABLE_ENV}: {', '.join(map(repr, unknown))} is no installed plugin (entry point of group "
+                f"{ENTRY_POINT_GROUP!r}); installed: {', '.join(sorted(seen))}. To block one implementation write "
+                "kind:name, e.g. stability_guard:kl"
             )
 
     # -- registration -------------------------------------------------------------------------
@@ -206,25 +209,29 @@ class PluginManager:
                 ) -> None:
                     if not isinstance(name, str) or not _NAME_RE.match(name):
                         raise PluginError(
-                            f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r}: names are lowercase, e.g. 'my_estimator'"
+                            f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r}: names are lowercase, e.g. "
+                            "'my_estimator'"
                         )
                     if _wrap is not None and not isinstance(obj, _wrap):
                         if not callable(obj):
                             raise PluginError(
-                                f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a function or {_wrap.__name__}"
+                                f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; "
+                                f"expected a function or {_wrap.__name__}"
                             )
                         obj = _wrap(fn=obj, description=(inspect.getdoc(obj) or "").split("\n")[0])
                     if _wrap is None and not callable(obj):
                         raise PluginError(
-                            f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; expected a class"
+                            f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r} as {type(obj).__name__}; "
+                            "expected a class"
                         )
                     if (_kind, name) in self.disabled_entries:
                         return
                     existing = catalog[_kind].get(name)
                     if existing is not None:
                         raise DuplicatePluginError(
-                            f"{_kind} {name!r} is registered twice: by plugin {existing.plugin!r} ({existing.distribution} {existing.version}) "
-                            f"and by plugin {_plugin!r} ({_dist} {_ver}). Uninstall one, or block one plugin with {DISABLE_ENV}={_plugin}"
+                            f"{_kind} {name!r} is registered twice: by plugin {existing.plugin!r} "
+                            f"({existing.distribution} {existing.version}) and by plugin {_plugin!r} ({_dist} "
+                            f"{_ver}). Uninstall one, or block one plugin with {DISABLE_ENV}={_plugin}"
                         )
                     catalog[_kind][name] = PluginEntry(_kind, name, obj, _plugin, _dist, _ver)
 

@@ -3,7 +3,7 @@
     python benchmarks/stability.py --steps 150     # every scenario and the guard's cost (about 15 minutes on 2 cores)
     python benchmarks/stability.py --only nan_grad --steps 100
 
-Scenarios (``trainer.faults``, see armor_core/loop/faults.py): NaN gradients at a few steps; the learning
+Scenarios (``trainer.faults``, see armor_core/stability/faults.py): NaN gradients at a few steps; the learning
 rate x100 for three steps; a poisoned batch (rewards flipped) for ten steps; rollouts from weights
 four steps old for ten steps; Inf in a reward; and a learning rate ten times the default for the
 whole run. Each runs with ``guard.enable=false`` and with the guard stack below, and is compared

@@ -66,7 +66,8 @@ def _list_problem(key: str, value: list, m: dict) -> str | None:
     for i, item in enumerate(value):
         number = isinstance(item, (int, float)) and not isinstance(item, bool)
         if (want is float and not number) or (want is str and not isinstance(item, str)):
-            return f"{key}[{i}]={item!r} is a {type(item).__name__}; {key} takes {'numbers' if want is float else 'text'} ({m.get('help', '')})"
+            takes = "numbers" if want is float else "text"
+            return f"{key}[{i}]={item!r} is a {type(item).__name__}; {key} takes {takes} ({m.get('help', '')})"
         if want is float and not math.isfinite(item):
             return f"{key}[{i}]={item!r} is not a finite number ({m.get('help', '')})"
         bad = _out_of_range(item, m.get("item_range", {}))

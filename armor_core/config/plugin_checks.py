@@ -9,6 +9,7 @@ from typing import Any
 
 from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ArmorConfig, ConfigError
+from armor_core.interfaces import unknown_param
 
 __all__ = ["validate_plugins"]
 
@@ -54,20 +55,30 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
             raise ConfigError((kind == "reward_domain" and missing_pack(name, key)) or str(e)) from None
     if cfg.algorithm.filter_groups and not resolved["algorithm.adv_estimator"].grouped:
         raise ConfigError(
-            f"algorithm.filter_groups=true drops groups whose scores agree, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
-            f"does not compare a prompt's samples with each other (no groups); use one that does ({_grouped_estimators(pm)}) or set filter_groups=false"
+            "algorithm.filter_groups=true drops groups whose scores agree, but "
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} does not compare a prompt's samples with each "
+            f"other (no groups); use one that does ({_grouped_estimators(pm)}) or set filter_groups=false"
         )
     if cfg.algorithm.adv_kwargs.get("normalize_components") and not resolved["algorithm.adv_estimator"].grouped:
         raise ConfigError(
-            f"algorithm.adv_kwargs.normalize_components=true normalises each reward component within a prompt's group of samples, "
-            f"but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} has no groups; use one that does ({_grouped_estimators(pm)}) "
-            "or drop normalize_components"
+            "algorithm.adv_kwargs.normalize_components=true normalises each reward component within a prompt's "
+            f"group of samples, but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} has no groups; use one "
+            f"that does ({_grouped_estimators(pm)}) or drop normalize_components"
         )
+    # the same test call_with_params makes at step 1, made before Ray starts (3 and 4 arguments go by position)
+    for key, fn, params, n_positional in (
+        ("algorithm.adv_kwargs", resolved["algorithm.adv_estimator"].fn, cfg.algorithm.adv_kwargs, 3),
+        ("actor.policy_loss_kwargs", resolved["actor.policy_loss"].fn, cfg.actor.policy_loss_kwargs, 4),
+    ):
+        problem = unknown_param(fn, params, n_positional, key)
+        if problem:
+            raise ConfigError(problem)
     if cfg.rollout.mode == "async" and not getattr(resolved["rollout.backend"], "separate_worker", False):
         raise ConfigError(
-            f"rollout.mode=async runs the rollout backend in workers of its own, but rollout.backend={cfg.rollout.backend!r} "
-            "does not declare it can (separate_worker = True on its class: it takes new weights through update_weights, "
-            "or generates from the model it was given, in a process without the actor); use rollout.mode=sync"
+            "rollout.mode=async runs the rollout backend in workers of its own, but "
+            f"rollout.backend={cfg.rollout.backend!r} does not declare it can (separate_worker = True on its class: "
+            "it takes new weights through update_weights, or generates from the model it was given, in a process "
+            "without the actor); use rollout.mode=sync"
         )
     # a plugin whose library is an optional install (vllm, wandb, mlflow) says how to install it now, not in a worker
     for key, _kind, name in wanted:

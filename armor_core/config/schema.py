@@ -23,12 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from armor_core.config.fields import first_problem
+from armor_core.errors import ConfigError
 
 __all__ = ["ArmorConfig", "ConfigError", "load_config", "to_yaml", "help_for"]
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the key, the value and what is allowed."""
 
 
 def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **check: Any) -> Any:
@@ -45,25 +42,31 @@ def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None
 class ModelConfig:
     path: str = f(
         "builtin:arithmetic-tiny",
-        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR (builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.",
+        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR "
+        "(builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.",
     )
     tokenizer_path: str | None = f(None, "Tokenizer directory when it differs from model.path.")
     dtype: str = f(
         "float32",
-        "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls (autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.",
+        "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls "
+        "(autocast; FSDP2's MixedPrecisionPolicy with float32 gradient reductions), log-probs and losses in "
+        "float32. float16 would need loss scaling, which ARMOR does not do: use bfloat16.",
         choices=["float32", "bfloat16"],
     )
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
     lora_rank: int = f(
         0,
-        "LoRA rank of the actor's adapters (peft); 0 trains every weight. With LoRA only the adapters train and sit in the optimizer, the reference policy is the model with its adapters switched off (no second copy), and checkpoints hold the adapter.",
+        "LoRA rank of the actor's adapters (peft); 0 trains every weight. With LoRA only the adapters train and "
+        "sit in the optimizer, the reference policy is the model with its adapters switched off (no second copy), "
+        "and checkpoints hold the adapter.",
         ge=0,
     )
     lora_alpha: float = f(16.0, "LoRA scaling numerator: adapters add (lora_alpha / lora_rank) * B A.", gt=0.0)
     lora_dropout: float = f(0.0, "Dropout on the adapters' input during training.", ge=0.0, lt=1.0)
     lora_target_modules: Any = f(
         "all-linear",
-        "Modules that get adapters: 'all-linear' (every linear layer of the decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].",
+        "Modules that get adapters: 'all-linear' (every linear layer of the decoder, not the output head) or a "
+        "list of module names, e.g. [q_proj, v_proj].",
     )
 
 
@@ -71,7 +74,8 @@ class ModelConfig:
 class DataConfig:
     task: str | None = f(
         "arithmetic",
-        "Built-in task (a registered `task` plugin: arithmetic, facts, or mix for several at once) used when train_files is empty.",
+        "Built-in task (a registered `task` plugin: arithmetic, facts, or mix for several at once) used when "
+        "train_files is empty.",
     )
     task_kwargs: dict = f(help="Extra keyword arguments for the task's generator.", factory=dict)
     train_size: int = f(4096, "Rows generated for the train split of a built-in task.", ge=1)
@@ -91,7 +95,8 @@ class DataConfig:
     skip_invalid: bool = f(False, "Skip and count malformed rows instead of stopping with an error.")
     prompt_key: str = f("prompt", "Row field that holds the prompt (text or a list of chat messages).")
     apply_chat_template_kwargs: dict = f(
-        help="Keyword arguments for the tokenizer's chat template when prompts are chat messages, e.g. {enable_thinking: false} for Qwen3.",
+        help="Keyword arguments for the tokenizer's chat template when prompts are chat messages, e.g. "
+        "{enable_thinking: false} for Qwen3.",
         factory=dict,
     )
 
@@ -108,7 +113,9 @@ class RolloutConfig:
     backend_kwargs: dict = f(help="Extra keyword arguments for the rollout backend.", factory=dict)
     mode: str = f(
         "sync",
-        "sync: the actor workers generate (colocated) and train in turn. async: rollout.num_workers rollout workers of their own generate ahead while the actor trains, with weights at most rollout.max_staleness updates old (pair with algorithm.rollout_correction).",
+        "sync: the actor workers generate (colocated) and train in turn. async: rollout.num_workers rollout "
+        "workers of their own generate ahead while the actor trains, with weights at most rollout.max_staleness "
+        "updates old (pair with algorithm.rollout_correction).",
         choices=["sync", "async"],
     )
     num_workers: int = f(
@@ -116,7 +123,8 @@ class RolloutConfig:
     )
     max_staleness: int = f(
         1,
-        "Async mode: a batch is trained on only if the policy that generated it is at most this many updates old; this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).",
+        "Async mode: a batch is trained on only if the policy that generated it is at most this many updates old; "
+        "this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).",
         ge=0,
     )
 
@@ -144,17 +152,24 @@ class ActorConfig:
     )
     max_tokens_per_micro_batch: int | None = f(
         None,
-        "Form micro-batches by real token count (prompt + response) instead of rows: consecutive rows while their tokens fit in this budget (verl's dynamic batch size); micro_batch_size is then not used. Applies to the update and the log-prob passes. The loss and gradients are those of any other split (the aggregation divides by global counts). Must hold the longest possible row: data.max_prompt_length + rollout.max_new_tokens.",
+        "Form micro-batches by real token count (prompt + response) instead of rows: consecutive rows while their "
+        "tokens fit in this budget (verl's dynamic batch size); micro_batch_size is then not used. Applies to the "
+        "update and the log-prob passes. The loss and gradients are those of any other split (the aggregation "
+        "divides by global counts). Must hold the longest possible row: data.max_prompt_length + "
+        "rollout.max_new_tokens.",
         ge=1,
     )
     logprob_chunk_tokens: int = f(
         512,
-        "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the model's full logits (the plain path).",
+        "Tokens per block through the LM head when computing log-probs and entropy: the (tokens x vocabulary) "
+        "logits are never held whole, forward or backward (each block is recomputed in backward). 0 takes the "
+        "model's full logits (the plain path).",
         ge=0,
     )
     offload: bool = f(
         False,
-        "FSDP2 CPU offload (GPU runs, actor.strategy=fsdp2): parameter, gradient and optimizer-state shards live in CPU memory and are copied to the GPU around each use; the optimizer steps on the CPU.",
+        "FSDP2 CPU offload (GPU runs, actor.strategy=fsdp2): parameter, gradient and optimizer-state shards live "
+        "in CPU memory and are copied to the GPU around each use; the optimizer steps on the CPU.",
     )
     policy_loss: str = f("ppo_clip", "Policy loss (a registered `policy_loss` plugin).")
     policy_loss_kwargs: dict = f(help="Extra keyword arguments for the policy loss.", factory=dict)
@@ -170,7 +185,9 @@ class ActorConfig:
     entropy_coeff: float = f(0.0, "Entropy bonus coefficient.", ge=0.0)
     skip_zero_advantage: bool = f(
         True,
-        "Do not forward rows whose advantages are all 0 (e.g. GRPO groups that all scored the same) when that cannot change the gradient: no entropy bonus, no KL loss, a policy loss that is 0 at advantage 0. Their share of actor/entropy is estimated from the rollout log-probs.",
+        "Do not forward rows whose advantages are all 0 (e.g. GRPO groups that all scored the same) when that "
+        "cannot change the gradient: no entropy bonus, no KL loss, a policy loss that is 0 at advantage 0. Their "
+        "share of actor/entropy is estimated from the rollout log-probs.",
     )
     use_kl_loss: bool = f(False, "Add KL(policy || reference) to the loss (GRPO style).")
     kl_loss_coef: float = f(0.001, "Coefficient of the KL loss.", ge=0.0)
@@ -180,7 +197,9 @@ class ActorConfig:
     )
     strategy: str = f(
         "ddp",
-        "Data-parallel strategy of the actor and critic groups: ddp (every rank holds the whole model) or fsdp2 (fully_shard per decoder layer: parameters, gradients and optimizer state sharded). gloo on CPU, NCCL on GPU.",
+        "Data-parallel strategy of the actor and critic groups: ddp (every rank holds the whole model) or fsdp2 "
+        "(fully_shard per decoder layer: parameters, gradients and optimizer state sharded). gloo on CPU, NCCL on "
+        "GPU.",
         choices=["ddp", "fsdp2"],
     )
 
@@ -219,12 +238,16 @@ class AlgorithmConfig:
     kl_horizon: int = f(10000, "Horizon of the adaptive controller.", ge=1)
     rollout_correction: str = f(
         "none",
-        "Importance weights between the policy that generated the rows (rollout log-probs) and the trained one (old log-probs) on the per-token policy loss: tis_token / tis_seq truncate the token's / sequence's ratio at the cap, mask_token / mask_seq keep it up to the cap and drop the token / sequence beyond.",
+        "Importance weights between the policy that generated the rows (rollout log-probs) and the trained one "
+        "(old log-probs) on the per-token policy loss: tis_token / tis_seq truncate the token's / sequence's ratio "
+        "at the cap, mask_token / mask_seq keep it up to the cap and drop the token / sequence beyond.",
         choices=["none", "tis_token", "tis_seq", "mask_token", "mask_seq"],
     )
     filter_groups: bool = f(
         False,
-        "Dynamic sampling (DAPO): drop the groups whose scores all agree (no learning signal) and generate further batches until data.train_batch_size informative groups are collected, up to max_gen_batches; then train on what there is (warned, counted in dynamic_sampling/short_batch).",
+        "Dynamic sampling (DAPO): drop the groups whose scores all agree (no learning signal) and generate further "
+        "batches until data.train_batch_size informative groups are collected, up to max_gen_batches; then train "
+        "on what there is (warned, counted in dynamic_sampling/short_batch).",
     )
     max_gen_batches: int = f(
         4, "Most batches of data.train_batch_size prompts generated for one step under filter_groups.", ge=1
@@ -237,34 +260,33 @@ class AlgorithmConfig:
 @dataclass
 class RewardConfig:
     domain_map: dict = f(
-        help="Map data_source -> reward domain name or {domain: weight}; unmapped sources use the domain of the same name.",
+        help="Map data_source -> reward domain name or {domain: weight}; unmapped sources use the domain of the "
+        "same name.",
         factory=dict,
     )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
     num_workers: int = f(
         0,
-        "Processes for reward domains that may hang (math); 0 starts one helper process on first use. Inline domains (arithmetic, gsm8k, refusal, safety) always score in the driver.",
+        "Processes for reward domains that may hang (math); 0 starts one helper process on first use. Inline "
+        "domains (arithmetic, gsm8k, refusal, safety) always score in the driver.",
         ge=0,
     )
     domain_kwargs: dict = f(help="Per-domain keyword arguments: {domain: {key: value}}.", factory=dict)
     max_failure_fraction: float = f(
         0.5,
-        "Stop the run with an error when a domain fails (raises, times out, or scores outside its score_range) on more than this fraction of its rows over the last reward.failure_window scored batches; checkpoints already written are kept. 1 never stops.",
+        "Stop the run with an error when a domain fails (raises, times out, or scores outside its score_range) on "
+        "more than this fraction of its rows over the last reward.failure_window scored batches; checkpoints "
+        "already written are kept. 1 never stops.",
         ge=0.0,
         le=1.0,
     )
     failure_window: int = f(
         5,
-        "Scored batches (one per training step, more under algorithm.filter_groups; a validation pass is one) over which reward.max_failure_fraction is measured, from the first batch on.",
+        "Scored batches (one per training step, more under algorithm.filter_groups; a validation pass is one) over "
+        "which reward.max_failure_fraction is measured, from the first batch on.",
         ge=1,
     )
-
-
-@dataclass
-class GuardSpec:
-    name: str = f("non_finite", "A registered `stability_guard` plugin.")
-    params: dict = f(help="Keyword arguments for the guard.", factory=dict)
 
 
 @dataclass
@@ -279,7 +301,8 @@ class EngineConfig:
     num_cpus: int | None = f(None, "CPUs for a local Ray cluster; default: all.", ge=1)
     cpus_per_worker: float | None = f(
         None,
-        "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the workers.",
+        "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the "
+        "workers.",
         gt=0.0,
     )
     isolate: bool = f(
@@ -289,12 +312,16 @@ class EngineConfig:
     gpus_per_worker: float = f(0.0, "GPUs reserved for each worker process.", ge=0.0)
     driver_threads: int = f(
         1,
-        "Torch threads in the driver process (the trainer loop: rewards, advantages, metrics). Its tensors are small; more threads would spin on cores the workers own, slowing them (as verl's driver, a 1-CPU Ray actor, runs with one).",
+        "Torch threads in the driver process (the trainer loop: rewards, advantages, metrics). Its tensors are "
+        "small; more threads would spin on cores the workers own, slowing them (as verl's driver, a 1-CPU Ray "
+        "actor, runs with one).",
         ge=1,
     )
     direct_channel: bool = f(
         True,
-        "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (between steps, a round trip with a 128-row batch each way took 2.0 ms instead of 4.6 ms on a 2-core CPU machine: benchmarks/dataproto_transfer.py). Ray still places, starts, watches and stops the workers.",
+        "Send the driver's calls to each worker over a socket of its own instead of Ray's task path (between "
+        "steps, a round trip with a 128-row batch each way took 2.0 ms instead of 4.6 ms on a 2-core CPU machine: "
+        "benchmarks/dataproto_transfer.py). Ray still places, starts, watches and stops the workers.",
     )
 
 
@@ -323,7 +350,8 @@ class TrainerConfig:
         ge=1,
     )
     loggers: list = f(
-        help="Metric trackers (registered `metric_tracker` plugins): console, jsonl, tensorboard; wandb and mlflow with their extras (pip install 'armor-rl[wandb]' / 'armor-rl[mlflow]').",
+        help="Metric trackers (registered `metric_tracker` plugins): console, jsonl, tensorboard; wandb and mlflow "
+        "with their extras (pip install 'armor-rl[wandb]' / 'armor-rl[mlflow]').",
         factory=lambda: ["console", "jsonl", "tensorboard"],
         item=str,
     )
@@ -331,16 +359,21 @@ class TrainerConfig:
     experiment_name: str = f("", "Run name in wandb and MLflow; empty: the run directory's name.")
     mlflow_tracking_uri: str = f(
         "",
-        "Where the mlflow tracker logs (a server URL, database or directory); empty: MLFLOW_TRACKING_URI if set, else a file store in <run_dir>/mlruns.",
+        "Where the mlflow tracker logs (a server URL, database or directory); empty: MLFLOW_TRACKING_URI if set, "
+        "else a file store in <run_dir>/mlruns.",
     )
     device: str = f("cpu", "Device for workers: cpu or cuda.", choices=["cpu", "cuda"])
     deterministic: bool = f(True, "Use deterministic torch kernels (same seed, same metrics).")
     overlap_generation: bool = f(
         True,
-        "Generate the next step's rollout in the same worker call as this step's update: one round trip to the workers a step instead of two, and no idle worker while the driver reads the update's result. The workers run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a validation, a checkpoint, or the last step.",
+        "Generate the next step's rollout in the same worker call as this step's update: one round trip to the "
+        "workers a step instead of two, and no idle worker while the driver reads the update's result. The workers "
+        "run the same work in the same order, so results are unchanged; a rollback regenerates. Not done before a "
+        "validation, a checkpoint, or the last step.",
     )
     faults: list = f(
-        help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/loop/faults.py).",
+        help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, "
+        "random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/stability/faults.py).",
         factory=list,
     )
 
@@ -404,11 +437,13 @@ def _check_semantics(cfg: ArmorConfig) -> None:
     """Checks that involve more than one field."""
     if cfg.actor.ppo_mini_batch_size > cfg.data.train_batch_size:
         raise ConfigError(
-            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds data.train_batch_size={cfg.data.train_batch_size}"
+            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds "
+            f"data.train_batch_size={cfg.data.train_batch_size}"
         )
     if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
         raise ConfigError(
-            f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
+            f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of "
+            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
         )
     longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     for key, budget in (
@@ -417,18 +452,21 @@ def _check_semantics(cfg: ArmorConfig) -> None:
     ):
         if budget is not None and budget < longest:
             raise ConfigError(
-                f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + rollout.max_new_tokens = "
-                f"{cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} tokens; set it to at least {longest}"
+                f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + "
+                f"rollout.max_new_tokens = {cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} "
+                f"tokens; set it to at least {longest}"
             )
     if cfg.actor.offload and (cfg.trainer.device != "cuda" or cfg.actor.strategy != "fsdp2"):
         raise ConfigError(
-            f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and {cfg.actor.strategy!r}): "
-            "it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU run they are in CPU memory already, "
-            "and gloo cannot reduce-scatter the offloaded gradients. Set actor.offload=false"
+            f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and "
+            f"{cfg.actor.strategy!r}): it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU "
+            "run they are in CPU memory already, and gloo cannot reduce-scatter the offloaded gradients. Set "
+            "actor.offload=false"
         )
     if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
         raise ConfigError(
-            f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree with themselves; set rollout.n >= 2"
+            f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree "
+            "with themselves; set rollout.n >= 2"
         )
     targets = cfg.model.lora_target_modules
     if not (
@@ -436,11 +474,12 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         or (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets))
     ):
         raise ConfigError(
-            f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, e.g. [q_proj, v_proj]"
+            f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, "
+            "e.g. [q_proj, v_proj]"
         )
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
-    from armor_core.loop.faults import parse_faults
+    from armor_core.stability.faults import parse_faults
 
     try:
         parse_faults(cfg.trainer.faults)
@@ -472,7 +511,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 raise ConfigError(f"{p}: not valid YAML: {e}") from e
             if not isinstance(loaded, DictConfig):
                 raise ConfigError(
-                    f"{p}: the top level must be a mapping of sections (model:, data:, ...), got {type(loaded).__name__}"
+                    f"{p}: the top level must be a mapping of sections (model:, data:, ...), got "
+                    f"{type(loaded).__name__}"
                 )
             merged = OmegaConf.merge(merged, loaded)
         for item in overrides:
@@ -482,8 +522,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
             except yaml.YAMLError as e:  # e.g. {name:x}: YAML wants a space after the colon
                 raise ConfigError(
-                    f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())}); "
-                    "in a mapping put a space after each colon, e.g. guard.guards='[{name: grad_spike, params: {window: 20}}]'"
+                    f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())}); in a mapping put "
+                    "a space after each colon, e.g. guard.guards='[{name: grad_spike, params: {window: 20}}]'"
                 ) from None
     except OmegaConfBaseException as e:
         raise _friendly(e, str(path) if path and not overrides else "config") from e

@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import reprlib
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ from armor_core.dataproto.rules import (
 
 __all__ = ["DataProto", "DataProtoItem"]
 
-Index = Union[int, slice, Sequence[int], Sequence[bool], np.ndarray, torch.Tensor]
+Index = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
 _MISSING = object()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import math
 import reprlib
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ __all__ = [
     "verl_key_args",
 ]
 
-Keys = Union[str, Sequence[str], None]
+Keys = str | Sequence[str] | None
 
 
 def key_list(keys: str | Sequence[str]) -> list[str]:

@@ -121,7 +121,8 @@ class WorkerGroup:
         missing = [m for m in _declared(self.api) if not callable(getattr(worker_cls, m, None))]
         if missing:
             raise TypeError(
-                f"worker group '{name}': {worker_cls.__name__} does not define {missing}, declared by {self.api.__name__}"
+                f"worker group '{name}': {worker_cls.__name__} does not define {missing}, "
+                f"declared by {self.api.__name__}"
             )
         self.n, self.name, self.workers = n, name, []
         self.conns: list[Any] = []  # the direct channel to each rank, once open
@@ -135,7 +136,8 @@ class WorkerGroup:
 
             remove_placement_group(self.pg)
             raise PlacementError(
-                f"worker group '{name}': {n} workers x {bundle} could not be placed within {placement_timeout_s:.0f} s; the cluster has "
+                f"worker group '{name}': {n} workers x {bundle} could not be placed within "
+                f"{placement_timeout_s:.0f} s; the cluster has "
                 f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower actor.num_workers / "
                 "engine.cpus_per_worker / engine.gpus_per_worker, or add nodes (`ray start --address ...`)."
             )
@@ -184,8 +186,9 @@ class WorkerGroup:
             except OSError as e:
                 self.shutdown()
                 raise ChannelError(
-                    f"{self.describe(rank)} listens at {address[0]}:{address[1]} for the driver's calls, but the driver could not connect: "
-                    f"{e}. A firewall between the nodes? engine.direct_channel=false calls the workers through Ray only."
+                    f"{self.describe(rank)} listens at {address[0]}:{address[1]} for the driver's calls, "
+                    f"but the driver could not connect: {e}. A firewall between the nodes? "
+                    "engine.direct_channel=false calls the workers through Ray only."
                 ) from e
 
     def describe(self, rank: int) -> str:
@@ -200,7 +203,8 @@ class WorkerGroup:
         name = getattr(method, "__name__", None)
         if isinstance(method, str) or name is None or getattr(self.api, name, None) is not method:
             raise TypeError(
-                f"worker group '{self.name}': {method!r} is not a method of {self.api.__name__}; name a worker method by "
+                f"worker group '{self.name}': {method!r} is not a method of {self.api.__name__}; "
+                "name a worker method by "
                 f"reference, e.g. {self.api.__name__}.{next(iter(_declared(self.api)), 'method')}"
             )
         return name
@@ -401,7 +405,10 @@ def death_cause(err: Exception) -> str:
     if "memory monitor" in text or "OutOfMemory" in type(err).__name__:
         kind = "killed by Ray's memory monitor: the node ran out of memory"
     elif "connection error" in detail:
-        kind = "its process vanished: killed by a signal (SIGKILL from the kernel's OOM killer or `kill -9`) or crashed (SIGSEGV); check `dmesg` on that node for OOM"
+        kind = (
+            "its process vanished: killed by a signal (SIGKILL from the kernel's OOM killer or `kill -9`) "
+            "or crashed (SIGSEGV); check `dmesg` on that node for OOM"
+        )
     elif exit_type == "INTENDED_USER_EXIT" or "ray.kill" in text:
         kind = "stopped on purpose (ray.kill or exit())"
     elif "exit code" in text or "exited" in text:

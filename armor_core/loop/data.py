@@ -51,7 +51,8 @@ def _read_file(path: Path) -> Iterable[tuple[str, Any]]:
                     yield (
                         where,
                         DataError(
-                            f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); save the file as UTF-8"
+                            f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x}, the line's byte {e.start + 1}); "
+                            "save the file as UTF-8"
                         ),
                     )
                     continue
@@ -136,7 +137,8 @@ def load_rows(
                     and needs_ground_truth(row["data_source"])
                 ):
                     raise DataError(
-                        f"{where}: missing 'ground_truth' (or reward_model.ground_truth), required by the reward domain for data_source {row['data_source']!r}"
+                        f"{where}: missing 'ground_truth' (or reward_model.ground_truth), required by the reward "
+                        f"domain for data_source {row['data_source']!r}"
                     )
             except DataError as e:
                 if not skip_invalid:
@@ -215,7 +217,8 @@ def _check_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> No
     a switch another model's template has), and ``tokenize``, which ARMOR sets itself."""
     if "tokenize" in kwargs:
         raise DataError(
-            "data.apply_chat_template_kwargs.tokenize: ARMOR renders the template to text and tokenises it itself; remove the key"
+            "data.apply_chat_template_kwargs.tokenize: ARMOR renders the template to text and tokenises it itself; "
+            "remove the key"
         )
     template = (
         tokenizer.chat_template
@@ -226,9 +229,9 @@ def _check_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> No
     unread = [k for k in kwargs if k not in params and not re.search(rf"\b{re.escape(k)}\b", template)]
     if unread:
         raise DataError(
-            f"data.apply_chat_template_kwargs: {', '.join(map(repr, unread))}: not read by this tokenizer's chat template "
-            f"and not a parameter of apply_chat_template, so it would change nothing; check the spelling against the "
-            f"template (chat_template in tokenizer_config.json)"
+            f"data.apply_chat_template_kwargs: {', '.join(map(repr, unread))}: not read by this tokenizer's chat "
+            "template and not a parameter of apply_chat_template, so it would change nothing; check the spelling "
+            "against the template (chat_template in tokenizer_config.json)"
         )
 
 
@@ -288,9 +291,10 @@ def prepare_data(
     rewards = rewards or RewardManager(cfg.reward, pm)
     d = cfg.data
     try:
-        needs_gt = lambda source: any(
-            pm.get("reward_domain", name).requires_ground_truth for name in rewards.domains_for(source)
-        )  # noqa: E731
+
+        def needs_gt(source: str) -> bool:
+            return any(pm.get("reward_domain", name).requires_ground_truth for name in rewards.domains_for(source))
+
         if d.train_files:
             train = load_rows(
                 d.train_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt

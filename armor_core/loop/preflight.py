@@ -22,8 +22,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from armor_core.config.schema import ArmorConfig, ConfigError
+from armor_core.config.schema import ArmorConfig
 from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_model_path
+from armor_core.stability.guard import build_guards, run_coefficients
 
 __all__ = ["check_guards", "check_model", "check_model_dir", "check_run", "check_safetensors", "check_tokenizer"]
 
@@ -56,17 +57,10 @@ def check_run(cfg: ArmorConfig, pm: Any = None) -> None:
 
 
 def check_guards(cfg: ArmorConfig, pm: Any = None) -> None:
-    """Build each configured guard once: a parameter its constructor refuses is a ConfigError naming the guard."""
-    from armor_core.plugins import get_plugin_manager
-
-    pm = pm or get_plugin_manager()
-    for i, spec in enumerate(cfg.guard.guards if cfg.guard.enable else []):
-        cls = pm.get("stability_guard", spec["name"], where=f"guard.guards[{i}].name")
-        try:
-            cls(**dict(spec.get("params") or {}))
-        except (TypeError, ValueError) as e:  # unknown keyword, or a value the guard checks and refuses
-            named = f"guard.guards[{i}]" if spec["name"] in str(e) else f"guard.guards[{i}] ({spec['name']})"
-            raise ConfigError(f"{named}: {e}") from None
+    """Build each configured guard once, as every process will (``stability.guard.build_guards``): a parameter
+    its constructor refuses is a ConfigError naming the guard, before any worker starts."""
+    if cfg.guard.enable:
+        build_guards(cfg.guard.guards, pm, run_coefficients(cfg.actor))
 
 
 def check_model(model_path: str, tokenizer_path: str | None = None) -> None:
@@ -87,7 +81,8 @@ def check_model_dir(path: str | Path) -> Path:
         base = adapter.get("base_model_name_or_path")
         if not base:
             raise ModelPathError(
-                f"{directory / 'adapter_config.json'} names no base_model_name_or_path; set it to the base model's directory"
+                f"{directory / 'adapter_config.json'} names no base_model_name_or_path; set it to the base model's "
+                "directory"
             )
         _check_weights(directory, "adapter_model")
         check_model_dir(base)
@@ -150,7 +145,8 @@ def check_safetensors(path: Path) -> None:
     )
     if covered != data_bytes:
         raise ModelPathError(
-            f"{path}: the tensors in its header cover {covered} bytes of data but the file holds {data_bytes}; {_DAMAGED}"
+            f"{path}: the tensors in its header cover {covered} bytes of data but the file holds {data_bytes}; "
+            f"{_DAMAGED}"
         )
 
 
@@ -161,7 +157,8 @@ def _tensor_end(path: Path, name: str, entry: Any, data_bytes: int) -> int:
         begin, end, count = int(begin), int(end), math.prod(int(d) for d in shape)
     except (KeyError, TypeError, ValueError):
         raise ModelPathError(
-            f"{path}: the header's entry for tensor {name!r} is not {{dtype, shape, data_offsets: [begin, end]}}; {_DAMAGED}"
+            f"{path}: the header's entry for tensor {name!r} is not {{dtype, shape, data_offsets: [begin, end]}}; "
+            f"{_DAMAGED}"
         ) from None
     if not 0 <= begin <= end:
         raise ModelPathError(f"{path}: tensor {name!r} has data_offsets [{begin}, {end}]; {_DAMAGED}")
@@ -192,7 +189,8 @@ def _check_weights(directory: Path, stem: str) -> None:
     files = sorted(directory.glob("*.safetensors"))
     if not files and not any(directory.glob(f"{stem}*.bin")):
         raise ModelPathError(
-            f"{directory} holds no weights ({stem}.safetensors or its shards); expected a directory written by save_pretrained()"
+            f"{directory} holds no weights ({stem}.safetensors or its shards); expected a directory written by "
+            "save_pretrained()"
         )
     for f in files:
         check_safetensors(f)

@@ -38,7 +38,8 @@ PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 @dataclass
 class _Queued:
-    """The next step's prompts (repeated ``rollout.n`` times) and their rollout, already generated (or None: generate it)."""
+    """The next step's prompts (repeated ``rollout.n`` times) and their rollout, already generated (or None: generate
+    it)."""
 
     gen_in: Any
     out: Any
@@ -152,8 +153,8 @@ class RolloutSource:
         if n_groups < want:
             warnings.warn(
                 f"step {step}: algorithm.filter_groups kept {n_groups} of data.train_batch_size={want} groups after "
-                f"algorithm.max_gen_batches={cfg.algorithm.max_gen_batches} batches ({generated} groups generated, the rest all scored alike); "
-                "training on those",
+                f"algorithm.max_gen_batches={cfg.algorithm.max_gen_batches} batches ({generated} groups generated, "
+                "the rest all scored alike); training on those",
                 stacklevel=2,
             )
         return batch, scores

@@ -44,10 +44,10 @@ __all__ = ["Trainer", "run_training"]
 class Trainer:
     def __init__(self, cfg: ArmorConfig, resume: bool = False) -> None:
         from armor_core.config.plugin_checks import validate_plugins
-        from armor_core.loop.guard import GuardRunner
         from armor_core.models.loading import load_tokenizer, resolve_model_path
         from armor_core.plugins import get_plugin_manager
         from armor_core.rewards.manager import RewardManager
+        from armor_core.stability.guard import GuardRunner, run_coefficients
         from armor_core.storage.checkpoint import CheckpointManager
         from armor_core.storage.run_dir import check_new_run
 
@@ -71,8 +71,9 @@ class Trainer:
         for ds in (self.train_ds, self.val_ds):
             if ds is not None and (ds.dropped_too_long or ds.skipped):
                 print(
-                    f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped as longer than "
-                    f"data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as invalid"
+                    f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped "
+                    f"as longer than data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as "
+                    "invalid"
                 )
         self.loader = PromptLoader(
             self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed
@@ -80,8 +81,10 @@ class Trainer:
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-        self.guard = GuardRunner(cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable)
-        from armor_core.loop.faults import Faults
+        self.guard = GuardRunner(
+            cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable, run_values=run_coefficients(cfg.actor)
+        )
+        from armor_core.stability.faults import Faults
 
         self.faults = Faults(cfg.trainer.faults)
         self.kl_ctrl = None
@@ -326,7 +329,7 @@ class Trainer:
         if rollbacks:
             sinces = [v.since for v in rollbacks if v.since is not None]
             self._rollback(metrics, min(sinces) if sinces else None)
-        from armor_core.loop.guard import merge_adjustments
+        from armor_core.stability.guard import merge_adjustments
 
         adjustments = merge_adjustments([v for v in verdicts if v.adjustments])
         if adjustments:  # applied from the next update on, identically on every rank
@@ -340,8 +343,9 @@ class Trainer:
         if path is None and since is not None and self.ckpt.latest() is not None:
             oldest = self.ckpt.completed()[0]
             print(
-                f"step {self.step}: no checkpoint older than step {since} is kept (trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); "
-                f"rolling back to the oldest one, {oldest.name}, which may already be affected"
+                f"step {self.step}: no checkpoint older than step {since} is kept "
+                f"(trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); rolling back to the oldest one, "
+                f"{oldest.name}, which may already be affected"
             )
             path = oldest
         if path is None:
@@ -425,7 +429,8 @@ class Trainer:
             where = (
                 f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
                 if last
-                else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from step 0."
+                else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from "
+                "step 0."
             )
             raise WorkerDiedError(f"step {self.step + 1}: {e} {where}") from e
         finally:
@@ -485,7 +490,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1]))
         )
     c.print(
-        f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; checkpoint: {summary['checkpoint']}"
+        f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; "
+        f"checkpoint: {summary['checkpoint']}"
     )
 
 

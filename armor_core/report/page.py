@@ -32,7 +32,8 @@ img { max-width: 100%; }
 def render(runs: Sequence[Run], plots: dict[str, dict[str, Any]], missing: Sequence[str], out_dir: Path) -> str:
     """The page: the runs, every plot (embedded from its PNG in ``out_dir``), the guard's events."""
     parts = [
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>ARMOR report: {_e(", ".join(r.label for r in runs))}</title>',
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+        f"<title>ARMOR report: {_e(', '.join(r.label for r in runs))}</title>",
         f"<style>{_STYLE}</style></head><body>",
         "<h1>ARMOR run report</h1>",
         _runs_table(runs),
@@ -69,9 +70,13 @@ def _runs_table(runs: Sequence[Run]) -> str:
         guard = "guard off" if (run.config.get("guard") or {}).get("enable") is False else str(len(run.events))
         rows.append(
             f"<tr><td>{_e(run.label)}</td><td>{run_style(i)[1]}</td><td>{_e(str(run.path))}</td>"
-            f"<td>{run.last_step if run.last_step is not None else '-'}</td><td>{status}</td><td>{guard}</td><td>{notes}</td></tr>"
+            f"<td>{run.last_step if run.last_step is not None else '-'}</td><td>{status}</td><td>{guard}</td>"
+            f"<td>{notes}</td></tr>"
         )
-    head = "<tr><th>run</th><th>line</th><th>directory</th><th>last step</th><th>status</th><th>guard events</th><th>notes</th></tr>"
+    head = (
+        "<tr><th>run</th><th>line</th><th>directory</th><th>last step</th><th>status</th>"
+        "<th>guard events</th><th>notes</th></tr>"
+    )
     return f"<h2>Runs</h2><table>{head}{''.join(rows)}</table>"
 
 
@@ -80,8 +85,9 @@ def _events_table(runs: Sequence[Run]) -> str:
     for run in runs:
         for e in run.events:
             rows.append(
-                f"<tr><td>{_e(run.label)}</td><td>{e['step']}</td><td>{_e(str(e.get('stage', '')))}</td><td>{_e(str(e.get('guard', '')))}</td>"
-                f"<td>{_e(str(e['action']))}</td><td>{_e(str(e.get('reason', '')))}</td><td>{_e(_fmt(e.get('signal')))}</td>"
+                f"<tr><td>{_e(run.label)}</td><td>{e['step']}</td><td>{_e(str(e.get('stage', '')))}</td>"
+                f"<td>{_e(str(e.get('guard', '')))}</td><td>{_e(str(e['action']))}</td>"
+                f"<td>{_e(str(e.get('reason', '')))}</td><td>{_e(_fmt(e.get('signal')))}</td>"
                 f"<td>{_e(_fmt(e.get('threshold')))}</td><td>{_e(_detail(e))}</td></tr>"
             )
     if not rows:

@@ -146,7 +146,7 @@ def check_guard(
     is plain JSON, and an instance loaded from it mid-way continues with the same verdicts.
     Returns ``[(stage, step, verdict)]`` for further asserts.
     """
-    from armor_core.loop.guard import OPT_IN_STAGES
+    from armor_core.stability.guard import OPT_IN_STAGES
 
     guard, twin = guard_cls(**params), guard_cls(**params)
     listed = getattr(guard, "stages", None)
@@ -282,7 +282,8 @@ def check_rollout_backend(
 
 
 def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) -> Any:
-    """Build ``tracker_cls(run_dir, config)`` (the default config unless given) and log a few steps, NaN and inf included (a tracker
+    """Build ``tracker_cls(run_dir, config)`` (the default config unless given) and log a few steps, NaN and inf
+    included (a tracker
     must never end a run over a value), call ``resume`` and ``summary`` when it has them, then
     ``close``. Returns the closed tracker for asserts on what it wrote."""
     from armor_core.config.schema import load_config

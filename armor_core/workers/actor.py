@@ -62,8 +62,8 @@ class ActorWorker(ActorWeights, GuardedStep):
         run_dir: str | None = None,
         assignment: dict | None = None,
     ) -> None:
-        from armor_core.loop.guard import GuardRunner
         from armor_core.plugins import get_plugin_manager
+        from armor_core.stability.guard import GuardRunner, run_coefficients
 
         self.cfg: ArmorConfig = from_dict(config)
         self.rank, self.world_size = rank, world_size
@@ -85,9 +85,13 @@ class ActorWorker(ActorWeights, GuardedStep):
             if cfg.actor.use_kl_loss
             else None
         )
-        self.guard = GuardRunner(
-            cfg.guard.guards, pm, run_dir if rank == 0 else None, enable=cfg.guard.enable
-        )  # verdicts are collective: one record
+        self.guard = GuardRunner(  # verdicts are collective: one record
+            cfg.guard.guards,
+            pm,
+            run_dir if rank == 0 else None,
+            enable=cfg.guard.enable,
+            run_values=run_coefficients(cfg.actor),
+        )
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
         self._load_policy(cfg)
@@ -111,7 +115,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 
-        from armor_core.loop.faults import Faults
+        from armor_core.stability.faults import Faults
 
         self.faults = Faults(cfg.trainer.faults)
         stale = self.faults.any("stale_rollout")

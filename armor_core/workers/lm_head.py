@@ -255,5 +255,9 @@ def install_response_head(model: torch.nn.Module) -> str | None:
     tolerance = 1e-4 if head.weight.dtype == torch.float32 else 5e-2
     if got.shape != want.shape or not torch.allclose(got, want, atol=tolerance, rtol=0):
         head.__class__ = torch.nn.Linear
-        return f"{type(model).__name__}'s logits are not its head's linear map of the last hidden states (log-prob difference {float((got - want).abs().max()) if got.shape == want.shape else 'shape'})"
+        diff = float((got - want).abs().max()) if got.shape == want.shape else "shape"
+        return (
+            f"{type(model).__name__}'s logits are not its head's linear map of the last hidden states "
+            f"(log-prob difference {diff})"
+        )
     return None

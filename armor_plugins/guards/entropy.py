@@ -105,7 +105,8 @@ class EntropyGuard:
             changed = commit(k, {name: k[name].value + self.steps[name]})
             return Verdict(
                 "adjust",
-                f"actor/entropy {h:.4g} below the floor {self.floor:g} for {self.patience} updates (collapse): {format_changes(changed)}",
+                f"actor/entropy {h:.4g} below the floor {self.floor:g} for {self.patience} updates (collapse): "
+                f"{format_changes(changed)}",
                 signal=h,
                 threshold=self.floor,
                 adjustments=changed,
@@ -120,7 +121,8 @@ class EntropyGuard:
                 return Verdict.proceed()  # nothing the guard or the config added is left to take back
             return Verdict(
                 "adjust",
-                f"actor/entropy {h:.4g} above the ceiling {self.ceiling:g} for {self.patience} updates (explosion): {format_changes(changed)}",
+                f"actor/entropy {h:.4g} above the ceiling {self.ceiling:g} for {self.patience} updates (explosion): "
+                f"{format_changes(changed)}",
                 signal=h,
                 threshold=self.ceiling,
                 adjustments=changed,

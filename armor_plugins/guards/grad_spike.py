@@ -91,7 +91,8 @@ class GradSpikeGuard:
         # g > mean + z_threshold * std >= target, so 0 <= scale < 1
         return Verdict(
             "scale",
-            f"grad_norm {g:.4g} is {z:.1f} std above its running mean {mean:.4g} (std {std:.4g}); scaled to {target:.4g}",
+            f"grad_norm {g:.4g} is {z:.1f} std above its running mean {mean:.4g} (std {std:.4g}); scaled to "
+            f"{target:.4g}",
             signal=z,
             threshold=self.z_threshold,
             scale=target / g,

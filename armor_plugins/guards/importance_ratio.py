@@ -83,7 +83,8 @@ class ImportanceRatioGuard:
         check_param(NAME, "lr", lr, gt=0)
         if not (tighten_clip or lower_lr):
             raise ValueError(
-                f"guard {NAME}: tighten_clip and lower_lr are both false, so the guard could never act; enable at least one"
+                f"guard {NAME}: tighten_clip and lower_lr are both false, so the guard could never act; enable at "
+                "least one"
             )
         self.max_clipfrac, self.max_ratio, self.min_ratio = float(max_clipfrac), float(max_ratio), float(min_ratio)
         self.patience, self.recover_every = int(patience), int(recover_every)
@@ -162,7 +163,8 @@ class ImportanceRatioGuard:
             return Verdict.proceed()
         return Verdict(
             "adjust",
-            f"{self.recover_every} calm updates in a row: relaxing towards the initial values: {format_changes(changed)}",
+            f"{self.recover_every} calm updates in a row: relaxing towards the initial values: "
+            f"{format_changes(changed)}",
             adjustments=changed,
         )
 

@@ -124,7 +124,8 @@ class KLGuard:
                 return Verdict.proceed()  # coefficient at its maximum and lr at its floor
             return Verdict(
                 "adjust",
-                f"{key} {kl:.4g} above the target {self.target:g} for {self.patience} updates: {format_changes(changed)}",
+                f"{key} {kl:.4g} above the target {self.target:g} for {self.patience} updates: "
+                f"{format_changes(changed)}",
                 signal=kl,
                 threshold=self.target,
                 adjustments=changed,
@@ -144,7 +145,8 @@ class KLGuard:
             return Verdict.proceed()
         return Verdict(
             "adjust",
-            f"{key} below {self.recover_below:g}x the target for {self.recover_every} updates: relaxing: {format_changes(changed)}",
+            f"{key} below {self.recover_below:g}x the target for {self.recover_every} updates: relaxing: "
+            f"{format_changes(changed)}",
             signal=kl,
             threshold=self.recover_below * self.target,
             adjustments=changed,

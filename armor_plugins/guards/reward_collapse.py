@@ -127,7 +127,8 @@ class RewardCollapseGuard:
             check_param(NAME, name, value, ge=1)
         if warmup > window or val_warmup > val_window:
             raise ValueError(
-                f"guard {NAME}: warmup={warmup} and val_warmup={val_warmup} cannot exceed window={window} and val_window={val_window} (the history is the window)"
+                f"guard {NAME}: warmup={warmup} and val_warmup={val_warmup} cannot exceed window={window} and "
+                f"val_window={val_window} (the history is the window)"
             )
         check_param(NAME, "min_drop", min_drop, ge=0)
         check_param(NAME, "rel_drop", rel_drop, ge=0)
@@ -138,7 +139,8 @@ class RewardCollapseGuard:
         check_param(NAME, "rollback_lr_factor", rollback_lr_factor, gt=0, le=1)
         if rollback_lr_factor < 1 and not (lr and lr > 0):
             raise ValueError(
-                f"guard {NAME}: rollback_lr_factor={rollback_lr_factor} needs lr= (the run's actor.lr) to know what to cut"
+                f"guard {NAME}: rollback_lr_factor={rollback_lr_factor} needs lr= (the run's actor.lr) to know what "
+                "to cut"
             )
         self.lr, self.rollback_lr_factor, self.min_lr = (
             (float(lr) if lr else None),
@@ -179,7 +181,8 @@ class RewardCollapseGuard:
             track.recent, track.rollbacks, track.last_good = [x], 0, step
             return Verdict(
                 "proceed",
-                f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new level",
+                f"{track.key} {x:.4g} collapsed again after {self.max_rollbacks} rollbacks; accepting it as the new "
+                "level",
                 signal=x,
                 threshold=limit,
             )
@@ -190,7 +193,8 @@ class RewardCollapseGuard:
             adjustments = {"lr": self.lr}
         return Verdict(
             "rollback",
-            f"{track.key} {x:.4g} is below {limit:.4g} (recent median {baseline:.4g}) for {track.patience} {stage} stage(s) in a row",
+            f"{track.key} {x:.4g} is below {limit:.4g} (recent median {baseline:.4g}) for {track.patience} {stage} "
+            "stage(s) in a row",
             signal=x,
             threshold=limit,
             adjustments=adjustments,

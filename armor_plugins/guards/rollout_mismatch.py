@@ -53,8 +53,8 @@ class RolloutMismatchGuard:
                 self.skips += 1
                 return Verdict(
                     "skip",
-                    f"{key} {v:.4g} above {limit:g}: the rollout engine and the trainer disagree about the sampled tokens "
-                    "(stale or broken weight sync?)",
+                    f"{key} {v:.4g} above {limit:g}: the rollout engine and the trainer disagree about the sampled "
+                    "tokens (stale or broken weight sync?)",
                     signal=v,
                     threshold=limit,
                 )

@@ -1,4 +1,5 @@
-"""``update_size``: undo an optimizer step that moved the weights too far, and lower a learning rate that keeps doing it.
+"""``update_size``: undo an optimizer step that moved the weights too far, and lower a learning rate that keeps doing
+it.
 
 A healthy update changes the weights by a small fraction of their size. This guard watches
 stage ``step`` (right after ``optimizer.step`` in each actor worker), whose statistic
@@ -112,7 +113,9 @@ class UpdateSizeGuard:
             lowered = f"; lr {lr:.3g} -> {adjustments['lr']:.3g}" if adjustments else ""
             return Verdict(
                 "skip" if undo else "adjust",
-                f"update_ratio {r:.3g} is above max_ratio {self.max_ratio:.3g}{' x ' + format(self.skip_factor, 'g') + ', step undone' if undo else ''}{lowered}",
+                f"update_ratio {r:.3g} is above max_ratio "
+                f"{self.max_ratio:.3g}"
+                f"{' x ' + format(self.skip_factor, 'g') + ', step undone' if undo else ''}{lowered}",
                 signal=r,
                 threshold=ceiling if undo else self.max_ratio,
                 adjustments=adjustments,

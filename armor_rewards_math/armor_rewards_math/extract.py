@@ -82,7 +82,7 @@ _VERB = re.compile(r"\s(?:is|are|equals|was|were|becomes|would\s+be|will\s+be)\s
 _PROSE_MATH = re.compile(r"[$\\^=+*/<>≤≥√π∞]")  # math in a clause, beside its numbers
 _MATH_LIKE = re.compile(r"[\d$\\^=+*/<>≤≥√π∞]|^\(?[A-Za-z]\)?$")
 # a plain number: thousands grouped by commas or spaces ("1 000" is one number, not 1 and 000)
-_PLAIN_NUMBER = r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:[ \u00a0\u202f\u2009]\d{3})+(?!\d)(?:\.\d+)?|\d+(?:[.,]\d+)?|\.\d+)"
+_PLAIN_NUMBER = r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:[ \u00a0\u202f\u2009]\d{3})+(?!\d)(?:\.\d+)?|\d+(?:[.,]\d+)?|\.\d+)"  # noqa: E501 (one regular expression)
 _LAST_NUMBER = re.compile(_PLAIN_NUMBER + r"(?:\s*%)?")
 # lenient extraction also reads a fraction, written 3/4 or as LaTeX outside math delimiters (\frac{10}{9}),
 # whose digits are otherwise read as numbers of their own

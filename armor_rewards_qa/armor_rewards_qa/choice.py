@@ -60,7 +60,7 @@ _HYPOTHETICAL = re.compile(
 _NEGATION = re.compile(r"(?:\bnot|\bnever|\bno|n t|不是|不|非|排除)\s*$")  # just before a quoted option: "not Venus"
 _NEGATED_TEXT = re.compile(r"^(?:not|never|no|isn t|不|不是|并非|非)\b|^不", re.I)
 _VERB = r"(?:[:：=]|\bis\b|\bare\b|\bwould\s+be\b|\bshould\s+be\b|\bmust\s+be\b|\bwill\s+be\b|\bseems\s+to\s+be\b)"
-_FILLER = r"(?:\s*(?:therefore|thus|so|then|definitely|clearly|probably|likely|indeed|simply|I\s+think|I\s+believe)\b)*[\s:：=]*"
+_FILLER = r"(?:\s*(?:therefore|thus|so|then|definitely|clearly|probably|likely|indeed|simply|I\s+think|I\s+believe)\b)*[\s:：=]*"  # noqa: E501 (one regular expression)
 _LIST = (
     rf"(?<![A-Za-z])(?:{_OPEN}?[A-Z]{{1,10}}{_CLOSE}?)(?:\s*(?:,|、|and|和|与|及|&)\s*{_OPEN}?[A-Z]{_CLOSE}?){{0,25}}"
 )

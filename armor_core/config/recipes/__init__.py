@@ -36,6 +36,7 @@ def recipe_path(text: str) -> Path:
     if not name or "/" in name or not path.is_file():
         known = ", ".join(RECIPE_PREFIX + n for n in recipe_names()) or "none are installed"
         raise ConfigError(
-            f"unknown recipe {text!r}; recipes shipped with ARMOR: {known}. A config file is given by its path (my_run.yaml)"
+            f"unknown recipe {text!r}; recipes shipped with ARMOR: {known}. A config file is given by its path "
+            "(my_run.yaml)"
         )
     return path

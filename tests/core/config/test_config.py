@@ -179,3 +179,54 @@ def test_good_lists_and_bounds_pass():
         None, ["actor.betas=[0,0.95]", "trainer.seed=0", "trainer.total_epochs=1", "algorithm.adv_kwargs={cap: .inf}"]
     )
     assert cfg.actor.betas == [0, 0.95] and cfg.trainer.seed == 0 and cfg.algorithm.adv_kwargs == {"cap": float("inf")}
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (
+            ["algorithm.adv_kwargs={epsilom: 1.0e-5}"],
+            r"algorithm.adv_kwargs: unknown parameter 'epsilom' .*Did you mean 'epsilon'",
+        ),
+        (
+            ["actor.policy_loss_kwargs={clip_ratio_hihg: 0.3}"],
+            r"actor.policy_loss_kwargs: unknown parameter 'clip_ratio_hihg'",
+        ),
+        (["algorithm.adv_estimator=gae", "algorithm.adv_kwargs={normalize_components: true}"], r"has no groups"),
+    ],
+)
+def test_estimator_and_loss_kwargs_are_checked_before_start(override, match):
+    from armor_core.config.plugin_checks import validate_plugins
+
+    with pytest.raises(ConfigError, match=match):
+        validate_plugins(load_config(None, override))
+
+
+def test_estimator_and_loss_kwargs_they_declare_pass():
+    from armor_core.config.plugin_checks import validate_plugins
+
+    validate_plugins(load_config(None, ["algorithm.adv_kwargs={normalize_components: true}"]))
+
+
+def test_normalize_components_with_a_grouped_estimator_that_cannot_take_it_fails_at_start():
+    import types
+
+    from armor_core import AdvantageEstimator, hookimpl
+    from armor_core.config.plugin_checks import validate_plugins
+    from armor_core.testing import registered
+
+    def mean_baseline(token_level_rewards, response_mask, index):
+        adv = token_level_rewards - token_level_rewards.mean()
+        return adv * response_mask, adv * response_mask
+
+    plugin = types.SimpleNamespace(
+        armor_register_advantage_estimators=hookimpl(
+            lambda register: register("mean_baseline", AdvantageEstimator(fn=mean_baseline, grouped=True))
+        )
+    )
+    overrides = ["algorithm.adv_estimator=mean_baseline", "algorithm.adv_kwargs={normalize_components: true}"]
+    with (
+        registered(plugin),
+        pytest.raises(ConfigError, match=r"unknown parameter 'normalize_components' for mean_baseline"),
+    ):
+        validate_plugins(load_config(None, overrides))

@@ -21,8 +21,8 @@ import pytest
 
 from armor_core import Verdict, hookimpl
 from armor_core.cli.main import main as cli_main
-from armor_core.loop.guard import GuardRunner
 from armor_core.report import PAGE, SIDECAR, ReportError, write_report
+from armor_core.stability.guard import GuardRunner
 from armor_core.testing import registered
 from armor_plugins.trackers import JsonlTracker
 

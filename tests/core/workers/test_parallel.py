@@ -354,10 +354,14 @@ def test_two_workers_take_the_same_step_as_one(results, strategy, mode, budget):
                 want[sure],
                 rtol=1e-5,
                 atol=1e-7,
-                msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}",
+                msg=lambda m, k=k, rank=rank: f"{strategy}/{mode} rank {rank} {k}: {m}",
             )
             torch.testing.assert_close(
-                got["params"][k], want, rtol=0, atol=1e-4, msg=lambda m, k=k: f"{strategy}/{mode} rank {rank} {k}: {m}"
+                got["params"][k],
+                want,
+                rtol=0,
+                atol=1e-4,
+                msg=lambda m, k=k, rank=rank: f"{strategy}/{mode} rank {rank} {k}: {m}",
             )
         assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
         assert got["losses"] == pytest.approx(

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armor_core.loop.guard import GuardRunner
+from armor_core.stability.guard import GuardRunner
 from armor_core.testing import registered
 from armor_plugins.guards import (
     entropy,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from armor_core import Verdict, hookimpl
-from armor_core.loop.guard import GuardRunner, combine
+from armor_core.stability.guard import GuardRunner, combine
 from armor_core.testing import registered
 
 
@@ -98,3 +98,37 @@ def test_adjustments_of_all_guards_are_merged_cautiously():
         v = runner.observe("update", {}, 1)
     assert v.action == "adjust"
     assert v.adjustments == {"lr": 5e-6, "kl_loss_coef": 0.01, "clip_ratio_high": 0.1}
+
+
+def test_a_guard_is_given_the_runs_coefficients_unless_its_params_set_them():
+    runner = GuardRunner([{"name": "kl"}], run_values={"lr": 5e-5, "kl_loss_coef": 0.01, "entropy_coeff": 0.0})
+    knobs = runner.guards[0][1].knobs
+    # what the guard lowers and later restores is the run's actor.lr, not the guard's own default (3e-5)
+    assert (knobs["lr"].hi, knobs["kl_loss_coef"].value) == (5e-5, 0.01)
+    runner = GuardRunner([{"name": "kl", "params": {"lr": 1e-5}}], run_values={"lr": 5e-5})
+    assert runner.guards[0][1].knobs["lr"].hi == 1e-5
+
+
+def test_two_instances_of_one_guard_keep_their_state_apart():
+    specs = [{"name": "non_finite", "params": {"max_consecutive": 2}}, {"name": "non_finite"}]
+    runner = GuardRunner(specs)
+    assert [label for label, _ in runner.guards] == ["non_finite#0", "non_finite#1"]
+    state = runner.state_dict()
+    assert set(state) == {"non_finite#0", "non_finite#1"}
+    runner.observe("grad", {"grad_norm": float("nan")}, 1)
+    fresh = GuardRunner(specs)
+    fresh.load_state_dict(runner.state_dict())
+    assert fresh.state_dict() == runner.state_dict()
+    assert fresh.pop_metrics() == {} and runner.pop_metrics() == {
+        "guard/non_finite#0/skip": 1.0,
+        "guard/non_finite#1/skip": 1.0,
+    }
+
+
+def test_a_guard_parameter_its_constructor_refuses_is_one_config_error():
+    import pytest
+
+    from armor_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"guard.guards\[1\] \(grad_spike\)"):
+        GuardRunner([{"name": "non_finite"}, {"name": "grad_spike", "params": {"windw": 3}}])

@@ -14,14 +14,16 @@ counted in the step's metrics (``guard/<guard>/<action>``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from armor_core.errors import ConfigError
 from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, Verdict
 
-__all__ = ["GuardRunner", "SEVERITY", "combine", "merge_adjustments"]
+__all__ = ["GuardRunner", "SEVERITY", "build_guards", "combine", "merge_adjustments", "run_coefficients"]
 
 SEVERITY = {"proceed": 0, "adjust": 1, "scale": 2, "skip": 3, "rollback": 4}
 
@@ -52,29 +54,67 @@ def combine(verdicts: list[tuple[str, Verdict]]) -> tuple[str | None, Verdict]:
     return best_name, best
 
 
+def run_coefficients(actor_cfg: Any) -> dict[str, float]:
+    """The run's value of every adjustable coefficient (``actor.lr``, ``actor.kl_loss_coef``, ...)."""
+    return {k: float(getattr(actor_cfg, k)) for k in ADJUSTABLE_COEFFICIENTS if hasattr(actor_cfg, k)}
+
+
+def build_guards(
+    specs: list[Mapping[str, Any]], pm: Any = None, run_values: Mapping[str, float] | None = None
+) -> list[tuple[str, Any]]:
+    """Each configured guard, built: ``[(label, instance)]`` in the config's order.
+
+    A constructor parameter named after an adjustable coefficient (``lr``, ``kl_loss_coef``, ``entropy_coeff``,
+    ``clip_ratio_low``, ``clip_ratio_high``) that the guard's ``params`` do not set is filled with the run's value
+    from ``run_values``, so a guard that lowers a coefficient and later restores it restores the run's own.
+    The label is the guard's name, or ``name#i`` (its position) when the name is listed more than once, so two
+    instances keep their state, events and counts apart.
+
+    :raises ConfigError: naming ``guard.guards[i]``, for an unknown guard or a parameter its constructor refuses;
+        ``armor run`` builds them once this way before any worker starts (``loop.preflight``).
+    """
+    from armor_core.plugins import get_plugin_manager
+
+    pm = pm or get_plugin_manager()
+    names = [spec["name"] for spec in specs]
+    built = []
+    for i, spec in enumerate(specs):
+        cls = pm.get("stability_guard", spec["name"], where=f"guard.guards[{i}].name")
+        params = dict(spec.get("params") or {})
+        try:
+            declared = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            declared = {}
+        for key, value in (run_values or {}).items():
+            if key in declared and key not in params:
+                params[key] = value
+        try:
+            guard = cls(**params)
+        except (TypeError, ValueError) as e:  # unknown keyword, or a value the guard checks and refuses
+            named = f"guard.guards[{i}]" if spec["name"] in str(e) else f"guard.guards[{i}] ({spec['name']})"
+            raise ConfigError(f"{named}: {e}") from None
+        built.append((spec["name"] if names.count(spec["name"]) == 1 else f"{spec['name']}#{i}", guard))
+    return built
+
+
 class GuardRunner:
     """Holds the guard instances of one process.
 
     :param guards: ``[{name, params}]`` from ``guard.guards``.
     :param run_dir: where ``guard_events.jsonl`` goes (None: events are only counted).
+    :param run_values: the run's adjustable coefficients (``run_coefficients(cfg.actor)``), see ``build_guards``.
     """
 
     def __init__(
-        self, guards: list[Mapping[str, Any]], pm: Any = None, run_dir: str | Path | None = None, enable: bool = True
+        self,
+        guards: list[Mapping[str, Any]],
+        pm: Any = None,
+        run_dir: str | Path | None = None,
+        enable: bool = True,
+        run_values: Mapping[str, float] | None = None,
     ) -> None:
-        from armor_core.plugins import get_plugin_manager
-
-        pm = pm or get_plugin_manager()
         self.enable = enable
-        self.guards: list[tuple[str, Any]] = []
-        if enable:
-            for i, spec in enumerate(guards):
-                cls = pm.get("stability_guard", spec["name"], where=f"guard.guards[{i}].name")
-                params = dict(spec.get("params") or {})
-                try:
-                    self.guards.append((spec["name"], cls(**params)))
-                except TypeError as e:
-                    raise ValueError(f"guard.guards[{i}] ({spec['name']}): bad params {params}: {e}") from e
+        self.guards: list[tuple[str, Any]] = build_guards(guards, pm, run_values) if enable else []
         self.events_path = Path(run_dir) / "guard_events.jsonl" if run_dir else None
         self.counts: dict[str, float] = {}
 
