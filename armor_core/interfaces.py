@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ADJUSTABLE_COEFFICIENTS",
     "GUARD_STAGES",
+    "GuardStage",
     "KINDS",
     "AdvantageEstimator",
     "KLEstimator",
@@ -139,29 +140,60 @@ VerdictAction = Literal["proceed", "skip", "scale", "adjust", "rollback"]
 #: coefficients a guard's ``adjust`` verdict may set (absolute values; ``lr`` is the base rate the schedule scales)
 ADJUSTABLE_COEFFICIENTS = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
 
+
 #: each stage a guard is shown: where it runs and the statistics it carries
-GUARD_STAGES: dict[str, tuple[str, str]] = {
-    "reward": ("driver, after scoring", "score/mean, score/min, score/max"),
-    "advantage": (
+class GuardStage(NamedTuple):
+    """One stage of a step shown to the guards: where it runs, its statistics in words, and ordinary values
+    of its keys (what ``armor_core.testing.check_guard`` feeds a guard before the odd values)."""
+
+    where: str
+    keys: str
+    typical: Mapping[str, float]
+
+
+#: every guard stage: the one table the contract text, ``armor new guard`` and ``check_guard`` read
+GUARD_STAGES: dict[str, GuardStage] = {
+    "reward": GuardStage(
+        "driver, after scoring",
+        "score/mean, score/min, score/max",
+        {"score/mean": 0.5, "score/min": 0.0, "score/max": 1.0},
+    ),
+    "advantage": GuardStage(
         "driver, after the estimator",
         "critic/advantages/mean, /max, /min; rollout/* known by then (logprob_diff_mean and _max "
         "when old log-probs were computed; staleness_mean and _max in async mode)",
+        {"critic/advantages/mean": 0.0, "critic/advantages/max": 1.5, "critic/advantages/min": -1.5},
     ),
-    "grad": (
+    "grad": GuardStage(
         "each actor rank, after backward, per mini-batch",
         "grad_norm (agreed over ranks), pg_loss (summed over ranks); on the first "
         "mini-batch also rollout/logprob_diff_mean and _max",
+        {"grad_norm": 1.0, "pg_loss": 0.1},
     ),
-    "step": (
+    "step": GuardStage(
         "each actor rank, after optimizer.step; only for guards that list it in `stages`",
         "update_ratio, update_norm, param_norm, lr",
+        {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5},
     ),
-    "update": (
+    "update": GuardStage(
         "driver, after the updates",
         "every actor/* and rollout/* metric of the step (actor/pg_loss, actor/grad_norm, actor/entropy, "
         "actor/pg_clipfrac, actor/ppo_kl, actor/kl_loss, actor/skipped_updates, ...)",
+        {
+            "actor/pg_loss": 0.1,
+            "actor/grad_norm": 1.0,
+            "actor/entropy": 1.2,
+            "actor/pg_clipfrac": 0.02,
+            "actor/ppo_kl": 1e-3,
+            "actor/kl_loss": 0.0,
+            "actor/skipped_updates": 0.0,
+        },
     ),
-    "validation": ("driver, after a validation", "val/* (val/acc_greedy, val/<data_source>/acc_greedy, ...)"),
+    "validation": GuardStage(
+        "driver, after a validation",
+        "val/* (val/acc_greedy, val/<data_source>/acc_greedy, ...)",
+        {"val/acc_greedy": 0.5},
+    ),
 }
 
 

@@ -90,7 +90,7 @@ def contract_text(kind: str) -> str:
     if kind == "guard":
         stages = [
             textwrap.fill(f"- ``{stage}`` ({where}): {keys}", width=100, subsequent_indent="  ")
-            for stage, (where, keys) in interfaces.GUARD_STAGES.items()
+            for stage, (where, keys, _) in interfaces.GUARD_STAGES.items()
         ]
         parts.append("Stages (``interfaces.GUARD_STAGES``):\n\n" + "\n".join(stages))
         parts.append(f"Coefficients an ``adjust`` verdict may set: {', '.join(interfaces.ADJUSTABLE_COEFFICIENTS)}.")

@@ -94,24 +94,8 @@ def check_reward_domain(
         )
 
 
-#: ordinary statistics of each guard stage (keys as in ``interfaces.GUARD_STAGES``), for :func:`check_guard`
-GUARD_STATS: dict[str, dict[str, float]] = {
-    "reward": {"score/mean": 0.5, "score/min": 0.0, "score/max": 1.0},
-    "advantage": {"critic/advantages/mean": 0.0, "critic/advantages/max": 1.5, "critic/advantages/min": -1.5},
-    "grad": {"grad_norm": 1.0, "pg_loss": 0.1},
-    "step": {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5},
-    "update": {
-        "actor/pg_loss": 0.1,
-        "actor/grad_norm": 1.0,
-        "actor/entropy": 1.2,
-        "actor/pg_clipfrac": 0.02,
-        "actor/ppo_kl": 1e-3,
-        "actor/kl_loss": 0.0,
-        "actor/skipped_updates": 0.0,
-    },
-    "validation": {"val/acc_greedy": 0.5},
-}
-assert set(GUARD_STATS) == set(GUARD_STAGES), "GUARD_STATS needs ordinary statistics for every guard stage"
+#: ordinary statistics of each guard stage, for :func:`check_guard` (from ``interfaces.GUARD_STAGES``)
+GUARD_STATS: dict[str, dict[str, float]] = {stage: dict(s.typical) for stage, s in GUARD_STAGES.items()}
 
 
 def _guard_rounds(

@@ -67,7 +67,7 @@ def test_the_module_docstring_is_the_installed_contract(tmp_path, kind):
     for name in spec.types:
         assert inspect.getdoc(getattr(interfaces, name)) in doc
     if kind == "guard":
-        assert all(f"``{stage}`` ({where})" in doc for stage, (where, _) in interfaces.GUARD_STAGES.items())
+        assert all(f"``{stage}`` ({where})" in doc for stage, (where, _, _) in interfaces.GUARD_STAGES.items())
 
 
 @pytest.mark.parametrize(
