@@ -212,6 +212,7 @@ class PluginManager:
                             f"plugin {_plugin!r} ({_dist}) registered {_kind} {name!r}: names are lowercase, e.g. "
                             "'my_estimator'"
                         )
+                    _check_kind(obj, _kind, name, f"plugin {_plugin!r} ({_dist})", _wrap)
                     if _wrap is not None and not isinstance(obj, _wrap):
                         if not callable(obj):
                             raise PluginError(
@@ -272,6 +273,20 @@ class PluginManager:
             close = difflib.get_close_matches(kind, KINDS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown plugin kind {kind!r}.{hint} Kinds: {', '.join(KINDS)}")
+
+
+def _check_kind(obj: Any, kind: str, name: str, who: str, wrapper: type | None) -> None:
+    """Refuse an implementation of another kind: a class where a function kind is registered (a guard registered
+    as an estimator), or another kind's wrapper (a ``PolicyLoss`` registered as an estimator or as a guard)."""
+    wrappers = tuple(w for _, w in KINDS.values() if w is not None)
+    if isinstance(obj, wrappers) and not (wrapper is not None and isinstance(obj, wrapper)):
+        expected = wrapper.__name__ if wrapper is not None else "a class"
+        raise PluginError(f"{who} registered {kind} {name!r} as a {type(obj).__name__}; expected {expected}")
+    if wrapper is not None and isinstance(obj, type):
+        raise PluginError(
+            f"{who} registered {kind} {name!r} as the class {obj.__name__}; expected a function or {wrapper.__name__} "
+            "(classes are registered by the class kinds: stability guards, rollout backends, metric trackers)"
+        )
 
 
 def unknown_name_message(kind: str, name: str, available: list[str], *, where: str | None = None) -> str:

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from armor_core import AdvantageEstimator, RewardResult, Verdict, hookimpl
+from armor_core import AdvantageEstimator, PolicyLoss, RewardResult, Verdict, hookimpl
 from armor_core.config.plugin_checks import validate_plugins
 from armor_core.config.schema import ConfigError, load_config
 from armor_core.plugins import DuplicatePluginError, PluginError, PluginManager, UnknownPluginError, get_plugin
@@ -265,3 +265,24 @@ def test_config_path_gives_the_same_error_as_get_plugin():
     with registered(AllHooks()), pytest.raises(ConfigError) as e:
         validate_plugins(cfg)
     assert "algorithm.adv_estimator" in str(e.value) and "Did you mean 'centered'?" in str(e.value)
+
+
+class _GuardClass:
+    def observe(self, stage, stats, step):
+        return None
+
+
+@pytest.mark.parametrize(
+    "hook, obj, match",
+    [
+        # a guard class registered as an estimator, and another kind's wrapper, are refused at registration
+        ("armor_register_advantage_estimators", _GuardClass, r"as the class _GuardClass; expected a function"),
+        ("armor_register_stability_guards", PolicyLoss(fn=lambda *a: a), r"as a PolicyLoss; expected a class"),
+        ("armor_register_advantage_estimators", PolicyLoss(fn=lambda *a: a), r"as a PolicyLoss; expected Advantage"),
+    ],
+)
+def test_an_implementation_of_another_kind_is_refused(hook, obj, match):
+    plugin = types.SimpleNamespace(**{hook: hookimpl(lambda register: register("wrong_kind", obj))})
+    with isolated_plugin_manager() as pm, pytest.raises(PluginError, match=match):
+        pm.register(plugin)
+        pm.names("advantage_estimator")  # builds the catalog, which calls the hooks
