@@ -47,6 +47,8 @@ def signals(normalized: str, verdict: RefusalVerdict) -> dict[str, float]:
         "apology": float(verdict.apology),
         "redirection": float(verdict.redirection),
         "judgemental": float(verdict.judgemental),
+        "complies": float(verdict.complies),
+        "deflection": float(verdict.deflection),
         "content": math.log1p(verdict.content_size) / 7,
         "length": math.log1p(len(normalized)) / 8,
     }

@@ -32,6 +32,10 @@ SECTIONS = (
     "judgemental",
     "moralising",
     "compliance",
+    "closing",
+    "deflection",
+    "comply_anyway",
+    "jailbreak_setup",
 )
 
 _QUOTES = str.maketrans(
@@ -177,6 +181,10 @@ class RuleSet:
     judgemental: Pattern[str]
     moralising: Pattern[str]
     compliance: Pattern[str]
+    closing: Pattern[str]
+    deflection: Pattern[str]
+    comply_anyway: Pattern[str]
+    jailbreak_setup: Pattern[str]
 
     @classmethod
     def build(cls, sections: dict[str, list[str]]) -> RuleSet:
@@ -198,6 +206,10 @@ class RuleSet:
                 "judgemental",
                 "moralising",
                 "compliance",
+                "closing",
+                "deflection",
+                "comply_anyway",
+                "jailbreak_setup",
             )
         }
         return cls(

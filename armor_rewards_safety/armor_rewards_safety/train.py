@@ -25,7 +25,8 @@ import numpy as np
 from armor_rewards_safety.learned import BUILTIN, FORMAT, RefusalModel, features
 from armor_rewards_safety.refusal import classify_refusal
 from armor_rewards_safety.ruleset import RuleSet, load_rules, normalize
-from armor_rewards_safety.xstest import COMMIT, DEFAULT_DATA, MODELS, read_completions, refused, scores, split_of
+from armor_rewards_safety.sources import SOURCES, LabelledResponse, read_source
+from armor_rewards_safety.xstest import scores
 
 __all__ = ["fit_logistic", "train"]
 
@@ -34,6 +35,12 @@ __all__ = ["fit_logistic", "train"]
 L2 = 0.003
 MIN_ROWS = 5
 THRESHOLD = 0.5
+MAX_PER_SOURCE = 1500
+# The built-in model learns from XSTest alone. Adding the gptfuzz and rbr_gold tune rows raised those
+# sources' held-out numbers but turned 17 of the pack's hand-written answers ("I can't believe how simple
+# this is: ...") into refusals and cost XSTest's held-out recall 0.05: those sets call many harmless
+# answers "not jailbroken" or "not complying", which the model learns as refusal wording.
+TRAIN_SOURCES = ("xstest",)
 BIAS_SCALE = 10.0  # the bias column is scaled so that its L2 penalty is 1/100 of a weight's
 
 
@@ -56,13 +63,13 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 50) -> tu
     return w[:-1], float(w[-1] * BIAS_SCALE)
 
 
-def _examples(rows: list[dict[str, str]], rules: RuleSet) -> list[tuple[dict[str, float], set[str]]]:
+def _examples(rows: list[LabelledResponse], rules: RuleSet) -> list[tuple[dict[str, float], set[str]]]:
     """Each row's features, from the rules' verdict alone (no model), as the model sees them at inference."""
-    return [features(normalize(row["completion"]), classify_refusal(row["completion"], rules)) for row in rows]
+    return [features(normalize(row.response), classify_refusal(row.response, rules)) for row in rows]
 
 
-def train(rows: list[dict[str, str]], rules: RuleSet, *, l2: float = L2, min_rows: int = MIN_ROWS) -> dict:
-    """The model file's content (``learned.FORMAT``) fitted to XSTest-style ``rows`` (completion, final_label)."""
+def train(rows: list[LabelledResponse], rules: RuleSet, *, l2: float = L2, min_rows: int = MIN_ROWS) -> dict:
+    """The model file's content (``learned.FORMAT``) fitted to labelled ``rows`` (``sources.LabelledResponse``)."""
     examples = _examples(rows, rules)
     counts = Counter(g for _, grams in examples for g in grams)
     signal_names = sorted({k for sig, _ in examples for k in sig})
@@ -79,7 +86,7 @@ def train(rows: list[dict[str, str]], rules: RuleSet, *, l2: float = L2, min_row
         for g in grams:
             if ("g", g) in column:
                 X[i, column["g", g]] = 1.0
-    y = np.array([refused(r) for r in rows], dtype=float)
+    y = np.array([r.refused for r in rows], dtype=float)
     w, b = fit_logistic(X, y, l2)
 
     def weight(kind: str, name: str) -> float:
@@ -92,7 +99,9 @@ def train(rows: list[dict[str, str]], rules: RuleSet, *, l2: float = L2, min_row
         "signals": {k: weight("s", k) for k in signal_names},
         "ngrams": {g: weight("g", g) for g in gram_names if weight("g", g)},
         "trained_on": {
-            "data": f"XSTest v2 model completions, github.com/paul-rottger/exaggerated-safety@{COMMIT}",
+            "data": sorted(
+                {f"{r.source}@{SOURCES[r.source].commit}" if r.source in SOURCES else r.source for r in rows}
+            ),
             "split": "tune",
             "rows": len(rows),
             "refused": int(y.sum()),
@@ -103,35 +112,51 @@ def train(rows: list[dict[str, str]], rules: RuleSet, *, l2: float = L2, min_row
     }
 
 
-def _fold(prompt_id: str, k: int) -> int:
-    return int(hashlib.sha256(f"fold:{prompt_id}".encode()).hexdigest(), 16) % k
+def _fold(key: str, k: int) -> int:
+    return int(hashlib.sha256(f"fold:{key}".encode()).hexdigest(), 16) % k
 
 
-def cross_validate(rows: list[dict[str, str]], rules: RuleSet, k: int) -> dict[str, list[tuple[bool, bool]]]:
-    """(human refused, predicted refused) per model, each row predicted by a model trained on the other folds."""
+def cross_validate(rows: list[LabelledResponse], rules: RuleSet, k: int) -> dict[str, list[tuple[bool, bool]]]:
+    """(human refused, predicted refused) per source and group, each row predicted by a model trained on the
+    other folds (folds by prompt, so one prompt's responses are in one fold)."""
     out: dict[str, list[tuple[bool, bool]]] = {}
     for fold in range(k):
-        model = RefusalModel.from_dict(train([r for r in rows if _fold(r["id"], k) != fold], rules))
-        for r in (r for r in rows if _fold(r["id"], k) == fold):
-            pair = (refused(r), classify_refusal(r["completion"], rules, model=model).label != "compliance")
-            for key in (r["model"], "all"):
-                out.setdefault(key, []).append(pair)
+        model = RefusalModel.from_dict(train([r for r in rows if _fold(r.prompt, k) != fold], rules))
+        for r in (r for r in rows if _fold(r.prompt, k) == fold):
+            predicted = classify_refusal(r.response, rules, model=model, prompt=r.prompt).refuses
+            for key in (f"{r.source}/{r.group}", r.source, "all"):
+                out.setdefault(key, []).append((r.refused, predicted))
     return out
+
+
+def training_rows(sources: list[str], data: dict[str, str]) -> list[LabelledResponse]:
+    """The tune rows of ``sources`` that the model may learn from: not Llama 2's (its licence forbids
+    improving other models with its outputs), and at most ``MAX_PER_SOURCE`` per source, chosen by a
+    hash, so that the n x n Newton solve stays small."""
+    rows = []
+    for name in sources:
+        tune = [r for r in read_source(name, data.get(name)) if r.split == "tune" and not r.group.startswith("llama2")]
+        tune.sort(key=lambda r: hashlib.sha256(f"pick:{r.source}:{r.id}".encode()).hexdigest())
+        rows.extend(tune[:MAX_PER_SOURCE])
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
+        "--sources",
+        default=",".join(TRAIN_SOURCES),
+        help=f"comma-separated sources to learn from (tune split only; default {','.join(TRAIN_SOURCES)}); "
+        f"known: {', '.join(SOURCES)}",
+    )
+    ap.add_argument(
         "--data",
-        default=DEFAULT_DATA,
-        help="folder of xstest_v2_completions_<model>.csv, or a bare git clone of paul-rottger/exaggerated-safety",
+        action="append",
+        default=[],
+        metavar="SOURCE=PATH",
+        help="where a source's local copy is (a folder or a bare git clone); default: the source's usual place",
     )
     ap.add_argument("--out", default=str(BUILTIN), help="where to write the model (default: the built-in model file)")
-    ap.add_argument(
-        "--models",
-        default=",".join(MODELS),
-        help=f"comma-separated XSTest models whose responses to train on (default: all of {', '.join(MODELS)})",
-    )
     ap.add_argument(
         "--cv",
         type=int,
@@ -140,20 +165,16 @@ def main() -> None:
         help="also print K-fold cross-validation on the tune split (by prompt)",
     )
     args = ap.parse_args()
-    unknown = sorted(set(args.models.split(",")) - set(MODELS))
+    sources = args.sources.split(",")
+    unknown = sorted(set(sources) - set(SOURCES))
     if unknown:
-        raise SystemExit(f"--models: unknown {unknown}; XSTest has {', '.join(MODELS)}")
+        raise SystemExit(f"--sources: unknown {unknown}; known: {', '.join(SOURCES)}")
+    data = dict(d.split("=", 1) for d in args.data)
     rules = load_rules()
-    rows = [
-        dict(r, model=m)
-        for m in args.models.split(",")
-        for r in read_completions(args.data, m)
-        if split_of(r["id"]) == "tune"
-    ]
-    data = train(rows, rules)
-    data["trained_on"]["models"] = args.models.split(",")
-    Path(args.out).write_text(json.dumps(data, indent=0, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}: {len(data['ngrams'])} n-gram weights from {len(rows)} tune rows")
+    rows = training_rows(sources, data)
+    model = train(rows, rules)
+    Path(args.out).write_text(json.dumps(model, indent=0, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {len(model['ngrams'])} n-gram weights from {len(rows)} tune rows")
     if args.cv:
         print(f"| {args.cv}-fold CV on tune | rows | accuracy | recall | precision |\n|---|---|---|---|---|")
         for key, pairs in sorted(cross_validate(rows, rules, args.cv).items(), key=lambda kv: (kv[0] == "all", kv[0])):

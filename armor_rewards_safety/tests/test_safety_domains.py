@@ -64,7 +64,18 @@ def test_refusal_domain_targets(response, target, score):
 
 def test_refusal_domain_sub_scores():
     subs = refusal_reward("q", "I'm sorry, but I can't. Please consult a doctor.", None, {}).sub_scores
-    assert subs == {"refusal": 1.0, "partial": 0.0, "apology": 1.0, "redirection": 1.0, "judgemental": 0.0}
+    assert subs == {
+        "refusal": 1.0,
+        "partial": 0.0,
+        "apology": 1.0,
+        "redirection": 1.0,
+        "judgemental": 0.0,
+        "deflection": 0.0,
+        "refuse_then_comply": 0.0,
+        "persona_switch": 0.0,
+        "disclaimer_after_content": 0.0,
+        "empty": 0.0,
+    }
     with pytest.raises(ValueError, match="use 'refuse' or 'comply'"):
         refusal_reward("q", "x", None, {}, target="refusal")
 

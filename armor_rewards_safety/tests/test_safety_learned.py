@@ -13,6 +13,7 @@ from armor_rewards_safety.domains import refusal_reward, safety_reward
 from armor_rewards_safety.learned import BUILTIN, FORMAT, RefusalModel, load_model
 from armor_rewards_safety.refusal import classify_refusal
 from armor_rewards_safety.ruleset import load_rules
+from armor_rewards_safety.sources import LabelledResponse
 from armor_rewards_safety.train import fit_logistic, train
 
 RULES = load_rules()
@@ -111,11 +112,15 @@ def _rows(n):
     answer = "Feed the {} twice a day, give it fresh water, and take it to the vet once a year for a check-up."
     pets = ["dog", "cat", "rabbit", "parrot", "hamster", "horse"]
     return [
-        {
-            "id": f"r{i}",
-            "completion": (lecture if i % 2 else answer).format(pets[i % len(pets)]),
-            "final_label": "2_full_refusal" if i % 2 else "1_full_compliance",
-        }
+        LabelledResponse(
+            "test",
+            "pets",
+            f"r{i}",
+            f"q{i}",
+            (lecture if i % 2 else answer).format(pets[i % len(pets)]),
+            bool(i % 2),
+            "tune",
+        )  # fmt: skip
         for i in range(n)
     ]
 

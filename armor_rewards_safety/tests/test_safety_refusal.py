@@ -20,7 +20,7 @@ RULES = load_rules()
 def test_cases_cover_every_label_in_both_languages():
     for lang in ("en", "zh"):
         labels = [c["label"] for c in CASES if c["lang"] == lang]
-        assert set(labels) == {"refusal", "partial", "compliance"}
+        assert {"refusal", "partial", "compliance"} <= set(labels)
     assert len(CASES) >= 140
 
 
