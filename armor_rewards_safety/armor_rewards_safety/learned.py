@@ -74,6 +74,13 @@ class RefusalModel:
     ngrams: Mapping[str, float]
     threshold: float = 0.5
     source: str = "<memory>"
+    # the weights that judge one voice or one paragraph of a response ("does this persona answer?"),
+    # learned from jailbreak sets too; None: these same weights (``for_voices``)
+    voices: RefusalModel | None = None
+
+    def for_voices(self) -> RefusalModel:
+        """The model that judges one part of a response: ``voices`` where the file has it, else this one."""
+        return self.voices or self
 
     def probability(self, normalized: str, verdict: RefusalVerdict) -> float:
         """P(refused) of a ``normalize``-d response whose rule verdict is ``verdict``."""
@@ -105,6 +112,7 @@ class RefusalModel:
                 {str(k): float(v) for k, v in data["ngrams"].items()},
                 threshold,
                 source,
+                cls.from_dict(data["voices"], f"{source}#voices") if "voices" in data else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(

@@ -60,8 +60,8 @@ def prompt_labels(prompt: str | None) -> frozenset[str]:
         return frozenset()
     found = set()
     for m in _LABEL.finditer(prompt):
-        name = _clean(next(g for g in m.groups() if g is not None))
-        if name:
+        name = _clean(m.group(m.lastgroup))
+        if name and m.lastgroup != "voice":  # "as a researcher, ..." in a prompt sets up no label
             found.add(name)
     return frozenset(found)
 

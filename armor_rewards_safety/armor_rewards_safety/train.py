@@ -1,15 +1,18 @@
-"""Train the learned refusal model (``learned.RefusalModel``) on the ``tune`` split of XSTest.
+"""Train the learned refusal model (``learned.RefusalModel``) on the ``tune`` split of public sources.
 
     python -m armor_rewards_safety.train                    # rewrites armor_rewards_safety/models/refusal_en.json
     python -m armor_rewards_safety.train --out mine.json    # then: reward.domain_kwargs.refusal.learned_model=mine.json
     python -m armor_rewards_safety.train --cv 5             # also print 5-fold cross-validation on the tune split
-    python -m armor_rewards_safety.train --models gpt4,mistralguard,mistralinstruct   # train on some models' responses
+    python -m armor_rewards_safety.train --sources xstest --voice-sources xstest,gptfuzz,rbr_gold
 
-The data (``xstest.py``) is read from a local copy and never shipped; the model file holds only
-weights of words and word pairs that occur in at least ``--min-rows`` tuning responses. Held-out
-rows are never read here. The fit is an L2-regularised logistic regression by Newton's method; each
-Newton step is solved in the n x n dual (Woodbury identity), since there are more n-grams than
-rows. Same data, same file: features and vocabulary are sorted and weights rounded to 4 decimals.
+Two weight sets go into one file: the whole-response weights (``--sources``, default XSTest) and
+``voices`` (``--voice-sources``), which judge one voice or paragraph of a response. The data
+(``sources.py``) is read from local copies and never shipped; the file holds only weights of words
+and word pairs that occur in at least ``MIN_ROWS`` tuning responses. Held-out rows are never read
+here. The fit is an L2-regularised logistic regression by Newton's method; each Newton step is
+solved in the n x n dual (Woodbury identity), since there are more n-grams than rows, so at most
+``MAX_PER_SOURCE`` rows of a source are used. Same data, same file: features and vocabulary are
+sorted and weights rounded to 4 decimals.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ MAX_PER_SOURCE = 1500
 # this is: ...") into refusals and cost XSTest's held-out recall 0.05: those sets call many harmless
 # answers "not jailbroken" or "not complying", which the model learns as refusal wording.
 TRAIN_SOURCES = ("xstest",)
+# Judging one voice of a jailbroken response ("does this persona answer or only lecture?") is what the
+# jailbreak sets label best, and there the hand-written answers are never judged alone.
+VOICE_SOURCES = ("xstest", "gptfuzz", "rbr_gold")
 BIAS_SCALE = 10.0  # the bias column is scaled so that its L2 penalty is 1/100 of a weight's
 
 
@@ -65,7 +71,7 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 50) -> tu
 
 def _examples(rows: list[LabelledResponse], rules: RuleSet) -> list[tuple[dict[str, float], set[str]]]:
     """Each row's features, from the rules' verdict alone (no model), as the model sees them at inference."""
-    return [features(normalize(row.response), classify_refusal(row.response, rules)) for row in rows]
+    return [features(rules.mask(normalize(row.response)), classify_refusal(row.response, rules)) for row in rows]
 
 
 def train(rows: list[LabelledResponse], rules: RuleSet, *, l2: float = L2, min_rows: int = MIN_ROWS) -> dict:
@@ -156,6 +162,12 @@ def main() -> None:
         metavar="SOURCE=PATH",
         help="where a source's local copy is (a folder or a bare git clone); default: the source's usual place",
     )
+    ap.add_argument(
+        "--voice-sources",
+        default=",".join(VOICE_SOURCES),
+        help="comma-separated sources for the weights that judge one voice or paragraph of a response "
+        f"(default {','.join(VOICE_SOURCES)}; empty: the same weights as the whole response)",
+    )
     ap.add_argument("--out", default=str(BUILTIN), help="where to write the model (default: the built-in model file)")
     ap.add_argument(
         "--cv",
@@ -166,13 +178,16 @@ def main() -> None:
     )
     args = ap.parse_args()
     sources = args.sources.split(",")
-    unknown = sorted(set(sources) - set(SOURCES))
+    unknown = sorted((set(sources) | set(filter(None, args.voice_sources.split(",")))) - set(SOURCES))
     if unknown:
         raise SystemExit(f"--sources: unknown {unknown}; known: {', '.join(SOURCES)}")
     data = dict(d.split("=", 1) for d in args.data)
     rules = load_rules()
     rows = training_rows(sources, data)
     model = train(rows, rules)
+    if args.voice_sources:
+        voice_rows = training_rows(args.voice_sources.split(","), data)
+        model["voices"] = train(voice_rows, rules)
     Path(args.out).write_text(json.dumps(model, indent=0, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {args.out}: {len(model['ngrams'])} n-gram weights from {len(rows)} tune rows")
     if args.cv:
