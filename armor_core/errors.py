@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "UserFacingError", "one_line"]
+__all__ = ["ConfigError", "NonFiniteError", "UserFacingError", "one_line"]
 
 
 class UserFacingError(Exception):
     """An error whose message is the whole story for the user (no traceback)."""
+
+
+class NonFiniteError(UserFacingError):
+    """The policy computed NaN or inf where it must not (a sampling distribution): its weights diverged."""
 
 
 class ConfigError(ValueError):

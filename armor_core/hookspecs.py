@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the types only: importing them here would pull torch into `
 
     from armor_core.interfaces import (
         AdvantageEstimator,
+        Environment,
         KLEstimator,
         LossAggregation,
         MetricTracker,
@@ -94,9 +95,14 @@ class RegisterMetricTracker(Protocol):
     def __call__(self, name: str, tracker_cls: type[MetricTracker], /) -> None: ...
 
 
+class RegisterEnvironment(Protocol):
+    def __call__(self, name: str, env_cls: type[Environment] | Callable[..., Environment], /) -> None: ...
+
+
 __all__ = [
     "Register",
     "RegisterAdvantageEstimator",
+    "RegisterEnvironment",
     "RegisterKLEstimator",
     "RegisterLossAggregation",
     "RegisterMetricTracker",
@@ -106,6 +112,7 @@ __all__ = [
     "RegisterStabilityGuard",
     "RegisterTask",
     "armor_register_advantage_estimators",
+    "armor_register_environments",
     "armor_register_kl_estimators",
     "armor_register_loss_aggregations",
     "armor_register_metric_trackers",
@@ -261,6 +268,21 @@ def armor_register_tasks(register: RegisterTask) -> None:
 
 
 @hookspec
+def armor_register_environments(register: RegisterEnvironment) -> None:
+    """Register environments for multi-turn rollouts (config key ``rollout.multi_turn.environment``).
+
+    :param register: call ``register(name, env_cls)`` where ``env_cls`` follows
+        :class:`armor_core.interfaces.Environment`: built per episode in the rollout worker from the
+        dataset row, a seed and ``rollout.multi_turn.environment_kwargs``, it answers each assistant
+        turn (:class:`~armor_core.interfaces.AssistantTurn`) with an
+        :class:`~armor_core.interfaces.EnvironmentStep`: the next observation (text or chat messages,
+        appended as tokens masked out of every loss), whether the episode is done, and reward parts
+        that join the episode's reward components. ``reset`` and ``step`` may be ``async``.
+        ``armor_core.testing.check_environment`` checks one before a run.
+    """
+
+
+@hookspec
 def armor_register_metric_trackers(register: RegisterMetricTracker) -> None:
     """Register metric trackers (config key ``trainer.loggers``).
 
@@ -269,6 +291,7 @@ def armor_register_metric_trackers(register: RegisterMetricTracker) -> None:
         config, it receives a flat ``{name: float}`` dict each step and is closed at the end.
         It may define ``resume(step)``: called once after ``--resume`` restored the checkpoint of
         ``step``, before anything is logged; rows it kept for later steps are about to be logged
-        again and should be dropped; and ``summary(summary)``: called once at the end of a run
+        again and should be dropped (``resume(-1)`` when no checkpoint was found: the run starts
+        over, step 0 included); and ``summary(summary)``: called once at the end of a run
         with the contents of ``summary.json``.
     """

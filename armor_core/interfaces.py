@@ -13,7 +13,18 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, NamedTuple, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Literal,
+    Mapping,
+    NamedTuple,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADJUSTABLE_COEFFICIENTS",
+    "AssistantTurn",
+    "Environment",
+    "EnvironmentStep",
+    "Observation",
     "GUARD_STAGES",
     "GuardStage",
     "KINDS",
@@ -124,7 +139,7 @@ class RewardDomain:
         out = self.fn(prompt, response, ground_truth, dict(extra or {}))
         if isinstance(out, RewardResult):
             return out
-        return RewardResult(score=float(out))
+        return RewardResult(score=out)  # kept as returned: the reward manager refuses a str, where float() would not
 
 
 @dataclass(frozen=True)
@@ -306,6 +321,55 @@ class MetricTracker(Protocol):
 
 
 #: kind name -> (hook name, wrapper for plain callables or None for class-like kinds)
+#: what an environment answers with: text (sent as a user message), chat messages (``{"role": "tool",
+#: "content": ...}``), or None for nothing
+Observation = str | Sequence[Mapping[str, str]] | None
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    """One assistant turn of an episode as the policy sampled it: ``text`` decoded from ``token_ids``,
+    ``index`` 0 for the first turn, ``finished`` False when the episode's token budget cut it."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    index: int
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class EnvironmentStep:
+    """An environment's answer to one assistant turn: the next ``observation``, whether the episode is
+    ``done``, ``reward_parts`` added to the episode's reward components (``{name: score}``, summed over
+    turns), and ``metrics`` (numbers summed over the episode, logged as ``env/<name>``)."""
+
+    observation: Observation = None
+    done: bool = False
+    reward_parts: Mapping[str, float] = field(default_factory=dict)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+class Environment(Protocol):
+    """Built once per episode as ``env_cls(row, seed=seed, **params)`` in the rollout worker's process:
+    ``row`` is the dataset row (its ``extra`` holds per-row arguments, e.g. a tool's hidden table),
+    ``seed`` is the same for the ``n`` episodes of one row and step, ``params`` come from
+    ``rollout.multi_turn.environment_kwargs``.
+
+    ``reset()`` returns an observation appended after the prompt before the first turn (usually
+    None: the prompt is the first observation). ``step(turn)`` gets each assistant turn and returns an
+    ``EnvironmentStep``. Either may be ``async def``: the episodes of a batch step concurrently, so a
+    slow tool does not serialise them (a plain ``def`` runs in a thread). Observation tokens are
+    appended to the sampled ids, never re-tokenising them, and are masked out of every loss.
+
+    Optional: ``tools`` (a list of function schemas, rendered into the prompt by the chat template)
+    and ``close()``, called when the episode ends, also when it failed.
+    """
+
+    def reset(self) -> Observation | Awaitable[Observation]: ...
+
+    def step(self, turn: AssistantTurn) -> EnvironmentStep | Awaitable[EnvironmentStep]: ...
+
+
 KINDS: dict[str, tuple[str, type | None]] = {
     "advantage_estimator": ("armor_register_advantage_estimators", AdvantageEstimator),
     "policy_loss": ("armor_register_policy_losses", PolicyLoss),
@@ -316,6 +380,7 @@ KINDS: dict[str, tuple[str, type | None]] = {
     "rollout_backend": ("armor_register_rollout_backends", None),
     "task": ("armor_register_tasks", Task),
     "metric_tracker": ("armor_register_metric_trackers", None),
+    "environment": ("armor_register_environments", None),
 }
 
 

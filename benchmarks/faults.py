@@ -1,12 +1,12 @@
 """Reliability: the faults a hostile but fair user can cause, each tried on the real thing, and what
 ARMOR does, printed as a markdown table (the README's "Reliability" table is this script's output).
 
-    python benchmarks/faults.py                  # every case: 3 short training runs and ~30 quick ones
+    python benchmarks/faults.py                  # every case: 3 short training runs and ~60 quick ones
     python benchmarks/faults.py --only model     # the cases whose name contains "model"
     python benchmarks/faults.py --list
 
-A case runs ``armor run ...`` as a user would (a subprocess: the table shows its exit code and the
-first line of its error or warning), or, for a fault the command line cannot make (a full disk, a
+A case runs ``armor run ...`` (or another command: ``eval``, ``export``, ``sft``, ``new``, ...) as a user
+would (a subprocess: the table shows its exit code and the first line of its error or warning), or, for a fault the command line cannot make (a full disk, a
 socket that never answers, a domain returning a score outside its range, a checkpoint damaged in
 each of the ways ``--resume`` must survive), calls the component the trainer calls and shows what it
 raised or warned. Training runs use the built-in tiny model for a few steps on CPU. Scratch files go
@@ -19,6 +19,7 @@ import argparse
 import errno
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from armor_core.testing.damage import CHECKPOINT_DAMAGE
+from armor_core.testing.damage import CHECKPOINT_DAMAGE, add_own_code, flipped_checkpoint, write_adapter
 
 SMALL = [
     "data.train_size=64",
@@ -72,12 +73,17 @@ class Lab:
         return text.replace(f"{self.root}/", "").replace(str(self.root), ".")
 
     def armor(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return self.command("run", *args, timeout=timeout)
+
+    def command(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        """``armor <args>``; no GPU is visible to it, so the cases read the same on any machine."""
         return subprocess.run(
-            [sys.executable, "-m", "armor_core.cli.main", "run", *args],
+            [sys.executable, "-m", "armor_core.cli.main", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
             cwd=self.root,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
         )
 
     def model(self, name: str, damage: Callable[[Path], Any]) -> Path:
@@ -127,11 +133,11 @@ def shown(text: str) -> str:
     return (text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "...").replace("|", "\\|")
 
 
-def cli(args: Callable[[Lab], list[str]], code: int, pattern: str) -> Callable[[Lab], Outcome]:
-    """A case that runs ``armor run <args>`` and expects exit ``code`` and a message matching ``pattern``."""
+def cli(args: Callable[[Lab], list[str]], code: int, pattern: str, command: str = "run") -> Callable[[Lab], Outcome]:
+    """A case that runs ``armor <command> <args>`` and expects exit ``code`` and a message matching ``pattern``."""
 
     def run(lab: Lab) -> Outcome:
-        proc = lab.armor(*args(lab))
+        proc = lab.command(*([command] if command else []), *args(lab))
         said = lab.relative(message(proc.stderr))
         one_line = sum(line.startswith("error: ") for line in proc.stderr.splitlines()) <= 1
         return Outcome(
@@ -150,6 +156,11 @@ def refused(what: str, extra: Callable[[Lab], list[str]], pattern: str) -> Case:
         "exit 2, one line naming it",
         cli(lambda lab: [*extra(lab), f"trainer.run_dir={lab.root / 'refused'}"], 2, pattern),
     )
+
+
+def refused_command(what: str, argv: Callable[[Lab], list[str]], pattern: str) -> Case:
+    """``armor <argv>`` (any command) with a bad input: exit 2 and one line naming it."""
+    return Case(what, what, "exit 2, one line naming it", cli(argv, 2, pattern, command=""))
 
 
 # -- checkpoints and the disk (the component --resume calls) --------------------------------------
@@ -227,7 +238,17 @@ def _loud(prompt: str, response: str, ground_truth: Any, extra: Any) -> float:
     return float(response)
 
 
-def bad_score(response: str) -> Callable[[Lab], Outcome]:
+def _as_text(prompt: str, response: str, ground_truth: Any, extra: Any) -> str:
+    return response  # a bug: the score as text, which float() would read
+
+
+def _nan_part(prompt: str, response: str, ground_truth: Any, extra: Any) -> Any:
+    from armor_core import RewardResult
+
+    return RewardResult(1.0, {"part": float("nan")})
+
+
+def bad_score(response: str, fn: Callable[..., Any] = _loud) -> Callable[[Lab], Outcome]:
     def run(lab: Lab) -> Outcome:
         from armor_core import RewardDomain, hookimpl
         from armor_core.config.schema import RewardConfig
@@ -237,7 +258,7 @@ def bad_score(response: str) -> Callable[[Lab], Outcome]:
         class Plugin:
             @hookimpl
             def armor_register_reward_domains(self, register):
-                register("loud", RewardDomain(_loud, requires_ground_truth=False, inline=True))
+                register("loud", RewardDomain(fn, requires_ground_truth=False, inline=True))
 
         pm = PluginManager(load_entrypoints=False, disabled=())
         pm.register(Plugin(), name="faults_benchmark")
@@ -328,6 +349,16 @@ def _shard_without_second(d: Path) -> None:
     )
 
 
+def _adapter(lab: Lab, name: str, damage: Callable[[Path], Any]) -> str:
+    """A LoRA adapter of the built-in model, damaged by ``damage(directory)``."""
+    d = write_adapter(lab.root / "adapters" / name)
+    damage(d)
+    return str(d)
+
+
+_EVAL = ["--data", "task:arithmetic", "--size", "2"]
+
+
 def _locked(lab: Lab) -> Outcome:
     from armor_core.storage.run_dir import RunDirLock
 
@@ -335,6 +366,70 @@ def _locked(lab: Lab) -> Outcome:
         return cli(
             lambda lab: [*SMALL, f"trainer.run_dir={lab.run_dir}", "--resume"], 2, r"is in use by another armor run"
         )(lab)
+
+
+def _nan_weight(d: Path) -> None:
+    """One NaN in the first tensor of a model directory's weights, as a diverged run leaves them."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    tensors[sorted(tensors)[0]].view(-1)[0] = float("nan")
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def _on_replaced_base(lab: Lab) -> str:
+    """A LoRA adapter with its base recorded (as a LoRA run's checkpoint holds it), the base then retrained in place."""
+    from safetensors.torch import load_file, save_file
+
+    from armor_core.models.lora import write_base_manifest
+
+    base = lab.model("replaced_base", lambda d: None)
+    adapter = write_adapter(lab.root / "adapters" / "replaced_base")
+    write_base_manifest(adapter, base)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(base)}))
+    tensors = {k: v + 1e-3 for k, v in load_file(base / "model.safetensors").items()}  # same shapes, other weights
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    return str(adapter)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _silent_port(lab: Lab) -> int:
+    """A local port where something accepts connections and never says a word (kept open while the script runs)."""
+    import socket
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    held = []
+
+    def accept() -> None:
+        while True:
+            held.append(sock.accept()[0])  # kept open, silent
+
+    threading.Thread(target=accept, daemon=True).start()
+    return sock.getsockname()[1]
+
+
+def _resume_past_the_end(lab: Lab) -> Outcome:
+    """``--resume`` of a finished run with its own length: exit 0 saying so, and no file of the run changes."""
+    run = lab.trained()
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    proc = lab.armor(*SMALL, "trainer.total_steps=3", "trainer.save_freq=1", f"trainer.run_dir={run}", "--resume")
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    said = next((line for line in proc.stdout.splitlines() if line.startswith("--resume:")), message(proc.stderr))
+    return Outcome(
+        f"exit {proc.returncode}: {shown(lab.relative(said))}; files changed: {len(set(before.items()) ^ set(after.items()))}",
+        proc.returncode == 0 and "nothing to train" in said and before == after,
+    )
 
 
 CASES: list[Case] = [
@@ -419,6 +514,128 @@ CASES: list[Case] = [
         lambda lab: [f"model.path={lab.model('bad_tok', lambda d: (d / 'tokenizer.json').write_text('{'))}"],
         r"bad_tok/tokenizer.json is not valid JSON",
     ),
+    refused(
+        "model: a directory only its own code can load (config.json auto_map)",
+        lambda lab: [f"model.path={lab.model('own_code', add_own_code)}"],
+        r"modeling_probe.py.*set model.trust_remote_code=true",
+    ),
+    # the run's resources, interpolations, trackers
+    refused(
+        "engine: engine.cpus_per_worker=4096",
+        lambda lab: ["engine.cpus_per_worker=4096"],
+        r"not enough CPU cores.*engine.cpus_per_worker",
+    ),
+    refused(
+        "engine: engine.gpus_per_worker=1 with no GPU visible",
+        lambda lab: ["engine.gpus_per_worker=1"],
+        r"not enough GPUs.*engine.gpus_per_worker",
+    ),
+    refused(
+        "config: a self-referential interpolation (trainer.project_name=${trainer.project_name})",
+        lambda lab: ["trainer.project_name=${trainer.project_name}"],
+        r"trainer.project_name: Recursive interpolation",
+    ),
+    refused(
+        "config: a tracker named twice (trainer.loggers=[jsonl,jsonl])",
+        lambda lab: ["trainer.loggers=[jsonl,jsonl]"],
+        r"names jsonl more than once",
+    ),
+    refused(
+        "data: a directory as a data file",
+        lambda lab: [f"data.train_files=[{lab.data('x.jsonl', _ROW).parent}]"],
+        r"data' is a directory",
+    ),
+    # the other commands: the same rule
+    refused_command(
+        "new: a name whose module is ARMOR's (armor new guard core)",
+        lambda lab: ["new", "guard", "core", "--out", str(lab.root / "new")],
+        r"its module 'armor_core' is already importable",
+    ),
+    refused_command(
+        "new: a name whose distribution is ARMOR's (armor new estimator rl)",
+        lambda lab: ["new", "estimator", "rl", "--out", str(lab.root / "new")],
+        r"its distribution 'armor-rl' is already installed",
+    ),
+    refused_command(
+        "new: a name that is no PEP 508 project name (armor new guard _)",
+        lambda lab: ["new", "guard", "_", "--out", str(lab.root / "new")],
+        r"'_' is not lowercase snake_case",
+    ),
+    refused_command(
+        "new: a 300-character name",
+        lambda lab: ["new", "guard", "a" * 300, "--out", str(lab.root / "new")],
+        r"has 300 characters; at most 64",
+    ),
+    refused_command(
+        "plugins: an unknown kind (armor plugins --kind nosuch)",
+        lambda lab: ["plugins", "--kind", "nosuch"],
+        r"--kind nosuch: no such kind",
+    ),
+    refused_command(
+        "eval: --max-new-tokens 0",
+        lambda lab: ["eval", "builtin:arithmetic-tiny", *_EVAL, "--max-new-tokens", "0"],
+        r"--max-new-tokens 0: a response needs at least 1 token",
+    ),
+    refused_command(
+        "eval: a model directory only its own code can load",
+        lambda lab: ["eval", str(lab.model("own_code_eval", add_own_code)), *_EVAL],
+        r"set model.trust_remote_code=true \(armor eval.*--trust-remote-code\)",
+    ),
+    refused_command(
+        "eval: a truncated adapter",
+        lambda lab: [
+            "eval",
+            _adapter(lab, "trunc", lambda d: (d / "adapter_model.safetensors").write_bytes(b"\x00" * 100)),
+            *_EVAL,
+        ],
+        r"trunc/adapter_model.safetensors",
+    ),
+    refused_command(
+        "eval: an adapter_config.json that is not JSON",
+        lambda lab: ["eval", _adapter(lab, "bad_cfg", lambda d: (d / "adapter_config.json").write_text("{")), *_EVAL],
+        r"bad_cfg/adapter_config.json is not valid JSON",
+    ),
+    refused_command(
+        "eval: a checkpoint whose weights fail its manifest (one flipped byte)",
+        lambda lab: ["eval", str(flipped_checkpoint(lab.root / "eval_ckpt") / "model"), *_EVAL],
+        r"is damaged: model/model.safetensors does not match the sha256",
+    ),
+    refused_command(
+        "export: a checkpoint whose weights fail its manifest (one flipped byte)",
+        lambda lab: ["export", str(flipped_checkpoint(lab.root / "export_ckpt")), str(lab.root / "exported")],
+        r"is damaged: model/model.safetensors does not match the sha256",
+    ),
+    refused_command(
+        "export --merge: a LoRA checkpoint whose adapter fails its manifest",
+        lambda lab: [
+            "export",
+            str(flipped_checkpoint(lab.root / "merge_ckpt", lora=True)),
+            str(lab.root / "merged"),
+            "--merge",
+        ],
+        r"is damaged: adapter/adapter_model.safetensors does not match the sha256",
+    ),
+    refused_command(
+        "sft: --out names a file",
+        lambda lab: ["sft", "--init", "tiny-qwen2", "--out", str(lab.data("notes.txt", b"")), "--steps", "1"],
+        r"notes.txt is a file; give a directory",
+    ),
+    refused_command(
+        "sft: a truncated model",
+        lambda lab: [
+            "sft",
+            "--model",
+            str(lab.model("sft_trunc", lambda d: (d / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 99))),
+            "--out",
+            str(lab.root / "sft_out"),
+        ],
+        r"sft_trunc/model.safetensors",
+    ),
+    refused_command(
+        "reward: an empty --ground-truth (armor reward math)",
+        lambda lab: ["reward", "math", "--response", "\\boxed{2}", "--ground-truth", ""],
+        r"requires --ground-truth \(got an empty one; training refuses such a row too\)",
+    ),
     # training runs: a worker killed, a resume past a damaged checkpoint, a reward domain failing on every row
     Case(
         "kill -9",
@@ -439,6 +656,80 @@ CASES: list[Case] = [
         "a reward domain failing on every row (gsm8k, ground truths in words)",
         "exit 2 naming the domain, at step 1",
         failing_domain,
+        trains=True,
+    ),
+    # resume, engine, sampling and LoRA checks (issue 33)
+    refused(
+        "config: a mask-mode rollout correction capped below 1",
+        lambda lab: ["algorithm.rollout_correction=mask_token", "algorithm.rollout_correction_cap=0.5"],
+        r"algorithm.rollout_correction_cap=0.5 with algorithm.rollout_correction=mask_token: .*set the cap to 1",
+    ),
+    refused(
+        "model: a NaN in the weights",
+        lambda lab: [f"model.path={lab.model('nan_weight', _nan_weight)}"],
+        r"nan_weight/model.safetensors: tensor '.+' holds 1 NaN or inf value",
+    ),
+    refused_command(
+        "sft: a NaN in the weights",
+        lambda lab: ["sft", "--model", str(lab.model("sft_nan", _nan_weight)), "--out", str(lab.root / "sft_nan_out")],
+        r"sft_nan/model.safetensors: tensor '.+' holds 1 NaN or inf value",
+    ),
+    refused(
+        "model: model.path naming a LoRA adapter",
+        lambda lab: [f"model.path={_adapter(lab, 'as_model', lambda d: None)}"],
+        r"as_model is a LoRA adapter \(adapter_config.json\), not a model",
+    ),
+    refused(
+        "LoRA: a target no layer has (model.lora_target_modules=[qproj])",
+        lambda lab: ["model.lora_rank=8", "model.lora_target_modules=[qproj]"],
+        r"model.lora_target_modules: 'qproj' matches no module of Qwen2ForCausalLM",
+    ),
+    refused(
+        "LoRA: model.lora_rank=100000 on 128-wide layers",
+        lambda lab: ["model.lora_rank=100000"],
+        r"model.lora_rank=100000 exceeds the width of the smallest targeted layer.*<= 128",
+    ),
+    refused_command(
+        "eval: a LoRA adapter whose base model was replaced in place",
+        lambda lab: ["eval", _on_replaced_base(lab), *_EVAL],
+        r"was trained on another base model than .*replaced_base: .* holds other weights",
+    ),
+    refused(
+        "engine: engine.address where nothing answers (engine.connect_timeout_s=2)",
+        lambda lab: [f"engine.address=127.0.0.1:{_closed_port()}", "engine.connect_timeout_s=2"],
+        r"no Ray cluster answered at 127.0.0.1:\d+ within 2 s \(engine.connect_timeout_s\)",
+    ),
+    refused(
+        "engine: engine.address where something else listens (engine.connect_timeout_s=2)",
+        lambda lab: [f"engine.address=127.0.0.1:{_silent_port(lab)}", "engine.connect_timeout_s=2"],
+        r"something accepts connections at 127.0.0.1:\d+, but it is not a Ray cluster \(no gRPC handshake within 2 s",
+    ),
+    refused(
+        "engine: engine.num_cpus=1 for 2 workers",
+        lambda lab: ["engine.num_cpus=1", "actor.num_workers=2", "engine.cpus_per_worker=1"],
+        r"the workers need 2 CPUs \(2 actor workers x 1\), but the Ray cluster has 1",
+    ),
+    Case(
+        "resume past the end",
+        "--resume of a finished run with its own trainer.total_steps",
+        "exit 0 saying so; no file of the run changes",
+        _resume_past_the_end,
+    ),
+    Case(
+        "nan sampling",
+        "a NaN gradient at step 2 with the guard off (guard.enable=false, trainer.faults nan_grad)",
+        "exit 2, one line naming the step and the guard",
+        cli(
+            lambda lab: [
+                *SMALL,
+                "trainer.total_steps=3",
+                "guard.enable=false",
+                "trainer.faults=[{kind: nan_grad, steps: [2]}]",
+                f"trainer.run_dir={lab.root / 'nan_sampling'}",
+            ],
+            2,
+            r"error: step 2: the policy's next-token distribution holds NaN or inf .*guard.enable=true",
+        ),
         trains=True,
     ),
     # the run directory
@@ -484,6 +775,8 @@ CASES: list[Case] = [
         bad_score("5"),
     ),
     Case("score nan", "a reward domain returning NaN", "the row fails", bad_score("nan")),
+    Case("score text", "a reward domain returning the text '1'", "the row fails", bad_score("1", _as_text)),
+    Case("sub-score nan", "a reward domain with a NaN sub-score", "the row fails", bad_score("1", _nan_part)),
 ]
 
 

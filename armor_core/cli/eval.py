@@ -13,13 +13,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Generate a response for every row of --data (JSONL/Parquet, or task:NAME for a built-in "
         "task's test split) with MODEL (a local Hugging Face directory, a run's checkpoint model/ "
         "directory, or builtin:arithmetic-tiny), score it with the reward domain of its data_source, "
-        "and print accuracy (score 1) and mean score per data_source. Runs in this process; no Ray.",
+        "and print accuracy (score 1) and mean score per data_source. Runs in this process; no Ray. A checkpoint's "
+        "files are first checked against its manifest (sizes and sha256), as --resume checks them.",
     )
     p.add_argument("model", help="model directory")
     p.add_argument("--data", required=True, help="JSONL/Parquet file, or task:NAME")
     p.add_argument("--size", type=int, default=500, help="rows for task:NAME (default 500)")
     p.add_argument(
-        "--max-new-tokens", type=int, default=None, help="response length limit (default: rollout.max_new_tokens)"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="response length limit, at least 1 (default: rollout.max_new_tokens)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow running Python code from the model directory (its config.json auto_map); "
+        "the same as model.trust_remote_code=true",
     )
     p.add_argument("--sampled", action="store_true", help="also report sampled accuracy at rollout.temperature")
     p.add_argument(
@@ -51,6 +61,7 @@ def evaluate(
     max_new_tokens: int | None = None,
     n: int = 1,
     output: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     import torch
 
@@ -63,11 +74,13 @@ def evaluate(
     from armor_core.rewards.manager import RewardManager
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
-    if max_new_tokens:
+    if max_new_tokens is not None:
         cfg.rollout.max_new_tokens = max_new_tokens
+    trust = cfg.model.trust_remote_code = cfg.model.trust_remote_code or trust_remote_code
+    check_model_files(model_dir, trust)
     pm = get_plugin_manager()
     path = resolve_model_path(model_dir)
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, trust_remote_code=trust)
     rewards = RewardManager(cfg.reward, pm)
     try:
         if data.startswith("task:"):
@@ -78,7 +91,7 @@ def evaluate(
         enc = encode_dataset(
             ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, cfg.data.apply_chat_template_kwargs
         )
-        model = load_model(path, cfg.model.dtype)
+        model = load_model(path, cfg.model.dtype, trust_remote_code=trust)
         rollout = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")(model, tok, cfg.rollout)
         prompts = DataProto.from_dict(tensors=enc["tensors"], non_tensors=enc["non_tensors"])
         torch.manual_seed(cfg.trainer.seed)
@@ -123,6 +136,18 @@ def evaluate(
         rewards.close()
 
 
+def check_model_files(model_dir: str, trust_remote_code: bool) -> None:
+    """Before any weight is loaded: a checkpoint's files against its manifest (``--resume``'s check),
+    then the directory as ``armor run`` checks it (headers of the weights, an adapter's config and base)."""
+    from armor_core.loop.preflight import check_model
+    from armor_core.storage.checkpoint import check_intact, checkpoint_of
+
+    checkpoint = checkpoint_of(model_dir) if not model_dir.startswith("builtin:") else None
+    if checkpoint is not None:
+        check_intact(checkpoint)
+    check_model(model_dir, trust_remote_code=trust_remote_code)
+
+
 def _write_rows(output: str, rows: list[dict]) -> None:
     """One JSON line per row."""
     with open(output, "w", encoding="utf-8") as fh:
@@ -137,6 +162,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise UserFacingError(f"armor eval --n {args.n}: the number of samples per prompt must be at least 1")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UserFacingError(
+            f"armor eval --max-new-tokens {args.max_new_tokens}: a response needs at least 1 token; leave the option "
+            "out to use rollout.max_new_tokens"
+        )
     if args.output and not Path(args.output).resolve().parent.is_dir():  # before the generation, not after
         raise UserFacingError(
             f"armor eval --output {args.output}: the directory {Path(args.output).resolve().parent} does not exist"
@@ -150,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         n=args.n,
         output=args.output,
+        trust_remote_code=args.trust_remote_code,
     )
     if args.json:
         print(json.dumps(result, indent=1))

@@ -80,11 +80,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that the CLI prints as one clear line instead of a traceback (here only: a
     command lets them propagate)."""
     from armor_core.config.schema import ConfigError
+    from armor_core.engine.isolation import IsolationError
     from armor_core.loop.data import DataError
     from armor_core.models.loading import ModelPathError
     from armor_core.plugins import PluginError
 
-    return (UserFacingError, ConfigError, PluginError, DataError, ModelPathError)
+    # IsolationError: the workers asked for more cores or GPUs than the machine gives (engine.*_per_worker)
+    return (UserFacingError, ConfigError, PluginError, DataError, ModelPathError, IsolationError)
 
 
 if __name__ == "__main__":

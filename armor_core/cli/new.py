@@ -13,6 +13,7 @@ import argparse
 import inspect
 import keyword
 import re
+import shutil
 import textwrap
 from dataclasses import dataclass
 from importlib import metadata, resources
@@ -102,13 +103,80 @@ def _class_name(name: str) -> str:
     return camel if camel.endswith("Guard") else camel + "Guard"
 
 
-def _check_name(kind: str, name: str, target: Path) -> None:
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or keyword.iskeyword(name):
-        suggestion = re.sub(r"\W", "_", name.lower()).lstrip("0123456789") or "my_plugin"
-        raise UserFacingError(
-            f"armor new {kind}: NAME {name!r} is not a lowercase Python identifier (letters, digits and underscores, "
-            f"not starting with a digit, not a keyword); it is the value users write in the config. Try {suggestion!r}"
+#: a plugin name is lowercase snake_case: each word starts with a letter, single underscores between
+#: words. Then ``armor-NAME`` is a valid PEP 508 project name that normalises back to it (PEP 503
+#: folds runs of ``-_.``, so ``_x`` and ``x`` would both be ``armor-x``), and ``armor_NAME`` a module.
+_SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
+#: PEP 508's project name grammar, for the distribution name ``armor-NAME``
+_PEP508_NAME = re.compile(r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+#: longest NAME: the test file ``tests/test_NAME.py`` must fit a 255-byte file name with room to spare
+MAX_NAME = 64
+
+
+def _normalized(dist: str) -> str:
+    """A distribution name as PEP 503 compares them: lowercase, runs of ``-_.`` as one ``-``."""
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
+def _syntax_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a plugin name, or None."""
+    if len(name) > MAX_NAME:
+        return f"has {len(name)} characters; at most {MAX_NAME} (it names a directory, a module and a file)"
+    if not _SNAKE.fullmatch(name) or keyword.iskeyword(name):
+        return (
+            "is not lowercase snake_case (words of lowercase letters and digits, each starting with a letter, "
+            "joined by single underscores; not a Python keyword)"
         )
+    if not _PEP508_NAME.fullmatch(f"armor-{name.replace('_', '-')}"):
+        return "does not make a valid PEP 508 project name"
+    return None
+
+
+def _collision(name: str) -> str | None:
+    """What already installed or importable thing ``armor-NAME`` / ``armor_NAME`` would collide with, or None."""
+    import importlib.util
+
+    dist, module = f"armor-{name.replace('_', '-')}", f"armor_{name}"
+    for d in metadata.distributions():
+        other = d.metadata["Name"] or ""
+        if _normalized(other) == _normalized(dist):
+            return (
+                f"its distribution {dist!r} is already installed ({other} {d.version}); the printed `pip install -e .` "
+                "would replace it"
+            )
+    try:
+        spec = importlib.util.find_spec(module)  # a top-level name: nothing is imported
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        where = spec.origin or ", ".join(spec.submodule_search_locations or []) or "built in"
+        return f"its module {module!r} is already importable ({where}); the new package would shadow it or be shadowed"
+    return None
+
+
+def _suggestion(name: str) -> str | None:
+    """A valid name close to ``name`` that collides with nothing, or None (never ``name`` itself)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    candidate = "_".join(words).lstrip("0123456789_")[:MAX_NAME].rstrip("_")
+    if not candidate or candidate == name or _syntax_problem(candidate) or _collision(candidate):
+        return None
+    if candidate in {ep.name for ep in metadata.entry_points(group="armor")}:
+        return None
+    return candidate
+
+
+def _check_name(kind: str, name: str, target: Path) -> None:
+    problem = _syntax_problem(name)
+    if problem is not None:
+        suggestion = _suggestion(name)
+        shown = name if len(name) <= MAX_NAME else name[:MAX_NAME] + "..."
+        raise UserFacingError(
+            f"armor new {kind}: NAME {shown!r} {problem}; it is the value users write in the config"
+            + (f". Try {suggestion!r}" if suggestion else f", e.g. my_{kind}")
+        )
+    collision = _collision(name)
+    if collision is not None:
+        raise UserFacingError(f"armor new {kind}: NAME {name!r}: {collision}. Choose another NAME")
     taken = {ep.name: ep.value for ep in metadata.entry_points(group="armor")}
     if name in taken:
         raise UserFacingError(
@@ -152,10 +220,16 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
         f"tests/test_{name}.py": templates / kind / "test.py.tmpl",
         "README.md": templates / kind / "README.md.tmpl",
     }
-    for rel, template in files.items():
-        path = target / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(template.read_text()).substitute(values))
+    try:
+        for rel, template in files.items():
+            path = target / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(Template(template.read_text()).substitute(values))
+    except OSError as e:  # --out is a file, read-only, on a full disk: nothing half-written is left
+        shutil.rmtree(target, ignore_errors=True)
+        raise UserFacingError(
+            f"armor new {kind}: cannot write {target} ({e.strerror or e}); nothing was written"
+        ) from e
     return target
 
 

@@ -24,6 +24,16 @@ def main(args: argparse.Namespace) -> int:
     from armor_core.interfaces import KINDS
     from armor_core.plugins import get_plugin_manager
 
+    if args.kind is not None and args.kind not in KINDS:
+        import difflib
+
+        from armor_core.errors import UserFacingError
+
+        close = difflib.get_close_matches(args.kind, KINDS, n=1)
+        raise UserFacingError(
+            f"armor plugins --kind {args.kind}: no such kind.{f' Did you mean {close[0]!r}?' if close else ''} "
+            f"Kinds: {', '.join(KINDS)}"
+        )
     pm = get_plugin_manager()
     kinds = [args.kind] if args.kind else list(KINDS)
     entries = [e for k in kinds for e in pm.entries(k)]

@@ -213,11 +213,11 @@ def main(args: argparse.Namespace) -> int:
     """Run ``armor reward``; returns the exit status."""
     from armor_core.config.schema import ConfigError
     from armor_core.plugins import PluginError, UnknownPluginError
-    from armor_core.rewards.manager import RewardManager
+    from armor_core.rewards.manager import RewardManager, ground_truth_of
 
     if (args.input is None) == (args.response is None):
         print(
-            "armor reward: give either --input ROWS.jsonl or --response TEXT (with --prompt, --ground-truth)",
+            "error: armor reward: give either --input ROWS.jsonl or --response TEXT (with --prompt, --ground-truth)",
             file=sys.stderr,
         )
         return 2
@@ -228,15 +228,20 @@ def main(args: argparse.Namespace) -> int:
         manager = RewardManager(_config(args))
         requires_gt = manager.domain(args.domain).requires_ground_truth
     except json.JSONDecodeError as e:
-        print(f"armor reward: --extra is not valid JSON: {e}", file=sys.stderr)
+        print(f"error: armor reward: --extra is not valid JSON: {e}", file=sys.stderr)
         return 2
     except (ConfigError, PluginError, UnknownPluginError) as e:
-        print(f"armor reward: {e}", file=sys.stderr)
+        print(f"error: armor reward: {e}", file=sys.stderr)
         return 2
     with manager:
         if args.response is not None:
-            if requires_gt and args.ground_truth is None:
-                print(f"armor reward: domain {args.domain!r} requires --ground-truth", file=sys.stderr)
+            if requires_gt and ground_truth_of({"ground_truth": args.ground_truth}) is None:
+                given = "an empty one" if args.ground_truth is not None else "none"
+                print(
+                    f"error: armor reward: domain {args.domain!r} requires --ground-truth (got {given}; training "
+                    "refuses such a row too)",
+                    file=sys.stderr,
+                )
                 return 2
             batch = manager.score([args.prompt], [args.response], [args.domain], [args.ground_truth], [extra])
             prefix = f"{args.domain}/"
@@ -253,14 +258,14 @@ def main(args: argparse.Namespace) -> int:
         try:
             source = getattr(sys.stdin, "buffer", sys.stdin) if args.input == "-" else open(args.input, "rb")
         except OSError as e:
-            print(f"armor reward: cannot read --input {args.input!r}: {e.strerror}", file=sys.stderr)
+            print(f"error: armor reward: cannot read --input {args.input!r}: {e.strerror}", file=sys.stderr)
             return 2
         try:
             out = _open_output(args.output) if args.output else sys.stdout
         except OSError as e:
             if args.input != "-":
                 source.close()
-            print(f"armor reward: {e}", file=sys.stderr)
+            print(f"error: armor reward: {e}", file=sys.stderr)
             return 2
         try:
             scorer = _Scorer(manager, args.domain, out, "<stdin>" if args.input == "-" else args.input)

@@ -55,6 +55,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="directory to write the fine-tuned model and tokenizer to")
     p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow running Python code from the --model directory (its config.json auto_map)",
+    )
+    p.add_argument(
         "--task",
         default="arithmetic",
         help="built-in task (a registered `task` plugin) used when --data is not given (default: arithmetic)",
@@ -120,6 +125,8 @@ def load_pairs(path: str | Path) -> list[dict[str, str]]:
     ``response`` is the training target: the row's ``response``, or else ``str(ground_truth)``.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--data file {str(p)!r} is a directory; give a JSONL file")
     if not p.is_file():
         raise ValueError(f"--data file {str(p)!r} does not exist")
     rows = []
@@ -350,6 +357,21 @@ def main(args: argparse.Namespace) -> int:
         raise UserFacingError(f"armor sft: {e}") from e
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Before any training: --out can become a directory, and --model's files are sound (as ``armor run``
+    checks them: config, the weights' headers, the tokenizer)."""
+    from armor_core.loop.preflight import check_model
+
+    out = Path(args.out)
+    for above in (out, *out.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise ValueError(f"--out {args.out}: {above} is a file; give a directory to write the model to")
+            break
+    if args.model:
+        check_model(args.model, trust_remote_code=args.trust_remote_code)
+
+
 def _main(args: argparse.Namespace) -> int:
     import torch
 
@@ -361,6 +383,7 @@ def _main(args: argparse.Namespace) -> int:
     for name in ("steps", "batch_size", "eval_every", "max_new_tokens", "train_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    _check_paths(args)
     if args.data:
         train_rows = load_pairs(args.data)
         if args.val_data:
@@ -385,8 +408,8 @@ def _main(args: argparse.Namespace) -> int:
         tokenizer = build_char_tokenizer(chars)
         model = build_tiny_model("qwen2", len(tokenizer), seed=args.seed, **TINY_QWEN2)
     else:
-        tokenizer = load_tokenizer(args.model)
-        model = load_model(args.model)
+        tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+        model = load_model(args.model, trust_remote_code=args.trust_remote_code)
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / "

@@ -20,9 +20,10 @@ from typing import Any, Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from armor_core.config.fields import first_problem
+from armor_core.config.written import remember
 from armor_core.errors import ConfigError
 
 __all__ = ["ArmorConfig", "ConfigError", "load_config", "to_yaml", "help_for"]
@@ -46,6 +47,11 @@ class ModelConfig:
         "(builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.",
     )
     tokenizer_path: str | None = f(None, "Tokenizer directory when it differs from model.path.")
+    trust_remote_code: bool = f(
+        False,
+        "Allow running Python code from the model directory (its config.json's auto_map) to load it. Off: such "
+        "a directory loads with transformers' own classes when its model_type has them, else it is refused.",
+    )
     dtype: str = f(
         "float32",
         "Compute dtype. bfloat16 is mixed precision: float32 master weights and optimizer state, bfloat16 matmuls "
@@ -102,6 +108,43 @@ class DataConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    enable: bool = f(
+        False,
+        "Multi-turn rollouts: each response is an episode of assistant turns and environment observations "
+        "(tool results); observation tokens are masked out of every loss.",
+    )
+    environment: str = f("tools", "The environment (a registered `environment` plugin) built per episode from its row.")
+    environment_kwargs: dict = f(
+        help="Keyword arguments for the environment, e.g. {tools: ['my_pkg.tools:lookup']} for `tools`.", factory=dict
+    )
+    max_turns: int = f(4, "Assistant turns per episode at most.", ge=1)
+    max_response_tokens: int = f(
+        64,
+        "Token budget of a whole episode (sampled and observation tokens); each turn samples at most "
+        "rollout.max_new_tokens of it.",
+        ge=1,
+    )
+    max_observation_tokens: int = f(
+        64, "Longer observations are cut to this many tokens, with a visible '...[truncated]' marker.", ge=1
+    )
+    max_tool_calls_per_turn: int = f(
+        4,
+        "Tool calls run per assistant turn at most (passed to environments that take it); the rest get an error.",
+        ge=1,
+    )
+    parser: str = f("hermes", "How tool calls are read from a turn (passed to environments that take it).")
+    step_timeout_s: float = f(
+        60.0, "An environment's reset or step that takes longer ends its episode (counted as env_timeout).", gt=0.0
+    )
+    reward_on: str = f(
+        "final",
+        "What the reward domains score: the final assistant turn, or the whole transcript (observations included).",
+        choices=["final", "transcript"],
+    )
+
+
+@dataclass
 class RolloutConfig:
     backend: str = f("hf", "Rollout backend (a registered `rollout_backend` plugin): hf or vllm.")
     n: int = f(8, "Samples per prompt (the GRPO group size).", ge=1)
@@ -127,6 +170,7 @@ class RolloutConfig:
         "this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).",
         ge=0,
     )
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
@@ -298,6 +342,9 @@ class GuardConfig:
 @dataclass
 class EngineConfig:
     address: str | None = f(None, "Ray cluster to join ('auto' or host:port); default starts a local cluster.")
+    connect_timeout_s: float = f(
+        30.0, "Seconds to wait for the Ray cluster at engine.address to answer before giving up.", gt=0.0
+    )
     num_cpus: int | None = f(None, "CPUs for a local Ray cluster; default: all.", ge=1)
     cpus_per_worker: float | None = f(
         None,
@@ -424,6 +471,11 @@ def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
     if isinstance(e, ValidationError):
         msg = str(e).split("\n")[0]
         return ConfigError(f"{source}: invalid value for '{key}': {msg}")
+    if isinstance(e, InterpolationResolutionError):
+        return ConfigError(
+            f"{source}: {key}: {str(e).splitlines()[0]}; a ${{...}} value must name another key (no cycle) or a set "
+            "environment variable"
+        )
     return ConfigError(f"{source}: {str(e).splitlines()[0]}")
 
 
@@ -468,6 +520,15 @@ def _check_semantics(cfg: ArmorConfig) -> None:
             f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree "
             "with themselves; set rollout.n >= 2"
         )
+    a = cfg.algorithm
+    if a.rollout_correction.startswith("mask_") and a.rollout_correction_cap < 1:
+        # an unchanged policy has ratio 1: a mask cap below 1 drops (nearly) every token and the run trains nothing
+        raise ConfigError(
+            f"algorithm.rollout_correction_cap={a.rollout_correction_cap} with algorithm.rollout_correction="
+            f"{a.rollout_correction}: a mask mode drops each token (or sequence) whose ratio exceeds the cap, and "
+            "the ratio of an unchanged policy is 1, so every token would be dropped; set the cap to 1 or more "
+            "(default 2.0)"
+        )
     targets = cfg.model.lora_target_modules
     if not (
         targets == "all-linear"
@@ -476,6 +537,12 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         raise ConfigError(
             f"model.lora_target_modules={targets!r}: expected 'all-linear' or a non-empty list of module names, "
             "e.g. [q_proj, v_proj]"
+        )
+    repeated = sorted({str(x) for x in cfg.trainer.loggers if list(cfg.trainer.loggers).count(x) > 1})
+    if repeated:
+        raise ConfigError(
+            f"trainer.loggers={list(cfg.trainer.loggers)} names {', '.join(repeated)} more than once; each tracker "
+            "would write every row again. Name each tracker once"
         )
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
@@ -527,7 +594,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 ) from None
     except OmegaConfBaseException as e:
         raise _friendly(e, str(path) if path and not overrides else "config") from e
-    cfg: ArmorConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    try:  # interpolations resolve here: a cycle (a=${a}) or an unset ${oc.env:...} is the user's to fix
+        cfg: ArmorConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise _friendly(e, str(path) if path and not overrides else "config") from None
+    remember(cfg, merged)  # trackers log ${...} values as written: a resolved ${oc.env:KEY} is a secret
     _check_ranges(cfg)
     _check_semantics(cfg)
     return cfg

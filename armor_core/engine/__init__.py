@@ -71,9 +71,12 @@ class PlacementError(UserFacingError):
     """The cluster cannot hold a worker group's placement group."""
 
 
-def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> None:
-    """Join ``address`` or start a local cluster with enough logical CPUs for every worker."""
+def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float, connect_timeout_s: float = 30.0) -> None:
+    """Join ``address`` (``ClusterError`` if nothing answers there within ``connect_timeout_s``) or
+    start a local cluster with enough logical CPUs for every worker."""
     import ray
+
+    from armor_core.engine.cluster import ClusterError, check_address
 
     if ray.is_initialized():
         return
@@ -88,7 +91,11 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float) -> N
         }
     }
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        check_address(address, connect_timeout_s)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        except ConnectionError as e:  # 'auto' with no cluster on this machine, or not a Ray head at that port
+            raise ClusterError(f"engine.address={address}: {' '.join(str(e).split())}") from None
         return
     cpus = num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed_cpus)))
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, log_to_driver=True, configure_logging=False)

@@ -47,6 +47,19 @@ from armor_core.workers.api import ActorAPI, RolloutAPI
 __all__ = ["AsyncRollout"]
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+def generation_request(gen_in: Any, multi_turn: bool) -> Any:
+    """What a generation call sends: the prompts' tensors and, for multi-turn rollouts, the rows' columns
+    too (each episode's environment is built from its row)."""
+    return gen_in.select(tensor_keys=PROMPT_KEYS, non_tensor_keys=list(gen_in.non_tensors) if multi_turn else None)
+
+
+def environment_metrics(rollout_metrics: dict) -> dict[str, float]:
+    """The ``env/...`` metrics a multi-turn rollout reports (turns, tool calls, episodes ended by each limit)."""
+    return {k: v for k, v in rollout_metrics.items() if k.startswith("env/")}
+
+
 QUEUE_DIR = "async_queue"  # inside a checkpoint directory
 
 
@@ -66,8 +79,11 @@ class _InFlight:
 class AsyncRollout:
     """The rollout worker group and the queue of batches it is generating."""
 
-    def __init__(self, group: Any, actor: Any, loader: Any, n: int, max_staleness: int) -> None:
+    def __init__(
+        self, group: Any, actor: Any, loader: Any, n: int, max_staleness: int, multi_turn: bool = False
+    ) -> None:
         self.group, self.actor, self.loader, self.n, self.max_staleness = group, actor, loader, n, max_staleness
+        self.multi_turn = multi_turn
         self.queue: deque[_InFlight] = deque()
         self.pushed: int | None = None  # the version the rollout workers were last sent
 
@@ -88,9 +104,8 @@ class AsyncRollout:
         while len(self.queue) < self.max_staleness + 1:
             state = self.loader.state_dict()
             gen_in = self.loader.next_batch().repeat(self.n, interleave=True)
-            self.queue.append(
-                _InFlight(gen_in, self.group.submit(RolloutAPI.generate, gen_in.select(tensor_keys=PROMPT_KEYS)), state)
-            )
+            request = generation_request(gen_in, self.multi_turn)
+            self.queue.append(_InFlight(gen_in, self.group.submit(RolloutAPI.generate, request), state))
         item = self.queue.popleft()
         out = item.result()
         staleness = version - out["policy_version"]

@@ -126,6 +126,10 @@ def load_rows(
     ds = Dataset(rows=[], source=", ".join(map(str, files)))
     for f in files:
         path = Path(f)
+        if path.is_dir():
+            raise DataError(
+                f"data file {str(path)!r} is a directory; name the JSONL or Parquet files in it (a list is allowed)"
+            )
         if not path.is_file():
             raise DataError(f"data file {str(path)!r} does not exist")
         for where, raw in _read_file(path):
@@ -276,6 +280,19 @@ def encode_dataset(
     }
 
 
+def prompt_template_kwargs(cfg: Any, pm: Any) -> dict[str, Any]:
+    """``data.apply_chat_template_kwargs``, under what a multi-turn environment asks the prompts to carry: its
+    ``prompt_kwargs(**environment_kwargs)`` (the ``tools`` environment's function schemas, rendered into the
+    system prompt by the chat template). The user's own keys win."""
+    kwargs = dict(cfg.data.apply_chat_template_kwargs)
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return kwargs
+    env_cls = pm.get("environment", mt.environment, where="rollout.multi_turn.environment")
+    hook = getattr(env_cls, "prompt_kwargs", None)
+    return {**(hook(**dict(mt.environment_kwargs)) if hook is not None else {}), **kwargs}
+
+
 def prepare_data(
     cfg: Any, pm: Any = None, tokenizer: Any = None, rewards: Any = None
 ) -> tuple[Dataset, Dataset | None]:
@@ -286,7 +303,9 @@ def prepare_data(
     from armor_core.rewards.manager import RewardManager
 
     pm = pm or get_plugin_manager()
-    tokenizer = tokenizer or load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
+    tokenizer = tokenizer or load_tokenizer(
+        cfg.model.tokenizer_path or resolve_model_path(cfg.model.path), trust_remote_code=cfg.model.trust_remote_code
+    )
     own_rewards = rewards is None
     rewards = rewards or RewardManager(cfg.reward, pm)
     d = cfg.data
@@ -316,7 +335,7 @@ def prepare_data(
                 )  # ground truths a domain cannot read
                 ds.skipped, ds.problems = ds.skipped + len(refused), ds.problems + refused
                 ds.encoded = encode_dataset(
-                    ds, tokenizer, d.max_prompt_length, d.truncation, d.apply_chat_template_kwargs
+                    ds, tokenizer, d.max_prompt_length, d.truncation, prompt_template_kwargs(cfg, pm)
                 )  # type: ignore[attr-defined]
     finally:
         if own_rewards:

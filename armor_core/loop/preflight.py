@@ -6,8 +6,14 @@ transformers' error for a damaged file rarely names it. Here the driver reads wh
 cheaply: ``config.json`` (and a LoRA adapter's ``adapter_config.json`` with its base model),
 every ``*.safetensors`` file's header (its 8-byte length, the JSON header, and each tensor's
 offsets against its dtype, shape and the file's size; no tensor is loaded), the shards an
-``*.safetensors.index.json`` names, and the tokenizer, which it loads. A problem is a
-``ModelPathError`` naming the file and what is wrong with it. The guards are built once with
+``*.safetensors.index.json`` names, and the tokenizer, which it loads. Then each floating-point
+tensor, one at a time from the memory-mapped file, for NaN or inf: a model that holds one samples
+from a NaN distribution at its first token (the read also warms the page cache the workers load
+from). A problem is a ``ModelPathError`` naming the file (and tensor) and what is wrong with it.
+For ``armor run`` (``check_trainable``): ``model.path`` must be a model, not a LoRA adapter, and
+with ``model.lora_rank`` the LoRA targets and rank must fit the model's layers, read from a copy
+built on the meta device (no weights). A LoRA adapter's base must be the one it was trained on
+(``models/lora.py``'s base manifest). The guards are built once with
 their configured parameters, so a bad one is a ``ConfigError`` naming the guard, in ``--dry-run``
 too, not a traceback from the trainer.
 
@@ -22,11 +28,21 @@ import math
 from pathlib import Path
 from typing import Any
 
-from armor_core.config.schema import ArmorConfig
+from armor_core.config.schema import ArmorConfig, ConfigError
 from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_model_path
+from armor_core.models.remote_code import check_remote_code
 from armor_core.stability.guard import build_guards, run_coefficients
 
-__all__ = ["check_guards", "check_model", "check_model_dir", "check_run", "check_safetensors", "check_tokenizer"]
+__all__ = [
+    "check_finite",
+    "check_guards",
+    "check_model",
+    "check_model_dir",
+    "check_run",
+    "check_safetensors",
+    "check_tokenizer",
+    "check_trainable",
+]
 
 #: bytes per element of each safetensors dtype (a dtype not listed is not size-checked)
 _DTYPE_BYTES = {
@@ -52,8 +68,50 @@ _DAMAGED = "the file is damaged or incomplete; copy it again from where the mode
 
 def check_run(cfg: ArmorConfig, pm: Any = None) -> None:
     """Everything this module checks, for the run ``cfg`` describes (plugins from ``pm``)."""
-    check_model(cfg.model.path, cfg.model.tokenizer_path)
+    check_model(cfg.model.path, cfg.model.tokenizer_path, trust_remote_code=cfg.model.trust_remote_code)
+    check_trainable(cfg)
     check_guards(cfg, pm)
+
+
+def check_trainable(cfg: ArmorConfig) -> None:
+    """``model.path`` is a model (an adapter alone has nothing to train with ``model.lora_rank=0``,
+    and with LoRA would get adapters on adapters), and the LoRA settings fit its layers.
+
+    :raises ModelPathError: for an adapter directory; ``ConfigError`` naming the LoRA key that does not fit.
+    """
+    m = cfg.model
+    directory = resolve_model_path(m.path, need_tokenizer=False)
+    if not (directory / "config.json").is_file():  # check_model_dir accepted it as an adapter
+        base = _json_object(directory / "adapter_config.json").get("base_model_name_or_path")
+        raise ModelPathError(
+            f"model.path={m.path} is a LoRA adapter (adapter_config.json), not a model, and armor run trains a "
+            f"model. Set model.path to its base ({base}) with model.lora_rank > 0 for a new adapter, or merge this "
+            "one into its base first (armor export CHECKPOINT --merge) and train the merged model"
+        )
+    if not m.lora_rank:
+        return
+    from armor_core.models.lora import check_shape
+
+    model = _meta_model(directory, m.trust_remote_code)
+    if model is None:
+        return  # an architecture that cannot be built without weights: the worker checks when it applies LoRA
+    try:
+        check_shape(model, m.lora_rank, m.lora_target_modules)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _meta_model(directory: Path, trust_remote_code: bool) -> Any:
+    """The model of ``directory`` built on the meta device: its modules and shapes, no weights, no memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception:  # transformers raises many kinds for an architecture it cannot build this way
+        return None
 
 
 def check_guards(cfg: ArmorConfig, pm: Any = None) -> None:
@@ -63,17 +121,19 @@ def check_guards(cfg: ArmorConfig, pm: Any = None) -> None:
         build_guards(cfg.guard.guards, pm, run_coefficients(cfg.actor))
 
 
-def check_model(model_path: str, tokenizer_path: str | None = None) -> None:
+def check_model(model_path: str, tokenizer_path: str | None = None, *, trust_remote_code: bool = False) -> None:
     """Check ``model.path`` (and ``model.tokenizer_path``, else the model's own tokenizer).
 
+    :param trust_remote_code: ``model.trust_remote_code``; without it a directory that only its own
+        Python code can load is refused (``models/remote_code.py``).
     :raises ModelPathError: naming the file and what is wrong; for a path that is not a local
         directory (a hub name), the error ``resolve_model_path`` gives: ARMOR never downloads.
     """
-    check_model_dir(model_path)
-    check_tokenizer(tokenizer_path or model_path)
+    check_model_dir(model_path, trust_remote_code=trust_remote_code)
+    check_tokenizer(tokenizer_path or model_path, trust_remote_code=trust_remote_code)
 
 
-def check_model_dir(path: str | Path) -> Path:
+def check_model_dir(path: str | Path, *, trust_remote_code: bool = False) -> Path:
     """The model directory at ``path`` (``builtin:NAME`` or local), checked; see the module docstring."""
     directory = resolve_model_path(path, need_tokenizer=False)
     if not (directory / "config.json").is_file():  # resolve_model_path allows a LoRA adapter instead
@@ -85,7 +145,16 @@ def check_model_dir(path: str | Path) -> Path:
                 "directory"
             )
         _check_weights(directory, "adapter_model")
-        check_model_dir(base)
+        base_dir = check_model_dir(base, trust_remote_code=trust_remote_code)
+        from armor_core.models.lora import base_problem
+
+        why = base_problem(directory, base_dir)
+        if why is not None:
+            raise ModelPathError(
+                f"the LoRA adapter in {directory} was trained on another base model than {base_dir}: {why}. An "
+                "adapter is only valid on its own base: restore that model, or point adapter_config.json's "
+                "base_model_name_or_path at it"
+            )
         return directory
     config = _json_object(directory / "config.json")
     if not isinstance(config.get("model_type"), str):
@@ -93,18 +162,19 @@ def check_model_dir(path: str | Path) -> Path:
             f"{directory / 'config.json'} has no 'model_type'; it was not written by save_pretrained() "
             "(transformers reads the architecture from it)"
         )
+    check_remote_code(directory, trust_remote_code)
     _check_weights(directory, "model")
     return directory
 
 
-def check_tokenizer(path: str | Path) -> None:
+def check_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> None:
     """The tokenizer at ``path``: its JSON files parse and it loads as ``armor run`` will load it."""
     directory = resolve_model_path(path, need_config=False)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json"):
         if (directory / name).is_file():
             _json_object(directory / name)
     try:
-        load_tokenizer(path)
+        load_tokenizer(path, trust_remote_code=trust_remote_code)
     except ModelPathError:
         raise
     except Exception as e:  # tokenizers and transformers raise many kinds; all mean the same here
@@ -194,6 +264,31 @@ def _check_weights(directory: Path, stem: str) -> None:
         )
     for f in files:
         check_safetensors(f)
+    for f in files:
+        check_finite(f)
+
+
+def check_finite(path: Path) -> None:
+    """Every floating-point tensor of the safetensors file ``path`` is finite (one tensor in memory at a time).
+
+    :raises ModelPathError: naming the file, the first tensor holding NaN or inf, and how many values.
+    """
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        for name in fh.keys():
+            t = fh.get_tensor(name)
+            if t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64) or bool(
+                torch.isfinite(t).all()
+            ):
+                continue
+            bad = int((~torch.isfinite(t)).sum())
+            raise ModelPathError(
+                f"{path}: tensor {name!r} holds {bad} NaN or inf value(s) of {t.numel()}; a model with non-finite "
+                "weights samples from a NaN distribution. Take the weights from before they diverged (an earlier "
+                "checkpoint), or the original model"
+            )
 
 
 def _json_object(path: Path) -> dict[str, Any]:

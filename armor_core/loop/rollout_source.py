@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,12 +28,11 @@ import numpy as np
 import torch
 
 from armor_core.dataproto.metrics import merge_metrics
+from armor_core.loop.async_rollout import environment_metrics, generation_request
 from armor_core.loop.step_timer import StepTimer
 from armor_core.workers.api import ActorAPI
 
 __all__ = ["RolloutSource"]
-
-PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
 @dataclass
@@ -43,6 +42,7 @@ class _Queued:
 
     gen_in: Any
     out: Any
+    metrics: dict = field(default_factory=dict)  # the rollout's env/... metrics, logged with the step that trains it
 
 
 class RolloutSource:
@@ -53,6 +53,7 @@ class RolloutSource:
     ) -> None:
         self.cfg, self.actor, self.loader, self.faults = cfg, actor, loader, faults
         self.async_rollout = async_rollout
+        self.multi_turn = cfg.rollout.multi_turn.enable
         self.needs_weight_sync = (
             needs_weight_sync  # a colocated engine that does not share the actor's module (vllm, FSDP2)
         )
@@ -67,6 +68,7 @@ class RolloutSource:
             with timer("gen"):  # the wait for a batch the rollout workers generated while the actor trained
                 gen_in, out = self.async_rollout.next(step - 1)
             rollout_metrics = out.meta_info.pop("metrics", {})
+            metrics.update(environment_metrics(rollout_metrics))
             metrics["perf/rollout_worker_s"] = rollout_metrics.get("perf/worker_s", 0.0)
             metrics["perf/rollout_weights_load_s"] = rollout_metrics.get("perf/weights_load_s", 0.0)
             return _joined(gen_in, out)
@@ -81,11 +83,14 @@ class RolloutSource:
             queued is not None and queued.out is not None
         ):  # generated at the end of the last step's call, and timed there
             timer.add("gen", 0.0)
+            metrics.update(queued.metrics)
             return _joined(gen_in, queued.out)
         with timer("gen") as stage:
             stale = self.faults.at("stale_rollout", step) is not None
-            out = self.actor.dispatch(ActorAPI.generate, gen_in.select(tensor_keys=PROMPT_KEYS), stale=stale)
-            stage.worker_s = out.meta_info.pop("metrics", {}).get("perf/worker_s")
+            out = self.actor.dispatch(ActorAPI.generate, generation_request(gen_in, self.multi_turn), stale=stale)
+            rollout_metrics = out.meta_info.pop("metrics", {})
+            stage.worker_s = rollout_metrics.get("perf/worker_s")
+            metrics.update(environment_metrics(rollout_metrics))
         return _joined(gen_in, out)
 
     def collect(
@@ -207,17 +212,18 @@ class RolloutSource:
         stale = self.faults.at("stale_rollout", step + 1) is not None
         t0 = time.perf_counter()
         metrics, out = self.actor.submit_pair(
-            ActorAPI.update_then_generate, update_in, next_in.select(tensor_keys=PROMPT_KEYS), step, stale=stale
+            ActorAPI.update_then_generate, update_in, generation_request(next_in, self.multi_turn), step, stale=stale
         ).result()
         wall = time.perf_counter() - t0
         update_s = metrics.pop("perf/worker_s", 0.0)
         sync_s = metrics.pop("perf/sync_s", 0.0)
-        gen_s = out.meta_info.pop("metrics", {}).get("perf/worker_s", 0.0)
+        rollout_metrics = out.meta_info.pop("metrics", {})
+        gen_s = rollout_metrics.get("perf/worker_s", 0.0)
         timer.add("update_actor", update_s)
         timer.add("update_weights", sync_s)
         timer.add("gen", gen_s)
         timer.add("overhead", max(0.0, wall - update_s - sync_s - gen_s))
-        self.queued = _Queued(next_in, out)
+        self.queued = _Queued(next_in, out, environment_metrics(rollout_metrics))
         metrics["perf/next_generated"] = 1.0  # this step's call also generated the next step's rollout
         return metrics
 
@@ -260,4 +266,7 @@ class RolloutSource:
 
 def _joined(gen_in: Any, out: Any) -> Any:
     """The prompts' non-tensor columns (data_source, ground truth, ...) beside the generated tensors."""
-    return gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(out.select(tensor_keys=list(out.tensors)))
+    added = [k for k in out.non_tensors if k not in gen_in.non_tensors]  # a multi-turn rollout's reward_text, ...
+    return gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(
+        out.select(tensor_keys=list(out.tensors), non_tensor_keys=added)
+    )

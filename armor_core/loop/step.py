@@ -67,12 +67,32 @@ class Scorer:
         lengths = batch["response_mask"].sum(-1).tolist()
         # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
         extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
-        texts = self.decode(batch)
+        # a multi-turn rollout says what the domains score (the final turn or the transcript); else the response
+        texts = list(nt["reward_text"]) if "reward_text" in nt else self.decode(batch)
         out = self.rewards.score(
             list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), extras
         )
-        batch["reward_components"] = out.components
-        return torch.as_tensor(out.scores, dtype=torch.float32), dict(out.metrics), texts
+        scores, components, metrics = list(out.scores), out.components, dict(out.metrics)
+        if "env_reward_parts" in nt:  # an environment's own reward parts: components of weight 1 (GDPO sees them)
+            scores, components, metrics = _with_environment_parts(scores, components, metrics, nt["env_reward_parts"])
+        batch["reward_components"] = components
+        return torch.as_tensor(scores, dtype=torch.float32), metrics, texts
+
+
+def _with_environment_parts(
+    scores: list[float], components: list[dict], metrics: dict[str, float], parts: Any
+) -> tuple[list[float], list[dict], dict[str, float]]:
+    """Scores plus each row's ``env_reward_parts``, added to its components as ``env:<name>`` (weight 1)."""
+    components = [dict(c) for c in components]
+    sums: dict[str, list[float]] = {}
+    for i, row_parts in enumerate(parts):
+        for name, value in (row_parts or {}).items():
+            components[i][f"env:{name}"] = (float(value), 1.0)
+            scores[i] += float(value)
+            sums.setdefault(name, []).append(float(value))
+    for name, values in sums.items():
+        metrics[f"reward/env/{name}"] = sum(values) / len(scores)
+    return scores, components, metrics
 
 
 @dataclass

@@ -24,19 +24,25 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from armor_core.config.schema import ArmorConfig, to_dict
+from armor_core.config.written import for_trackers
 from armor_core.engine import WorkerDiedError
+from armor_core.errors import NonFiniteError
 from armor_core.loop.data import PromptLoader, prepare_data
+from armor_core.loop.resume import check_lora_base, nothing_left
 from armor_core.loop.rollout_source import RolloutSource
 from armor_core.loop.step import Scorer, Step, batch_metrics
 from armor_core.loop.step_timer import ENGINE_STAGES
+from armor_core.loop.summary import print_summary
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI
+from armor_core.workers.rollout_correction import nothing_kept
 
 __all__ = ["Trainer", "run_training"]
 
@@ -59,10 +65,15 @@ class Trainer:
         validate_plugins(cfg, self.pm)
         if not resume:
             check_new_run(cfg.trainer.run_dir)
+        else:
+            check_lora_base(cfg)
         self.estimator = self.pm.get(
             "advantage_estimator", cfg.algorithm.adv_estimator, where="algorithm.adv_estimator"
         )
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or resolve_model_path(cfg.model.path))
+        self.tokenizer = load_tokenizer(
+            cfg.model.tokenizer_path or resolve_model_path(cfg.model.path),
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
         self.rewards = RewardManager(
             cfg.reward, self.pm, watch_failures=True
         )  # a domain failing on most rows stops the run
@@ -80,7 +91,8 @@ class Trainer:
         )
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        # written once every check passed, the workers' included: a refused --resume leaves the run's config as it was
+        config_json = json.dumps(to_dict(cfg), indent=1)
         self.guard = GuardRunner(
             cfg.guard.guards, self.pm, self.run_dir, enable=cfg.guard.enable, run_values=run_coefficients(cfg.actor)
         )
@@ -93,7 +105,8 @@ class Trainer:
 
             a = cfg.algorithm
             self.kl_ctrl = build_kl_controller(a.kl_ctrl_type, a.kl_coef, a.kl_target, a.kl_horizon)
-        self.trackers = [self.pm.get("metric_tracker", name)(self.run_dir, cfg) for name in cfg.trainer.loggers]
+        logged = for_trackers(cfg)  # ${oc.env:...} values as written, never the secrets they resolve to
+        self.trackers = [self.pm.get("metric_tracker", name)(self.run_dir, logged) for name in cfg.trainer.loggers]
         self._log_s = 0.0  # seconds the trackers spent since the last step began
         self.step = 0
         self.history: list[dict[str, float]] = []
@@ -105,9 +118,11 @@ class Trainer:
         try:
             self._start_workers()
             if resume:
-                self._resume()
-                for tracker in self.trackers:  # the steps after the checkpoint are logged again
-                    getattr(tracker, "resume", lambda step: None)(self.step)
+                # the steps after the checkpoint are logged again; without one, all of them (step 0's validation too)
+                since = self.step if self._resume() else -1
+                for tracker in self.trackers:
+                    getattr(tracker, "resume", lambda step: None)(since)
+            (self.run_dir / "config.json").write_text(config_json)
         except (
             BaseException
         ):  # e.g. a checkpoint that does not fit this config: free the workers' cores before saying why
@@ -153,7 +168,12 @@ class Trainer:
                     }
                 )
         t0 = time.perf_counter()
-        init_ray(e.address, e.num_cpus, n_workers * cpus)
+        init_ray(e.address, e.num_cpus, n_workers * cpus, e.connect_timeout_s)
+        import ray
+
+        from armor_core.engine.cluster import check_capacity
+
+        check_capacity([nd["Resources"] for nd in ray.nodes() if nd.get("Alive")], groups, cpus, e.gpus_per_worker)
         self.startup_s = {"ray_init": time.perf_counter() - t0}
         conf = to_dict(self.cfg)
         t0 = time.perf_counter()
@@ -199,7 +219,12 @@ class Trainer:
                 channel=False,
             )
             self.async_rollout = AsyncRollout(
-                group, self.actor, self.loader, self.cfg.rollout.n, self.cfg.rollout.max_staleness
+                group,
+                self.actor,
+                self.loader,
+                self.cfg.rollout.n,
+                self.cfg.rollout.max_staleness,
+                multi_turn=self.cfg.rollout.multi_turn.enable,
             )
         self.startup_s["workers"] = time.perf_counter() - t0
         # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
@@ -250,13 +275,15 @@ class Trainer:
             if g is not None
         ]
 
-    def _resume(self) -> None:
+    def _resume(self) -> bool:
+        """Load the latest checkpoint; False when there is none (the run starts over)."""
         path = self.ckpt.latest()
         if path is None:
             print(f"--resume: no checkpoint in {self.ckpt.root}; starting from step 0")
-            return
+            return False
         self._load(path)
         print(f"resumed from {path} at step {self.step}")
+        return True
 
     def _load(self, path: Path, resume: bool = True) -> None:
         """Weights, optimizer and trainer state from checkpoint ``path``; on a ``resume`` also the
@@ -310,6 +337,9 @@ class Trainer:
             )
             self._act_on([*res.verdicts, after], metrics)
             metrics.update(batch_metrics(res.batch, res.scores))
+            a = self.cfg.algorithm
+            if warning := nothing_kept(metrics, self.step, a.rollout_correction, a.rollout_correction_cap):
+                print(warning)
             metrics["training/epoch"] = float(self.loader.epoch)
         metrics.update(res.timer.t)
         metrics.update(self.guard.pop_metrics())
@@ -391,9 +421,25 @@ class Trainer:
 
     def log(self, metrics: dict[str, float]) -> None:
         t0 = time.perf_counter()
-        for t in self.trackers:
-            t.log(metrics, self.step)
+        for name, t in zip(self.cfg.trainer.loggers, self.trackers):
+            with self._disk_full_is_an_error(f"tracker {name!r} could not log step {self.step}"):
+                t.log(metrics, self.step)
         self._log_s += time.perf_counter() - t0  # charged to the next step (see train_step)
+
+    @contextmanager
+    def _disk_full_is_an_error(self, what: str) -> Iterator[None]:
+        """A full disk under a tracker's write is the one-line error a checkpoint's gets, not a traceback."""
+        from armor_core.storage.checkpoint import disk_full_error
+
+        try:
+            yield
+        except OSError as e:
+            last = self.ckpt.latest()
+            kept = f"the last checkpoint, {last.name}, is intact" if last else "no checkpoint was written yet"
+            error = disk_full_error(e, self.run_dir, f"{what} (nothing partial was kept); {kept}")
+            if error is None:
+                raise
+            raise error from e
 
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -433,9 +479,12 @@ class Trainer:
                 "step 0."
             )
             raise WorkerDiedError(f"step {self.step + 1}: {e} {where}") from e
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {self.step + 1}: {e}") from None
         finally:
-            for tr in self.trackers:
-                tr.close()
+            for name, tr in zip(t.loggers, self.trackers):
+                with self._disk_full_is_an_error(f"tracker {name!r} could not be closed"):
+                    tr.close()
         return summary
 
     def _summary(self, before, after, steps) -> dict[str, Any]:
@@ -465,37 +514,12 @@ class Trainer:
         torch.set_num_threads(self._threads_before)
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    c = Console(highlight=False, soft_wrap=True)
-    table = Table(
-        title=f"ARMOR run: {summary['steps']} steps in {summary['wall_s']:.1f} s; held-out accuracy per data_source"
-    )
-    for name in ("", "before", "after", "change"):
-        table.add_column(name, justify="right" if name else "left")
-    b, a = summary.get("val_before") or {}, summary.get("val_after") or {}
-    # per data_source first, the overall figure (val/acc_<mode>) last
-    for k in sorted(
-        (k for k in set(b) | set(a) if k.startswith("val/") and "/acc_" in k), key=lambda k: (k.count("/") < 2, k)
-    ):
-        change = f"{(a[k] - b[k]) * 100:+.1f} pts" if k in a and k in b else "-"
-        table.add_row(k, f"{b[k]:.3f}" if k in b else "-", f"{a[k]:.3f}" if k in a else "-", change)
-    c.print(table)
-    t = summary["timing_s_mean"]
-    if t:
-        c.print(
-            "seconds per step by stage: "
-            + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1]))
-        )
-    c.print(
-        f"start-up: ray {summary['startup_s']['ray_init']:.1f} s, workers {summary['startup_s']['workers']:.1f} s; "
-        f"checkpoint: {summary['checkpoint']}"
-    )
-
-
 def run_training(cfg: ArmorConfig, resume: bool = False) -> dict[str, Any]:
+    """Train the run ``cfg`` describes and print its summary; a ``resume`` with nothing left to train
+    says so and returns ``{}`` (``loop/resume.py``)."""
+    if resume and (done := nothing_left(cfg)):
+        print(done)
+        return {}
     trainer = Trainer(cfg, resume=resume)
     try:
         summary = trainer.fit()

@@ -3,7 +3,9 @@
 Everything here is local: a model is a Hugging Face causal-LM directory on disk or one of the
 models shipped with ARMOR (``builtin:NAME``, found under ``armor_core/assets/NAME``).
 Nothing downloads (``local_files_only=True`` everywhere), so a typo in a path is an error that
-names the path, never an attempt to reach the model hub.
+names the path, never an attempt to reach the model hub. Nothing runs a directory's own Python code
+either (``trust_remote_code=False`` everywhere unless the caller passes the user's explicit option;
+``remote_code.py`` says which directories that refuses).
 
 ``build_char_tokenizer`` and ``build_tiny_model`` make the small models the tests and the built-in
 warm start use: character-level vocabularies (one token per character, so ``"85"`` is two tokens
@@ -96,17 +98,23 @@ def resolve_model_path(path: str | Path, *, need_config: bool = True, need_token
     return p
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The tokenizer at ``path`` (a directory or ``builtin:NAME``), set up for generation.
 
     Padding is on the left (prompts end where generation starts); a tokenizer without a pad
     token gets its EOS token as pad token, which is safe because padded positions are masked.
+
+    :param trust_remote_code: the user's ``model.trust_remote_code``: only then may a tokenizer
+        class from the directory's own code be run.
     """
     import json
 
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    from armor_core.models.remote_code import check_remote_code
+
     directory = resolve_model_path(path, need_config=False)
+    check_remote_code(directory, trust_remote_code, tokenizer=True)
     tok_config_file = directory / "tokenizer_config.json"
     saved_class = json.loads(tok_config_file.read_text()).get("tokenizer_class") if tok_config_file.is_file() else None
     if saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast") and (directory / "tokenizer.json").is_file():
@@ -114,9 +122,11 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         # would not: transformers 5 maps model_type qwen2 to Qwen2Tokenizer whatever tokenizer_config
         # says, and that class rebuilds the pipeline as byte-level BPE, dropping spaces and unknown
         # characters. (For digits and + - * = both give the same ids; tests/core/test_models.py checks.)
-        tok = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+        tok = PreTrainedTokenizerFast.from_pretrained(
+            str(directory), local_files_only=True, trust_remote_code=trust_remote_code
+        )
     else:
-        tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
     tok.padding_side = "left"
     if tok.pad_token is None:
         if tok.eos_token is None:
@@ -127,41 +137,64 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
-    """The causal LM at ``path`` (a directory or ``builtin:NAME``) in ``dtype``; never downloads."""
+def load_model(path: str | Path, dtype: str = "float32", *, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The causal LM at ``path`` (a directory or ``builtin:NAME``) in ``dtype``; never downloads.
+
+    :param trust_remote_code: the user's ``model.trust_remote_code``: only then may the directory's
+        own modelling code (``config.json``'s ``auto_map``) be run.
+    """
     import torch
     from transformers import AutoModelForCausalLM
+
+    from armor_core.models.remote_code import check_remote_code
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {_DTYPES}")
     directory = resolve_model_path(path, need_tokenizer=False)
     if (directory / "adapter_config.json").is_file():
-        return load_adapter_merged(directory, dtype)
-    return AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, dtype), local_files_only=True)
+        return load_adapter_merged(directory, dtype, trust_remote_code=trust_remote_code)
+    check_remote_code(directory, trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(
+        str(directory), dtype=getattr(torch, dtype), local_files_only=True, trust_remote_code=trust_remote_code
+    )
 
 
-def load_adapter_merged(directory: Path, dtype: str = "float32") -> PreTrainedModel:
+def load_adapter_merged(directory: Path, dtype: str = "float32", *, trust_remote_code: bool = False) -> PreTrainedModel:
     """A LoRA adapter directory (peft's format, e.g. a LoRA run's ``checkpoints/step_N/adapter``)
     merged into its base model: a plain causal LM. The base is the adapter's
-    ``base_model_name_or_path``, which must be a local directory."""
+    ``base_model_name_or_path``, which must be a local directory (loaded as :func:`load_model` does,
+    with ``trust_remote_code``; peft itself runs no code from the adapter directory)."""
     import json
 
     from peft import PeftModel
+    from safetensors import SafetensorError
 
-    base_path = json.loads((directory / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    try:
+        adapter_config = json.loads((directory / "adapter_config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelPathError(f"adapter {directory}: adapter_config.json is not valid JSON ({e})") from None
+    if not isinstance(adapter_config, dict):
+        raise ModelPathError(f"adapter {directory}: adapter_config.json holds no JSON object")
+    base_path = adapter_config.get("base_model_name_or_path")
     if not base_path:
         raise ModelPathError(
             f"adapter {directory}: adapter_config.json names no base_model_name_or_path; set it to the base model's "
             "directory"
         )
     try:
-        base = load_model(base_path, dtype)
+        base = load_model(base_path, dtype, trust_remote_code=trust_remote_code)
     except ModelPathError as e:
         raise ModelPathError(
             f"adapter {directory}: its base model cannot be loaded ({e}); "
             "set base_model_name_or_path in its adapter_config.json to the base model's directory"
         ) from None
-    merged = PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
+    except (ValueError, TypeError, KeyError, RuntimeError, OSError, SafetensorError) as e:  # peft's many kinds
+        raise ModelPathError(
+            f"adapter {directory}: peft cannot load it ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+            "adapter_config.json and adapter_model.safetensors must be as peft's save_pretrained() wrote them"
+        ) from None
     merged.name_or_path = str(base_path)  # what a rollout engine loads from: the base directory, weights sent after
     return merged
 

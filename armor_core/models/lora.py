@@ -6,10 +6,18 @@ is built. A rollout engine that holds its own weights (vLLM) receives the adapte
 weights under the base model's names (:func:`merged_weights`), nothing else: embeddings, norms and
 the head never change. Checkpoints hold the adapter in peft's own format (``adapter/``, loadable
 with ``peft.PeftModel.from_pretrained``); :func:`load_adapter_state` reads it back for a resume.
+
+An adapter is only valid on the base it was trained on, and a base replaced in place keeps its
+path: ``base_manifest.json`` beside the adapter records each base safetensors file's size and a
+fingerprint (sha256 of its header and of the first and last MiB of its data: cheap at any model
+size, and any retraining changes those bytes), checked on eval and resume (:func:`check_base`).
+A change confined to the middle of a file is not seen. :func:`check_shape` checks the targets and
+the rank against the model's layers; preflight runs it on a model built on the meta device.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +27,8 @@ import torch
 
 ADAPTER = "default"  # peft's name for the one adapter a model has
 ADAPTER_DIR = "adapter"
+BASE_MANIFEST = "base_manifest.json"
+_EDGE_BYTES = 1 << 20  # the bytes of tensor data at each end of a file that its fingerprint covers
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
@@ -52,6 +62,47 @@ def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
                 f"model.lora_target_modules: {target!r} is a {', '.join(bad)}, a layer type LoRA (peft) cannot wrap; "
                 f"target linear layers instead: {_linear_names(model)}"
             )
+
+
+def _targeted(model: torch.nn.Module, targets: Any) -> dict[str, torch.nn.Module]:
+    """The modules LoRA would wrap: those ``targets`` names, or with 'all-linear' every linear layer but the head."""
+    modules = dict(model.named_modules())
+    if targets == "all-linear":
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        return {n: m for n, m in modules.items() if isinstance(m, torch.nn.Linear) and m is not head}
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    return {n: m for n, m in modules.items() if any(n == t or n.endswith("." + t) for t in targets)}
+
+
+def _dims(module: torch.nn.Module) -> tuple[int, ...]:
+    """The (in, out) widths of a layer LoRA wraps; its A is (r, in) and B (out, r)."""
+    if isinstance(module, torch.nn.Linear):
+        return (module.in_features, module.out_features)
+    if isinstance(module, torch.nn.Embedding):
+        return (module.num_embeddings, module.embedding_dim)
+    weight = getattr(module, "weight", None)
+    return tuple(weight.shape[:2]) if isinstance(weight, torch.Tensor) and weight.dim() >= 2 else ()
+
+
+def check_shape(model: torch.nn.Module, rank: int, targets: Any) -> None:
+    """``model.lora_target_modules`` names layers of ``model`` that LoRA can wrap, and ``model.lora_rank``
+    is at most the smallest width among them (a larger rank adds parameters, not expressiveness:
+    B A has rank at most min(in, out)). ``model`` may live on the meta device.
+
+    :raises ValueError: naming the key, what the model has, and what would be right.
+    """
+    if targets != "all-linear":
+        _check_targets(model, [targets] if isinstance(targets, str) else list(targets))
+    widths = {name: _dims(m) for name, m in _targeted(model, targets).items() if _dims(m)}
+    if not widths:
+        return
+    name, dims = min(widths.items(), key=lambda kv: min(kv[1]))
+    if rank > min(dims):
+        raise ValueError(
+            f"model.lora_rank={rank} exceeds the width of the smallest targeted layer, {name} "
+            f"({' x '.join(map(str, dims))}): the adapter's update B A cannot have a rank above {min(dims)}. "
+            f"Set model.lora_rank <= {min(dims)}"
+        )
 
 
 def apply_lora(
@@ -205,3 +256,46 @@ def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None
                 f"checkpoint {checkpoint} was trained with model.{key}={saved[key]}, this run has model.{key}={value}: "
                 f"resume with model.{key}={saved[key]}"
             )
+
+
+def base_manifest(base: Path) -> dict[str, Any]:
+    """Size and fingerprint of each safetensors file of the base model directory ``base`` (see the module docstring)."""
+    files = {}
+    for f in sorted(Path(base).glob("*.safetensors")):
+        size = f.stat().st_size
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            data_start = 8 + min(int.from_bytes(fh.read(8), "little"), size)
+            fh.seek(0)
+            h.update(fh.read(data_start + _EDGE_BYTES))  # the header, then the first MiB of data
+            fh.seek(max(data_start, size - _EDGE_BYTES))
+            h.update(fh.read(_EDGE_BYTES))
+        files[f.name] = {"size": size, "fingerprint": h.hexdigest()}
+    return {"format": 1, "files": files}
+
+
+def write_base_manifest(adapter: Path, base: Path) -> None:
+    """Record beside the adapter saved in ``adapter`` which base (``base``, a model directory) it was trained on."""
+    (Path(adapter) / BASE_MANIFEST).write_text(json.dumps(base_manifest(base), indent=1))
+
+
+def base_problem(adapter: Path, base: Path) -> str | None:
+    """What differs between the base recorded beside ``adapter`` and the model directory ``base``,
+    or None (also when nothing was recorded: an adapter saved by an older ARMOR or by peft)."""
+    f = Path(adapter) / BASE_MANIFEST
+    if not f.is_file():
+        return None
+    try:
+        saved = json.loads(f.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{f} is damaged (not the JSON ARMOR writes)"
+    now = base_manifest(base)["files"]
+    for name in sorted(set(saved) | set(now)):
+        before, after = saved.get(name), now.get(name)
+        if before is None or after is None:
+            return f"{name} {'is new in' if before is None else 'is missing from'} {base}"
+        if before.get("size") != after["size"]:
+            return f"{base / name} has {after['size']} bytes, the adapter's base had {before.get('size')}"
+        if before.get("fingerprint") != after["fingerprint"]:
+            return f"{base / name} holds other weights than the adapter's base (same size, different bytes)"
+    return None

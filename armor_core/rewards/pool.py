@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import numbers
 import pickle
 import signal
 import time
@@ -49,19 +50,28 @@ class Outcome(NamedTuple):
     trace: str = ""
 
 
+def _finite(value: Any, what: str) -> float:
+    """``value`` as a float when it is a finite number. A str is refused although float() reads it: a domain
+    returning "1" (or "0.5 partial") has a bug, and taking its text as a score would hide it."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real) and not hasattr(value, "__float__"):
+        raise TypeError(f"the domain returned the {what} {value!r}, a {type(value).__name__}; return a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"the domain returned a non-finite {what} {number}")
+    return number
+
+
 def evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> Outcome:
     try:
         result = domain(prompt, response, ground_truth, extra)
-        score = float(result.score)
-        if not math.isfinite(score):
-            raise ValueError(f"the domain returned a non-finite score {score}")
+        score = _finite(result.score, "score")
         subs = {}
         for key, value in result.sub_scores.items():
             if key in _RESERVED_SUBS:
                 raise ValueError(
                     f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it"
                 )
-            subs[str(key)] = float(value)
+            subs[str(key)] = _finite(value, f"sub-score {key!r}")
         return Outcome("ok", score, subs)
     except Exception as e:
         return Outcome(

@@ -16,7 +16,9 @@ truncated or emptied file, a missing optimizer state, an edited ``trainer_state.
 skipped with a warning naming the file, and the previous intact one is used; if checkpoints
 exist but none is intact, ``CheckpointError`` says so. A checkpoint written before manifests
 existed is accepted when its ``trainer_state.json`` reads correctly, with a warning that its
-other files were not verified. Every file is safetensors or JSON (worker states through
+other files were not verified. ``check_intact`` makes the same check for ``armor export`` and
+``armor eval`` of a checkpoint, and raises instead of falling back.
+Every file is safetensors or JSON (worker states through
 ``armor_core/storage/state_io.py``); the ``.pt`` states of checkpoints written before that are read only when
 the user opts in (``trainer.allow_legacy_pt_state=true``), with ``torch.load(weights_only=True)``: no arbitrary
 pickle, and none at all by default.
@@ -35,7 +37,16 @@ from typing import Any, Callable
 
 from armor_core.errors import UserFacingError
 
-__all__ = ["CheckpointError", "CheckpointManager", "CheckpointWarning", "MANIFEST"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointWarning",
+    "DiskFullError",
+    "MANIFEST",
+    "check_intact",
+    "checkpoint_of",
+    "disk_full_error",
+]
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
@@ -46,6 +57,10 @@ _NEARLY_FULL_BYTES = 64 << 20
 
 class CheckpointError(UserFacingError):
     """No intact checkpoint to resume from, or a checkpoint could not be written (disk full)."""
+
+
+class DiskFullError(UserFacingError):
+    """The disk filled while the run wrote its metrics or logs (``disk_full_error``)."""
 
 
 class CheckpointWarning(UserWarning):
@@ -204,12 +219,52 @@ class CheckpointManager:
     def _disk_full_message(self, name: str, free: int | None, e: BaseException) -> str:
         kept = [p.name for p in self._dirs() if p.name != name]
         previous = f"the previous checkpoint, {kept[-1]}, is left as it was" if kept else "no earlier checkpoint exists"
-        left = f" ({free / 2**20:.0f} MiB left)" if free is not None else ""
-        return (
-            f"the disk holding {self.root} is full{left}: checkpoint {name} could not be written "
-            f"and its partial files were removed; {previous}. "
-            "Free space there (or lower trainer.keep_checkpoints) and run again with --resume. "
-            f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]"
+        what = f"checkpoint {name} could not be written and its partial files were removed; {previous}"
+        return _full_message(self.root, what, free, e)
+
+
+def _full_message(where: Path, what: str, free: int | None, e: BaseException) -> str:
+    left = f" ({free / 2**20:.0f} MiB left)" if free is not None else ""
+    return (
+        f"the disk holding {where} is full{left}: {what}. "
+        "Free space there (or lower trainer.keep_checkpoints) and run again with --resume. "
+        f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]"
+    )
+
+
+def disk_full_error(e: BaseException, where: Path, what: str) -> DiskFullError | None:
+    """``e`` as the one-line error a full disk gets (worded as at checkpoint time), or None when it is
+    not a full disk. ``what``: what could not be written, and what was left."""
+    free = _free_bytes(where)
+    return DiskFullError(_full_message(where, what, free, e)) if _disk_full(e, free) else None
+
+
+def checkpoint_of(path: str | Path) -> Path | None:
+    """The run checkpoint whose ``model/`` or ``adapter/`` directory ``path`` is, or None. (Only those
+    two names: a Hugging Face Trainer's ``checkpoint-N/`` holds a ``trainer_state.json`` of its own.)"""
+    p = Path(path)
+    if p.name in ("model", "adapter") and ((p.parent / MANIFEST).is_file() or (p.parent / STATE).is_file()):
+        return p.parent
+    return None
+
+
+def check_intact(checkpoint: Path) -> None:
+    """The check ``--resume`` makes, for a command about to use one checkpoint's weights (``armor export``,
+    ``armor eval``): every file against the manifest's sizes and sha256.
+
+    A directory with neither ``manifest.json`` nor ``trainer_state.json`` (a worker's own
+    ``save_checkpoint``, not a run's) has nothing to check against: a ``CheckpointWarning`` says so.
+
+    :raises CheckpointError: naming the checkpoint and the damaged file.
+    """
+    if not (checkpoint / MANIFEST).is_file() and not (checkpoint / STATE).is_file():
+        warnings.warn(f"{checkpoint} has no {MANIFEST}: its files are not verified", CheckpointWarning, stacklevel=2)
+        return
+    why = CheckpointManager(checkpoint.parent).problem(checkpoint)
+    if why is not None:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} is damaged: {why}; its weights are not used. Take an earlier checkpoint of the "
+            "run (ls its checkpoints/)"
         )
 
 

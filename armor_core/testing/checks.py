@@ -20,6 +20,7 @@ from armor_core.interfaces import (
     VerdictAction,
     call_with_params,
 )
+from armor_core.testing.environments import check_environment
 
 
 def _toy_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -89,6 +90,10 @@ def check_reward_domain(
     for prompt, response, gt, expected in cases:
         out = domain(prompt, response, gt, extra or {})
         assert isinstance(out, RewardResult)
+        assert not isinstance(out.score, (str, bytes)), (
+            f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) returned the text {out.score!r}; return a number "
+            "(training fails such a row)"
+        )
         assert abs(out.score - expected) < 1e-6, (
             f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
         )
@@ -295,4 +300,5 @@ CHECKS = {
     "rollout_backend": check_rollout_backend,
     "task": check_task,
     "metric_tracker": check_metric_tracker,
+    "environment": check_environment,
 }

@@ -45,6 +45,7 @@ from armor_core.workers.guarded_step import GuardedStep
 from armor_core.workers.kl_loss import compute_kl_loss
 from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
+from armor_core.workers.multi_turn import build_rollout
 from armor_core.workers.optim import adamw, zero_advantage_is_inert
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
@@ -132,8 +133,9 @@ class ActorWorker(ActorWeights, GuardedStep):
 
         m, a = cfg.model, cfg.actor
         path = resolve_model_path(m.path)
-        self.tokenizer = load_tokenizer(m.tokenizer_path or path)
-        self.model = load_model(path, "float32")  # master weights: float32 whatever model.dtype computes in
+        self.tokenizer = load_tokenizer(m.tokenizer_path or path, trust_remote_code=m.trust_remote_code)
+        # master weights: float32 whatever model.dtype computes in
+        self.model = load_model(path, "float32", trust_remote_code=m.trust_remote_code)
         if m.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -196,7 +198,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.rollout = None
         if cfg.rollout.mode == "sync":
             with autocast(self.device, self.compute_dtype):
-                self.rollout = backend_cls(source, self.tokenizer, cfg.rollout)
+                self.rollout = build_rollout(backend_cls, source, self.tokenizer, cfg.rollout)
 
     def isolation_record(self) -> dict:
         return self.isolation

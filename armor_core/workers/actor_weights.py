@@ -20,6 +20,7 @@ from armor_core.models.lora import (
     load_adapter_state,
     merged_weights,
     save_adapter,
+    write_base_manifest,
 )
 from armor_core.storage.state_io import load_checkpoint_state, save_state
 
@@ -102,7 +103,10 @@ class ActorWeights:
         if self.rank == 0:
             out = p / (ADAPTER_DIR if self.lora else "model")  # with LoRA the adapter alone, in peft's format
             if self.lora:
+                from armor_core.models.loading import resolve_model_path
+
                 save_adapter(self.gen_model, out)
+                write_base_manifest(out, resolve_model_path(self.cfg.model.path))  # checked on eval and resume
             else:
                 self.gen_model.save_pretrained(out, safe_serialization=True)
             self.tokenizer.save_pretrained(out)

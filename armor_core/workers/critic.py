@@ -82,6 +82,7 @@ class CriticWorker:
         from transformers import AutoModel
 
         from armor_core.models.loading import resolve_model_path
+        from armor_core.models.remote_code import check_remote_code
         from armor_core.plugins import get_plugin_manager
         from armor_core.workers.parallel import wrap
 
@@ -97,9 +98,10 @@ class CriticWorker:
         if world_size > 1:
             init_distributed(self.device, rank, world_size)
         path = resolve_model_path(cfg.model.path)
-        backbone = AutoModel.from_pretrained(
-            str(path), local_files_only=True, dtype=torch.float32
-        )  # master weights, as the actor's
+        check_remote_code(path, cfg.model.trust_remote_code)
+        backbone = AutoModel.from_pretrained(  # master weights, as the actor's
+            str(path), local_files_only=True, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
+        )
         if cfg.model.gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(self.device)

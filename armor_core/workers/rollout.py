@@ -18,6 +18,7 @@ import torch
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.common import build_on_one_thread, isolate, quiet_transformers, seed_everything
+from armor_core.workers.multi_turn import build_rollout
 from armor_core.workers.precision import autocast, compute_dtype
 
 __all__ = ["RolloutWorker"]
@@ -40,11 +41,12 @@ class RolloutWorker:
         self.device = torch.device(cfg.trainer.device)
         self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
         path = resolve_model_path(cfg.model.path)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path)
-        self.model = load_model(path, "float32").to(self.device).eval().requires_grad_(False)
+        trust = cfg.model.trust_remote_code
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path, trust_remote_code=trust)
+        self.model = load_model(path, "float32", trust_remote_code=trust).to(self.device).eval().requires_grad_(False)
         backend_cls = get_plugin_manager().get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         with autocast(self.device, self.compute_dtype):
-            self.backend = backend_cls(self.model, self.tokenizer, cfg.rollout)
+            self.backend = build_rollout(backend_cls, self.model, self.tokenizer, cfg.rollout)
         self.version = 0
         self.load_s = 0.0  # seconds the last set_weights took in here
         built()

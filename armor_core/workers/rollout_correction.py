@@ -19,7 +19,8 @@ log-ratio gives 0). Weights carry no gradient. Metrics over valid tokens:
 ``rollout_correction/weight_mean``, ``rollout_correction/capped_frac`` (tokens whose ratio, or
 whose sequence's ratio, exceeds the cap: truncated or masked), and
 ``rollout_correction/mismatch_kl``, the k3 estimate of KL(rollout || old) per token,
-``E[r - 1 - log r]`` under the rollout's samples.
+``E[r - 1 - log r]`` under the rollout's samples. A step whose weights are all 0 trained nothing:
+the driver prints :func:`nothing_kept` for it.
 """
 
 from __future__ import annotations
@@ -71,3 +72,19 @@ def correction_weights(
         "rollout_correction/mismatch_kl": masked_mean(token_ratio - 1 - log_ratio, valid),
     }
     return w, metrics
+
+
+def nothing_kept(metrics: dict[str, float], step: int, mode: str, cap: float) -> str | None:
+    """The warning for step ``step`` when every corrected weight was 0 (its update trained nothing), else None.
+
+    :param metrics: the step's merged metrics (``rollout_correction/weight_mean`` over valid tokens).
+    """
+    weight = metrics.get("rollout_correction/weight_mean")
+    if weight is None or weight > 0:
+        return None
+    dropped = metrics.get("rollout_correction/capped_frac", float("nan"))
+    return (
+        f"warning: step {step}: algorithm.rollout_correction={mode} gave every token weight 0 ({dropped:.0%} of them "
+        f"past algorithm.rollout_correction_cap={cap}); this update trained nothing. Raise the cap, or check why the "
+        "rollout's and the trainer's log-probs differ (rollout_correction/mismatch_kl)"
+    )

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from armor_core import hookimpl
+from armor_core.errors import NonFiniteError
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["HFRollout", "sample_next_token"]
@@ -82,7 +83,16 @@ def sample_next_token(
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             scaled = scaled.masked_fill(drop, float("-inf"))
         probs = scaled.softmax(dim=-1) if truncated else logp.exp()  # untruncated: the softmax is already at hand
-        tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
+        try:
+            tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
+        except RuntimeError:  # checked only on failure: a check per token would cost every step
+            if bool(torch.isfinite(probs).all()):
+                raise
+            raise NonFiniteError(
+                "the policy's next-token distribution holds NaN or inf (its logits are not finite: the weights "
+                "diverged); the StabilityGuard's non_finite guard (guard.enable=true, on by default) skips or rolls "
+                "back such updates before they reach sampling"
+            ) from None
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from armor_core.models.lora import peft_model_of
+from armor_core.models.remote_code import runs_directory_code
 
 __all__ = ["LORA_MODES", "backend_options", "engine_arguments", "start_engine"]
 
@@ -74,6 +75,9 @@ def engine_arguments(
         "logprobs_mode": "raw_logprobs",
         "max_num_seqs": int(config.micro_batch_size),
         "enable_sleep_mode": bool(sleep_level),
+        # the engine reloads the model's directory: it may run the directory's code only if the actor's model was
+        # built from it, which ARMOR allows only with model.trust_remote_code=true
+        "trust_remote_code": runs_directory_code(model),
     }
     if platform.is_cpu():
         engine_kwargs["enforce_eager"] = True

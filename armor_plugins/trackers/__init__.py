@@ -2,7 +2,8 @@
 and, behind optional extras, ``wandb`` (``wandb_tracker.py``) and ``mlflow`` (``mlflow_tracker.py``).
 
 On ``--resume`` from the checkpoint of step N the steps after N are trained (and logged) again:
-``resume(N)`` drops what ``jsonl`` holds for them, and tells TensorBoard to hide what it has.
+``resume(N)`` drops what ``jsonl`` holds for them, and tells TensorBoard to hide what it has
+(``resume(-1)``: a resume that found no checkpoint starts over, step 0's validation included).
 """
 
 from __future__ import annotations
@@ -21,25 +22,36 @@ from armor_plugins.trackers.wandb_tracker import WandbTracker
 
 
 class JsonlTracker:
-    """One JSON object per step in ``<run_dir>/metrics.jsonl``; non-finite values are written as strings."""
+    """One JSON object per step in ``<run_dir>/metrics.jsonl``; non-finite values are written as strings.
+
+    A row is whole or absent: it goes out in unbuffered writes, and a write that fails part-way (a
+    full disk) is cut back to the last whole row before the error goes on to the trainer.
+    """
 
     def __init__(self, run_dir: str | Path, config: Any = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": step}
         for k, v in metrics.items():
             v = float(v)
             row[k] = v if math.isfinite(v) else str(v)
-        self._fh.write(json.dumps(row) + "\n")
-        self._fh.flush()
+        data = (json.dumps(row) + "\n").encode()
+        end = os.fstat(self._fd).st_size
+        try:
+            done = 0
+            while done < len(data):  # a write may take fewer bytes than asked (e.g. the last ones the disk had)
+                done += os.write(self._fd, data[done:])
+        except BaseException:
+            os.ftruncate(self._fd, end)
+            raise
 
     def resume(self, step: int) -> None:
         """Keep the rows of steps up to ``step`` only: the resumed run logs the later ones again.
         A line that does not parse (the half-written last row of a killed run) goes too."""
-        self._fh.close()
+        os.close(self._fd)
         kept = []
         with open(self.path, "rb") as fh:
             for line in fh:
@@ -52,10 +64,12 @@ class JsonlTracker:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_bytes(b"".join(kept))
         os.replace(tmp, self.path)  # a crash here leaves the old file or the new one, never half of one
-        self._fh = open(self.path, "a")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class TensorBoardTracker:

@@ -101,7 +101,11 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
 
 
 def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):
-    run(tmp_path, "trainer.save_freq=1", name="r")
+    (tmp_path / "r").mkdir()  # a run killed before its first checkpoint: it had logged step 0's validation
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0, "val/acc_greedy": 0.5, "stale": 1.0}\n')
+    run(tmp_path, "trainer.save_freq=1", resume=True, name="r")  # starts over
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["step"] == 0] == [0] and "stale" not in rows[0]  # one step-0 row: the new one
     with pytest.raises(RunDirError, match="pass --resume"):
         run(tmp_path, "trainer.save_freq=1", name="r")
     summary, steps = run(tmp_path, "trainer.save_freq=1", "trainer.total_steps=4", resume=True, name="r")
@@ -132,8 +136,10 @@ def test_a_lora_run_checkpoints_its_adapter_and_resumes_only_as_lora(ray_cluster
     run(tmp_path, *lora, name="l")
     ckpt = tmp_path / "l" / "checkpoints" / "step_000002"
     assert (ckpt / "adapter" / "adapter_model.safetensors").exists() and not (ckpt / "model").exists()
+    config = (tmp_path / "l" / "config.json").read_bytes()
     with pytest.raises(ValueError, match=r"holds a LoRA adapter \(rank 8\), but model.lora_rank=0"):
         run(tmp_path, "trainer.save_freq=1", "trainer.total_steps=3", resume=True, name="l")
+    assert (tmp_path / "l" / "config.json").read_bytes() == config  # a refused resume leaves the run's config
     import time
 
     deadline = time.time() + 30  # the refused start gave its workers' cores back (Ray frees them asynchronously)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from armor_core.cli.main import main
+from armor_core.testing.damage import add_own_code, flipped_checkpoint, write_adapter
 
 COMMANDS = ["run", "plugins", "eval", "sft", "reward"]
 
@@ -123,3 +124,137 @@ def test_a_user_error_is_one_line_and_exit_code_2_without_a_traceback(tmp_path, 
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
+
+
+# -- user errors from every command, as a user's shell sees them ---------------------------------------
+
+
+def _builtin_copy(tmp_path, name="model"):
+    import shutil
+
+    from armor_core.models.loading import resolve_model_path
+
+    return shutil.copytree(resolve_model_path("builtin:arithmetic-tiny"), tmp_path / name)
+
+
+def _truncated_adapter(tmp_path):
+    weights = write_adapter(tmp_path / "adapter") / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return tmp_path / "adapter"
+
+
+def _bad_adapter_config(tmp_path):
+    adapter = write_adapter(tmp_path / "adapter")
+    (adapter / "adapter_config.json").write_text('{"r": 2,')
+    return adapter
+
+
+def _own_code(tmp_path):
+    model = _builtin_copy(tmp_path)
+    add_own_code(model)
+    return model
+
+
+def _a_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file, not a directory")
+    return tmp_path / "notes.txt"
+
+
+def _data_dir(tmp_path):
+    (tmp_path / "data").mkdir()
+    return tmp_path / "data"
+
+
+_EVAL = ["--data", "task:arithmetic", "--size", "2"]
+
+COMMAND_ERRORS = {
+    "plugins: an unknown kind": (lambda tmp: ["plugins", "--kind", "nosuch"], r"--kind nosuch: no such kind"),
+    "sft: --out names a file": (
+        lambda tmp: ["sft", "--init", "tiny-qwen2", "--out", str(_a_file(tmp)), "--steps", "1"],
+        r"--out .*notes.txt is a file; give a directory",
+    ),
+    "sft: a truncated model": (
+        lambda tmp: ["sft", "--model", _truncated_model(tmp)[0].split("=", 1)[1], "--out", str(tmp / "o")],
+        r"model/model.safetensors: tensor '.*' ends at byte",
+    ),
+    "eval: a truncated adapter": (
+        lambda tmp: ["eval", str(_truncated_adapter(tmp)), *_EVAL],
+        r"adapter/adapter_model.safetensors",
+    ),
+    "eval: a bad adapter_config.json": (
+        lambda tmp: ["eval", str(_bad_adapter_config(tmp)), *_EVAL],
+        r"adapter/adapter_config.json is not valid JSON",
+    ),
+    "eval: --max-new-tokens 0": (
+        lambda tmp: ["eval", "builtin:arithmetic-tiny", *_EVAL, "--max-new-tokens", "0"],
+        r"--max-new-tokens 0: a response needs at least 1 token",
+    ),
+    "eval: a model directory that needs its own code": (
+        lambda tmp: ["eval", str(_own_code(tmp)), *_EVAL],
+        r"modeling_probe.py.*set model.trust_remote_code=true \(armor eval.*--trust-remote-code\)",
+    ),
+    "eval: a checkpoint whose weights fail the manifest": (
+        lambda tmp: ["eval", str(flipped_checkpoint(tmp / "run") / "model"), *_EVAL],
+        r"step_000001 is damaged: model/model.safetensors does not match the sha256",
+    ),
+    "export: a checkpoint whose weights fail the manifest": (
+        lambda tmp: ["export", str(flipped_checkpoint(tmp / "run")), str(tmp / "out")],
+        r"step_000001 is damaged: model/model.safetensors does not match the sha256",
+    ),
+    "export --merge: a damaged adapter": (
+        lambda tmp: ["export", str(flipped_checkpoint(tmp / "run", lora=True)), str(tmp / "out"), "--merge"],
+        r"step_000001 is damaged: adapter/adapter_model.safetensors does not match the sha256",
+    ),
+    "run: a self-referential interpolation": (
+        lambda tmp: ["run", "--print-config", "trainer.run_dir=${trainer.run_dir}"],
+        r"trainer.run_dir: Recursive interpolation detected",
+    ),
+    "run: more cores per worker than the machine has": (
+        lambda tmp: ["run", "engine.cpus_per_worker=4096", f"trainer.run_dir={tmp / 'run'}"],
+        r"not enough CPU cores: .*Lower engine.cpus_per_worker",
+    ),
+    "run: a GPU per worker where none is visible": (
+        lambda tmp: ["run", "engine.gpus_per_worker=1", f"trainer.run_dir={tmp / 'run'}"],
+        r"not enough GPUs: .*Lower engine.gpus_per_worker",
+    ),
+    "run: a tracker named twice": (
+        lambda tmp: ["run", "--dry-run", "trainer.loggers=[jsonl,jsonl]", f"trainer.run_dir={tmp / 'run'}"],
+        r"trainer.loggers=\['jsonl', 'jsonl'\] names jsonl more than once",
+    ),
+    "run: a directory as a data file": (
+        lambda tmp: ["run", "--dry-run", f"data.train_files=[{_data_dir(tmp)}]", f"trainer.run_dir={tmp / 'run'}"],
+        r"data file '.*data' is a directory",
+    ),
+    "new: a name whose module is ARMOR's": (
+        lambda tmp: ["new", "guard", "core", "--out", str(tmp)],
+        r"its module 'armor_core' is already importable",
+    ),
+    "new: an overlong name": (lambda tmp: ["new", "guard", "a" * 300, "--out", str(tmp)], r"has 300 characters"),
+    "reward: an empty --ground-truth": (
+        lambda tmp: ["reward", "math", "--response", "\\boxed{2}", "--ground-truth", ""],
+        r"domain 'math' requires --ground-truth \(got an empty one; training refuses such a row too\)",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(COMMAND_ERRORS))
+def test_a_user_error_in_any_command_is_an_error_line_and_exit_code_2(tmp_path, case):
+    """Each command as a user's shell runs it: exit 2, an `error:` line naming what is wrong, no traceback."""
+    import os
+    import re
+
+    make, pattern = COMMAND_ERRORS[case]
+    argv = make(tmp_path)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the GPU row means "none visible" on any machine
+    out = subprocess.run(
+        [sys.executable, "-m", "armor_core.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1, out.stderr[-3000:]
+    assert re.search(pattern, errors[0]), errors[0]

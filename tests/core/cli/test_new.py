@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 import subprocess
 import sys
 
@@ -73,16 +74,48 @@ def test_the_module_docstring_is_the_installed_contract(tmp_path, kind):
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("Bad-Name", "'Bad-Name' is not a lowercase Python identifier.*Try 'bad_name'"),
-        ("2fast", "'2fast' is not a lowercase Python identifier"),
-        ("class", "'class' is not a lowercase Python identifier"),
+        ("Bad-Name", r"'Bad-Name' is not lowercase snake_case.*Try 'bad_name'$"),
+        ("2fast", "'2fast' is not lowercase snake_case"),
+        ("class", "'class' is not lowercase snake_case"),
+        ("_", r"'_' is not lowercase snake_case.*, e\.g\. my_guard$"),  # armor-- is no PEP 508 name
+        ("x__y", r"'x__y' is not lowercase snake_case.*Try 'x_y'$"),  # armor-x--y normalises to armor-x-y
+        ("Grad-Spike", r"'Grad-Spike' is not lowercase snake_case.*, e\.g\. my_guard$"),  # grad_spike is taken
+        ("a" * 300, r"has 300 characters; at most 64"),
         ("grad_spike", "the entry point 'grad_spike' is already installed"),
+        ("rl", r"its distribution 'armor-rl' is already installed \(armor-rl "),
+        ("rewards_math", r"its distribution 'armor-rewards-math' is already installed"),
+        ("core", r"its module 'armor_core' is already importable"),
     ],
 )
 def test_a_name_that_cannot_be_a_plugin_name_is_refused(tmp_path, name, message):
     with pytest.raises(UserFacingError, match=message):
         write_plugin("guard", name, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_module_that_is_importable_without_a_distribution_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "lib" / "armor_lonely").mkdir(parents=True)
+    (tmp_path / "lib" / "armor_lonely" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    with pytest.raises(UserFacingError, match=r"its module 'armor_lonely' is already importable \(.*lib"):
+        write_plugin("reward", "lonely", tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["_", "class", "a" * 300])
+def test_no_suggestion_is_the_refused_name_and_the_command_exits_2_without_a_traceback(tmp_path, capsys, name):
+    assert main(["new", "guard", name, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    suggested = re.findall(r"Try '([^']*)'", err)
+    assert name not in suggested
+    for other in suggested:  # a suggestion is itself accepted
+        assert write_plugin("guard", other, tmp_path / "ok").is_dir()
+
+
+def test_an_out_that_is_a_file_is_an_error_and_writes_nothing(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["new", "guard", "mine", "--out", str(tmp_path / "file")]) == 2
+    assert "cannot write" in capsys.readouterr().err and sorted(tmp_path.iterdir()) == [tmp_path / "file"]
 
 
 def test_a_registered_name_or_an_existing_directory_is_refused(tmp_path, capsys):

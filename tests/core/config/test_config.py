@@ -109,6 +109,14 @@ def test_missing_optional_engine_is_a_config_error_before_any_worker():
         (["algorithm.max_gen_batches=0"], r"algorithm.max_gen_batches=0 is out of range"),
         (["algorithm.rollout_correction=tis"], r"algorithm.rollout_correction='tis' is out of range: must be one of"),
         (["algorithm.rollout_correction_cap=0"], r"algorithm.rollout_correction_cap=0.0 is out of range"),
+        (
+            ["algorithm.rollout_correction=mask_token", "algorithm.rollout_correction_cap=0.5"],
+            r"algorithm.rollout_correction_cap=0.5 with algorithm.rollout_correction=mask_token: .* set the cap to 1",
+        ),
+        (
+            ["algorithm.rollout_correction=mask_seq", "algorithm.rollout_correction_cap=0.99"],
+            r"algorithm.rollout_correction_cap=0.99 with algorithm.rollout_correction=mask_seq",
+        ),
     ],
 )
 def test_dynamic_sampling_and_rollout_correction_settings_are_checked(overrides, match):
@@ -116,6 +124,11 @@ def test_dynamic_sampling_and_rollout_correction_settings_are_checked(overrides,
 
     with pytest.raises(ConfigError, match=match):
         validate_plugins(load_config(None, overrides))
+
+
+def test_a_truncating_correction_may_cap_below_one_a_masking_one_at_one():
+    load_config(None, ["algorithm.rollout_correction=tis_token", "algorithm.rollout_correction_cap=0.5"])
+    load_config(None, ["algorithm.rollout_correction=mask_token", "algorithm.rollout_correction_cap=1"])
 
 
 def test_grouped_estimators_pass_with_filter_groups():

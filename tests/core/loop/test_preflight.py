@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from armor_core.config.schema import ConfigError, load_config
-from armor_core.loop.preflight import check_guards, check_model, check_model_dir, check_safetensors
+from armor_core.loop.preflight import check_guards, check_model, check_model_dir, check_safetensors, check_trainable
 from armor_core.models.loading import ModelPathError, resolve_model_path
 
 BUILTIN = "builtin:arithmetic-tiny"
@@ -142,3 +142,57 @@ def test_guard_parameters_a_guard_refuses_are_config_errors(guards, message):
     with pytest.raises(ConfigError, match=message):
         check_guards(load_config(None, [f"guard.guards={guards}"]))
     check_guards(load_config(None, [f"guard.guards={guards}", "guard.enable=false"]))  # guards off: nothing is built
+
+
+def test_a_model_with_a_non_finite_weight_is_refused_naming_the_tensor(model_dir):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(model_dir / "model.safetensors")
+    name = sorted(tensors)[3]
+    tensors[name].view(-1)[5] = float("nan")
+    tensors[name].view(-1)[7] = float("inf")
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        ModelPathError, match=rf"model.safetensors: tensor '{name}' holds 2 NaN or inf value\(s\) of \d+; a model"
+    ):
+        check_model(str(model_dir))
+
+
+def test_armor_run_refuses_an_adapter_as_the_model(tmp_path, model_dir):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    shutil.copy(model_dir / "model.safetensors", adapter / "adapter_model.safetensors")
+    shutil.copy(model_dir / "tokenizer.json", adapter / "tokenizer.json")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(model_dir)}))
+    with pytest.raises(
+        ModelPathError, match=rf"model.path={adapter} is a LoRA adapter .* Set model.path to its base \({model_dir}\)"
+    ):
+        check_trainable(load_config(None, [f"model.path={adapter}"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (
+            ["model.lora_rank=100000"],
+            r"model.lora_rank=100000 exceeds the width of the smallest targeted layer, model.layers.0.self_attn.q_proj "
+            r"\(128 x 128\).* Set model.lora_rank <= 128",
+        ),
+        (
+            ["model.lora_rank=4", "model.lora_target_modules=[q_proj,vproj]"],
+            r"model.lora_target_modules: 'vproj' matches no module of Qwen2ForCausalLM; its linear layers are",
+        ),
+        (
+            ["model.lora_rank=4", "model.lora_target_modules=[norm]"],
+            r"'norm' is a Qwen2RMSNorm, a layer type LoRA \(peft\) cannot wrap",
+        ),
+    ],
+)
+def test_lora_targets_and_rank_are_checked_against_the_model_before_any_worker(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        check_trainable(load_config(None, overrides))
+
+
+def test_lora_settings_that_fit_pass_and_full_fine_tuning_builds_nothing():
+    check_trainable(load_config(None, ["model.lora_rank=128", "model.lora_target_modules=[q_proj,down_proj]"]))
+    check_trainable(load_config(None, ["model.lora_rank=0", "model.lora_target_modules=[nothing]"]))

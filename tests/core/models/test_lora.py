@@ -239,3 +239,64 @@ def test_bad_lora_settings_fail_at_load(override, match):
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, [override])
+
+
+def _retrained_copy(src, dst, *, edge: bool = True):
+    """``src`` copied to ``dst`` with other weights of the same shapes (the file keeps its size)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    names = sorted(tensors)
+    for name in names if edge else names[len(names) // 2 : len(names) // 2 + 1]:
+        tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_an_adapter_is_used_only_on_the_base_it_was_trained_on(trained, tmp_path):
+    """The checkpoint records its base; eval (preflight) and resume refuse a base replaced in place."""
+    import shutil
+
+    from armor_core.loop.preflight import check_model_dir
+    from armor_core.loop.resume import check_lora_base
+    from armor_core.models.loading import ModelPathError, resolve_model_path
+    from armor_core.models.lora import BASE_MANIFEST, base_problem
+    from armor_core.storage.checkpoint import CheckpointManager
+
+    w, *_ = trained
+    run = tmp_path / "run"
+    ckpt = CheckpointManager(run).save(2, lambda d: w.save_checkpoint(str(d)), {"step": 2})
+    adapter = ckpt / "adapter"
+    assert json.loads((adapter / BASE_MANIFEST).read_text())["files"].keys() == {"model.safetensors"}
+    builtin = resolve_model_path("builtin:arithmetic-tiny")
+    assert base_problem(adapter, builtin) is None
+    check_model_dir(adapter)  # armor eval of the adapter: its own base passes
+    other = _retrained_copy(builtin, tmp_path / "base")
+    assert base_problem(adapter, other) == (
+        f"{other / 'model.safetensors'} holds other weights than the adapter's base (same size, different bytes)"
+    )
+    exported = tmp_path / "exported"  # the adapter copied out, its config pointed at the replaced base
+    shutil.copytree(adapter, exported)
+    config = json.loads((exported / "adapter_config.json").read_text())
+    (exported / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(other)}))
+    with pytest.raises(ModelPathError, match=rf"the LoRA adapter in {exported} was trained on another base model"):
+        check_model_dir(exported)
+    cfg = load_config(None, ["model.lora_rank=4", f"model.path={other}", f"trainer.run_dir={run}"])
+    with pytest.raises(ModelPathError, match=rf"checkpoint {ckpt} holds a LoRA adapter trained on another base"):
+        check_lora_base(cfg)
+    check_lora_base(load_config(None, ["model.lora_rank=4", f"trainer.run_dir={run}"]))  # its own base resumes
+
+
+def test_a_change_inside_the_weights_away_from_the_file_edges_is_not_seen(trained, tmp_path):
+    """The fingerprint's documented limit: it reads the header and 1 MiB at each end of the data, not the middle."""
+    from armor_core.models.loading import resolve_model_path
+    from armor_core.models.lora import base_manifest
+
+    builtin = resolve_model_path("builtin:arithmetic-tiny")
+    if (builtin / "model.safetensors").stat().st_size < 3 << 20:
+        pytest.skip("the built-in model is smaller than the two fingerprinted MiB: every byte is read")
+    other = _retrained_copy(builtin, tmp_path / "base", edge=False)
+    assert base_manifest(other) == base_manifest(builtin)

@@ -62,6 +62,11 @@ def not_finite(prompt, response, ground_truth, extra):
     return float("nan")
 
 
+def textual(prompt, response, ground_truth, extra):
+    """A bug: the score as text ("1"), or a sub-score that is NaN."""
+    return RewardResult(1.0, {"part": float("nan")}) if response == "nan part" else response
+
+
 def reserved(prompt, response, ground_truth, extra):
     return RewardResult(1.0, {"score": 1.0})
 
@@ -106,6 +111,7 @@ class _Plugin:
         register("flaky", RewardDomain(flaky, requires_ground_truth=False, inline=True))
         register("not_finite", RewardDomain(not_finite, requires_ground_truth=False, inline=True))
         register("reserved", RewardDomain(reserved, requires_ground_truth=False, inline=True))
+        register("textual", RewardDomain(textual, requires_ground_truth=False, inline=True))
         register("slow", RewardDomain(slow, requires_ground_truth=True))
         register("warmed", RewardDomain(warmed, requires_ground_truth=False, warmup=_slow_warmup))
         register("lambda_domain", RewardDomain(lambda p, r, g, e: 1.0, requires_ground_truth=False))
@@ -245,6 +251,15 @@ def test_non_finite_score_and_reserved_sub_score_are_failures(pm):
     batch = score(rm, [("not_finite", "a", None), ("reserved", "a", None)])
     assert batch.scores.tolist() == [0.25, 0.25]
     assert "non-finite score nan" in batch.errors[0] and "'score' is reserved" in batch.errors[1]
+
+
+def test_a_score_given_as_text_or_a_nan_sub_score_fails_its_row(pm):
+    """float("1") is 1.0: a domain returning text would otherwise pass as a full score."""
+    rm = RewardManager(RewardConfig(failure_score=-1.0), pm)
+    batch = score(rm, [("textual", "1", None), ("textual", "nan part", None), ("textual", 1, None)])
+    assert batch.scores.tolist() == [-1.0, -1.0, 1.0]
+    assert "the domain returned the score '1', a str; return a number" in batch.errors[0]
+    assert "non-finite sub-score 'part' nan" in batch.errors[1] and batch.errors[2] is None
 
 
 def test_a_score_outside_the_declared_range_fails_its_row(pm):

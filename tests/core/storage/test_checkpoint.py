@@ -237,3 +237,40 @@ def test_pruning_keeps_intact_checkpoints_over_a_damaged_newer_one(tmp_path):
     ck.save(17, lambda d: (d / "w.bin").write_bytes(b"z" * 64), {"step": 17})
     assert sorted(p.name for p in ck.root.glob("step_*")) == ["step_000015", "step_000017", "step_000020"]
     assert ck.latest().name == "step_000017"
+
+
+@pytest.mark.parametrize(
+    "damage", ["one flipped byte in the weights", "truncated weights", "deleted trainer_state.json"]
+)
+def test_export_refuses_a_checkpoint_that_fails_its_manifest_and_writes_nothing(tmp_path, capsys, damage):
+    import shutil
+
+    from armor_core.cli.main import main
+    from armor_core.models.loading import resolve_model_path
+    from armor_core.storage.checkpoint import CheckpointError, check_intact
+
+    def write(d):
+        shutil.copytree(resolve_model_path("builtin:arithmetic-tiny"), d / "model")
+
+    ckpt = CheckpointManager(tmp_path / "run").save(1, write, {"step": 1})
+    check_intact(ckpt)  # as written: intact
+    assert main(["export", str(ckpt), str(tmp_path / "good")]) == 0
+    rel, hurt = CHECKPOINT_DAMAGE[damage]
+    hurt(ckpt / rel)
+    with pytest.raises(CheckpointError, match=f"{ckpt.name} is damaged: {rel}"):
+        check_intact(ckpt)
+    capsys.readouterr()
+    assert main(["export", str(ckpt), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: checkpoint {ckpt} is damaged: {rel}") and not (tmp_path / "out").exists()
+
+
+def test_only_a_run_checkpoints_model_or_adapter_directory_is_taken_for_a_checkpoint(tmp_path):
+    from armor_core.storage.checkpoint import checkpoint_of
+
+    ckpt = CheckpointManager(tmp_path / "run").save(1, lambda d: (d / "model").mkdir(), {"step": 1})
+    assert checkpoint_of(ckpt / "model") == ckpt and checkpoint_of(str(ckpt / "adapter")) == ckpt
+    hf = tmp_path / "checkpoint-500"  # a Hugging Face Trainer's: the model and its own trainer_state.json together
+    hf.mkdir()
+    (hf / "trainer_state.json").write_text('{"global_step": 500}')
+    assert checkpoint_of(hf) is None and checkpoint_of(tmp_path / "elsewhere" / "model") is None

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armor_core.workers.rollout_correction import MODES, correction_weights
+from armor_core.workers.rollout_correction import MODES, correction_weights, nothing_kept
 
 LN = math.log
 
@@ -205,3 +205,17 @@ def test_the_actor_multiplies_the_policy_loss_by_the_weights():
         (a.grad, b.grad) for a, b in zip(corrected.model.parameters(), plain.model.parameters()) if a.grad is not None
     ]
     assert grads and all(torch.allclose(a, b, rtol=1e-4, atol=1e-9) for a, b in grads)
+
+
+def test_a_step_whose_weights_are_all_zero_is_warned_about():
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    mask = torch.ones_like(old)
+    _, dropped = correction_weights(old, old - 0.1, mask, "mask_token", 1.0)  # every ratio e^0.1 > 1: all masked
+    _, kept = correction_weights(old, old + 0.1, mask, "mask_token", 1.0)
+    metrics = {k: float(v) for k, v in dropped.items()}
+    assert nothing_kept(metrics, 7, "mask_token", 1.0).startswith(
+        "warning: step 7: algorithm.rollout_correction=mask_token gave every token weight 0 (100% of them past "
+        "algorithm.rollout_correction_cap=1.0)"
+    )
+    assert nothing_kept({k: float(v) for k, v in kept.items()}, 7, "mask_token", 1.0) is None
+    assert nothing_kept({"actor/pg_loss": 0.0}, 7, "none", 2.0) is None  # no correction: nothing to say

@@ -244,6 +244,16 @@ def test_a_model_without_eos_is_refused():
 # -- sampling ---------------------------------------------------------------------------------------
 
 
+def test_a_non_finite_distribution_is_a_one_line_error_suggesting_the_guard():
+    from armor_core.errors import NonFiniteError
+
+    logits = torch.zeros(3, 5)
+    logits[1, 2] = float("nan")
+    for top_p in (1.0, 0.9):
+        with pytest.raises(NonFiniteError, match=r"next-token distribution holds NaN or inf .* non_finite guard"):
+            sample_next_token(logits, greedy=False, temperature=1.0, top_p=top_p)
+
+
 def test_top_k_and_top_p_truncate_but_log_probs_do_not():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(400, 1)
     torch.manual_seed(0)

@@ -143,6 +143,7 @@ def test_engine_arguments_on_cpu_and_gpu(fake_vllm, tiny):
     )
     assert kw["enforce_eager"] is True and kw["kv_cache_memory_bytes"] == 1 << 30 and kw["enable_sleep_mode"] is False
     assert roll.sleep_level == 0 and "gpu_memory_utilization" not in kw
+    assert kw["trust_remote_code"] is False  # the engine runs no code from the model directory unless the actor did
     assert getattr(roll, "model", None) is None  # the actor must send weights, never assume they are shared
     assert isinstance(roll, RolloutBackend)
     # backend_kwargs win over every default

@@ -235,3 +235,28 @@ def test_choosing_a_tracker_whose_library_is_missing_names_the_extra(monkeypatch
         validate_plugins(cfg)
     assert main(["run", f"trainer.loggers=[{name}]", "--print-config"]) == 2
     assert f"pip install 'armor-rl[{name}]'" in capsys.readouterr().err
+
+
+def test_jsonl_on_a_full_disk_leaves_no_partial_row(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import pytest
+
+    tracker = JsonlTracker(tmp_path)
+    tracker.log({"a": 1.0}, 1)
+    real_write = os.write
+
+    def disk_takes_10_bytes_more(fd, data):  # what a filling disk does: a short write, then ENOSPC
+        if len(data) > 10:
+            return real_write(fd, data[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", disk_takes_10_bytes_more)
+        with pytest.raises(OSError, match="No space left"):
+            tracker.log({"a": 2.0, "b": 3.0}, 2)
+    tracker.log({"a": 4.0}, 3)  # space freed: logging goes on after the last whole row
+    tracker.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "a": 1.0}, {"step": 3, "a": 4.0}]

@@ -1,0 +1,120 @@
+"""Checks on the Ray cluster that turn a wait without end into a one-line error at start.
+
+- ``check_address``: ``engine.address`` names a host and port where a gRPC server (Ray's GCS, or
+  its client server for ``ray://``) answers, within ``engine.connect_timeout_s``. Ray's own client
+  retries a silent address, or a port where something else listens, without end. The check is the
+  HTTP/2 handshake every gRPC server makes (RFC 7540 3.5: its first frame is SETTINGS), so it tells
+  "nothing there" and "not gRPC" from a cluster without logging in to it.
+- ``check_capacity``: the cluster's nodes, as they are, can hold every worker's bundle. A placement
+  group the cluster can never hold would otherwise wait out its placement timeout (120 s) before
+  failing; a shortage the cluster could resolve (resources other jobs hold now) still waits.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Mapping
+
+from armor_core.errors import UserFacingError
+
+__all__ = ["ClusterError", "check_address", "check_capacity"]
+
+_RETRY_S = 0.5  # between connection attempts: a head node that is starting answers within seconds
+# the HTTP/2 client preface and an empty SETTINGS frame (length 0, type 4, flags 0, stream 0)
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4
+
+
+class ClusterError(UserFacingError):
+    """The Ray cluster of ``engine.address`` does not answer, or cannot hold the run's workers."""
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ClusterError(f"engine.address={address!r}: expected 'auto' or host:port (e.g. 10.0.0.5:6379)")
+    return host.strip("[]"), int(port)
+
+
+def check_address(address: str, timeout_s: float) -> None:
+    """Something accepts connections at ``address`` (``host:port`` or ``ray://host:port``) within ``timeout_s``.
+
+    ``auto`` is left to Ray, which reads the address of a cluster started on this machine and
+    fails at once when there is none.
+
+    :raises ClusterError: naming the address, the key that sets the wait, and the last socket error.
+    """
+    if address == "auto":
+        return
+    host, port = _host_port(address)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        except socket.gaierror as e:  # the name does not resolve: waiting will not change that
+            raise ClusterError(f"engine.address={address}: host {host!r} is unknown ({e.strerror})") from None
+        except OSError as e:
+            if time.monotonic() + _RETRY_S >= deadline:
+                raise ClusterError(
+                    f"engine.address={address}: no Ray cluster answered at {host}:{port} within {timeout_s:g} s "
+                    f"(engine.connect_timeout_s) [{e.strerror or type(e).__name__}]. Start one there "
+                    f"(ray start --head --port={port}), correct the address, or leave engine.address unset to start "
+                    "a local cluster"
+                ) from None
+            time.sleep(_RETRY_S)
+            continue
+        with conn:
+            if _speaks_grpc(conn, deadline):
+                return
+        raise ClusterError(
+            f"engine.address={address}: something accepts connections at {host}:{port}, but it is not a Ray cluster "
+            f"(no gRPC handshake within {timeout_s:g} s, engine.connect_timeout_s). Give the head node's GCS port "
+            "(ray start --head prints it; 6379 by default), or ray://HOST:10001 for a Ray client server"
+        )
+
+
+def _speaks_grpc(conn: socket.socket, deadline: float) -> bool:
+    """Whether the server on ``conn`` answers the HTTP/2 preface with a SETTINGS frame before ``deadline``."""
+    try:
+        conn.settimeout(max(0.1, deadline - time.monotonic()))
+        conn.sendall(_H2_HELLO)
+        header = b""
+        while len(header) < 9:  # a frame header: length (3 bytes), type, flags, stream id (4)
+            chunk = conn.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # timed out, or reset: not a gRPC server
+        return False
+    return header[3] == _SETTINGS
+
+
+def check_capacity(
+    nodes: list[Mapping[str, Any]], groups: Mapping[str, int], cpus_per_worker: float, gpus_per_worker: float
+) -> None:
+    """Whether ``nodes`` (each node's total resources, ``{"CPU": 4, "GPU": 1, ...}``) can hold
+    ``groups`` (worker group name: workers), each worker a bundle of ``cpus_per_worker`` CPUs and
+    ``gpus_per_worker`` GPUs.
+
+    :raises ClusterError: naming what is needed, what the cluster has, and the keys that set both.
+    """
+    n = sum(groups.values())
+    need = {"CPU": cpus_per_worker, "GPU": gpus_per_worker}
+    have = {r: sum(float(node.get(r, 0)) for node in nodes) for r in need}
+    workers = " + ".join(f"{count} {name}" for name, count in groups.items())
+    keys = "engine.num_cpus (a local cluster), actor.num_workers, engine.cpus_per_worker, engine.gpus_per_worker"
+    for resource, each in need.items():
+        if each and n * each > have[resource] + 1e-9:
+            raise ClusterError(
+                f"the workers need {n * each:g} {resource}s ({workers} workers x {each:g}), but the Ray cluster has "
+                f"{have[resource]:g}; they could never be placed. Fit them with {keys}, or add nodes"
+            )
+    if not any(all(float(node.get(r, 0)) + 1e-9 >= each for r, each in need.items() if each) for node in nodes):
+        widest = max((float(node.get("CPU", 0)) for node in nodes), default=0.0)
+        raise ClusterError(
+            f"a worker needs {cpus_per_worker:g} CPUs and {gpus_per_worker:g} GPUs on one node, but no node of the "
+            f"Ray cluster has that much (the largest has {widest:g} CPUs); lower engine.cpus_per_worker / "
+            "engine.gpus_per_worker"
+        )

@@ -1,0 +1,159 @@
+"""The built-in ``tools`` environment: plain Python functions as tools, called by the policy.
+
+    rollout:
+      multi_turn:
+        enable: true
+        environment: tools
+        environment_kwargs:
+          tools: [my_pkg.tools:lookup, my_pkg.tools:calculator]   # module:function, importable in workers
+          parser: hermes            # how calls are read from a turn (armor_plugins.environments.parsers)
+          timeout_s: 10             # per call
+
+Each turn's text is parsed for tool calls (Hermes / Qwen ``<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`` blocks). A turn without a call ends the episode: it is the final answer. Calls
+of one turn run concurrently (parallel calls), at most ``max_tool_calls_per_turn``; each result goes
+back as a ``{"role": "tool", "content": ...}`` message, rendered by the tokenizer's chat template.
+Whatever goes wrong becomes an error message the policy reads, never a crash: a malformed call, an
+unknown tool, arguments the function does not take, a tool that raises, one that runs past
+``timeout_s``, a result that is not text or JSON. A sync tool runs in a thread; one that hangs past
+its timeout keeps its thread until it returns (Python cannot kill a thread), so tools that may hang
+should be ``async`` or run code in a process of their own.
+
+Per-row arguments the policy must not see or set (a row's table, its sandbox id) are a tool's
+keyword-only parameters (after ``*``): they are not in its schema, a call that names one is refused,
+and the row's ``extra.tools_kwargs.<tool>`` gives them.
+
+Metrics per episode: ``tool_calls``, ``tool_errors``, ``tool_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from armor_core import hookimpl
+from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_plugins.environments.parsers import PARSERS, ToolCall
+from armor_plugins.environments.schema import tool_schema
+
+__all__ = ["ToolsEnvironment", "load_tool"]
+
+_MAX_RESULT_CHARS = 20_000  # the observation limit cuts tokens later; this only bounds the work before it
+
+
+def load_tool(spec: str | Callable) -> Callable:
+    """A tool from ``"module:function"`` (or a callable, returned as it is)."""
+    if callable(spec):
+        return spec
+    module, _, name = str(spec).partition(":")
+    if not module or not name:
+        raise ValueError(f"tool {spec!r}: write it as 'module:function', e.g. 'my_pkg.tools:lookup'")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"tool {spec!r}: cannot import it ({type(e).__name__}: {e})") from None
+    if not callable(fn):
+        raise ValueError(f"tool {spec!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _as_text(result: Any) -> str:
+    if isinstance(result, str):
+        text = result
+    else:
+        try:
+            text = json.dumps(result, ensure_ascii=False)
+        except (TypeError, ValueError):
+            raise TypeError(f"the tool returned a {type(result).__name__}, which is neither text nor JSON") from None
+    return text if len(text) <= _MAX_RESULT_CHARS else text[:_MAX_RESULT_CHARS]
+
+
+class ToolsEnvironment:
+    """Environment ``tools`` (see the module docstring): ``ToolsEnvironment(row, seed=..., tools=[...])``."""
+
+    def __init__(
+        self,
+        row: Mapping[str, Any],
+        *,
+        seed: int = 0,
+        tools: Sequence[str | Callable] = (),
+        parser: str = "hermes",
+        timeout_s: float = 10.0,
+        max_tool_calls_per_turn: int = 4,
+    ) -> None:
+        if not tools:
+            raise ValueError("environment 'tools': give environment_kwargs.tools, e.g. ['my_pkg.tools:lookup']")
+        if parser not in PARSERS:
+            raise ValueError(f"environment 'tools': unknown parser {parser!r}; parsers: {', '.join(PARSERS)}")
+        fns = [load_tool(t) for t in tools]
+        self.functions = {f.__name__: f for f in fns}
+        self.schemas = {f.__name__: tool_schema(f) for f in fns}
+        self.parse = PARSERS[parser]
+        self.timeout_s = float(timeout_s)
+        self.max_calls = int(max_tool_calls_per_turn)
+        extra = row.get("extra") or {}
+        self.hidden = dict(extra.get("tools_kwargs") or {}) if isinstance(extra, Mapping) else {}
+
+    @staticmethod
+    def prompt_kwargs(tools: Sequence[str | Callable] = (), **_: Any) -> dict[str, Any]:
+        """``{"tools": [schema, ...]}``: the chat template renders the tools into the prompt."""
+        return {"tools": [tool_schema(load_tool(t)) for t in tools]}
+
+    def reset(self) -> None:
+        return None
+
+    async def step(self, turn: AssistantTurn) -> EnvironmentStep:
+        calls = self.parse(turn.text)
+        if not calls:  # no call: the turn is the final answer
+            return EnvironmentStep(done=True)
+        started = time.perf_counter()
+        kept, dropped = calls[: self.max_calls], calls[self.max_calls :]
+        results = await asyncio.gather(*(self._call(c) for c in kept))
+        messages = [{"role": "tool", "content": text} for text, _ in results]
+        messages += [
+            {"role": "tool", "content": f"error: at most {self.max_calls} tool calls per turn; this one was not run"}
+            for _ in dropped
+        ]
+        errors = sum(failed for _, failed in results) + len(dropped)
+        metrics = {"tool_calls": float(len(calls)), "tool_errors": float(errors)}
+        metrics["tool_seconds"] = time.perf_counter() - started
+        return EnvironmentStep(observation=messages, metrics=metrics)
+
+    async def _call(self, call: ToolCall) -> tuple[str, bool]:
+        """The result text of one call and whether it failed."""
+        if call.error:
+            return f"error: {call.error}", True
+        fn = self.functions.get(call.name)
+        if fn is None:
+            return f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(self.functions))}", True
+        shown = self.schemas[call.name]["function"]["parameters"]["properties"]
+        unexpected = sorted(set(call.arguments) - set(shown))
+        if unexpected:
+            return (
+                f"error: {call.name} takes no argument {', '.join(map(repr, unexpected))}; it takes {sorted(shown)}",
+                True,
+            )
+        args = {**call.arguments, **(self.hidden.get(call.name) or {})}
+        try:
+            inspect.signature(fn).bind(**args)
+        except TypeError as e:
+            return f"error: {call.name}: {e}", True
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await asyncio.wait_for(fn(**args), self.timeout_s)
+            else:
+                result = await asyncio.wait_for(asyncio.to_thread(fn, **args), self.timeout_s)
+            return _as_text(result), False
+        except asyncio.TimeoutError:
+            return f"error: {call.name} did not answer within {self.timeout_s:g} s", True
+        except Exception as e:  # a tool's own failure is the policy's observation, not the run's
+            return f"error: {call.name} raised {type(e).__name__}: {e}", True
+
+
+@hookimpl
+def armor_register_environments(register) -> None:
+    register("tools", ToolsEnvironment)

@@ -1,0 +1,215 @@
+"""Multi-turn rollouts over the ``hf`` backend with a tiny Qwen2 and a Qwen-style chat template built
+here: the ids trained on are the ids sampled across turns, observation tokens are masked out of the
+loss (their gradient is exactly 0), an episode that ends after one turn is the single-turn rollout,
+environments step concurrently, and every way an environment can fail ends its episode, counted,
+without failing the batch."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from armor_core.config.schema import MultiTurnConfig, RolloutConfig
+from armor_core.dataproto.protocol import DataProto
+from armor_core.interfaces import EnvironmentStep
+from armor_core.models.loading import build_char_tokenizer, build_tiny_model
+from armor_core.workers.layouts import forward_response_logits, response_log_probs
+from armor_core.workers.multi_turn import MultiTurnRollout
+from armor_core.workers.observations import TRUNCATED, ObservationRenderer
+from armor_plugins.rollout.hf import HFRollout
+
+QWEN_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz0123456789 :\n<>|_/[]().,'")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = QWEN_STYLE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    m = build_tiny_model("qwen2", len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, seed=0)
+    m.generation_config.eos_token_id = tokenizer.eos_token_id
+    return m.eval()
+
+
+def _prompts(tokenizer, texts):
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                              add_generation_prompt=True) for t in texts]  # fmt: skip
+    enc = tokenizer(rendered, add_special_tokens=False, padding=True, return_tensors="pt")
+    return DataProto.from_dict(
+        tensors={"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+        non_tensors={"extra": [{"k": i} for i in range(len(texts))], "raw_prompt": list(texts)},
+    )
+
+
+class Scripted:
+    """Answers each turn with "obs<turn>" and ends after ``turns`` turns."""
+
+    def __init__(self, row, *, seed=0, turns=3):
+        self.turns, self.seen = turns, []
+
+    def reset(self):
+        return None
+
+    def step(self, turn):
+        self.seen.append(turn)
+        done = turn.index + 1 >= self.turns
+        return EnvironmentStep(observation=None if done else f"obs{turn.index}", done=done, reward_parts={"r": 1.0})
+
+
+class Spy:
+    """The inner backend, recording every turn it sampled."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.eos_token_ids, self.pad_token_id = inner.eos_token_ids, inner.pad_token_id
+
+    def generate(self, prompts, **kw):
+        out = self.inner.generate(prompts, **kw)
+        self.calls.append(out)
+        return out
+
+
+def _rollout(model, tokenizer, env_cls, spy=False, **mt):
+    config = RolloutConfig(max_new_tokens=6, temperature=1.0, multi_turn=MultiTurnConfig(enable=True, **mt))
+    inner = HFRollout(model, tokenizer, config)
+    inner = Spy(inner) if spy else inner
+    return MultiTurnRollout(inner, tokenizer, config, env_cls), inner
+
+
+def test_ids_trained_on_are_the_ids_sampled_over_three_turns(model, tokenizer):
+    torch.manual_seed(0)
+    rollout, spy = _rollout(model, tokenizer, Scripted, spy=True, max_turns=5, max_response_tokens=200)
+    out = rollout.generate(_prompts(tokenizer, ["ab", "abc"]), n=2)
+    assert len(spy.calls) == 3 and out.meta_info["metrics"]["env/ended_done"] == 1.0
+    resp, rmask = out["responses"], out["response_mask"]
+    renderer = ObservationRenderer(tokenizer, max_tokens=64)
+    for row in range(4):
+        sampled = [call["responses"][row][call["response_mask"][row].bool()].tolist() for call in spy.calls]
+        ids = resp[row].tolist()
+        expected, mask = [], []
+        for k, turn in enumerate(sampled):  # sampled ids, then the observation's ids, turn after turn
+            expected += turn
+            mask += [1] * len(turn)
+            if k < 2:
+                ended = tokenizer.decode(turn[-1:]) if turn and turn[-1] == tokenizer.eos_token_id else None
+                obs = renderer.render(f"obs{k}", ended)[0]
+                expected += obs
+                mask += [0] * len(obs)
+        assert ids[: len(expected)] == expected and all(t == tokenizer.pad_token_id for t in ids[len(expected) :])
+        assert rmask[row].tolist() == mask + [0] * (len(ids) - len(mask))  # only sampled ids are in the loss
+        assert out["attention_mask"][row, -resp.shape[1] :].tolist() == [1] * len(mask) + [0] * (len(ids) - len(mask))
+        assert (out["rollout_log_probs"][row][torch.tensor(mask + [0] * (len(ids) - len(mask))) == 0] == 0).all()
+    # the trainer's log-probs of the assembled sequence are the sampler's, at every sampled position
+    with torch.no_grad():
+        logits = forward_response_logits(
+            model, out["input_ids"], out["attention_mask"], out["position_ids"], resp.shape[1]
+        )
+        lp, _ = response_log_probs(logits, resp, 1.0, False)
+    gap = ((lp - out["rollout_log_probs"]).abs() * rmask).max().item()
+    assert gap < 1e-4
+
+
+def test_observation_positions_get_exactly_zero_gradient(model, tokenizer):
+    from armor_core.plugins import get_plugin
+
+    torch.manual_seed(1)
+    rollout, _ = _rollout(model, tokenizer, Scripted, max_turns=3, max_response_tokens=200)
+    out = rollout.generate(_prompts(tokenizer, ["ab"]), n=2)
+    rmask = out["response_mask"].float()
+    log_prob = out["rollout_log_probs"].clone().requires_grad_(True)
+    loss_fn = get_plugin("policy_loss", "ppo_clip").fn
+    loss_mat, _ = loss_fn(log_prob, out["rollout_log_probs"], torch.ones_like(rmask), rmask)
+    agg = get_plugin("loss_aggregation", "token-mean").fn
+    agg(loss_mat, rmask, global_num_tokens=rmask.sum(), global_num_seqs=2, norm_constant=1.0).backward()
+    observation = (out["attention_mask"][:, -rmask.shape[1] :] == 1) & (rmask == 0)
+    assert observation.any() and (log_prob.grad[observation] == 0).all()
+    assert (log_prob.grad[rmask.bool()] != 0).all()
+
+
+def test_an_episode_that_ends_after_one_turn_is_the_single_turn_rollout(model, tokenizer):
+    prompts = _prompts(tokenizer, ["ab", "abc"])
+    torch.manual_seed(3)
+    rollout, inner = _rollout(model, tokenizer, lambda row, seed=0: Scripted(row, turns=1), max_response_tokens=6)
+    multi = rollout.generate(prompts, n=2)
+    torch.manual_seed(3)
+    seeds = torch.randint(0, 2**31 - 1, (2,))  # the runner draws one seed per prompt first
+    assert seeds.numel() == 2
+    single = inner.generate(prompts, n=2)
+    width = single["responses"].shape[1]
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(multi[key][:, :width], single[key]), key
+    assert torch.equal(multi["attention_mask"], single["attention_mask"])
+
+
+def test_environments_step_concurrently(model, tokenizer):
+    class Slow(Scripted):
+        def step(self, turn):
+            time.sleep(1.0)
+            return EnvironmentStep(done=True)
+
+    class SlowAsync(Scripted):
+        async def step(self, turn):
+            await asyncio.sleep(1.0)
+            return EnvironmentStep(done=True)
+
+    for env in (Slow, SlowAsync):
+        rollout, _ = _rollout(model, tokenizer, env, max_response_tokens=6)
+        start = time.perf_counter()
+        rollout.generate(_prompts(tokenizer, ["a"] * 8), n=1)
+        assert time.perf_counter() - start < 3.0, env.__name__  # 8 episodes waiting 1 s each: about 1 s, not 8
+
+
+@pytest.mark.parametrize(
+    "behaviour, reason",
+    [
+        ("raise", "env_error"),
+        ("not_a_step", "env_error"),
+        ("not_text", "env_error"),
+        ("hang", "env_timeout"),
+        ("never_done", "max_turns"),
+    ],
+)
+def test_a_failing_environment_ends_its_episode_not_the_batch(model, tokenizer, behaviour, reason):
+    class Bad(Scripted):
+        def step(self, turn):
+            if self.row_index and behaviour != "never_done":  # only the second row's environment misbehaves
+                if behaviour == "raise":
+                    raise RuntimeError("tool crashed")
+                if behaviour == "not_a_step":
+                    return {"observation": "x"}
+                if behaviour == "not_text":
+                    return EnvironmentStep(observation=12345)
+                time.sleep(5)
+            if behaviour == "never_done":
+                return EnvironmentStep(observation="again")
+            return EnvironmentStep(done=True)
+
+        def __init__(self, row, seed=0):
+            super().__init__(row)
+            self.row_index = row["extra"]["k"]
+
+    rollout, _ = _rollout(model, tokenizer, Bad, max_turns=2, max_response_tokens=100, step_timeout_s=0.5)
+    out = rollout.generate(_prompts(tokenizer, ["a", "b"]), n=1)
+    metrics = out.meta_info["metrics"]
+    share = 1.0 if behaviour == "never_done" else 0.5
+    assert metrics[f"env/ended_{reason}"] == share
+    assert len(out) == 2
+
+
+def test_long_observations_are_cut_with_a_visible_marker(tokenizer):
+    renderer = ObservationRenderer(tokenizer, max_tokens=40)
+    ids, cut = renderer.render([{"role": "tool", "content": "x" * 500}], "<|im_end|>")
+    text = tokenizer.decode(ids)
+    assert cut and len(ids) <= 40 and TRUNCATED.strip() in text and text.startswith("\n<|im_start|>tool\nx")
+    short, cut = renderer.render("hi", None)  # a turn cut by the budget gets the end of its turn first
+    assert not cut and tokenizer.decode(short).startswith("<|im_end|>\n<|im_start|>user\nhi")
