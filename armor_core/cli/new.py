@@ -46,6 +46,12 @@ KINDS = {
         ("RewardDomain", "RewardResult"),
         "1 when the response's last word is the ground truth",
     ),
+    "environment": _Kind(
+        "environment",
+        "armor_register_environments",
+        ("Environment", "AssistantTurn", "EnvironmentStep"),
+        "a number-guessing game answering each guess with higher, lower or correct",
+    ),
     "estimator": _Kind(
         "advantage_estimator",
         "armor_register_advantage_estimators",
@@ -58,7 +64,7 @@ KINDS = {
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "new",
-        help="write a new plugin package (guard, reward domain or advantage estimator) from a template",
+        help="write a new plugin package (guard, reward domain, advantage estimator or environment) from a template",
         description="Write DIR/armor-NAME/: a pip-installable plugin package with the entry point NAME in group "
         "`armor`, a working example whose docstring is the contract for its kind, a test using "
         "armor_core.testing and a README. Then: cd DIR/armor-NAME && pip install -e . && python -m "
@@ -67,7 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "kind",
         choices=sorted(KINDS),
-        help="guard (stability guard), reward (reward domain) or estimator (advantage estimator)",
+        help="guard (stability guard), reward (reward domain), estimator (advantage estimator) or environment "
+        "(multi-turn rollouts)",
     )
     p.add_argument(
         "name", help="the plugin's name, the value users write in the config: lowercase snake_case, e.g. my_guard"
@@ -98,9 +105,9 @@ def contract_text(kind: str) -> str:
     return _docstring_safe("\n\n".join(parts))
 
 
-def _class_name(name: str) -> str:
+def _class_name(name: str, suffix: str = "Guard") -> str:
     camel = "".join(part.capitalize() for part in name.split("_") if part)
-    return camel if camel.endswith("Guard") else camel + "Guard"
+    return camel if camel.endswith(suffix) else camel + suffix
 
 
 #: a plugin name is lowercase snake_case: each word starts with a letter, single underscores between
@@ -209,6 +216,7 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
         "module": module,
         "dist": target.name,
         "cls": _class_name(name),
+        "class_name": _class_name(name, "Environment"),
         "version": __version__,
         "summary": KINDS[kind].summary,
         "contract": contract_text(kind),

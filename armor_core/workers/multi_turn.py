@@ -31,7 +31,9 @@ the environment's own, averaged over episodes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -44,6 +46,7 @@ from armor_core.workers.observations import ObservationError, ObservationRendere
 __all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout"]
 
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
+MAX_THREADS = 256  # threads for plain (sync) environments of one batch: one per episode up to this many
 
 
 @dataclass
@@ -99,7 +102,13 @@ class MultiTurnRollout:
             prompts = prompts.repeat(n, interleave=True)
         per_turn = int(overrides.pop("max_new_tokens", self.config.max_new_tokens))
         episodes = self._start(prompts, n)
-        asyncio.run(self._run(episodes, per_turn, greedy, overrides))
+        # a thread per episode for plain (sync) environments: asyncio's default pool has cores + 4 threads, which
+        # would make the 9th slow tool wait for the first
+        self._pool = ThreadPoolExecutor(max_workers=min(len(episodes), MAX_THREADS), thread_name_prefix="env")
+        try:
+            asyncio.run(self._run(episodes, per_turn, greedy, overrides))
+        finally:  # a step that timed out keeps its thread until it returns (threads cannot be killed); not waited for
+            self._pool.shutdown(wait=False, cancel_futures=True)
         return self._assemble(prompts, episodes)
 
     def _start(self, prompts: DataProto, n: int) -> list[Episode]:
@@ -110,10 +119,14 @@ class MultiTurnRollout:
             context = [t for t, m in zip(row_ids, row_mask) if m]
             row = {key: values[i] for key, values in nt.items()}
             episodes.append(Episode(row, context, len(context)))
-        seeds = torch.randint(0, 2**31 - 1, (len(episodes) // n,)).tolist()  # one per prompt: its n episodes share it
+        # one seed per prompt, shared by its n episodes: a row's group is its uid (the trainer repeats the prompts
+        # itself), or its n consecutive copies (this call's own n)
+        groups = [ep.row.get("uid", i // n) for i, ep in enumerate(episodes)]
+        order = list(dict.fromkeys(_hashable(g) for g in groups))
+        drawn = dict(zip(order, torch.randint(0, 2**31 - 1, (len(order),)).tolist()))
         params = {**self._shared_params(), **dict(self.mt.environment_kwargs)}
-        for i, ep in enumerate(episodes):
-            ep.env = self.env_cls(ep.row, seed=seeds[i // n], **params)
+        for ep, group in zip(episodes, groups):
+            ep.env = self.env_cls(ep.row, seed=drawn[_hashable(group)], **params)
         return episodes
 
     def _shared_params(self) -> dict[str, Any]:
@@ -179,7 +192,8 @@ class MultiTurnRollout:
         try:
             if inspect.iscoroutinefunction(fn):
                 return await asyncio.wait_for(fn(*args), self.mt.step_timeout_s)
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.mt.step_timeout_s)
+            call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+            return await asyncio.wait_for(call, self.mt.step_timeout_s)
         except asyncio.TimeoutError:
             return _Failed("env_timeout")
         except Exception as e:  # the environment's failure ends its episode, the run goes on
@@ -260,6 +274,10 @@ class MultiTurnRollout:
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={
             **dict(prompts.meta_info), "metrics": _metrics(episodes, response_mask, present)
         })  # fmt: skip
+
+
+def _hashable(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
 
 
 @dataclass(frozen=True)

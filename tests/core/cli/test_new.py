@@ -18,7 +18,7 @@ from armor_core.cli.new import KINDS, write_plugin
 from armor_core.errors import UserFacingError
 from armor_core.testing import check_guard, registered
 
-GENERATED = {"guard": "spike_cap", "reward": "last_word", "estimator": "group_centered"}
+GENERATED = {"guard": "spike_cap", "reward": "last_word", "estimator": "group_centered", "environment": "number_guess"}
 
 
 def _run(*args: str, cwd=None, timeout: int = 300) -> str:
@@ -29,8 +29,8 @@ def _run(*args: str, cwd=None, timeout: int = 300) -> str:
 
 @pytest.mark.slow
 def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(tmp_path):
-    assert [main(["new", kind, name, "--out", str(tmp_path)]) for kind, name in GENERATED.items()] == [0, 0, 0]
-    dirs = [tmp_path / d for d in ("armor-spike-cap", "armor-last-word", "armor-group-centered")]
+    assert [main(["new", kind, name, "--out", str(tmp_path)]) for kind, name in GENERATED.items()] == [0] * 4
+    dirs = [tmp_path / f"armor-{name.replace('_', '-')}" for name in GENERATED.values()]
     assert all((d / "pyproject.toml").is_file() and (d / "README.md").is_file() for d in dirs)
     installs = [arg for d in dirs for arg in ("-e", str(d))]
     try:
@@ -45,7 +45,7 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
             *(str(d / "tests") for d in dirs),
             cwd=tmp_path,
         )
-        assert "7 passed" in report
+        assert "9 passed" in report
         listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
         ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
         assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}

@@ -7,6 +7,7 @@ without failing the batch."""
 import asyncio
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -199,7 +200,9 @@ def test_a_failing_environment_ends_its_episode_not_the_batch(model, tokenizer, 
             self.row_index = row["extra"]["k"]
 
     rollout, _ = _rollout(model, tokenizer, Bad, max_turns=2, max_response_tokens=100, step_timeout_s=0.5)
+    start = time.perf_counter()
     out = rollout.generate(_prompts(tokenizer, ["a", "b"]), n=1)
+    assert time.perf_counter() - start < 4.0  # a hung environment does not hold the batch (it sleeps 5 s)
     metrics = out.meta_info["metrics"]
     share = 1.0 if behaviour == "never_done" else 0.5
     assert metrics[f"env/ended_{reason}"] == share
@@ -213,3 +216,18 @@ def test_long_observations_are_cut_with_a_visible_marker(tokenizer):
     assert cut and len(ids) <= 40 and TRUNCATED.strip() in text and text.startswith("\n<|im_start|>tool\nx")
     short, cut = renderer.render("hi", None)  # a turn cut by the budget gets the end of its turn first
     assert not cut and tokenizer.decode(short).startswith("<|im_end|>\n<|im_start|>user\nhi")
+
+
+def test_the_episodes_of_one_group_share_an_environment_seed(model, tokenizer):
+    seen = []
+
+    class Seeds(Scripted):
+        def __init__(self, row, seed=0):
+            super().__init__(row, turns=1)
+            seen.append((int(row["uid"]), seed))
+
+    rollout, _ = _rollout(model, tokenizer, Seeds, max_response_tokens=6)
+    prompts = _prompts(tokenizer, ["a", "a", "b", "b"])  # as the trainer sends them: repeated, with their group
+    prompts.non_tensors["uid"] = np.array([0, 0, 1, 1])
+    rollout.generate(prompts)
+    assert seen[0][1] == seen[1][1] and seen[2][1] == seen[3][1] and seen[0][1] != seen[2][1]
