@@ -1,5 +1,5 @@
-"""A whole run with multi-turn rollouts through Ray: the rows' columns reach the environments in the actor
-workers, the reward domains score the episodes' final turns, and every step logs its own episodes'
+"""A whole run with multi-turn rollouts through Ray, sync and async: the rows' columns reach the environments in
+the actor workers or the rollout worker, the reward domains score the episodes' final turns, and every step logs its own episodes'
 ``env/...`` metrics (also the steps whose rollout the previous update call generated)."""
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from armor_core.loop.trainer import Trainer
 pytestmark = pytest.mark.slow
 
 
-def test_a_multi_turn_run_trains_and_logs_its_episodes(ray_cluster, tmp_path):
+@pytest.mark.parametrize(
+    "mode",
+    [[], ["rollout.mode=async", "rollout.max_staleness=1", "algorithm.rollout_correction=tis_token"]],
+    ids=["sync", "async"],
+)
+def test_a_multi_turn_run_trains_and_logs_its_episodes(ray_cluster, tmp_path, mode):
     cfg = load_config(
         None,
         [
@@ -30,6 +35,7 @@ def test_a_multi_turn_run_trains_and_logs_its_episodes(ray_cluster, tmp_path):
             "rollout.multi_turn.enable=true",
             "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculator']}",
             f"trainer.run_dir={tmp_path / 'run'}",
+            *mode,
         ],
     )
     trainer = Trainer(cfg)
