@@ -59,7 +59,9 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     loaded = []
     trainer = Trainer.__new__(Trainer)  # the rollback logic only: no workers
     trainer.ckpt, trainer.step = ck, 64
-    trainer.cfg = SimpleNamespace(trainer=SimpleNamespace(keep_checkpoints=2))
+    trainer.cfg = SimpleNamespace(
+        trainer=SimpleNamespace(keep_checkpoints=2), rollout=SimpleNamespace(multi_turn=SimpleNamespace(enable=False))
+    )
     trainer.loader = SimpleNamespace(
         state_dict=lambda: {"pos": 64}, load_state_dict=lambda s: loaded.append(("loader", s))
     )
