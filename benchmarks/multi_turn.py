@@ -101,18 +101,22 @@ def main() -> None:
         multi_turn=MultiTurnConfig(enable=True, max_turns=args.turns, max_response_tokens=10_000),
     )
     backend = HFRollout(model, tok, config)
-    backend.generate(batch)  # warm-up: the first generate call is much slower on this machine
     env_cls = make_env(args.turns, args.tool_seconds)
+
+    def run(name: str) -> tuple[int, int]:
+        if name == "armor":
+            out = MultiTurnRollout(backend, tok, config, env_cls).generate(batch)
+            return int(out["response_mask"].sum()), 0
+        return retokenising(backend, tok, prompts, env_cls, args.turns, args.max_new_tokens)
+
     table = []
     for name in ("armor", "re-tokenise"):
         torch.manual_seed(0)
+        run(name)  # warm-up: a first call at new shapes is much slower on this machine
+        torch.manual_seed(0)
         env_cls.waited = 0.0
         start = time.perf_counter()
-        if name == "armor":
-            out = MultiTurnRollout(backend, tok, config, env_cls).generate(batch)
-            tokens, changed = int(out["response_mask"].sum()), 0
-        else:
-            tokens, changed = retokenising(backend, tok, prompts, env_cls, args.turns, args.max_new_tokens)
+        tokens, changed = run(name)
         wall = time.perf_counter() - start
         table.append((name, wall, tokens, env_cls.waited, changed))
     print(
