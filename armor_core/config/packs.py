@@ -18,6 +18,7 @@ DOMAIN_PACKS: dict[str, str] = {
     "short_answer": "armor-rewards-qa",
     "refusal": "armor-rewards-safety",
     "safety": "armor-rewards-safety",
+    "code": "armor-rewards-code",
 }
 
 

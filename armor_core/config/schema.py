@@ -346,6 +346,13 @@ class EngineConfig:
         30.0, "Seconds to wait for the Ray cluster at engine.address to answer before giving up.", gt=0.0
     )
     num_cpus: int | None = f(None, "CPUs for a local Ray cluster; default: all.", ge=1)
+    omp_wait_policy: str = f(
+        "auto",
+        "How the workers' OpenMP threads wait for work: active (spin; fastest on cores of their own), passive "
+        "(sleep; far faster when another process shares the cores), or auto: passive if other processes keep a core "
+        "busy when the run starts, else active.",
+        choices=["auto", "active", "passive"],
+    )
     cpus_per_worker: float | None = f(
         None,
         "Cores for each worker process (its torch thread count); default: this node's cores split evenly among the "

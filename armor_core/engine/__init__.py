@@ -36,6 +36,8 @@ waiting (they would sit in a collective until gloo's 30-minute timeout) ends the
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -71,9 +73,16 @@ class PlacementError(UserFacingError):
     """The cluster cannot hold a worker group's placement group."""
 
 
-def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float, connect_timeout_s: float = 30.0) -> None:
+def init_ray(
+    address: str | None,
+    num_cpus: int | None,
+    needed_cpus: float,
+    connect_timeout_s: float = 30.0,
+    omp_wait_policy: str = "active",
+) -> None:
     """Join ``address`` (``ClusterError`` if nothing answers there within ``connect_timeout_s``) or
-    start a local cluster with enough logical CPUs for every worker."""
+    start a local cluster with enough logical CPUs for every worker, whose OpenMP threads wait
+    ``omp_wait_policy`` (``active`` or ``passive``; see ``wait_policy``)."""
     import ray
 
     from armor_core.engine.cluster import ClusterError, check_address
@@ -88,6 +97,7 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float, conn
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
+            "OMP_WAIT_POLICY": omp_wait_policy.upper(),
         }
     }
     if address:
@@ -99,6 +109,33 @@ def init_ray(address: str | None, num_cpus: int | None, needed_cpus: float, conn
         return
     cpus = num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed_cpus)))
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, log_to_driver=True, configure_logging=False)
+
+
+def busy_cores(seconds: float = 0.3) -> float:
+    """Cores kept busy by other processes over ``seconds``, from ``/proc/stat`` (0.0 where it cannot be read)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    elapsed = max(total1 - total0, 1)
+    return (elapsed - (idle1 - idle0)) / elapsed * (os.cpu_count() or 1)
+
+
+def wait_policy(setting: str) -> str:
+    """``engine.omp_wait_policy`` resolved: ``auto`` is ``passive`` when other processes keep half a core or more
+    busy as the run starts. Spinning threads that share a core with another busy process slow a step by tens of
+    times, sleeping ones by under 2x, at a cost when the cores are free (``benchmarks/contention.py``)."""
+    if setting != "auto":
+        return setting
+    return "passive" if busy_cores() >= 0.5 else "active"
 
 
 class WorkerGroup:

@@ -136,7 +136,7 @@ class Trainer:
     # -- setup ----------------------------------------------------------------------------------
 
     def _start_workers(self) -> None:
-        from armor_core.engine import WorkerGroup, init_ray
+        from armor_core.engine import WorkerGroup, init_ray, wait_policy
         from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
@@ -168,7 +168,10 @@ class Trainer:
                     }
                 )
         t0 = time.perf_counter()
-        init_ray(e.address, e.num_cpus, n_workers * cpus, e.connect_timeout_s)
+        policy = wait_policy(e.omp_wait_policy)
+        if policy == "passive" and e.omp_wait_policy == "auto":
+            print("other processes keep this machine's cores busy: the workers' OpenMP threads sleep while they wait")
+        init_ray(e.address, e.num_cpus, n_workers * cpus, e.connect_timeout_s, policy)
         import ray
 
         from armor_core.engine.cluster import check_capacity

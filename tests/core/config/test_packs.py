@@ -16,6 +16,7 @@ from armor_core.rewards.manager import RewardManager
 from armor_core.testing import registered
 
 PACKS = {
+    "armor-rewards-code": "armor_rewards_code",
     "armor-rewards-math": "armor_rewards_math",
     "armor-rewards-qa": "armor_rewards_qa",
     "armor-rewards-safety": "armor_rewards_safety",
