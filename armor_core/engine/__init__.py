@@ -107,6 +107,11 @@ def init_ray(
         except ConnectionError as e:  # 'auto' with no cluster on this machine, or not a Ray head at that port
             raise ClusterError(f"engine.address={address}: {' '.join(str(e).split())}") from None
         return
+    from armor_core.engine.cluster import reap_orphaned_agents
+
+    reaped = reap_orphaned_agents()
+    if reaped:
+        print(f"stopped {reaped} Ray agent process(es) left by an earlier run that was killed")
     cpus = num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed_cpus)))
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, log_to_driver=True, configure_logging=False)
 

@@ -8,6 +8,8 @@
 - ``check_capacity``: the cluster's nodes, as they are, can hold every worker's bundle. A placement
   group the cluster can never hold would otherwise wait out its placement timeout (120 s) before
   failing; a shortage the cluster could resolve (resources other jobs hold now) still waits.
+- ``reap_orphaned_agents``: before a local cluster starts, the agent processes a cluster killed
+  with its driver left behind are stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Mapping
 
 from armor_core.errors import UserFacingError
 
-__all__ = ["ClusterError", "check_address", "check_capacity"]
+__all__ = ["ClusterError", "check_address", "check_capacity", "reap_orphaned_agents"]
 
 _RETRY_S = 0.5  # between connection attempts: a head node that is starting answers within seconds
 # the HTTP/2 client preface and an empty SETTINGS frame (length 0, type 4, flags 0, stream 0)
@@ -118,3 +120,36 @@ def check_capacity(
             f"Ray cluster has that much (the largest has {widest:g} CPUs); lower engine.cpus_per_worker / "
             "engine.gpus_per_worker"
         )
+
+
+#: the helper processes a raylet starts beside each node; they outlive a raylet killed with its driver
+_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def reap_orphaned_agents() -> int:
+    """Stop this user's Ray agent processes whose raylet is gone; the number stopped.
+
+    A local cluster's raylet and GCS die with a driver killed by ``kill -9``, but its dashboard and
+    runtime-env agents notice only after a minute or so, and hold memory and ports meanwhile. An
+    agent whose parent is no raylet (it was re-parented) belongs to such a dead cluster; the next
+    local start stops it. Agents of live clusters, and other users' processes, are left alone.
+    """
+    import os
+
+    import psutil
+
+    stopped = []
+    for proc in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if not cmdline or cmdline[0] not in _AGENTS or proc.info["uids"].real != os.getuid():
+                continue
+            parent = proc.parent()
+            if parent is not None and "raylet" in " ".join(parent.cmdline()[:1]):
+                continue  # a live cluster's agent
+            proc.kill()
+            stopped.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    psutil.wait_procs(stopped, timeout=5)
+    return len(stopped)
