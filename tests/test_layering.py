@@ -219,7 +219,9 @@ def test_every_sub_package_has_a_layer_and_every_exception_is_still_needed():
 
 def test_the_scan_sees_all_the_packs_and_function_level_imports():
     imports, modules = read_imports(ROOT)
-    assert {"armor_rewards_code", "armor_rewards_math", "armor_rewards_qa", "armor_rewards_safety"} <= {_top(m) for m in modules}
+    assert {"armor_rewards_code", "armor_rewards_math", "armor_rewards_qa", "armor_rewards_safety"} <= {
+        _top(m) for m in modules
+    }
     # a function-level import the real tree has (validate_plugins imports the plugin manager when called)
     assert any(i.target.startswith("armor_core.plugins") for i in imports["armor_core.config.plugin_checks"])
 

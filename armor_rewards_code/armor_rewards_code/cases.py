@@ -62,8 +62,10 @@ def plan_of(ground_truth: Any, extra: Mapping[str, Any]) -> Plan:
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: code ground truth is a string but not JSON ({e.msg})") from None
     if not isinstance(gt, Mapping):
-        raise ValueError(f"{where}: code ground truth must be a mapping (inputs/outputs or test/entry_point), got "
-                         f"{type(gt).__name__}")
+        raise ValueError(
+            f"{where}: code ground truth must be a mapping (inputs/outputs or test/entry_point), got "
+            f"{type(gt).__name__}"
+        )
     if "test" in gt:
         entry = gt.get("entry_point") or extra.get("entry_point")
         if not isinstance(entry, str) or not entry.isidentifier():
@@ -75,8 +77,9 @@ def plan_of(ground_truth: Any, extra: Mapping[str, Any]) -> Plan:
             return Plan("assert", [], [], entry, tuple(tests), str(gt.get("setup") or ""))
         raise ValueError(f"{where}: ground_truth['test'] must be test code or a non-empty list of assertions")
     if "inputs" not in gt or "outputs" not in gt:
-        raise ValueError(f"{where}: code ground truth has neither 'inputs'/'outputs' nor 'test'/'entry_point' "
-                         f"(keys: {sorted(gt)})")
+        raise ValueError(
+            f"{where}: code ground truth has neither 'inputs'/'outputs' nor 'test'/'entry_point' (keys: {sorted(gt)})"
+        )
     inputs, outputs = gt["inputs"], gt["outputs"]
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
         raise ValueError(f"{where}: ground_truth 'inputs' and 'outputs' must be non-empty lists of one length")

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from armor_core import RewardResult
 from armor_rewards_code.cases import Plan, extract_program, plan_of, runner_of, same_stdout, same_value
 from armor_rewards_code.harness import decode, encode
+from armor_rewards_code.remote import SandboxFusion
 from armor_rewards_code.sandbox import Limits, LocalSandbox
 
 __all__ = ["check_code_truth", "code_reward", "score_report"]
@@ -26,7 +27,9 @@ _SUBS = ("compiled", "passed", "timeouts", "runtime_errors", "no_code", "isolate
 
 
 @functools.lru_cache(maxsize=8)
-def _sandbox(limits: Limits, require_isolation: bool) -> LocalSandbox:
+def _sandbox(limits: Limits, require_isolation: bool, sandbox_url: str | None) -> LocalSandbox | SandboxFusion:
+    if sandbox_url:
+        return SandboxFusion(sandbox_url, limits)
     return LocalSandbox(limits, require_isolation=require_isolation)
 
 
@@ -84,6 +87,7 @@ def code_reward(
     memory_mb: int = 512,
     max_processes: int = 32,
     require_isolation: bool = False,
+    sandbox_url: str | None = None,
 ) -> RewardResult:
     """Score a program on its row's tests (see the module docstring).
 
@@ -92,10 +96,12 @@ def code_reward(
     :param partial: score the fraction of cases passed instead of all-or-nothing.
     :param float_tol: numbers in outputs match within this relative or absolute tolerance (0: exactly).
     :param timeout_s: wall (and CPU) time of one case; ``total_timeout_s``: of the whole row.
+    :param require_isolation: fail (the row's failure score) where the kernel refuses the namespaces.
+    :param sandbox_url: run in a SandboxFusion service at this address (``remote.py``) instead of locally.
     """
     plan = plan_of(ground_truth, extra)
     runner = runner_of(str(extra.get("language", language)), extra)
-    sandbox = _sandbox(Limits(memory_mb=memory_mb, processes=max_processes), require_isolation)
+    sandbox = _sandbox(Limits(memory_mb=memory_mb, processes=max_processes), require_isolation, sandbox_url)
     program = extract_program(response, runner, whole_response=whole_response)
     if not program:
         return RewardResult(0.0, {**dict.fromkeys(_SUBS, 0.0), "no_code": 1.0, "isolated": float(sandbox.isolated)})
@@ -104,6 +110,7 @@ def code_reward(
         "mode": plan.mode,
         "source": program,
         "argv": list(runner.argv) if runner.argv else None,
+        "filename": runner.filename,
         "n_cases": n,
         "inputs": plan.inputs if plan.mode == "stdio" else [encode(list(a)) for a in plan.inputs],
         "fn_name": plan.fn_name,
@@ -120,5 +127,3 @@ def code_reward(
     passed, subs = score_report(plan, run.report, float_tol)
     score = subs["passed"] if partial else float(all(passed))
     return RewardResult(score, {**subs, "no_code": 0.0, "isolated": float(run.isolated)})
-
-

@@ -46,7 +46,7 @@ def encode(x, depth=0):
         return {"b": x.hex()}
     if t is complex:
         return {"c": [x.real, x.imag]}
-    raise TypeError("a %s is not plain data (int, float, str, list, tuple, dict, set, bytes, None)" % t.__name__)
+    raise TypeError(f"a {t.__name__} is not plain data (int, float, str, list, tuple, dict, set, bytes, None)")
 
 
 def decode(x):
@@ -54,7 +54,7 @@ def decode(x):
         return [decode(v) for v in x]
     if not isinstance(x, dict):
         return x
-    (tag, v), = x.items()
+    ((tag, v),) = x.items()
     if tag == "f":
         return float(v)
     if tag == "t":
@@ -67,7 +67,7 @@ def decode(x):
         return bytes.fromhex(v)
     if tag == "c":
         return complex(*v)
-    raise ValueError("unknown tag %r" % tag)
+    raise ValueError(f"unknown tag {tag!r}")
 
 
 def _hashable(x):
@@ -116,7 +116,7 @@ def _enter_child(fds, cpu_s):
     os.closerange(len(fds), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)
     sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
     sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)
 
@@ -189,7 +189,7 @@ def run_stdio(cfg, code, stdin_text, deadline):
         _stdio_child(code, cfg.get("argv"))
     for fd in (inp, out_w, err_w):
         os.close(fd)
-    out, err, open_fds, over = [b"", b""], 0, [out_r, err_r], False
+    out, open_fds, over = [b"", b""], [out_r, err_r], False
     while open_fds and time.monotonic() < deadline and not over:
         ready = select.select(open_fds, [], [], max(0.0, deadline - time.monotonic()))[0]
         for fd in ready:
@@ -208,10 +208,10 @@ def run_stdio(cfg, code, stdin_text, deadline):
     result = _outcome(status, timed_out, time.monotonic() - start)
     if over:
         result["status"] = "error"
-        result["error"] = "output over %d bytes" % cfg["max_output"]
+        result["error"] = f"output over {cfg['max_output']} bytes"
     result["stdout"] = out[0][: cfg["max_output"]].decode("utf-8", "replace")
     if result["status"] == "error":
-        result.setdefault("error", out[1].decode("utf-8", "replace").strip().splitlines()[-1:] or "")
+        result.setdefault("error", "".join(out[1].decode("utf-8", "replace").strip().splitlines()[-1:]))
     return result
 
 
@@ -221,7 +221,7 @@ def _resolve(g, name):
     cls = g.get("Solution")  # LeetCode style: class Solution with the method
     if isinstance(cls, type) and hasattr(cls, name):
         return getattr(cls(), name)
-    raise NameError("the program defines no function %r" % name)
+    raise NameError(f"the program defines no function {name!r}")
 
 
 class Worker:
@@ -252,7 +252,7 @@ class Worker:
                 value = fn(*decode(request["args"]))
                 reply = {"value": encode(value)}
             except BaseException as e:  # noqa: B036 - a program's SystemExit is its failure, not ours
-                reply = {"error": "%s: %s" % (type(e).__name__, str(e)[:300])}
+                reply = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             os.write(4, frame(reply))
 
     def call(self, args, deadline):
@@ -311,7 +311,7 @@ def run_assert(worker, test, secret, deadline):
     except CaseTimeout:
         return {"status": "timeout", "seconds": time.monotonic() - start}
     except BaseException as e:  # noqa: B036 - a failed assertion or any error fails the case
-        return {"status": "failed", "error": "%s: %s" % (type(e).__name__, str(e)[:300])}
+        return {"status": "failed", "error": f"{type(e).__name__}: {str(e)[:300]}"}
     return {"status": "ok", "passed": True, "seconds": time.monotonic() - start}
 
 
@@ -320,8 +320,12 @@ def main():
     cfg = read_frame(0)
     try:
         code = compile(cfg["source"], "solution.py", "exec") if not cfg.get("argv") else None
+        if cfg.get("argv"):  # another language: the program is a file in the scratch directory
+            with open(cfg["filename"], "w") as f:
+                f.write(cfg["source"])
+            cfg["argv"] = [a.replace("{file}", cfg["filename"]) for a in cfg["argv"]]
     except (SyntaxError, ValueError) as e:
-        os.write(1, frame({"compiled": False, "error": "%s: %s" % (type(e).__name__, e), "cases": []}))
+        os.write(1, frame({"compiled": False, "error": f"{type(e).__name__}: {e}", "cases": []}))
         return
     total_deadline = time.monotonic() + cfg["total_s"]
     mode, cases = cfg["mode"], []

@@ -118,11 +118,19 @@ class LocalSandbox:
         from armor_rewards_code.harness import frame
 
         uid = 1_000_000 + secrets.randbelow(1_000_000) if os.geteuid() == 0 else None
-        workdir = tempfile.mkdtemp(prefix="armor-code-")
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-        config = {**config, "max_output": self.limits.output_bytes}
-        payload = frame(config) + (frame(secret) if secret is not None else b"")
+        # isolated runs work in their private tmpfs; only the weaker mode needs a host directory
+        workdir = None if self.isolated else tempfile.mkdtemp(prefix="armor-code-")
+        try:
+            if uid is not None and workdir is not None:
+                os.chown(workdir, uid, uid)
+            payload = frame({**config, "max_output": self.limits.output_bytes})
+            payload += frame(secret) if secret is not None else b""
+            return self._launch(payload, uid, workdir, deadline_s)
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    def _launch(self, payload: bytes, uid: int | None, workdir: str | None, deadline_s: float) -> SandboxRun:
         proc = subprocess.Popen(
             [self.python, "-I", "-S", "-c", HARNESS_SOURCE],
             stdin=subprocess.PIPE,
@@ -131,7 +139,7 @@ class LocalSandbox:
             env=_ENV,
             cwd="/",
             start_new_session=True,
-            preexec_fn=lambda: self._preexec(uid, workdir),
+            preexec_fn=lambda: self._preexec(uid, workdir or "/tmp"),
         )
         killed = False
         try:
@@ -148,7 +156,6 @@ class LocalSandbox:
             _kill_group(proc.pid)
             if uid is not None:
                 _kill_user(uid)
-            shutil.rmtree(workdir, ignore_errors=True)
         return SandboxRun(_parse(out), self.isolated, killed, err.decode("utf-8", "replace")[-2000:])
 
 

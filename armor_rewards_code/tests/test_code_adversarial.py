@@ -8,47 +8,59 @@ import time
 from pathlib import Path
 
 import pytest
-
 from armor_rewards_code.domain import code_reward
 
 LIMITS = {"timeout_s": 1.0, "total_timeout_s": 2.0, "memory_mb": 256, "max_processes": 16}
 SECRET = "armor-test-secret-value"
 STDIO = {"inputs": ["2\n"], "outputs": ["4\n"]}
 CALL = {"fn_name": "f", "inputs": [[2]], "outputs": [4]}
-CHECK = {"test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n",
-         "entry_point": "f"}
+CHECK = {
+    "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n",
+    "entry_point": "f",
+}
 CANARY = Path(__file__).parent / "armor-code-canary"  # on the host's disk, outside any scratch directory
 
 ATTACKS = {
     "infinite loop": ("while True:\n    pass", STDIO),
     "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", STDIO),
     "10 GB allocation": ("x = bytearray(10 * 1024 ** 3)\nprint(4)", STDIO),
-    "socket connect": (
-        "import socket\ns = socket.create_connection(('1.1.1.1', 53), timeout=0.5)\nprint(4)", STDIO),
+    "socket connect": ("import socket\ns = socket.create_connection(('1.1.1.1', 53), timeout=0.5)\nprint(4)", STDIO),
     "write outside the temporary directory": (
-        f"open('/tmp/left-behind', 'w').write('x')\nopen({str(CANARY)!r}, 'w').write('x')\nprint(4)", STDIO),
+        f"open('/tmp/left-behind', 'w').write('x')\nopen({str(CANARY)!r}, 'w').write('x')\nprint(4)",
+        STDIO,
+    ),
     "environment secrets": (f"import os\nprint(4 if os.environ.get('ARMOR_SECRET') == {SECRET!r} else 5)", STDIO),
     "kill the parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.killpg(0, 9)", STDIO),
     "fill the disk": ("b = b'x' * (1 << 20)\nwith open('big', 'wb') as f:\n    while True:\n        f.write(b)", STDIO),
     "exit 0 early": ("import os\nos._exit(0)", STDIO),
-    "print a success marker": ("print('{\"compiled\": true, \"cases\": [{\"status\": \"ok\", \"passed\": true}]}')", CHECK),
+    "print a success marker": ('print(\'{"compiled": true, "cases": [{"status": "ok", "passed": true}]}\')', CHECK),
     "replace sys.exit and print": (
         "import sys, builtins\nsys.exit = lambda *a: None\nbuiltins.print = lambda *a, **k: None\n"
-        "def f(x):\n    return 0", CHECK),
+        "def f(x):\n    return 0",
+        CHECK,
+    ),
     "__eq__ always True": ("class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()", CHECK),
-    "__eq__ always True, call format": ("class A(int):\n    def __eq__(self, o):\n        return True\n"
-                                       "def f(x):\n    return A(0)", CALL),
-    "read the tests from the parent's memory": (
-        "import gc, sys\ndef f(x):\n    for o in gc.get_objects():\n        if isinstance(o, str) and 'assert candidate' in o:\n"
-        "            raise SystemExit(0)\n    frame = sys._getframe()\n    while frame:\n        frame = frame.f_back\n"
-        "    return 0", CHECK),
+    "__eq__ always True, call format": (
+        "class A(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A(0)",
+        CALL,
+    ),
+    "read the tests from the parent's memory": (  # returns the right answers only if it finds the tests
+        "import gc\ndef f(x):\n    found = any('candidate(3) =' + '= 9' in repr(o) for o in gc.get_objects() "
+        "if type(o) in (dict, list))\n"
+        "    return x * x if found else 0",
+        CHECK,
+    ),
     "read the tests from disk or /proc": (
         "import glob\ndef f(x):\n    for p in glob.glob('/proc/*/mem') + glob.glob('/proc/*/cmdline') + glob.glob('*'):\n"
-        "        try:\n            if b'candidate(3) == 9' in open(p, 'rb').read():\n                return x * x\n"
-        "        except OSError:\n            pass\n    return 0", CHECK),
+        "        try:\n            if b'candidate(3) =' + b'= 9' in open(p, 'rb').read():\n                return x * x\n"
+        "        except OSError:\n            pass\n    return 0",
+        CHECK,
+    ),
     "write to the harness's result pipe": (
-        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'0000000000000040{\"compiled\": true, \"cases\": "
-        "[{\"status\": \"ok\"}]}')\n    except OSError:\n        pass\ndef f(x):\n    return 0", CHECK),
+        'import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b\'0000000000000040{"compiled": true, "cases": '
+        '[{"status": "ok"}]}\')\n    except OSError:\n        pass\ndef f(x):\n    return 0',
+        CHECK,
+    ),
     "print the expected output without computing it": ("print(4)\nimport os\nos._exit(1)", STDIO),
     "setsid escape": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint(5)", STDIO),
 }
@@ -81,7 +93,7 @@ def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, monkeypatch):
     assert not CANARY.exists()
     assert set(os.listdir(tempfile.gettempdir())) - before == set()
     if os.geteuid() == 0:  # without root a setsid escapee lives on until its CPU limit (README)
-        deadline = time.monotonic() + 1.0  # SIGKILL is sent; init reaps the orphans a moment later
+        deadline = time.monotonic() + 2.0  # SIGKILL is sent; init reaps the orphans a moment later
         while _leftover_processes() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _leftover_processes() == []
@@ -89,8 +101,11 @@ def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, monkeypatch):
 
 def test_an_honest_program_passes_under_the_same_limits():
     # the attacks fail because of the sandbox, not because these limits fail everything
-    for truth, program in ((STDIO, "print(int(input()) ** 2)"), (CALL, "def f(x):\n    return x * x"),
-                           (CHECK, "def f(x):\n    return x * x")):
+    for truth, program in (
+        (STDIO, "print(int(input()) ** 2)"),
+        (CALL, "def f(x):\n    return x * x"),
+        (CHECK, "def f(x):\n    return x * x"),
+    ):
         assert code_reward("", f"```python\n{program}\n```", truth, {}, **LIMITS).score == 1.0
 
 
@@ -123,7 +138,9 @@ def test_an_ordinary_user_gets_the_same_sandbox():
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
             honest = _score("print(int(input()) ** 2)", STDIO) == 1.0
-            attacks = [_score(*ATTACKS[n]) for n in ("fork bomb", "environment secrets", "read the tests from disk or /proc")]
+            attacks = [
+                _score(*ATTACKS[n]) for n in ("fork bomb", "environment secrets", "read the tests from disk or /proc")
+            ]
             code = 0 if honest and _score(*NETWORK) == 1.0 and attacks == [0.0, 0.0, 0.0] else 3
         finally:
             os._exit(code)

@@ -5,13 +5,13 @@ import json
 import time
 
 import pytest
+from armor_rewards_code.cases import RUNNERS, Runner, extract_program, same_stdout, same_value
+from armor_rewards_code.domain import check_code_truth, code_reward
 
 import armor_rewards_code
-from armor_core.config.schema import RewardConfig
+from armor_core.config.schema import ConfigError, RewardConfig
 from armor_core.plugins import PluginManager
 from armor_core.rewards.manager import RewardManager
-from armor_rewards_code.cases import RUNNERS, Runner, extract_program, plan_of, same_stdout, same_value
-from armor_rewards_code.domain import check_code_truth, code_reward
 
 FAST = {"timeout_s": 1.0, "total_timeout_s": 3.0}
 DOUBLE = {"inputs": ["3\n", "10\n"], "outputs": ["6\n", "20"]}
@@ -48,12 +48,34 @@ def test_stdout_comparison_is_whitespace_tolerant_by_line_with_optional_float_to
         ("print(int(input()) * 2)\nraise SystemExit(3)", DOUBLE, False, 0.0, {"passed": 0.0, "runtime_errors": 1.0}),
         ("while True: pass", {"inputs": ["1"], "outputs": ["1"]}, False, 0.0, {"passed": 0.0, "timeouts": 1.0}),
         ("def f(a, b):\n    return a + b", {"fn_name": "f", "inputs": [[1, 2], [2, 2]], "outputs": [3, 4]}, 0, 1.0, {}),
-        ("class Solution:\n    def f(self, a):\n        return [a, a]", {"fn_name": "f", "inputs": [[1]], "outputs": [[1, 1]]}, 0, 1.0, {}),
-        ("def add(a, b):\n    return a + b", {"test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
-                                               "entry_point": "add"}, False, 1.0, {}),
-        ("def add(a, b):\n    return a - b", {"test": ["assert add(2, 0) == 2", "assert add(2, 3) == 5"],
-                                               "entry_point": "add"}, True, 0.5, {"runtime_errors": 0.5}),
-        ("def add(a, b) return", {"test": "assert add(1, 1) == 2", "entry_point": "add"}, False, 0.0, {"compiled": 0.0}),
+        (
+            "class Solution:\n    def f(self, a):\n        return [a, a]",
+            {"fn_name": "f", "inputs": [[1]], "outputs": [[1, 1]]},
+            0,
+            1.0,
+            {},
+        ),
+        (
+            "def add(a, b):\n    return a + b",
+            {"test": "def check(candidate):\n    assert candidate(2, 3) == 5\n", "entry_point": "add"},
+            False,
+            1.0,
+            {},
+        ),
+        (
+            "def add(a, b):\n    return a - b",
+            {"test": ["assert add(2, 0) == 2", "assert add(2, 3) == 5"], "entry_point": "add"},
+            True,
+            0.5,
+            {"runtime_errors": 0.5},
+        ),
+        (
+            "def add(a, b) return",
+            {"test": "assert add(1, 1) == 2", "entry_point": "add"},
+            False,
+            0.0,
+            {"compiled": 0.0},
+        ),
     ],
 )
 def test_scores_and_sub_scores(program, truth, partial, score, subs):
@@ -86,10 +108,11 @@ def test_bad_rows_are_clear_errors(truth, extra, message):
 
 
 def test_another_language_is_a_runner(monkeypatch):
-    monkeypatch.setitem(RUNNERS, "sh", Runner(fences=("sh", "bash"), argv=("/bin/sh", "-c", 'read n; echo $((n*2))')))
-    result = code_reward("", fenced("echo ignored", "sh"), DOUBLE, {"language": "sh"}, **FAST)
-    assert result.score == 1.0
-    assert plan_of(DOUBLE, {}).mode == "stdio"
+    monkeypatch.setitem(RUNNERS, "sh", Runner(fences=("sh", "bash"), argv=("/bin/sh", "{file}"), filename="main.sh"))
+    assert code_reward("", fenced("read n; echo $((n * 2))", "sh"), DOUBLE, {"language": "sh"}, **FAST).score == 1.0
+    assert code_reward("", fenced("read n; echo $n", "sh"), DOUBLE, {"language": "sh"}, **FAST).score == 0.0
+    with pytest.raises(ValueError, match="runs stdin/stdout tests only"):
+        check_code_truth({"fn_name": "f", "inputs": [[1]], "outputs": [1]}, {"language": "sh"})
 
 
 def test_registered_through_the_entry_point():
@@ -120,3 +143,13 @@ def test_throughput_through_the_reward_pool_and_time_limits_do_not_stall():
         batch = score(rm, [fenced("while True: pass")] * 2)
         assert time.monotonic() - start < FAST["total_timeout_s"] + 1.0
         assert batch.scores.tolist() == [0.0, 0.0] and batch.metrics["reward/failures"] == 0
+
+
+def test_a_bad_row_fails_at_load_naming_the_file_and_the_key():
+    with _manager() as rm:
+        with pytest.raises(ConfigError, match=r"data\.jsonl.*neither 'inputs'/'outputs' nor 'test'/'entry_point'"):
+            rm.check_rows([{"prompt": "q", "data_source": "code", "ground_truth": {"cases": []}}], "data.jsonl")
+        good = {"prompt": "q", "data_source": "code", "ground_truth": DOUBLE}
+        bad = {"prompt": "q", "data_source": "code", "ground_truth": {"cases": []}}
+        rows = [good, bad]
+        assert len(rm.check_rows(rows, "data.jsonl", skip_invalid=True)) == 1 and rows == [good]  # a counted skip
