@@ -40,7 +40,7 @@ def core_alone_env(tmp_path_factory):
     (site / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    env[DISABLE_ENV] = "math,qa,safety"
+    env[DISABLE_ENV] = "math,qa,safety,code"
     return env
 
 

@@ -521,6 +521,38 @@ def test_seeded_sampling_repeats(engine):
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 
 
+# before the tests that build engines of their own: tearing one down ends the module engine's process group
+@pytest.mark.slow
+def test_multi_turn_episodes_over_vllm_are_token_exact(engine):
+    from armor_core.config.schema import MultiTurnConfig
+    from armor_core.interfaces import EnvironmentStep
+    from armor_core.workers.multi_turn import MultiTurnRollout
+
+    class ThreeTurns:  # answers each turn with a fixed text, ends after the third
+        def __init__(self, row, seed=0):
+            pass
+
+        def reset(self):
+            return None
+
+        def step(self, turn):
+            return EnvironmentStep(observation=None if turn.index == 2 else " 1+1=", done=turn.index == 2)
+
+    config = RolloutConfig(
+        max_new_tokens=4, multi_turn=MultiTurnConfig(enable=True, max_turns=3, max_response_tokens=64)
+    )
+    rollout = MultiTurnRollout(engine.roll, engine.tok, config, ThreeTurns)
+    torch.manual_seed(0)
+    prompts = engine.prompts.select(tensor_keys=["input_ids", "attention_mask", "position_ids"])[:8]
+    out = rollout.generate(prompts, n=2)
+    assert out.meta_info["metrics"]["env/turns"] == 3.0 and out.meta_info["metrics"]["env/masked_share"] > 0
+    lp, _ = _actor_log_probs(engine.model, out, 1.0)
+    mask = out["response_mask"].bool()
+    assert (out["rollout_log_probs"] - lp)[mask].abs().max().item() < 1e-4  # sampled ids, sampler's log-probs
+    observation = out["attention_mask"][:, -mask.shape[1] :].bool() & ~mask
+    assert observation.any() and (out["rollout_log_probs"][observation] == 0).all()
+
+
 @pytest.mark.slow
 def test_after_an_update_greedy_output_follows_the_new_weights(engine):
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
@@ -647,34 +679,3 @@ def test_tied_embeddings_follow_updates_too(tmp_path):
     assert not torch.equal(hf["responses"], before)
     assert torch.equal(out["responses"], hf["responses"])
     assert (out["rollout_log_probs"] - hf["rollout_log_probs"]).abs().max().item() < 1e-4
-
-
-@pytest.mark.slow
-def test_multi_turn_episodes_over_vllm_are_token_exact(engine):
-    from armor_core.config.schema import MultiTurnConfig
-    from armor_core.interfaces import EnvironmentStep
-    from armor_core.workers.multi_turn import MultiTurnRollout
-
-    class ThreeTurns:  # answers each turn with a fixed text, ends after the third
-        def __init__(self, row, seed=0):
-            pass
-
-        def reset(self):
-            return None
-
-        def step(self, turn):
-            return EnvironmentStep(observation=None if turn.index == 2 else " 1+1=", done=turn.index == 2)
-
-    config = RolloutConfig(
-        max_new_tokens=4, multi_turn=MultiTurnConfig(enable=True, max_turns=3, max_response_tokens=64)
-    )
-    rollout = MultiTurnRollout(engine.roll, engine.tok, config, ThreeTurns)
-    torch.manual_seed(0)
-    prompts = engine.prompts.select(tensor_keys=["input_ids", "attention_mask", "position_ids"])[:8]
-    out = rollout.generate(prompts, n=2)
-    assert out.meta_info["metrics"]["env/turns"] == 3.0 and out.meta_info["metrics"]["env/masked_share"] > 0
-    lp, _ = _actor_log_probs(engine.model, out, 1.0)
-    mask = out["response_mask"].bool()
-    assert (out["rollout_log_probs"] - lp)[mask].abs().max().item() < 1e-4  # sampled ids, sampler's log-probs
-    observation = out["attention_mask"][:, -mask.shape[1] :].bool() & ~mask
-    assert observation.any() and (out["rollout_log_probs"][observation] == 0).all()
