@@ -67,11 +67,12 @@ def evaluate(
 
     from armor_core.config.schema import load_config
     from armor_core.dataproto.protocol import DataProto
-    from armor_core.loop.data import encode_dataset, load_rows, task_rows
+    from armor_core.loop.data import encode_dataset, load_rows, prompt_template_kwargs, task_rows
     from armor_core.loop.validation import accuracy_by_source, at_n_metrics, main_scores
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.rewards.manager import RewardManager
+    from armor_core.workers.multi_turn import build_rollout
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
     if max_new_tokens is not None:
@@ -88,11 +89,10 @@ def evaluate(
         else:
             ds = load_rows([data], skip_invalid=cfg.data.skip_invalid)
         rewards.check_rows(ds.rows, ds.source, skip_invalid=cfg.data.skip_invalid)
-        enc = encode_dataset(
-            ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, cfg.data.apply_chat_template_kwargs
-        )
+        enc = encode_dataset(ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, prompt_template_kwargs(cfg, pm))
         model = load_model(path, cfg.model.dtype, trust_remote_code=trust)
-        rollout = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")(model, tok, cfg.rollout)
+        backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
+        rollout = build_rollout(backend_cls, model, tok, cfg.rollout)  # episodes with environments if multi-turn
         prompts = DataProto.from_dict(tensors=enc["tensors"], non_tensors=enc["non_tensors"])
         torch.manual_seed(cfg.trainer.seed)
         result: dict[str, float] = {"rows": float(len(prompts))}
@@ -111,10 +111,14 @@ def evaluate(
         ):
             rows = prompts.repeat(k, interleave=True) if k > 1 else prompts
             out = rollout.generate(rows, greedy=greedy)
-            texts = [
-                tok.decode(r[m.bool()].tolist(), skip_special_tokens=True)
-                for r, m in zip(out["responses"], out["response_mask"])
-            ]
+            texts = (
+                list(out.non_tensors["reward_text"])  # a multi-turn episode: its final turn (or transcript)
+                if "reward_text" in out.non_tensors
+                else [
+                    tok.decode(r[m.bool()].tolist(), skip_special_tokens=True)
+                    for r, m in zip(out["responses"], out["response_mask"])
+                ]
+            )
             nt = rows.non_tensors
             scored = rewards.score(
                 list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"])

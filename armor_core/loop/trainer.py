@@ -415,6 +415,7 @@ class Trainer:
             self.rollout.ranks,
             t.val_n,
             t.val_sampled,
+            multi_turn=self.cfg.rollout.multi_turn.enable,
         )
         out["val/step"] = float(self.step)
         self.val_history.append(out)

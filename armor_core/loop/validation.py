@@ -85,15 +85,24 @@ def at_n_metrics(
 
 
 def run_validation(
-    data: Any, generate: Callable[[Any, bool], Any], scorer: Any, ranks: int, val_n: int, sampled: bool
+    data: Any,
+    generate: Callable[[Any, bool], Any],
+    scorer: Any,
+    ranks: int,
+    val_n: int,
+    sampled: bool,
+    multi_turn: bool = False,
 ) -> dict[str, float]:
     """Validation metrics of ``data`` (the encoded held-out prompts, a DataProto).
 
     :param generate: ``generate(prompts, greedy) -> rows`` (the trainer's rollout, any worker layout).
     :param scorer: ``step.Scorer``: scores generated rows and returns their decoded responses.
     :param ranks: the batch is padded to a multiple of this (every rank gets rows).
+    :param multi_turn: the rows' columns go with the prompts (each episode's environment is built from its
+        row) and the rollout's own columns (``reward_text``, ``env_reward_parts``) come back with it.
     """
     from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.async_rollout import generation_request
 
     out: dict[str, float] = {}
     runs = (
@@ -105,8 +114,11 @@ def run_validation(
         rows = data.repeat(n, interleave=True) if n > 1 else data
         pad = (-len(rows)) % ranks
         padded = DataProto.concat([rows, rows[:pad]]) if pad else rows
-        gen = generate(padded.select(tensor_keys=["input_ids", "attention_mask", "position_ids"]), greedy)[: len(rows)]
-        full = rows.select(non_tensor_keys=list(rows.non_tensors)).union(gen.select(tensor_keys=list(gen.tensors)))
+        gen = generate(generation_request(padded, multi_turn), greedy)[: len(rows)]
+        added = [k for k in gen.non_tensors if k not in rows.non_tensors]
+        full = rows.select(non_tensor_keys=list(rows.non_tensors)).union(
+            gen.select(tensor_keys=list(gen.tensors), non_tensor_keys=added)
+        )
         scores, _, texts = scorer.score(full)
         main = main_scores(full.non_tensors["reward_components"])  # correctness, without format or length components
         if n == 1:

@@ -98,3 +98,80 @@ def test_armor_eval_n_samples_and_writes_each_row(tmp_path):
         timeout=300,
     )
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_multi_turn_validation_sends_rows_and_scores_the_final_turn():
+    """With multi-turn rollouts the environments get the rows' columns, and the domains score the episode's
+    final turn (``reward_text``), not every sampled id decoded; an environment's reward parts join the score."""
+    import torch
+
+    from armor_core.config.schema import RewardConfig
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.step import Scorer
+    from armor_core.loop.validation import run_validation
+    from armor_core.plugins import get_plugin_manager
+    from armor_core.rewards.manager import RewardManager
+
+    data = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.ones(2, 3, dtype=torch.long),
+            "attention_mask": torch.ones(2, 3, dtype=torch.long),
+            "position_ids": torch.arange(3).repeat(2, 1),
+        },
+        non_tensors={
+            "raw_prompt": np.array(["2+2=", "3+3="], dtype=object),
+            "data_source": np.array(["arithmetic"] * 2, dtype=object),
+            "ground_truth": np.array(["4", "6"], dtype=object),
+            "extra": np.array([{"k": 0}, {"k": 1}], dtype=object),
+        },
+    )
+    seen = []
+
+    def generate(prompts, greedy):
+        seen.append(dict(prompts.non_tensors))
+        # the sampled ids decode to garbage; the episodes' final turns are the answers
+        out = DataProto.from_dict(
+            tensors={"responses": torch.full((2, 2), 5), "response_mask": torch.ones(2, 2, dtype=torch.long)},
+            non_tensors={
+                "reward_text": np.array(["4", "7"], dtype=object),
+                "env_reward_parts": np.array([{"solved": 0.5}, {}], dtype=object),
+            },
+        )
+        return out
+
+    class Tok:
+        def batch_decode(self, rows, skip_special_tokens=True):
+            return ["garbage"] * len(rows)
+
+    rewards = RewardManager(RewardConfig(), get_plugin_manager())
+    try:
+        out = run_validation(data, generate, Scorer(rewards, Tok()), ranks=1, val_n=1, sampled=False, multi_turn=True)
+    finally:
+        rewards.close()
+    assert [e["k"] for e in seen[0]["extra"]] == [0, 1]  # the rows went with the prompts
+    # "4" is right, "7" is wrong: half correct; the environment's 0.5 is a component, not correctness
+    assert out["val/arithmetic/acc_greedy"] == 0.5
+
+
+def test_armor_eval_runs_multi_turn_episodes():
+    """``armor eval`` builds the configured rollout: with multi-turn on, episodes with the environment (the tiny
+    model calls no tool, so each ends after its first turn and scores as the single-turn evaluation does)."""
+
+    def evaluate(*overrides):
+        run = subprocess.run(
+            [sys.executable, "-m", "armor_core.cli.main", "eval", "builtin:arithmetic-tiny", "--data",
+             "task:arithmetic", "--size", "16", "--json", *overrides],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        return json.loads(run.stdout)
+
+    tools = "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculator']}"
+    multi = evaluate("rollout.multi_turn.enable=true", tools)
+    assert multi["acc_greedy"] == evaluate()["acc_greedy"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "armor_core.cli.main", "eval", "builtin:arithmetic-tiny", "--data", "task:arithmetic",
+         "--size", "4", "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=nosuch"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "unknown environment 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
