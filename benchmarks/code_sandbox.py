@@ -33,9 +33,12 @@ PARAMS = {"timeout_s": 1.0, "total_timeout_s": 2.0, "memory_mb": 256, "max_proce
 
 NOT_STOPPED = (
     ("reading world-readable host files", "the host's filesystem as an unprivileged user sees it"),
-    ("writing world-writable host dirs", "other than /tmp, /var/tmp, /dev/shm, which get a private tmpfs"),
+    (
+        "writing world-writable host dirs",
+        "only where Landlock is missing; namespaces alone shut /tmp, /var/tmp, /dev/shm",
+    ),
     ("a setsid escapee, without root", "lives until its CPU limit; as root every process of the run's uid is killed"),
-    ("everything, where unshare is refused", "no network or scratch isolation: the isolated sub-score is 0"),
+    ("network and host writes", "only where namespaces, seccomp and Landlock are all refused: isolated sub-score 0"),
     ("memory across processes", "each process has its own address-space limit; processes x memory in all"),
 )
 

@@ -7,11 +7,15 @@ directory (removed afterwards), a scrubbed environment, and, set in the child be
   harness sets each test case's CPU limit to its time limit);
 - a different user when started as root: a fresh unprivileged uid per run (so ``RLIMIT_NPROC``
   counts only this run's processes and a program cannot signal another run's);
-- a new user and network namespace where the kernel allows it (``unshare(CLONE_NEWUSER |
-  CLONE_NEWNET)``): only a loopback interface that is down, so no connection leaves the sandbox.
-  Where it is refused (seccomp in a container, user namespaces off) the run goes on in the weaker
-  mode and ``SandboxRun.isolated`` is False (the ``code`` domain's ``isolated`` sub-score);
-  ``require_isolation`` makes that an error instead;
+- new user, network and mount namespaces where the kernel allows them (``unshare(CLONE_NEWUSER |
+  CLONE_NEWNET | CLONE_NEWNS)``): only a loopback interface that is down, so no connection leaves the
+  sandbox, and private tmpfs over the host's world-writable scratch directories;
+- on top, or instead where namespaces are refused (seccomp in a container, user namespaces off), the
+  unprivileged confinements of ``confine.py``: a seccomp filter that lets ``socket()`` make only local
+  sockets, and Landlock, under which the run writes only beneath its working directory (and may not
+  signal processes outside it). ``SandboxRun.isolated`` (the ``code`` domain's ``isolated`` sub-score)
+  is True when network and host writes are both shut, by either means; ``require_isolation`` makes its
+  absence an error instead;
 - the parent-death signal, so a reward worker killed for ``reward.timeout_s`` takes its sandbox along.
 
 The parent kills the whole process group at the run's end or deadline and, when it started as root, every
@@ -35,7 +39,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Limits", "LocalSandbox", "SandboxRun"]
+from armor_rewards_code.confine import block_network, confine_writes
+
+__all__ = ["Confinement", "Limits", "LocalSandbox", "SandboxRun", "probe_confinement"]
 
 HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
@@ -68,12 +74,63 @@ class SandboxRun:
     stderr: str
 
 
-def _namespaces_allowed() -> bool:
-    """Whether this kernel lets a process make a user + network namespace (tried in a throwaway child)."""
+@dataclass(frozen=True)
+class Confinement:
+    """Which of the sandbox's confinements this kernel grants (each tried once, in a throwaway child).
+
+    ``namespaces``: new user, network and mount namespaces; ``network``: the seccomp filter on
+    ``socket()``; ``writes``: Landlock, writes only beneath the run's working directory. ``why`` names
+    each one refused, and the error the kernel gave."""
+
+    namespaces: bool
+    network: bool
+    writes: bool
+    why: str = ""
+
+    @property
+    def isolated(self) -> bool:
+        """No connection leaves the run and it writes nothing on the host but its own scratch directory."""
+        return (self.namespaces or self.network) and (self.namespaces or self.writes)
+
+
+def _granted(attempt) -> str:
+    """ "" when ``attempt()`` succeeds in a forked child, else the error it raised there."""
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(_NAMESPACES) == 0 else 1)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        os.close(read)
+        try:
+            attempt()
+            os._exit(0)
+        except BaseException as e:  # noqa: BLE001 - the child reports any failure and exits
+            os.write(write, f"{type(e).__name__}: {e}".encode()[:500])
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        message = f.read().decode("utf-8", "replace")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return "" if code == 0 else message or f"exit status {code}"
+
+
+def _unshare() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_NAMESPACES) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS)")
+
+
+def probe_confinement() -> Confinement:
+    """What this process's children may use; the sandbox's runs are such children."""
+    scratch = tempfile.mkdtemp(prefix="armor-code-probe-")
+    try:
+        errors = {
+            "namespaces": _granted(_unshare),
+            "network": _granted(block_network),
+            "writes": _granted(lambda: confine_writes([scratch])),
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    why = "; ".join(f"{name}: {error}" for name, error in errors.items() if error)
+    return Confinement(**{name: not error for name, error in errors.items()}, why=why)
 
 
 class LocalSandbox:
@@ -81,15 +138,17 @@ class LocalSandbox:
 
     def __init__(self, limits: Limits | None = None, *, require_isolation: bool = False) -> None:
         self.limits = limits or Limits()
-        self.isolated = _namespaces_allowed()
+        self.confinement = probe_confinement()
+        self.isolated = self.confinement.isolated
         if require_isolation and not self.isolated:
             raise RuntimeError(
-                "code sandbox: this kernel refuses a user+network namespace (unshare), and require_isolation is set; "
-                "allow unprivileged user namespaces or use the remote backend"
+                f"code sandbox: this kernel refuses the confinements a run needs ({self.confinement.why}), and "
+                "require_isolation is set; allow unprivileged user namespaces (or seccomp and Landlock), or use "
+                "the remote backend"
             )
         self.python = sandbox_python()
 
-    def _preexec(self, uid: int | None, workdir: str) -> None:
+    def _preexec(self, uid: int | None, workdir: str, others: int) -> None:
         """In the child between fork and exec: drop privileges, namespaces, limits. Errors abort the exec."""
         libc = ctypes.CDLL(None, use_errno=True)
         lim = self.limits
@@ -98,9 +157,15 @@ class LocalSandbox:
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
-        if self.isolated:
+        writable = [workdir]
+        if self.confinement.namespaces:
             _enter_namespaces(libc, lim.scratch_mb)
             workdir = "/tmp"
+            writable = [path for path in _SCRATCH if os.path.isdir(path)]  # the private tmpfs, all three
+        if self.confinement.writes:
+            confine_writes(writable)
+        if self.confinement.network:
+            block_network()
         mb = 1 << 20
         for rlim, value in (
             (resource.RLIMIT_AS, lim.memory_mb * mb),
@@ -109,8 +174,9 @@ class LocalSandbox:
             (resource.RLIMIT_CORE, 0),
         ):
             resource.setrlimit(rlim, (value, value))
-        if uid is not None or self.isolated:  # otherwise NPROC would count all of the user's own processes
-            resource.setrlimit(resource.RLIMIT_NPROC, (lim.processes, lim.processes))
+        # the kernel counts the uid's tasks; outside a fresh uid or user namespace the user's others count too
+        processes = lim.processes + (0 if uid is not None or self.confinement.namespaces else others)
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
         os.chdir(workdir)
 
     def run(self, config: dict, secret: dict | None, deadline_s: float) -> SandboxRun:
@@ -118,8 +184,8 @@ class LocalSandbox:
         from armor_rewards_code.harness import frame
 
         uid = 1_000_000 + secrets.randbelow(1_000_000) if os.geteuid() == 0 else None
-        # isolated runs work in their private tmpfs; only the weaker mode needs a host directory
-        workdir = None if self.isolated else tempfile.mkdtemp(prefix="armor-code-")
+        # runs in namespaces work in their private tmpfs; only the others need a host directory
+        workdir = None if self.confinement.namespaces else tempfile.mkdtemp(prefix="armor-code-")
         try:
             if uid is not None and workdir is not None:
                 os.chown(workdir, uid, uid)
@@ -131,6 +197,7 @@ class LocalSandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
 
     def _launch(self, payload: bytes, uid: int | None, workdir: str | None, deadline_s: float) -> SandboxRun:
+        others = _tasks_of(os.getuid()) if uid is None and not self.confinement.namespaces else 0
         proc = subprocess.Popen(
             [self.python, "-I", "-S", "-c", HARNESS_SOURCE],
             stdin=subprocess.PIPE,
@@ -139,7 +206,7 @@ class LocalSandbox:
             env=_ENV,
             cwd="/",
             start_new_session=True,
-            preexec_fn=lambda: self._preexec(uid, workdir or "/tmp"),
+            preexec_fn=lambda: self._preexec(uid, workdir or "/tmp", others),
         )
         killed = False
         try:
@@ -183,12 +250,29 @@ def sandbox_python() -> str:
     interpreter's when it is, else the system's ``python3``); the harness needs only the standard library."""
     for candidate in (sys.executable, shutil.which("python3", path=_ENV["PATH"]) or ""):
         path = Path(os.path.realpath(candidate)) if candidate else None
-        if path and path.is_file() and all(p.stat().st_mode & 0o001 for p in [path, *path.parents]):
-            return str(path)
+        try:
+            if path and path.is_file() and all(p.stat().st_mode & 0o001 for p in [path, *path.parents]):
+                return str(path)
+        except OSError:  # a directory on its path this user may not enter
+            continue
     raise RuntimeError(
         f"code sandbox: no Python interpreter that an unprivileged user may run ({sys.executable} lies under a "
         "directory others cannot enter); install python3 under /usr/bin"
     )
+
+
+def _tasks_of(uid: int) -> int:
+    """How many tasks (threads) run under the real ``uid`` now: what ``RLIMIT_NPROC`` counts."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                status = Path(entry.path, "status").read_text()
+                if int(status.split("\nUid:")[1].split()[0]) == uid:
+                    count += int(status.split("\nThreads:")[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+    return count
 
 
 def _kill_user(uid: int) -> None:

@@ -2,6 +2,7 @@
 ends within its time limit plus 1 s, and leaves no process and no file behind. Limits are tight
 (1 s a case, 256 MiB) so that a failure of the sandbox cannot run away with the machine."""
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from armor_rewards_code.domain import code_reward
+
+from armor_rewards_code import domain, sandbox
 
 LIMITS = {"timeout_s": 1.0, "total_timeout_s": 2.0, "memory_mb": 256, "max_processes": 16}
 SECRET = "armor-test-secret-value"
@@ -81,8 +84,47 @@ def _leftover_processes():
     return found
 
 
+GRANTED = sandbox.probe_confinement()
+# each way the sandbox confines a run, and what it needs from this kernel
+MODES = {
+    "namespaces": (GRANTED.namespaces, GRANTED),
+    "seccomp and landlock": (
+        GRANTED.network and GRANTED.writes,
+        dataclasses.replace(GRANTED, namespaces=False),  # a kernel that refuses user namespaces
+    ),
+    "unconfined": (True, sandbox.Confinement(False, False, False, why="refused")),  # a kernel that refuses all three
+}
+# what only the confinements stop; unconfined, the isolated sub-score of 0 says so
+NEEDS_CONFINEMENT = {"socket connect", "write outside the temporary directory"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sandboxes():
+    """The domain keeps its sandboxes; a test that confines them its own way leaves none behind."""
+    domain._sandbox.cache_clear()
+    yield
+    domain._sandbox.cache_clear()
+
+
+def _confine(monkeypatch, confinement):
+    """Make the code domain's sandboxes confine their runs as ``confinement`` says."""
+    monkeypatch.setattr(sandbox, "probe_confinement", lambda: confinement)
+    domain._sandbox.cache_clear()
+
+
+@pytest.fixture(params=MODES)
+def mode(request, monkeypatch):
+    granted, confinement = MODES[request.param]
+    if not granted:
+        pytest.skip(f"this kernel refuses what {request.param} needs: {GRANTED.why}")
+    _confine(monkeypatch, confinement)
+    return request.param
+
+
 @pytest.mark.parametrize("name", ATTACKS)
-def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, monkeypatch):
+def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, mode, monkeypatch):
+    if mode == "unconfined" and name in NEEDS_CONFINEMENT:
+        pytest.skip("only namespaces, or seccomp and Landlock, stop this; unconfined runs are reported as not isolated")
     monkeypatch.setenv("ARMOR_SECRET", SECRET)
     program, truth = ATTACKS[name]
     before = set(os.listdir(tempfile.gettempdir()))
@@ -90,6 +132,7 @@ def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, monkeypatch):
     result = code_reward("", f"```python\n{program}\n```", truth, {}, **LIMITS)
     assert time.monotonic() - start < LIMITS["total_timeout_s"] + 1.0
     assert result.score == 0.0 and result.sub_scores["passed"] == 0.0, result
+    assert result.sub_scores["isolated"] == float(mode != "unconfined")
     assert not CANARY.exists()
     assert set(os.listdir(tempfile.gettempdir())) - before == set()
     if os.geteuid() == 0:  # without root a setsid escapee lives on until its CPU limit (README)
@@ -99,7 +142,7 @@ def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, monkeypatch):
         assert _leftover_processes() == []
 
 
-def test_an_honest_program_passes_under_the_same_limits():
+def test_an_honest_program_passes_under_the_same_limits(mode):
     # the attacks fail because of the sandbox, not because these limits fail everything
     for truth, program in (
         (STDIO, "print(int(input()) ** 2)"),
@@ -110,7 +153,7 @@ def test_an_honest_program_passes_under_the_same_limits():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
-def test_runs_as_an_unprivileged_user_when_started_as_root():
+def test_runs_as_an_unprivileged_user_when_started_as_root(mode):
     truth = {"inputs": [""], "outputs": ["ok"]}
     program = "import os\nprint('ok' if os.getuid() != 0 and not os.access('/root', os.W_OK) else 'root')"
     assert code_reward("", f"```python\n{program}\n```", truth, {}, **LIMITS).score == 1.0
@@ -123,13 +166,30 @@ def _score(program, truth):
 NETWORK = ("import socket\nprint(sorted(n for _, n in socket.if_nameindex()))", {"inputs": [""], "outputs": ["['lo']"]})
 
 
-def test_no_network_interface_but_a_loopback():
+def test_no_network_interface_but_a_loopback(mode):
+    if mode != "namespaces":
+        pytest.skip("the host's interfaces stay visible without a network namespace")
     assert _score(*NETWORK) == 1.0  # the host has more interfaces; the sandbox's namespace has only lo
 
 
+def test_without_any_confinement_the_run_says_so_and_require_isolation_refuses(monkeypatch):
+    _confine(monkeypatch, sandbox.Confinement(False, False, False, why="namespaces: refused"))
+    result = code_reward("", "```python\nprint(int(input()) ** 2)\n```", STDIO, {}, **LIMITS)
+    assert result.score == 1.0 and result.sub_scores["isolated"] == 0.0
+    with pytest.raises(RuntimeError, match=r"refuses the confinements a run needs \(namespaces: refused\)"):
+        code_reward("", "```python\nprint(4)\n```", STDIO, {}, **LIMITS, require_isolation=True)
+
+
+def test_landlock_or_seccomp_alone_is_not_isolation():
+    assert not sandbox.Confinement(False, True, False).isolated
+    assert not sandbox.Confinement(False, False, True).isolated
+    assert sandbox.Confinement(False, True, True).isolated and sandbox.Confinement(True, False, False).isolated
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an ordinary user")
-def test_an_ordinary_user_gets_the_same_sandbox():
-    # most users are not root: no uid to drop to, the namespaces alone confine the program
+def test_an_ordinary_user_gets_the_same_sandbox(mode):
+    # most users are not root: no uid to drop to, the namespaces (or seccomp and Landlock) confine the program
+    assert _score("print(int(input()) ** 2)", STDIO) == 1.0  # the sandbox is made here: its Python lies under /root
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -141,7 +201,9 @@ def test_an_ordinary_user_gets_the_same_sandbox():
             attacks = [
                 _score(*ATTACKS[n]) for n in ("fork bomb", "environment secrets", "read the tests from disk or /proc")
             ]
-            code = 0 if honest and _score(*NETWORK) == 1.0 and attacks == [0.0, 0.0, 0.0] else 3
+            network = mode == "unconfined" or _score(*ATTACKS["socket connect"]) == 0.0
+            network = network and (mode != "namespaces" or _score(*NETWORK) == 1.0)
+            code = 0 if honest and network and attacks == [0.0, 0.0, 0.0] else 3
         finally:
             os._exit(code)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
