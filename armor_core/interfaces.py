@@ -123,6 +123,10 @@ class RewardDomain:
         not among the row's options. Called on every row with a ground truth routed to the domain
         when the dataset is loaded: such a row is an error naming it (or, with
         ``data.skip_invalid``, a counted skip), not a failed score at every step.
+    :param batch_fn: optional ``fn(prompts, responses, ground_truths, extras) -> list[float | RewardResult]``,
+        one result per row, for checks that are faster on many rows at once (a model, a service). When
+        set, the reward manager sends all of a batch's rows of this domain to a reward worker in one
+        call, under ``reward.timeout_s`` for the whole call; ``fn`` still scores single rows.
     """
 
     fn: Callable[[str, str, Any, Mapping[str, Any]], float | RewardResult]
@@ -132,6 +136,7 @@ class RewardDomain:
     score_range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]] | None = (0.0, 1.0)
     validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
     warmup: Callable[[], None] | None = None
+    batch_fn: Callable[..., Sequence[float | RewardResult]] | None = None
 
     def __call__(
         self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None

@@ -308,6 +308,12 @@ class RewardConfig:
         "same name.",
         factory=dict,
     )
+    custom: list = f(
+        help="Reward functions from files, verl's signature unchanged: [{path, name (compute_score), data_sources, "
+        "domain (the file's stem), batched (false), kwargs, requires_ground_truth (true)}]; each is a domain that "
+        "scores its data_sources in the reward pool (see armor_core/rewards/custom.py).",
+        factory=list,
+    )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
     num_workers: int = f(

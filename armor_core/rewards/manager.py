@@ -25,7 +25,12 @@ or, with 0, one helper process started on first use. The exception is an inline 
 author declares it pure Python, cheap and unable to hang (the built-in task's integer check), and
 it runs in the calling process, because the process hop (~0.1 ms a row) costs more than the check
 itself. A domain is inline when it is registered with ``RewardDomain(..., inline=True)``; the mark is the
-author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set.
+author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set. A domain with a
+``batch_fn`` gets all of a batch's rows in one worker call, under one ``reward.timeout_s``.
+
+Files. ``reward.custom`` adds domains read from Python files with verl's signature
+(``armor_core.rewards.custom``); they route like installed domains, and their ``data_sources``
+route to them (a source also in ``reward.domain_map`` is an error).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
+from armor_core.rewards.custom import SOURCE_KEY, FileFunction, load_custom
 from armor_core.rewards.pool import Outcome, Pool, evaluate
 
 __all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
@@ -81,8 +87,10 @@ class RewardBatch:
 
 @dataclass(frozen=True)
 class _Bound:
-    domain: RewardDomain  # its fn has the configured parameters bound
+    domain: RewardDomain  # its fn (and batch_fn) has the configured parameters bound
     inline: bool
+    batch: bool  # scored through batch_fn, a batch's rows of this domain in one call
+    wants_source: bool  # a file function (reward.custom): the row's data_source goes in its extra
     spec: bytes | None  # the pickled domain, for worker processes
     score_range: tuple[float, float] | None
     check_ground_truth: Any  # the domain's validate_ground_truth, or None
@@ -119,6 +127,8 @@ class RewardManager:
         self.cfg = cfg
         self._pm = pm
         self._known: list[str] = pm.names("reward_domain")
+        self._custom, self._custom_routes, self._custom_kwargs = load_custom(cfg.custom, self._known)
+        self._known += list(self._custom)
         self._bound: dict[str, _Bound] = {}
         self._routes: dict[str, dict[str, float]] = {}
         self._pool: Pool | None = None
@@ -150,14 +160,17 @@ class RewardManager:
                 f"{where}: unknown reward domain {name!r}.{hint} Known domains: "
                 f"{', '.join(self._known) or 'none (install a reward pack, e.g. armor-rewards-math)'}"
             )
-        domain: RewardDomain = self._pm.get("reward_domain", name)
+        domain: RewardDomain = self._custom.get(name) or self._pm.get("reward_domain", name)
         params = self.cfg.domain_kwargs.get(name) or {}
         if not isinstance(params, Mapping):
             raise ConfigError(f"reward.domain_kwargs.{name} must be a mapping of parameters, got {params!r}")
-        params = dict(params)
+        params = {**self._custom_kwargs.get(name, {}), **params}
         check_params(name, domain.fn, params)
         inline = domain.inline
-        bound_domain = dataclasses.replace(domain, fn=functools.partial(domain.fn, **params)) if params else domain
+        bound_domain = domain
+        if params:
+            batch_fn = functools.partial(domain.batch_fn, **params) if domain.batch_fn else None
+            bound_domain = dataclasses.replace(domain, fn=functools.partial(domain.fn, **params), batch_fn=batch_fn)
         spec = None
         if not inline:
             try:
@@ -169,7 +182,15 @@ class RewardManager:
                     "set register it with RewardDomain(..., inline=True) if it is pure, cheap and cannot hang"
                 ) from e
         score_range = resolve_score_range(name, domain.score_range, domain.fn, params)
-        bound = self._bound[name] = _Bound(bound_domain, inline, spec, score_range, domain.validate_ground_truth)
+        bound = self._bound[name] = _Bound(
+            bound_domain,
+            inline,
+            batch=domain.batch_fn is not None and not inline,
+            wants_source=isinstance(domain.fn, FileFunction),
+            spec=spec,
+            score_range=score_range,
+            check_ground_truth=domain.validate_ground_truth,
+        )
         return bound
 
     def domain(self, name: str) -> RewardDomain:
@@ -186,6 +207,14 @@ class RewardManager:
             return route
         where = f"reward.domain_map.{data_source}"
         spec = self.cfg.domain_map.get(data_source)
+        custom = self._custom_routes.get(data_source)
+        if spec is not None and custom is not None:
+            raise ConfigError(
+                f"data_source {data_source!r} is routed twice: {where}={spec!r} and reward.custom's "
+                f"{custom!r} (its data_sources); keep one, or give weights in {where}"
+            )
+        if custom is not None:
+            spec = custom
         if spec is None:
             if data_source not in self._known:
                 pack = missing_pack(data_source, f"data_source {data_source!r}")
@@ -294,19 +323,36 @@ class RewardManager:
         with self._lock:
             checks = [(i, d, w) for i, source in enumerate(data_sources) for d, w in self.domains_for(source).items()]
             outcomes: list[Outcome | None] = [None] * len(checks)
-            jobs, job_checks = [], []
+            jobs: list[tuple[bytes, tuple, bool]] = []
+            job_checks: list[list[int]] = []  # the checks each job answers
+            batched: dict[str, list[int]] = {}
             for c, (i, d, _) in enumerate(checks):
-                bound, args = self._bound[d], (prompts[i], responses[i], ground_truths[i], dict(extras[i] or {}))
+                bound, extra = self._bound[d], dict(extras[i] or {})
+                if bound.wants_source:
+                    extra[SOURCE_KEY] = data_sources[i]
+                args = (prompts[i], responses[i], ground_truths[i], extra)
                 if bound.inline:
                     outcomes[c] = evaluate(bound.domain, *args)
+                elif bound.batch:
+                    batched.setdefault(d, []).append(c)
                 else:
-                    jobs.append((bound.spec, args))
-                    job_checks.append(c)
+                    jobs.append((bound.spec, args, False))
+                    job_checks.append([c])
+            for d, cs in batched.items():
+                rows = [checks[c][0] for c in cs]
+                extra_of = [dict(extras[i] or {}) for i in rows]
+                if self._bound[d].wants_source:
+                    for extra, i in zip(extra_of, rows):
+                        extra[SOURCE_KEY] = data_sources[i]
+                args = ([prompts[i] for i in rows], [responses[i] for i in rows], [ground_truths[i] for i in rows])
+                jobs.append((self._bound[d].spec, (*args, extra_of), True))
+                job_checks.append(cs)
             if jobs:
                 if self._pool is None:
                     self._pool = Pool(max(1, self.cfg.num_workers), self.cfg.timeout_s)
-                for c, outcome in zip(job_checks, self._pool.run(jobs)):
-                    outcomes[c] = outcome
+                for cs, result in zip(job_checks, self._pool.run(jobs)):
+                    for k, c in enumerate(cs):  # one Outcome for a whole batch: its call failed or timed out
+                        outcomes[c] = result if isinstance(result, Outcome) else result[k]
             # type: ignore[arg-type]
             return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)
 

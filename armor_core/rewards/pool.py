@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 if TYPE_CHECKING:
     from armor_core.interfaces import RewardDomain
 
-__all__ = ["Outcome", "Pool", "evaluate"]
+__all__ = ["Outcome", "Pool", "evaluate", "evaluate_batch"]
 _RESERVED_SUBS = ("score", "failures")
 _LOAD_TIMEOUT_S = 120.0  # a fresh worker importing a domain's module (sympy: ~1 s) is not the check
 _START_TIMEOUT_S = 120.0
@@ -61,29 +61,61 @@ def _finite(value: Any, what: str) -> float:
     return number
 
 
+def _outcome(result: Any) -> Outcome:
+    """A domain's result (a RewardResult, or a number its ``__call__`` wrapped) checked and made an Outcome."""
+    score = _finite(result.score, "score")
+    subs = {}
+    for key, value in result.sub_scores.items():
+        if key in _RESERVED_SUBS:
+            raise ValueError(f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it")
+        subs[str(key)] = _finite(value, f"sub-score {key!r}")
+    return Outcome("ok", score, subs)
+
+
+def _failed(e: Exception) -> Outcome:
+    return Outcome(
+        "error",
+        kind=type(e).__name__,
+        message=f"{type(e).__name__}: {e}"[:1000],
+        trace=traceback.format_exc()[-3000:],
+    )
+
+
 def evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> Outcome:
     try:
-        result = domain(prompt, response, ground_truth, extra)
-        score = _finite(result.score, "score")
-        subs = {}
-        for key, value in result.sub_scores.items():
-            if key in _RESERVED_SUBS:
-                raise ValueError(
-                    f"sub-score name {key!r} is reserved (ARMOR logs reward/<domain>/{key} itself); rename it"
-                )
-            subs[str(key)] = _finite(value, f"sub-score {key!r}")
-        return Outcome("ok", score, subs)
+        return _outcome(domain(prompt, response, ground_truth, extra))
     except Exception as e:
-        return Outcome(
-            "error",
-            kind=type(e).__name__,
-            message=f"{type(e).__name__}: {e}"[:1000],
-            trace=traceback.format_exc()[-3000:],
-        )
+        return _failed(e)
+
+
+def evaluate_batch(
+    domain: RewardDomain,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    ground_truths: Sequence[Any],
+    extras: Sequence[Mapping[str, Any]],
+) -> list[Outcome] | Outcome:
+    """Every row through ``domain.batch_fn`` in one call: an Outcome per row, or one for all when the call failed."""
+    from armor_core.interfaces import RewardResult
+
+    try:
+        results = list(domain.batch_fn(list(prompts), list(responses), list(ground_truths), [dict(e) for e in extras]))
+        if len(results) != len(prompts):
+            raise ValueError(f"the batch function returned {len(results)} results for {len(prompts)} rows")
+    except Exception as e:
+        return _failed(e)
+    outcomes = []
+    for result in results:
+        try:
+            outcomes.append(_outcome(result if isinstance(result, RewardResult) else RewardResult(score=result)))
+        except Exception as e:
+            outcomes.append(_failed(e))
+    return outcomes
 
 
 def _worker_main(conn: Any) -> None:
-    """A worker: receives ``(job, pickled domain, args)``, answers ``("done", job, outcome)``."""
+    """A worker: receives ``(job, pickled domain, args, batch)``, answers ``("done", job, outcome)`` (with
+    ``batch``, the outcome of each row, or one for all)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     domains: dict[bytes, RewardDomain] = {}
     conn.send(("ready",))
@@ -94,7 +126,7 @@ def _worker_main(conn: Any) -> None:
             return
         if msg is None:
             return
-        job, spec, args = msg
+        job, spec, args, batch = msg
         domain = domains.get(spec)
         if domain is None:
             try:
@@ -113,7 +145,7 @@ def _worker_main(conn: Any) -> None:
                 )
                 continue
             conn.send(("loaded", job))
-        conn.send(("done", job, evaluate(domain, *args)))
+        conn.send(("done", job, evaluate_batch(domain, *args) if batch else evaluate(domain, *args)))
 
 
 class _Worker:
@@ -161,7 +193,9 @@ class Pool:
         w.stop(kill=True)
         self._workers[self._workers.index(w)] = _Worker(self._ctx)
 
-    def run(self, jobs: Sequence[tuple[bytes, tuple]]) -> list[Outcome]:
+    def run(self, jobs: Sequence[tuple[bytes, tuple, bool]]) -> list[Outcome | list[Outcome]]:
+        """Each job is ``(pickled domain, args, batch)``; its result is an Outcome, or with ``batch`` an Outcome
+        per row (or one for all rows: the call failed, timed out, or its worker died)."""
         results: list[Outcome | None] = [None] * len(jobs)
         queue, remaining = deque(range(len(jobs))), len(jobs)
         while remaining:

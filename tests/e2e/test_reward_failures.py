@@ -45,3 +45,36 @@ def test_a_domain_failing_on_every_row_stops_the_run_at_its_first_step(ray_clust
         not (tmp_path / "run" / "metrics.jsonl").exists()
         or "actor/pg_loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
     )
+
+
+def test_a_run_scores_its_rows_with_a_verl_reward_file(ray_cluster, tmp_path):
+    reward_file = tmp_path / "exact_file.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    hit = solution_str.strip() == str(ground_truth).strip()\n"
+        "    return {'score': float(hit), 'acc': hit, 'is_arithmetic': float(data_source == 'arithmetic')}\n"
+    )
+    cfg = load_config(
+        None,
+        [
+            f"reward.custom=[{{path: {reward_file}, data_sources: [arithmetic]}}]",
+            "data.train_size=64",
+            "data.val_size=8",
+            "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=4",
+            "rollout.n=4",
+            "rollout.max_new_tokens=4",
+            "trainer.total_steps=2",
+            "trainer.loggers=[jsonl]",
+            "engine.cpus_per_worker=1",
+            f"trainer.run_dir={tmp_path / 'run'}",
+        ],
+    )
+    run_training(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:  # the file scored the built-in task's rows, in place of the arithmetic domain
+        assert r["reward/exact_file/is_arithmetic"] == 1.0 and r["reward/exact_file/failures"] == 0.0
+        assert 0.0 <= r["reward/exact_file/acc"] == r["reward/exact_file/score"] <= 1.0
+        assert "reward/arithmetic/score" not in r
