@@ -126,7 +126,8 @@ class RewardDomain:
     :param batch_fn: optional ``fn(prompts, responses, ground_truths, extras) -> list[float | RewardResult]``,
         one result per row, for checks that are faster on many rows at once (a model, a service). When
         set, the reward manager sends all of a batch's rows of this domain to a reward worker in one
-        call, under ``reward.timeout_s`` for the whole call; ``fn`` still scores single rows.
+        call, under ``reward.timeout_s`` for the whole call (an inline domain's in the driver); ``fn`` still
+        scores single rows. In a row's place it may return an exception: that row fails with it.
     """
 
     fn: Callable[[str, str, Any, Mapping[str, Any]], float | RewardResult]

@@ -314,6 +314,12 @@ class RewardConfig:
         "scores its data_sources in the reward pool (see armor_core/rewards/custom.py).",
         factory=list,
     )
+    remote: Any = f(
+        None,
+        "A reward service over HTTP, OpenRLHF's remote reward model API: {url, data_sources, domain (remote), "
+        "timeout_s (30), max_concurrency (4), batch_size (32), retries (3), backoff_s (1), headers, "
+        "requires_ground_truth (false)}, or a list of them (see armor_core/rewards/remote.py).",
+    )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
     num_workers: int = f(

@@ -54,6 +54,8 @@ _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}  # (sha256 of the source
 class FileFunction:
     """A reward function read from a file, callable as a domain's ``fn``; pickled with its source."""
 
+    wants_data_source = True  # the manager puts each row's data_source in its extra (SOURCE_KEY)
+
     def __init__(self, path: str, name: str, source: str, batched: bool = False) -> None:
         self.path, self.name, self.source, self.batched = path, name, source, batched
         self.fn = _load(path, name, source)

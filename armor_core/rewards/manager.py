@@ -30,7 +30,9 @@ author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set.
 
 Files. ``reward.custom`` adds domains read from Python files with verl's signature
 (``armor_core.rewards.custom``); they route like installed domains, and their ``data_sources``
-route to them (a source also in ``reward.domain_map`` is an error).
+route to them (a source also in ``reward.domain_map`` is an error). ``reward.remote`` adds a
+reward service over HTTP the same way (``armor_core.rewards.remote``), scored inline: its client
+bounds its own time.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
-from armor_core.rewards.custom import SOURCE_KEY, FileFunction, load_custom
-from armor_core.rewards.pool import Outcome, Pool, evaluate
+from armor_core.rewards.custom import SOURCE_KEY, load_custom
+from armor_core.rewards.pool import Outcome, Pool, evaluate, evaluate_batch
+from armor_core.rewards.remote import load_remote
 
 __all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
 
@@ -128,6 +131,12 @@ class RewardManager:
         self._pm = pm
         self._known: list[str] = pm.names("reward_domain")
         self._custom, self._custom_routes, self._custom_kwargs = load_custom(cfg.custom, self._known)
+        remote, remote_routes = load_remote(cfg.remote, [*self._known, *self._custom])
+        twice = sorted(set(remote_routes) & set(self._custom_routes))
+        if twice:
+            raise ConfigError(f"data_source {twice[0]!r} is in both reward.custom and reward.remote; keep one")
+        self._custom.update(remote)
+        self._custom_routes.update(remote_routes)
         self._known += list(self._custom)
         self._bound: dict[str, _Bound] = {}
         self._routes: dict[str, dict[str, float]] = {}
@@ -185,8 +194,8 @@ class RewardManager:
         bound = self._bound[name] = _Bound(
             bound_domain,
             inline,
-            batch=domain.batch_fn is not None and not inline,
-            wants_source=isinstance(domain.fn, FileFunction),
+            batch=domain.batch_fn is not None,
+            wants_source=bool(getattr(domain.fn, "wants_data_source", False)),
             spec=spec,
             score_range=score_range,
             check_ground_truth=domain.validate_ground_truth,
@@ -331,10 +340,10 @@ class RewardManager:
                 if bound.wants_source:
                     extra[SOURCE_KEY] = data_sources[i]
                 args = (prompts[i], responses[i], ground_truths[i], extra)
-                if bound.inline:
-                    outcomes[c] = evaluate(bound.domain, *args)
-                elif bound.batch:
+                if bound.batch:
                     batched.setdefault(d, []).append(c)
+                elif bound.inline:
+                    outcomes[c] = evaluate(bound.domain, *args)
                 else:
                     jobs.append((bound.spec, args, False))
                     job_checks.append([c])
@@ -345,6 +354,11 @@ class RewardManager:
                     for extra, i in zip(extra_of, rows):
                         extra[SOURCE_KEY] = data_sources[i]
                 args = ([prompts[i] for i in rows], [responses[i] for i in rows], [ground_truths[i] for i in rows])
+                if self._bound[d].inline:  # e.g. a reward service: the client bounds its own time
+                    result = evaluate_batch(self._bound[d].domain, *args, extra_of)
+                    for k, c in enumerate(cs):
+                        outcomes[c] = result if isinstance(result, Outcome) else result[k]
+                    continue
                 jobs.append((self._bound[d].spec, (*args, extra_of), True))
                 job_checks.append(cs)
             if jobs:

@@ -95,7 +95,8 @@ def evaluate_batch(
     ground_truths: Sequence[Any],
     extras: Sequence[Mapping[str, Any]],
 ) -> list[Outcome] | Outcome:
-    """Every row through ``domain.batch_fn`` in one call: an Outcome per row, or one for all when the call failed."""
+    """Every row through ``domain.batch_fn`` in one call: an Outcome per row, or one for all when the call failed.
+    The batch function may put an exception in a row's place: that row fails with it."""
     from armor_core.interfaces import RewardResult
 
     try:
@@ -106,6 +107,9 @@ def evaluate_batch(
         return _failed(e)
     outcomes = []
     for result in results:
+        if isinstance(result, Exception):  # a row the batch function could not score, and why
+            outcomes.append(Outcome("error", kind=type(result).__name__, message=f"{type(result).__name__}: {result}"))
+            continue
         try:
             outcomes.append(_outcome(result if isinstance(result, RewardResult) else RewardResult(score=result)))
         except Exception as e:

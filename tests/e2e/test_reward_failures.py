@@ -78,3 +78,55 @@ def test_a_run_scores_its_rows_with_a_verl_reward_file(ray_cluster, tmp_path):
         assert r["reward/exact_file/is_arithmetic"] == 1.0 and r["reward/exact_file/failures"] == 0.0
         assert 0.0 <= r["reward/exact_file/acc"] == r["reward/exact_file/score"] <= 1.0
         assert "reward/arithmetic/score" not in r
+
+
+def test_a_run_scores_its_rows_with_a_reward_service(ray_cluster, tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Exact(BaseHTTPRequestHandler):  # a reward service in OpenRLHF's shapes: exact answers score 1
+        def do_POST(self):  # noqa: N802 - the http.server API
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(len(body["query"]))
+            rewards = [float(r.strip() == str(g)) for r, g in zip(body["responses"], body["labels"])]
+            payload = json.dumps({"rewards": rewards}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Exact)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/get_reward"
+    try:
+        cfg = load_config(
+            None,
+            [
+                f"reward.remote={{url: '{url}', data_sources: [arithmetic], batch_size: 8}}",
+                "data.train_size=64",
+                "data.val_size=8",
+                "data.train_batch_size=4",
+                "actor.ppo_mini_batch_size=4",
+                "rollout.n=4",
+                "rollout.max_new_tokens=4",
+                "trainer.total_steps=2",
+                "trainer.loggers=[jsonl]",
+                "engine.cpus_per_worker=1",
+                f"trainer.run_dir={tmp_path / 'run'}",
+            ],
+        )
+        run_training(cfg)
+    finally:
+        server.shutdown()
+        server.server_close()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert 0.0 <= r["reward/remote/score"] <= 1.0 and r["reward/remote/failures"] == 0.0
+    assert seen.count(8) >= 4  # each step's 16 rows went in chunks of 8 (and validation's 8 rows in one)

@@ -1,0 +1,226 @@
+"""Rewards from an HTTP service: ``reward.remote``, in the request and response shapes of OpenRLHF's
+remote reward model (``--remote_rm_url``), so a server written for it answers ARMOR unchanged.
+
+    reward:
+      remote:
+        - {url: http://rm-host:5000/get_reward, data_sources: [chat], timeout_s: 30, max_concurrency: 4}
+
+Request: ``POST url`` with a JSON body, one per chunk of at most ``batch_size`` rows::
+
+    {"query": [prompt + response, ...], "prompts": [...], "labels": [ground truth, ...],
+     "responses": [...], "data_sources": [...]}
+
+(``query``, ``prompts`` and ``labels`` are OpenRLHF's keys; ``responses`` and ``data_sources`` are
+ARMOR's additions, which such servers ignore.) Response: a JSON object with ``rewards`` (or
+``scores``), one number per row, and optionally ``extra_logs``: ``{name: [one number per row]}``,
+logged as sub-scores (``reward/<domain>/<name>``). A row whose reward is missing or not a number fails.
+
+Robustness: at most ``max_concurrency`` requests in flight; each has ``timeout_s``; a refused or
+dropped connection, a timeout, a 5xx or a 429 is retried up to ``retries`` times after
+``backoff_s * 2**attempt`` seconds; any other 4xx, or a 200 whose body is not the shape above, fails
+that chunk's rows at once (retrying a broken answer gives the same answer). So one batch takes at most
+about ``(retries + 1) * timeout_s`` plus the back-off, never longer: failed rows score
+``reward.failure_score``, and the failure watch (``reward.max_failure_fraction`` over
+``reward.failure_window`` batches) stops a run whose service is down, with the service's last error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Sequence
+
+from armor_core.config.schema import ConfigError
+from armor_core.interfaces import RewardDomain, RewardResult
+
+__all__ = ["RemoteReward", "RemoteRewardError", "load_remote"]
+
+_DEFAULTS = {
+    "domain": "remote",
+    "data_sources": [],
+    "timeout_s": 30.0,
+    "max_concurrency": 4,
+    "batch_size": 32,
+    "retries": 3,
+    "backoff_s": 1.0,
+    "headers": {},
+    "requires_ground_truth": False,
+}
+_RETRIED_STATUS = {429, 500, 502, 503, 504}
+
+
+class RemoteRewardError(RuntimeError):
+    """A chunk of rows the service did not score; the message says why, and after how many tries."""
+
+
+class RemoteReward:
+    """The ``batch_fn`` of a ``reward.remote`` domain: posts the rows, returns one RewardResult per row."""
+
+    wants_data_source = True  # the manager puts each row's data_source in its extra
+
+    def __init__(self, url: str, *, timeout_s: float, max_concurrency: int, batch_size: int, retries: int,
+                 backoff_s: float, headers: Mapping[str, str]) -> None:  # fmt: skip
+        self.url, self.timeout_s, self.max_concurrency = url, timeout_s, max_concurrency
+        self.batch_size, self.retries, self.backoff_s, self.headers = batch_size, retries, backoff_s, dict(headers)
+
+    def __repr__(self) -> str:
+        return f"RemoteReward({self.url})"
+
+    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
+        (result,) = self.score_batch([prompt], [response], [ground_truth], [extra])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def score_batch(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        extras: Sequence[Mapping[str, Any]],
+    ) -> list[RewardResult | Exception]:
+        from armor_core.rewards.custom import SOURCE_KEY
+
+        sources = [dict(e or {}).get(SOURCE_KEY) for e in extras]
+        spans = [range(i, min(i + self.batch_size, len(prompts))) for i in range(0, len(prompts), self.batch_size)]
+
+        def one(span: range) -> list[RewardResult | Exception]:
+            body = {
+                "query": [prompts[i] + responses[i] for i in span],
+                "prompts": [prompts[i] for i in span],
+                "labels": [_jsonable(ground_truths[i]) for i in span],
+                "responses": [responses[i] for i in span],
+                "data_sources": [sources[i] for i in span],
+            }
+            try:
+                return _results(self._post(body), len(span), self.url)
+            except RemoteRewardError as e:
+                return [e] * len(span)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(spans)))) as pool:
+            return [result for chunk in pool.map(one, spans) for result in chunk]
+
+    def _post(self, body: dict) -> Any:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **self.headers}
+        problem = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data, headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                    text = answer.read()
+            except urllib.error.HTTPError as e:
+                problem = f"HTTP {e.code} {e.reason}: {_head(e.read())}"
+                if e.code not in _RETRIED_STATUS:
+                    raise RemoteRewardError(f"{self.url} answered {problem}") from None
+                continue
+            except (urllib.error.URLError, OSError) as e:  # refused, dropped, timed out
+                problem = f"{type(getattr(e, 'reason', e)).__name__}: {getattr(e, 'reason', e)}"
+                continue
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise RemoteRewardError(f"{self.url} answered something that is not JSON: {_head(text)}") from None
+        tries = self.retries + 1
+        raise RemoteRewardError(f"no answer from {self.url} after {tries} tries ({self.timeout_s:g} s each): {problem}")
+
+
+def _results(reply: Any, n: int, url: str) -> list[RewardResult | Exception]:
+    """One RewardResult per row from the service's JSON, or the error of a row it did not score."""
+    if not isinstance(reply, Mapping):
+        raise RemoteRewardError(f"{url} answered a JSON {type(reply).__name__}; expected an object with 'rewards'")
+    rewards = reply.get("rewards", reply.get("scores"))
+    if not isinstance(rewards, list) or len(rewards) != n:
+        got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"keys {sorted(map(str, reply))}"
+        raise RemoteRewardError(f"{url} answered {got} for {n} rows; expected 'rewards': a list of {n} numbers")
+    logs = reply.get("extra_logs") if isinstance(reply.get("extra_logs"), Mapping) else {}
+    columns = {str(k): v for k, v in logs.items() if isinstance(v, list) and len(v) == n}
+    out: list[RewardResult | Exception] = []
+    for i, reward in enumerate(rewards):
+        if not _number(reward):
+            out.append(RemoteRewardError(f"{url} gave row {i} of its chunk the reward {reward!r}, not a number"))
+            continue
+        subs = {k: float(v[i]) for k, v in columns.items() if _number(v[i])}
+        out.append(RewardResult(float(reward), subs))
+    return out
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def _jsonable(x: Any) -> Any:
+    try:
+        json.dumps(x)
+        return x
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _head(text: bytes | str) -> str:
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    return repr(text[:200])
+
+
+def load_remote(entries: Any, known: Sequence[str], where: str = "reward.remote") -> tuple[dict, dict]:
+    """The domains of ``reward.remote`` (a mapping, or a list of them): ``({domain: RewardDomain},
+    {data_source: domain})``. :raises ConfigError: naming the entry and the key."""
+    if not entries:
+        return {}, {}
+    if isinstance(entries, Mapping):
+        entries = [entries]
+    if isinstance(entries, str) or not isinstance(entries, Sequence):
+        raise ConfigError(f"{where}: expected a mapping {{url, data_sources, ...}} or a list of them, got {entries!r}")
+    domains: dict[str, RewardDomain] = {}
+    routes: dict[str, str] = {}
+    for i, raw in enumerate(entries):
+        at = f"{where}[{i}]" if len(entries) > 1 else where
+        if not isinstance(raw, Mapping) or not str(raw.get("url", "")).startswith(("http://", "https://")):
+            raise ConfigError(f"{at}: needs 'url', an http:// or https:// address of the reward service; got {raw!r}")
+        unknown = sorted(set(map(str, raw)) - {"url", *_DEFAULTS})
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {', '.join(unknown)}; an entry takes url, {', '.join(_DEFAULTS)}")
+        entry = {**_DEFAULTS, **raw}
+        for key in ("timeout_s", "backoff_s"):
+            if not _number(entry[key]) or entry[key] < 0 or (key == "timeout_s" and entry[key] == 0):
+                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a positive number of seconds")
+        for key in ("max_concurrency", "batch_size", "retries"):
+            least = 0 if key == "retries" else 1
+            if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < least:
+                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a whole number of at least {least}")
+        name = str(entry["domain"])
+        if name in known or name in domains:
+            raise ConfigError(f"{at}: the domain name {name!r} is taken; name this one with {at}.domain=NAME")
+        client = RemoteReward(
+            str(entry["url"]),
+            timeout_s=float(entry["timeout_s"]),
+            max_concurrency=entry["max_concurrency"],
+            batch_size=entry["batch_size"],
+            retries=entry["retries"],
+            backoff_s=float(entry["backoff_s"]),
+            headers=entry["headers"],
+        )
+        # inline: the client bounds its own time (timeouts, tries) and waits on the network, not a core
+        domains[name] = RewardDomain(
+            fn=client,
+            batch_fn=client.score_batch,
+            inline=True,
+            score_range=None,
+            requires_ground_truth=bool(entry["requires_ground_truth"]),
+            description=f"the reward service at {entry['url']}",
+        )
+        sources = entry["data_sources"]
+        if isinstance(sources, str) or not isinstance(sources, Sequence):
+            raise ConfigError(f"{at}.data_sources: expected a list of data_source names, got {sources!r}")
+        for source in sources:
+            if source in routes:
+                raise ConfigError(f"{at}.data_sources: {source!r} is already scored by {routes[source]!r}")
+            routes[str(source)] = name
+    return domains, routes
