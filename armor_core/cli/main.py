@@ -30,6 +30,7 @@ _COMMAND_MODULES = [
     "armor_core.cli.report",
     "armor_core.cli.new",
     "armor_core.cli.sft",
+    "armor_core.cli.rm",
     "armor_core.cli.reward",
 ]
 

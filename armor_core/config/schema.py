@@ -320,6 +320,13 @@ class RewardConfig:
         "timeout_s (30), max_concurrency (4), batch_size (32), retries (3), backoff_s (1), headers, "
         "requires_ground_truth (false)}, or a list of them (see armor_core/rewards/remote.py).",
     )
+    model: Any = f(
+        None,
+        "A classifier reward model (a local sequence-classification directory, e.g. from armor rm train): {path, "
+        "data_sources, domain (rm), batch_size (32), max_length (2048), dtype (float32), threads (1), normalize "
+        "(false | true | {mean, std}), rule (a rule domain scored beside it at weight 0: reward/model_minus_rule), "
+        "requires_ground_truth (false)}, or a list of them (see armor_core/rewards/model.py).",
+    )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
     num_workers: int = f(

@@ -157,11 +157,22 @@ def plan(runs: Sequence[Run]) -> tuple[list[Plot], list[str]]:
 
 
 def _domain_specs(keys: set) -> list:
-    """One plot per reward domain with its sub-scores (``reward/<domain>/<sub-score>``)."""
+    """One plot per reward domain with its sub-scores (``reward/<domain>/<sub-score>``), and the reward model's
+    gap to its rule where a run logs it."""
     domains = sorted(
         {m.group(1) for k in keys if (m := re.fullmatch(r"reward/([^/]+)/([^/]+)", k)) and m.group(1) != "source"}
     )
-    return [
+    gap = [  # only for runs with a reward model and its rule: absent elsewhere, not a missing plot
+        (
+            "model_minus_rule",
+            "Reward model minus rule",
+            "model score - rule score",
+            _present("reward/model_minus_rule"),
+            "reward.model's score minus its rule domain's on the same rows (mean): a rising gap is the policy "
+            "pleasing the model where the rule disagrees, i.e. reward hacking.",
+        )
+    ]
+    return gap * ("reward/model_minus_rule" in keys) + [
         (
             f"train_score_{d}",
             f"Training reward: {d}",

@@ -32,7 +32,9 @@ Files. ``reward.custom`` adds domains read from Python files with verl's signatu
 (``armor_core.rewards.custom``); they route like installed domains, and their ``data_sources``
 route to them (a source also in ``reward.domain_map`` is an error). ``reward.remote`` adds a
 reward service over HTTP the same way (``armor_core.rewards.remote``), scored inline: its client
-bounds its own time.
+bounds its own time. ``reward.model`` adds classifier reward models (``armor_core.rewards.model``),
+batched in the pool's workers; an entry's ``rule`` domain scores the same rows at weight 0 and
+``reward/model_minus_rule`` is the mean gap.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from armor_core.config.schema import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
 from armor_core.rewards.custom import SOURCE_KEY, load_custom
+from armor_core.rewards.model import load_models
 from armor_core.rewards.pool import Outcome, Pool, evaluate, evaluate_batch
 from armor_core.rewards.remote import load_remote
 
@@ -132,11 +135,13 @@ class RewardManager:
         self._known: list[str] = pm.names("reward_domain")
         self._custom, self._custom_routes, self._custom_kwargs = load_custom(cfg.custom, self._known)
         remote, remote_routes = load_remote(cfg.remote, [*self._known, *self._custom])
-        twice = sorted(set(remote_routes) & set(self._custom_routes))
-        if twice:
-            raise ConfigError(f"data_source {twice[0]!r} is in both reward.custom and reward.remote; keep one")
-        self._custom.update(remote)
-        self._custom_routes.update(remote_routes)
+        models, model_routes, self._rules = load_models(cfg.model, [*self._known, *self._custom, *remote])
+        for added, routes in ((remote, remote_routes), (models, model_routes)):
+            twice = sorted(set(routes) & set(self._custom_routes))
+            if twice:
+                raise ConfigError(f"data_source {twice[0]!r} is routed twice (reward.custom, remote, model); keep one")
+            self._custom.update(added)
+            self._custom_routes.update(routes)
         self._known += list(self._custom)
         self._bound: dict[str, _Bound] = {}
         self._routes: dict[str, dict[str, float]] = {}
@@ -247,6 +252,9 @@ class RewardManager:
                 route[str(name)] = float(weight)
         else:
             raise ConfigError(f"{where}={spec!r}: expected a domain name or a mapping {{domain: weight}}")
+        for model, rule in self._rules.items():  # scored beside the model, moving nothing: the gap is logged
+            if model in route and rule not in route:
+                route = {**route, rule: 0.0}
         for name in route:
             self._domain(name, where)
         self._routes[data_source] = route
@@ -425,6 +433,15 @@ class RewardManager:
                 metrics[f"reward/{key}"] = float(values[finite].mean())
         for d in {d for _, d, _ in checks}:
             metrics[f"reward/{d}/failures"] = float(failures[d])
+        gaps = [
+            subs[f"{model}/score"] - subs[f"{rule}/score"]
+            for model, rule in self._rules.items()
+            if f"{model}/score" in subs and f"{rule}/score" in subs
+        ]
+        if gaps:  # rows scored by a model and its rule; failed rows count at failure_score on both sides
+            gap = np.concatenate(gaps)
+            if (~np.isnan(gap)).any():
+                metrics["reward/model_minus_rule"] = float(np.nanmean(gap))
         sources = np.asarray(data_sources, dtype=object)
         for source in set(data_sources):
             metrics[f"reward/source/{source}/score"] = float(scores[sources == source].mean())

@@ -345,3 +345,12 @@ def test_the_stability_benchmark_writes_its_guard_off_on_overlay(tmp_path):
     assert {s["run"] for s in report["plots"]["entropy"]["series"]} == {"guard off", "guard on"}
     assert [(e["run"], e["step"], e["action"]) for e in report["events"]] == [("guard on", 3, "skip")]
     assert io.BytesIO((page.parent / "entropy.png").read_bytes()).read(4) == b"\x89PNG"
+
+
+def test_a_reward_models_gap_to_its_rule_is_plotted_where_logged(tmp_path):
+    run = make_run(tmp_path / "rm", keys=["critic/score/mean", "reward/model_minus_rule"])
+    report = write_report([run])
+    assert "model_minus_rule" in report["plots"] and "Reward model minus rule" not in report["not_drawn"]
+    assert_drawn_equals_logged(report["plots"]["model_minus_rule"], "rm", logged(run))
+    plain = write_report([make_run(tmp_path / "plain", keys=["critic/score/mean"])])
+    assert "model_minus_rule" not in plain["plots"] and "Reward model minus rule" not in plain["not_drawn"]

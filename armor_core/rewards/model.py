@@ -1,0 +1,206 @@
+"""Rewards from a classifier reward model: ``reward.model``, a local Hugging Face directory of a
+sequence-classification model with one output (a Qwen reward model, or one ``armor rm train`` wrote).
+
+    reward:
+      model:
+        - {path: runs/rm, data_sources: [chat], domain: rm, normalize: true, rule: arithmetic}
+
+Each entry is a batched domain (``RewardDomain.batch_fn``) scored in the reward pool's worker
+processes: the worker loads the model once (its ``warmup``, outside ``reward.timeout_s``), then scores a
+batch's rows ``batch_size`` at a time, each row the prompt followed by the response, cut to its last
+``max_length`` tokens, on ``threads`` torch threads, in ``dtype`` (float32; bfloat16 where the device
+has it). ``normalize``: false (the raw score), true (standardised by the score mean and standard
+deviation ``armor rm train`` recorded in the directory's ``armor_rm.json``), or ``{mean, std}``.
+
+``rule``: a rule-based domain that also scores these rows, at weight 0 (it does not move the reward):
+the gap ``reward/model_minus_rule`` (the model's score minus the rule's, mean over rows) is logged each
+step and plotted by ``armor report``, so reward hacking shows as a rising gap.
+
+Not yet: placing the model on devices of its own under the ProcessIsolator (it shares the reward pool's
+processes and cores), and LoRA or FSDP for reward models too large for one process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from armor_core.config.schema import ConfigError
+from armor_core.interfaces import RewardDomain, RewardResult
+
+__all__ = ["ClassifierReward", "RM_RECORD", "load_models"]
+
+#: what ``armor rm train`` writes beside the weights: accuracy, and the score statistics ``normalize`` uses
+RM_RECORD = "armor_rm.json"
+_DEFAULTS = {
+    "domain": "rm",
+    "data_sources": [],
+    "batch_size": 32,
+    "max_length": 2048,
+    "dtype": "float32",
+    "threads": 1,
+    "normalize": False,
+    "rule": None,
+    "requires_ground_truth": False,
+}
+_LOADED: dict[tuple, tuple[Any, Any]] = {}  # per process: (path, dtype) -> (model, tokenizer)
+
+
+class ClassifierReward:
+    """The ``batch_fn`` of a ``reward.model`` domain; pickled by its settings, the model loaded in the worker."""
+
+    def __init__(self, path: str, *, batch_size: int, max_length: int, dtype: str, threads: int,
+                 mean: float, std: float) -> None:  # fmt: skip
+        self.path, self.batch_size, self.max_length, self.dtype = path, batch_size, max_length, dtype
+        self.threads, self.mean, self.std = threads, mean, std
+
+    def __repr__(self) -> str:
+        return f"ClassifierReward({self.path})"
+
+    def load(self) -> tuple[Any, Any]:
+        key = (self.path, self.dtype)
+        if key not in _LOADED:
+            import torch
+            from transformers import AutoModelForSequenceClassification
+
+            from armor_core.models.loading import load_tokenizer
+
+            torch.set_num_threads(self.threads)
+            tokenizer = load_tokenizer(self.path)
+            tokenizer.truncation_side = "left"  # keep the end of a long row: the response
+            model = AutoModelForSequenceClassification.from_pretrained(
+                self.path, dtype=getattr(torch, self.dtype), local_files_only=True, trust_remote_code=False
+            )
+            model.config.pad_token_id = tokenizer.pad_token_id
+            _LOADED[key] = (model.eval(), tokenizer)
+        return _LOADED[key]
+
+    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
+        return self.score_batch([prompt], [response], [ground_truth], [extra])[0]
+
+    def score_batch(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        extras: Sequence[Mapping[str, Any]],
+    ) -> list[RewardResult]:
+        texts = [p + r for p, r in zip(prompts, responses)]
+        scores = score_texts(*self.load(), texts, self.batch_size, self.max_length)
+        return [RewardResult((s - self.mean) / self.std, {"raw": s}) for s in scores]
+
+
+def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int) -> list[float]:
+    """The model's one logit for each text, ``batch_size`` texts a forward pass."""
+    import torch
+
+    out: list[float] = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            enc = tokenizer(
+                list(texts[start : start + batch_size]),
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+            )
+            logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+            out += logits[:, 0].float().tolist()
+    return out
+
+
+def _normalizer(entry: Mapping[str, Any], path: Path, at: str) -> tuple[float, float]:
+    spec = entry["normalize"]
+    if spec is False or spec is None:
+        return 0.0, 1.0
+    if spec is True:
+        record = path / RM_RECORD
+        try:
+            stats = json.loads(record.read_text())
+            spec = {"mean": stats["score_mean"], "std": stats["score_std"]}
+        except (OSError, ValueError, KeyError):
+            raise ConfigError(
+                f"{at}.normalize=true needs {record} with score_mean and score_std (armor rm train writes it); "
+                "give {mean, std} or normalize=false"
+            ) from None
+    if not isinstance(spec, Mapping) or not all(isinstance(spec.get(k), (int, float)) for k in ("mean", "std")):
+        raise ConfigError(f"{at}.normalize={spec!r}: expected true, false or {{mean: <number>, std: <number>}}")
+    if not spec["std"] > 0 or not math.isfinite(spec["mean"]):
+        raise ConfigError(f"{at}.normalize: std must be positive and mean finite, got {dict(spec)}")
+    return float(spec["mean"]), float(spec["std"])
+
+
+def load_models(entries: Any, known: Sequence[str], where: str = "reward.model") -> tuple[dict, dict, dict]:
+    """The domains of ``reward.model`` (a mapping or a list): ``({domain: RewardDomain}, {data_source: domain},
+    {domain: rule domain})``. The directory is checked here (config, weights, tokenizer); the weights load
+    in the reward worker. :raises ConfigError: naming the entry and what is wrong."""
+    from armor_core.models.loading import resolve_model_path
+
+    if not entries:
+        return {}, {}, {}
+    if isinstance(entries, Mapping):
+        entries = [entries]
+    if isinstance(entries, str) or not isinstance(entries, Sequence):
+        raise ConfigError(f"{where}: expected a mapping {{path, data_sources, ...}} or a list of them, got {entries!r}")
+    domains: dict[str, RewardDomain] = {}
+    routes: dict[str, str] = {}
+    rules: dict[str, str] = {}
+    for i, raw in enumerate(entries):
+        at = f"{where}[{i}]" if len(entries) > 1 else where
+        if not isinstance(raw, Mapping) or "path" not in raw:
+            raise ConfigError(f"{at}: needs 'path', a local reward model directory; got {raw!r}")
+        unknown = sorted(set(map(str, raw)) - {"path", *_DEFAULTS})
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {', '.join(unknown)}; an entry takes path, {', '.join(_DEFAULTS)}")
+        entry = {**_DEFAULTS, **raw}
+        try:
+            given = str(entry["path"])
+            path = resolve_model_path(given if given.startswith("builtin:") else Path(given).expanduser().resolve())
+            kind = json.loads((path / "config.json").read_text()).get("architectures") or []
+        except Exception as e:  # not a directory, no config or tokenizer, a config that is not JSON
+            raise ConfigError(f"{at}.path: {e}") from None
+        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise ConfigError(f"{at}.path: {path} holds no weights (*.safetensors)")
+        if not any(str(a).endswith("ForSequenceClassification") for a in kind):
+            raise ConfigError(
+                f"{at}.path: {path} holds {', '.join(kind) or 'no architecture'}, not a sequence-classification "
+                "model (a reward model); armor rm train makes one"
+            )
+        for key in ("batch_size", "max_length", "threads"):
+            if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < 1:
+                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a whole number of at least 1")
+        if entry["dtype"] not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"{at}.dtype={entry['dtype']!r}: expected float32, bfloat16 or float16")
+        mean, std = _normalizer(entry, path, at)
+        name = str(entry["domain"])
+        if name in known or name in domains:
+            raise ConfigError(f"{at}: the domain name {name!r} is taken; name this one with {at}.domain=NAME")
+        scorer = ClassifierReward(
+            str(path),
+            batch_size=entry["batch_size"],
+            max_length=entry["max_length"],
+            dtype=entry["dtype"],
+            threads=entry["threads"],
+            mean=mean,
+            std=std,
+        )
+        domains[name] = RewardDomain(
+            fn=scorer,
+            batch_fn=scorer.score_batch,
+            warmup=scorer.load,
+            score_range=None,
+            requires_ground_truth=bool(entry["requires_ground_truth"]),
+            description=f"the reward model at {path}",
+        )
+        if entry["rule"] is not None:
+            rules[name] = str(entry["rule"])
+        sources = entry["data_sources"]
+        if isinstance(sources, str) or not isinstance(sources, Sequence):
+            raise ConfigError(f"{at}.data_sources: expected a list of data_source names, got {sources!r}")
+        for source in sources:
+            if source in routes:
+                raise ConfigError(f"{at}.data_sources: {source!r} is already scored by {routes[source]!r}")
+            routes[str(source)] = name
+    return domains, routes, rules
