@@ -327,6 +327,14 @@ class RewardConfig:
         "(false | true | {mean, std}), rule (a rule domain scored beside it at weight 0: reward/model_minus_rule), "
         "requires_ground_truth (false)}, or a list of them (see armor_core/rewards/model.py).",
     )
+    judge: Any = f(
+        None,
+        "A generative judge: {model (a local causal LM) or url (an OpenAI-compatible endpoint; model_name, "
+        "api_key_env), template (fields {prompt} {response} {ground_truth} {rubric}), parser (label | score), "
+        "labels ({yes: 1, no: 0}), score_range, scale, max_new_tokens (32), temperature (0), data_sources, domain "
+        "(judge), batch_size, timeout_s, retries, backoff_s, max_concurrency}, or a list of them (see "
+        "armor_core/rewards/judge.py).",
+    )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")
     timeout_s: float = f(10.0, "Hard time limit for scoring one row.", gt=0.0)
     num_workers: int = f(

@@ -34,7 +34,9 @@ route to them (a source also in ``reward.domain_map`` is an error). ``reward.rem
 reward service over HTTP the same way (``armor_core.rewards.remote``), scored inline: its client
 bounds its own time. ``reward.model`` adds classifier reward models (``armor_core.rewards.model``),
 batched in the pool's workers; an entry's ``rule`` domain scores the same rows at weight 0 and
-``reward/model_minus_rule`` is the mean gap.
+``reward/model_minus_rule`` is the mean gap. ``reward.judge`` adds generative judges
+(``armor_core.rewards.judge``): a local model in the pool's workers, or an OpenAI-compatible endpoint
+scored inline.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from armor_core.config.schema import ConfigError, RewardConfig
 from armor_core.interfaces import RewardDomain
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
 from armor_core.rewards.custom import SOURCE_KEY, load_custom
+from armor_core.rewards.judge import load_judges
 from armor_core.rewards.model import load_models
 from armor_core.rewards.pool import Outcome, Pool, evaluate, evaluate_batch
 from armor_core.rewards.remote import load_remote
@@ -136,10 +139,12 @@ class RewardManager:
         self._custom, self._custom_routes, self._custom_kwargs = load_custom(cfg.custom, self._known)
         remote, remote_routes = load_remote(cfg.remote, [*self._known, *self._custom])
         models, model_routes, self._rules = load_models(cfg.model, [*self._known, *self._custom, *remote])
-        for added, routes in ((remote, remote_routes), (models, model_routes)):
+        judges, judge_routes = load_judges(cfg.judge, [*self._known, *self._custom, *remote, *models])
+        for added, routes in ((remote, remote_routes), (models, model_routes), (judges, judge_routes)):
             twice = sorted(set(routes) & set(self._custom_routes))
             if twice:
-                raise ConfigError(f"data_source {twice[0]!r} is routed twice (reward.custom, remote, model); keep one")
+                ways = "reward.custom, remote, model, judge"
+                raise ConfigError(f"data_source {twice[0]!r} is routed twice ({ways}); keep one")
             self._custom.update(added)
             self._custom_routes.update(routes)
         self._known += list(self._custom)

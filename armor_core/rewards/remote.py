@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
 
-__all__ = ["RemoteReward", "RemoteRewardError", "load_remote"]
+__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "post_json"]
 
 _DEFAULTS = {
     "domain": "remote",
@@ -106,30 +106,38 @@ class RemoteReward:
             return [result for chunk in pool.map(one, spans) for result in chunk]
 
     def _post(self, body: dict) -> Any:
-        data = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **self.headers}
-        problem = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data, headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                    text = answer.read()
-            except urllib.error.HTTPError as e:
-                problem = f"HTTP {e.code} {e.reason}: {_head(e.read())}"
-                if e.code not in _RETRIED_STATUS:
-                    raise RemoteRewardError(f"{self.url} answered {problem}") from None
-                continue
-            except (urllib.error.URLError, OSError) as e:  # refused, dropped, timed out
-                problem = f"{type(getattr(e, 'reason', e)).__name__}: {getattr(e, 'reason', e)}"
-                continue
-            try:
-                return json.loads(text)
-            except ValueError:
-                raise RemoteRewardError(f"{self.url} answered something that is not JSON: {_head(text)}") from None
-        tries = self.retries + 1
-        raise RemoteRewardError(f"no answer from {self.url} after {tries} tries ({self.timeout_s:g} s each): {problem}")
+        return post_json(self.url, body, self.headers, self.timeout_s, self.retries, self.backoff_s)
+
+
+def post_json(
+    url: str, body: dict, headers: Mapping[str, str], timeout_s: float, retries: int, backoff_s: float
+) -> Any:
+    """POST ``body`` as JSON and return the decoded answer, under the retry rules of the module docstring.
+
+    :raises RemoteRewardError: saying why, after how many tries."""
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **headers}
+    problem = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        request = urllib.request.Request(url, data, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+                text = answer.read()
+        except urllib.error.HTTPError as e:
+            problem = f"HTTP {e.code} {e.reason}: {_head(e.read())}"
+            if e.code not in _RETRIED_STATUS:
+                raise RemoteRewardError(f"{url} answered {problem}") from None
+            continue
+        except (urllib.error.URLError, OSError) as e:  # refused, dropped, timed out
+            problem = f"{type(getattr(e, 'reason', e)).__name__}: {getattr(e, 'reason', e)}"
+            continue
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise RemoteRewardError(f"{url} answered something that is not JSON: {_head(text)}") from None
+    raise RemoteRewardError(f"no answer from {url} after {retries + 1} tries ({timeout_s:g} s each): {problem}")
 
 
 def _results(reply: Any, n: int, url: str) -> list[RewardResult | Exception]:
