@@ -16,8 +16,8 @@ rejected an odd one; the policy never sees the rule. Then:
 3. ``--timing-steps`` steps of ``armor run`` with each way in scoring the task's exactness: the
    built-in ``arithmetic`` domain, a verl-style file (``reward.custom``), the same batched, a reward
    service on the loopback address (``reward.remote``, served by this script), the reward model, and
-   a generative judge (the built-in tiny model reading prompt and response; its verdict's number is
-   the score: what it costs, not what it is worth): the median ``timing_s/reward`` per step after 3
+   a generative judge (the built-in tiny model given the prompt; the number it answers is the score:
+   what a judge costs, not what it is worth): the median ``timing_s/reward`` per step after 3
    warm-up steps.
 
 Runs one thing at a time; time nothing else on the machine meanwhile.
@@ -97,24 +97,7 @@ def _rule_accuracy(model: str, even: Path) -> float:
     return float(json.loads(out[out.index("{") :])["arithmetic/acc_greedy"])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=2000, help="training preference pairs (held out: a quarter)")
-    ap.add_argument("--rl-steps", type=int, default=250, help="RL steps against the reward model (default job: 250)")
-    ap.add_argument("--timing-steps", type=int, default=30, help="steps of each way-in timing run")
-    args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="armor-rewards-anywhere-"))
-    even, exact, batched = tmp / "even.py", tmp / "exact.py", tmp / "exact_batched.py"
-    for path, text in ((even, EVEN), (exact, EXACT), (batched, EXACT_BATCHED)):
-        path.write_text(text)
-
-    train = _pairs(tmp / "pairs.jsonl", "train", args.pairs, 0)
-    held = _pairs(tmp / "held.jsonl", "test", args.pairs // 4, 1)
-    rm = tmp / "rm"
-    _armor("rm", "train", "--pairs", str(train), "--val-pairs", str(held), "--model", "builtin:arithmetic-tiny",
-           "--out", str(rm), "--steps", "100", "--lr", "3e-4", "--eval-every", "50")  # fmt: skip
-    record = json.loads((rm / "armor_rm.json").read_text())
-
+def _rl_against_the_model(args: argparse.Namespace, tmp: Path, rm: Path, even: Path, record: dict) -> None:
     run = tmp / "rl"
     _armor("run", f"trainer.run_dir={run}", f"trainer.total_steps={args.rl_steps}",
            f"reward.custom=[{{path: {even}, domain: even, requires_ground_truth: false}}]",
@@ -140,6 +123,29 @@ def main() -> None:
     print(f"| reward/model_minus_rule, first / last 10 steps | {mean(first, 'reward/model_minus_rule'):+.3f} / "
           f"{mean(last, 'reward/model_minus_rule'):+.3f} |")  # fmt: skip
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=2000, help="training preference pairs (held out: a quarter)")
+    ap.add_argument("--rl-steps", type=int, default=250, help="RL steps against the reward model (default job: 250)")
+    ap.add_argument("--timing-steps", type=int, default=30, help="steps of each way-in timing run")
+    ap.add_argument("--timing-only", action="store_true", help="skip the RL run against the reward model")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="armor-rewards-anywhere-"))
+    even, exact, batched = tmp / "even.py", tmp / "exact.py", tmp / "exact_batched.py"
+    for path, text in ((even, EVEN), (exact, EXACT), (batched, EXACT_BATCHED)):
+        path.write_text(text)
+
+    train = _pairs(tmp / "pairs.jsonl", "train", args.pairs, 0)
+    held = _pairs(tmp / "held.jsonl", "test", args.pairs // 4, 1)
+    rm = tmp / "rm"
+    _armor("rm", "train", "--pairs", str(train), "--val-pairs", str(held), "--model", "builtin:arithmetic-tiny",
+           "--out", str(rm), "--steps", "100", "--lr", "3e-4", "--eval-every", "50")  # fmt: skip
+    record = json.loads((rm / "armor_rm.json").read_text())
+
+    if not args.timing_only:
+        _rl_against_the_model(args, tmp, rm, even, record)
+
     server = ThreadingHTTPServer(("127.0.0.1", 0), Exact)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/get_reward"
@@ -154,7 +160,7 @@ def main() -> None:
         ],
         "reward model (`reward.model`, 1 thread)": [f"reward.model={{path: {rm}, data_sources: [arithmetic]}}"],
         "generative judge, local tiny model (`reward.judge`, 4 new tokens)": [
-            "reward.judge={model: 'builtin:arithmetic-tiny', template: '{prompt}{response}', parser: score, "
+            "reward.judge={model: 'builtin:arithmetic-tiny', template: '{prompt}', parser: score, "
             "score_range: [0, 100000], scale: true, max_new_tokens: 4, data_sources: [arithmetic]}"
         ],
     }
