@@ -153,3 +153,17 @@ def test_a_bad_row_fails_at_load_naming_the_file_and_the_key():
         bad = {"prompt": "q", "data_source": "code", "ground_truth": {"cases": []}}
         rows = [good, bad]
         assert len(rm.check_rows(rows, "data.jsonl", skip_invalid=True)) == 1 and rows == [good]  # a counted skip
+
+
+def test_a_test_may_call_the_programs_own_helpers_as_humaneval_tests_do():
+    # HumanEval/38 style: the test calls encode_cyclic, which the program (the prompt) defines
+    program = "def encode(s):\n    return s[1:] + s[:1]\n\ndef decode(s):\n    return s[-1:] + s[:-1]\n"
+    test = "def check(candidate):\n    import string\n    for w in ('abc', string.ascii_lowercase):\n        assert candidate(encode(w)) == w\n"
+    truth = {"test": test, "entry_point": "decode"}
+    assert code_reward("", f"```python\n{program}\n```", truth, {}).score == 1.0
+    wrong = program.replace("s[-1:] + s[:-1]", "s")
+    assert code_reward("", f"```python\n{wrong}\n```", truth, {}).score == 0.0
+    # a name neither the test, the builtins nor the program defines fails the case
+    missing = {"test": "def check(candidate):\n    assert candidate(helper('x')) == 'x'\n", "entry_point": "decode"}
+    result = code_reward("", f"```python\n{program}\n```", missing, {})
+    assert result.score == 0.0 and result.sub_scores["passed"] == 0.0
