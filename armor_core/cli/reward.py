@@ -56,7 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         metavar="RUN.yaml",
-        help="take timeout_s, failure_score, num_workers and domain_kwargs from this run config's reward section",
+        help="take timeout_s, failure_score, num_workers, domain_kwargs and the domains of reward.custom, remote, "
+        "model and judge from this run config's reward section",
     )
     p.add_argument("--output", "-o", metavar="OUT.jsonl", help="write the JSON lines here instead of stdout")
     p.add_argument("--timeout", type=float, help="hard time limit per row in seconds, > 0 (reward.timeout_s)")
@@ -102,6 +103,10 @@ def _config(args: argparse.Namespace) -> Any:
         domain_kwargs={**cfg.domain_kwargs, args.domain: params},
         timeout_s=args.timeout if args.timeout is not None else cfg.timeout_s,
         num_workers=args.workers if args.workers is not None else cfg.num_workers,
+        custom=cfg.custom,  # domains the run config adds from files, services, models and judges
+        remote=cfg.remote,
+        model=cfg.model,
+        judge=cfg.judge,
     )
 
 

@@ -199,3 +199,15 @@ def test_output_into_a_missing_directory_is_a_usage_error(tmp_path, capsys):
         f"cannot write --output '{target}': the directory '{target.parent}' does not exist" in capsys.readouterr().err
     )
     assert not target.parent.exists()
+
+
+def test_a_run_configs_file_reward_is_scored_by_name(tmp_path, capsys):
+    reward_file = tmp_path / "shout.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(solution_str.isupper()), 'chars': len(solution_str)}\n"
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(f"reward:\n  custom:\n    - {{path: {reward_file}, requires_ground_truth: false}}\n")
+    assert run("shout", "--config", str(config), "--response", "HEY") == 0
+    assert json.loads(capsys.readouterr().out) == {"score": 1.0, "sub_scores": {"chars": 3.0}}
