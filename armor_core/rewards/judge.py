@@ -29,7 +29,6 @@ text in the error; the sub-score ``verdict_chars`` is the verdict's length.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import string
@@ -38,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.entries import Entries
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]
 
@@ -248,44 +248,32 @@ def _check(entry: Mapping[str, Any], at: str) -> None:
     low_high = entry["score_range"]
     if not isinstance(low_high, Sequence) or len(low_high) != 2 or not low_high[0] < low_high[1]:
         raise ConfigError(f"{at}.score_range={low_high!r}: expected [low, high] with low < high")
-    for key in ("max_new_tokens", "batch_size", "threads", "max_concurrency"):
-        if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < 1:
-            raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a whole number of at least 1")
+    Entries.whole(entry, at, ["max_new_tokens", "batch_size", "threads", "max_concurrency"])
+    Entries.whole(entry, at, ["retries"], least=0)
     if not isinstance(entry["temperature"], (int, float)) or entry["temperature"] < 0:
         raise ConfigError(f"{at}.temperature={entry['temperature']!r}: expected 0 (greedy) or more")
-    if not isinstance(entry["timeout_s"], (int, float)) or not entry["timeout_s"] > 0 or math.isinf(entry["timeout_s"]):
-        raise ConfigError(f"{at}.timeout_s={entry['timeout_s']!r}: expected a positive number of seconds")
+    Entries.seconds(entry, at, ["timeout_s"])
+    Entries.seconds(entry, at, ["backoff_s"], zero=True)
 
 
-def load_judges(entries: Any, known: Sequence[str], where: str = "reward.judge") -> tuple[dict, dict]:
+def load_judges(value: Any, known: Sequence[str], where: str = "reward.judge") -> tuple[dict, dict]:
     """The domains of ``reward.judge`` (a mapping or a list): ``({domain: RewardDomain}, {data_source: domain})``.
 
     :raises ConfigError: naming the entry and the key."""
     from armor_core.models.loading import resolve_model_path
 
-    if not entries:
-        return {}, {}
-    if isinstance(entries, Mapping):
-        entries = [entries]
-    if isinstance(entries, str) or not isinstance(entries, Sequence):
-        raise ConfigError(f"{where}: expected a mapping {{model or url, template, ...}} or a list of them")
-    domains: dict[str, RewardDomain] = {}
-    routes: dict[str, str] = {}
-    for i, raw in enumerate(entries):
-        at = f"{where}[{i}]" if len(entries) > 1 else where
-        if not isinstance(raw, Mapping) or ("model" in raw) == ("url" in raw):
+    defaults = {"model": None, "url": None, **_DEFAULTS}
+    entries = Entries(value, where, defaults, [], known)
+    for at, entry in entries:
+        if (entry["model"] is None) == (entry["url"] is None):
             raise ConfigError(f"{at}: give exactly one of 'model' (a local directory) and 'url' (an endpoint)")
-        unknown = sorted(set(map(str, raw)) - {"model", "url", *_DEFAULTS})
-        if unknown:
-            takes = ", ".join(_DEFAULTS)
-            raise ConfigError(f"{at}: unknown key(s) {', '.join(unknown)}; an entry takes model or url, {takes}")
-        entry = {**_DEFAULTS, **raw}
         _check(entry, at)
         verdicts = Verdicts(
             entry["template"], entry["parser"], entry["labels"], entry["score_range"], bool(entry["scale"]),
             str(entry["rubric"]),
         )  # fmt: skip
-        if "model" in entry:
+        needs_truth = bool(entry["requires_ground_truth"])
+        if entry["model"] is not None:
             try:
                 path = str(resolve_model_path(str(entry["model"])))
             except Exception as e:
@@ -294,9 +282,14 @@ def load_judges(entries: Any, known: Sequence[str], where: str = "reward.judge")
                 path, verdicts, max_new_tokens=entry["max_new_tokens"], temperature=float(entry["temperature"]),
                 batch_size=entry["batch_size"], threads=entry["threads"],
             )  # fmt: skip
-            domain = RewardDomain(fn=judge, batch_fn=judge.score_batch, warmup=judge.load, score_range=None,
-                                  requires_ground_truth=bool(entry["requires_ground_truth"]),
-                                  description=f"the judge model at {path}")  # fmt: skip
+            domain = RewardDomain(
+                fn=judge,
+                batch_fn=judge.score_batch,
+                warmup=judge.load,
+                score_range=None,
+                requires_ground_truth=needs_truth,
+                description=f"the judge model at {path}",
+            )
         else:
             if not str(entry["url"]).startswith(("http://", "https://")):
                 raise ConfigError(f"{at}.url={entry['url']!r}: expected an http:// or https:// address")
@@ -306,18 +299,13 @@ def load_judges(entries: Any, known: Sequence[str], where: str = "reward.judge")
                 timeout_s=float(entry["timeout_s"]), retries=int(entry["retries"]), backoff_s=float(entry["backoff_s"]),
                 max_concurrency=entry["max_concurrency"],
             )  # fmt: skip
-            domain = RewardDomain(fn=judge, batch_fn=judge.score_batch, inline=True, score_range=None,
-                                  requires_ground_truth=bool(entry["requires_ground_truth"]),
-                                  description=f"the judge at {entry['url']}")  # fmt: skip
-        name = str(entry["domain"])
-        if name in known or name in domains:
-            raise ConfigError(f"{at}: the domain name {name!r} is taken; name this one with {at}.domain=NAME")
-        domains[name] = domain
-        sources = entry["data_sources"]
-        if isinstance(sources, str) or not isinstance(sources, Sequence):
-            raise ConfigError(f"{at}.data_sources: expected a list of data_source names, got {sources!r}")
-        for source in sources:
-            if source in routes:
-                raise ConfigError(f"{at}.data_sources: {source!r} is already scored by {routes[source]!r}")
-            routes[str(source)] = name
-    return domains, routes
+            domain = RewardDomain(
+                fn=judge,
+                batch_fn=judge.score_batch,
+                inline=True,  # waits on the network; the client bounds its own time
+                score_range=None,
+                requires_ground_truth=needs_truth,
+                description=f"the judge at {entry['url']}",
+            )
+        entries.add(at, entry, domain)
+    return entries.domains, entries.routes

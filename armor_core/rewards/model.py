@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.entries import Entries
 
 __all__ = ["ClassifierReward", "RM_RECORD", "load_models"]
 
@@ -132,29 +133,15 @@ def _normalizer(entry: Mapping[str, Any], path: Path, at: str) -> tuple[float, f
     return float(spec["mean"]), float(spec["std"])
 
 
-def load_models(entries: Any, known: Sequence[str], where: str = "reward.model") -> tuple[dict, dict, dict]:
+def load_models(value: Any, known: Sequence[str], where: str = "reward.model") -> tuple[dict, dict, dict]:
     """The domains of ``reward.model`` (a mapping or a list): ``({domain: RewardDomain}, {data_source: domain},
     {domain: rule domain})``. The directory is checked here (config, weights, tokenizer); the weights load
     in the reward worker. :raises ConfigError: naming the entry and what is wrong."""
     from armor_core.models.loading import resolve_model_path
 
-    if not entries:
-        return {}, {}, {}
-    if isinstance(entries, Mapping):
-        entries = [entries]
-    if isinstance(entries, str) or not isinstance(entries, Sequence):
-        raise ConfigError(f"{where}: expected a mapping {{path, data_sources, ...}} or a list of them, got {entries!r}")
-    domains: dict[str, RewardDomain] = {}
-    routes: dict[str, str] = {}
+    entries = Entries(value, where, _DEFAULTS, ["path"], known)
     rules: dict[str, str] = {}
-    for i, raw in enumerate(entries):
-        at = f"{where}[{i}]" if len(entries) > 1 else where
-        if not isinstance(raw, Mapping) or "path" not in raw:
-            raise ConfigError(f"{at}: needs 'path', a local reward model directory; got {raw!r}")
-        unknown = sorted(set(map(str, raw)) - {"path", *_DEFAULTS})
-        if unknown:
-            raise ConfigError(f"{at}: unknown key(s) {', '.join(unknown)}; an entry takes path, {', '.join(_DEFAULTS)}")
-        entry = {**_DEFAULTS, **raw}
+    for at, entry in entries:
         try:
             given = str(entry["path"])
             path = resolve_model_path(given if given.startswith("builtin:") else Path(given).expanduser().resolve())
@@ -168,15 +155,10 @@ def load_models(entries: Any, known: Sequence[str], where: str = "reward.model")
                 f"{at}.path: {path} holds {', '.join(kind) or 'no architecture'}, not a sequence-classification "
                 "model (a reward model); armor rm train makes one"
             )
-        for key in ("batch_size", "max_length", "threads"):
-            if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < 1:
-                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a whole number of at least 1")
+        entries.whole(entry, at, ["batch_size", "max_length", "threads"])
         if entry["dtype"] not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{at}.dtype={entry['dtype']!r}: expected float32, bfloat16 or float16")
         mean, std = _normalizer(entry, path, at)
-        name = str(entry["domain"])
-        if name in known or name in domains:
-            raise ConfigError(f"{at}: the domain name {name!r} is taken; name this one with {at}.domain=NAME")
         scorer = ClassifierReward(
             str(path),
             batch_size=entry["batch_size"],
@@ -186,7 +168,7 @@ def load_models(entries: Any, known: Sequence[str], where: str = "reward.model")
             mean=mean,
             std=std,
         )
-        domains[name] = RewardDomain(
+        domain = RewardDomain(
             fn=scorer,
             batch_fn=scorer.score_batch,
             warmup=scorer.load,
@@ -194,13 +176,7 @@ def load_models(entries: Any, known: Sequence[str], where: str = "reward.model")
             requires_ground_truth=bool(entry["requires_ground_truth"]),
             description=f"the reward model at {path}",
         )
+        entries.add(at, entry, domain)
         if entry["rule"] is not None:
-            rules[name] = str(entry["rule"])
-        sources = entry["data_sources"]
-        if isinstance(sources, str) or not isinstance(sources, Sequence):
-            raise ConfigError(f"{at}.data_sources: expected a list of data_source names, got {sources!r}")
-        for source in sources:
-            if source in routes:
-                raise ConfigError(f"{at}.data_sources: {source!r} is already scored by {routes[source]!r}")
-            routes[str(source)] = name
-    return domains, routes, rules
+            rules[str(entry["domain"])] = str(entry["rule"])
+    return entries.domains, entries.routes, rules

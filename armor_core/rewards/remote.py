@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.entries import Entries
 
 __all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "post_json"]
 
@@ -177,35 +178,17 @@ def _head(text: bytes | str) -> str:
     return repr(text[:200])
 
 
-def load_remote(entries: Any, known: Sequence[str], where: str = "reward.remote") -> tuple[dict, dict]:
+def load_remote(value: Any, known: Sequence[str], where: str = "reward.remote") -> tuple[dict, dict]:
     """The domains of ``reward.remote`` (a mapping, or a list of them): ``({domain: RewardDomain},
     {data_source: domain})``. :raises ConfigError: naming the entry and the key."""
-    if not entries:
-        return {}, {}
-    if isinstance(entries, Mapping):
-        entries = [entries]
-    if isinstance(entries, str) or not isinstance(entries, Sequence):
-        raise ConfigError(f"{where}: expected a mapping {{url, data_sources, ...}} or a list of them, got {entries!r}")
-    domains: dict[str, RewardDomain] = {}
-    routes: dict[str, str] = {}
-    for i, raw in enumerate(entries):
-        at = f"{where}[{i}]" if len(entries) > 1 else where
-        if not isinstance(raw, Mapping) or not str(raw.get("url", "")).startswith(("http://", "https://")):
-            raise ConfigError(f"{at}: needs 'url', an http:// or https:// address of the reward service; got {raw!r}")
-        unknown = sorted(set(map(str, raw)) - {"url", *_DEFAULTS})
-        if unknown:
-            raise ConfigError(f"{at}: unknown key(s) {', '.join(unknown)}; an entry takes url, {', '.join(_DEFAULTS)}")
-        entry = {**_DEFAULTS, **raw}
-        for key in ("timeout_s", "backoff_s"):
-            if not _number(entry[key]) or entry[key] < 0 or (key == "timeout_s" and entry[key] == 0):
-                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a positive number of seconds")
-        for key in ("max_concurrency", "batch_size", "retries"):
-            least = 0 if key == "retries" else 1
-            if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < least:
-                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a whole number of at least {least}")
-        name = str(entry["domain"])
-        if name in known or name in domains:
-            raise ConfigError(f"{at}: the domain name {name!r} is taken; name this one with {at}.domain=NAME")
+    entries = Entries(value, where, _DEFAULTS, ["url"], known)
+    for at, entry in entries:
+        if not str(entry["url"]).startswith(("http://", "https://")):
+            raise ConfigError(f"{at}: needs 'url', an http:// or https:// address of the reward service")
+        entries.seconds(entry, at, ["timeout_s"])
+        entries.seconds(entry, at, ["backoff_s"], zero=True)
+        entries.whole(entry, at, ["max_concurrency", "batch_size"])
+        entries.whole(entry, at, ["retries"], least=0)
         client = RemoteReward(
             str(entry["url"]),
             timeout_s=float(entry["timeout_s"]),
@@ -216,7 +199,7 @@ def load_remote(entries: Any, known: Sequence[str], where: str = "reward.remote"
             headers=entry["headers"],
         )
         # inline: the client bounds its own time (timeouts, tries) and waits on the network, not a core
-        domains[name] = RewardDomain(
+        domain = RewardDomain(
             fn=client,
             batch_fn=client.score_batch,
             inline=True,
@@ -224,11 +207,5 @@ def load_remote(entries: Any, known: Sequence[str], where: str = "reward.remote"
             requires_ground_truth=bool(entry["requires_ground_truth"]),
             description=f"the reward service at {entry['url']}",
         )
-        sources = entry["data_sources"]
-        if isinstance(sources, str) or not isinstance(sources, Sequence):
-            raise ConfigError(f"{at}.data_sources: expected a list of data_source names, got {sources!r}")
-        for source in sources:
-            if source in routes:
-                raise ConfigError(f"{at}.data_sources: {source!r} is already scored by {routes[source]!r}")
-            routes[str(source)] = name
-    return domains, routes
+        entries.add(at, entry, domain)
+    return entries.domains, entries.routes

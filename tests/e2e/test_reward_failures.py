@@ -47,6 +47,16 @@ def test_a_domain_failing_on_every_row_stops_the_run_at_its_first_step(ray_clust
     )
 
 
+def _two_steps(tmp_path, *overrides):
+    """Two steps of the built-in task with ``overrides``; the rows of the training steps in metrics.jsonl."""
+    small = ["data.train_size=64", "data.val_size=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+             "rollout.n=4", "rollout.max_new_tokens=4", "trainer.total_steps=2", "trainer.loggers=[jsonl]",
+             "engine.cpus_per_worker=1", f"trainer.run_dir={tmp_path / 'run'}"]  # fmt: skip
+    run_training(load_config(None, [*overrides, *small]))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "actor/pg_loss" in r]
+
+
 def test_a_run_scores_its_rows_with_a_verl_reward_file(ray_cluster, tmp_path):
     reward_file = tmp_path / "exact_file.py"
     reward_file.write_text(
@@ -54,25 +64,7 @@ def test_a_run_scores_its_rows_with_a_verl_reward_file(ray_cluster, tmp_path):
         "    hit = solution_str.strip() == str(ground_truth).strip()\n"
         "    return {'score': float(hit), 'acc': hit, 'is_arithmetic': float(data_source == 'arithmetic')}\n"
     )
-    cfg = load_config(
-        None,
-        [
-            f"reward.custom=[{{path: {reward_file}, data_sources: [arithmetic]}}]",
-            "data.train_size=64",
-            "data.val_size=8",
-            "data.train_batch_size=4",
-            "actor.ppo_mini_batch_size=4",
-            "rollout.n=4",
-            "rollout.max_new_tokens=4",
-            "trainer.total_steps=2",
-            "trainer.loggers=[jsonl]",
-            "engine.cpus_per_worker=1",
-            f"trainer.run_dir={tmp_path / 'run'}",
-        ],
-    )
-    run_training(cfg)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "actor/pg_loss" in r]
+    steps = _two_steps(tmp_path, f"reward.custom=[{{path: {reward_file}, data_sources: [arithmetic]}}]")
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:  # the file scored the built-in task's rows, in place of the arithmetic domain
         assert r["reward/exact_file/is_arithmetic"] == 1.0 and r["reward/exact_file/failures"] == 0.0
@@ -104,28 +96,10 @@ def test_a_run_scores_its_rows_with_a_reward_service(ray_cluster, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/get_reward"
     try:
-        cfg = load_config(
-            None,
-            [
-                f"reward.remote={{url: '{url}', data_sources: [arithmetic], batch_size: 8}}",
-                "data.train_size=64",
-                "data.val_size=8",
-                "data.train_batch_size=4",
-                "actor.ppo_mini_batch_size=4",
-                "rollout.n=4",
-                "rollout.max_new_tokens=4",
-                "trainer.total_steps=2",
-                "trainer.loggers=[jsonl]",
-                "engine.cpus_per_worker=1",
-                f"trainer.run_dir={tmp_path / 'run'}",
-            ],
-        )
-        run_training(cfg)
+        steps = _two_steps(tmp_path, f"reward.remote={{url: '{url}', data_sources: [arithmetic], batch_size: 8}}")
     finally:
         server.shutdown()
         server.server_close()
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in steps if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert 0.0 <= r["reward/remote/score"] <= 1.0 and r["reward/remote/failures"] == 0.0
