@@ -137,7 +137,7 @@ class RolloutSource:
             kept_scores.append(scores[informative])
             if sum(len(k) for k in kept) >= want * n:
                 break
-        batch, scores = DataProto.concat(kept), torch.cat(kept_scores)
+        batch, scores = DataProto.concat(_same_width(kept)), torch.cat(kept_scores)
         n_groups = min(want, len(batch) // n)
         workers = cfg.actor.num_workers
         n_groups -= n_groups % (workers // math.gcd(n, workers))  # rows split evenly over the actor's ranks
@@ -270,3 +270,29 @@ def _joined(gen_in: Any, out: Any) -> Any:
     return gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(
         out.select(tensor_keys=list(out.tensors), non_tensor_keys=added)
     )
+
+
+def _same_width(batches: list) -> list:
+    """``batches`` with their response columns right-padded to the widest: a multi-turn rollout's width is its
+    longest episode, so two generated batches of one step may differ. Padding is masked (``attention_mask`` and
+    ``response_mask`` 0) and its positions go on counting up, as a single-turn rollout's padding does."""
+    from armor_core.dataproto.protocol import DataProto
+
+    width = max(b.tensors["responses"].shape[1] for b in batches if len(b))
+    out = []
+    for b in batches:
+        short = width - b.tensors["responses"].shape[1] if len(b) else 0
+        if short <= 0:
+            out.append(b)
+            continue
+        r, full = b.tensors["responses"].shape[1], b.tensors["input_ids"].shape[1]
+        tensors = {}
+        for key, t in b.tensors.items():
+            if key != "prompts" and t.dim() >= 2 and t.shape[1] in (r, full):
+                tail = t.new_zeros((t.shape[0], short, *t.shape[2:]))
+                if key == "position_ids":
+                    tail = t[:, -1:] + torch.arange(1, short + 1, dtype=t.dtype)
+                t = torch.cat([t, tail], dim=1)
+            tensors[key] = t
+        out.append(DataProto.from_dict(tensors=tensors, non_tensors=dict(b.non_tensors), meta_info=dict(b.meta_info)))
+    return out
