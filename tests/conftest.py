@@ -42,6 +42,10 @@ ALGORITHM_PLUGINS = {
     "ppo_clip",
     "gspo",
     "cispo",
+    "sapo",
+    "geo_mean",
+    "gpg",
+    "dppo",
     "kl_estimators",
     "loss_aggregations",
 }

@@ -49,6 +49,16 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
         listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
         ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
         assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}
+        # the generated environment, installed and untouched, drives a training run's episodes
+        run_dir = tmp_path / "env-run"
+        _run(sys.executable, "-m", "armor_core.cli.main", "run", "trainer.total_steps=2", "data.train_size=32",
+             "data.val_size=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+             "rollout.max_new_tokens=4", "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=number_guess",
+             "rollout.multi_turn.max_turns=3", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1",
+             f"trainer.run_dir={run_dir}", timeout=600)  # fmt: skip
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if "actor/pg_loss" in r]
+        assert [r["step"] for r in steps] == [1, 2] and all(1.0 <= r["env/turns"] <= 3.0 for r in steps)
     finally:
         subprocess.run(
             [sys.executable, "-m", "pip", "uninstall", "-q", "-y", *(d.name for d in dirs)],
