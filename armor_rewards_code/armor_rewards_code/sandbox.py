@@ -15,7 +15,9 @@ directory (removed afterwards), a scrubbed environment, and, set in the child be
   sockets, and Landlock, under which the run writes only beneath its working directory (and may not
   signal processes outside it). ``SandboxRun.isolated`` (the ``code`` domain's ``isolated`` sub-score)
   is True when network and host writes are both shut, by either means; ``require_isolation`` makes its
-  absence an error instead;
+  absence an error instead. Each is probed once per sandbox; one that a run's child then fails to enter
+  (the kernel's answer changed: seen in a process that had run for twenty minutes) is dropped for that
+  run and the next, with a warning naming the error, and the run starts again without it;
 - the parent-death signal, so a reward worker killed for ``reward.timeout_s`` takes its sandbox along.
 
 The parent kills the whole process group at the run's end or deadline and, when it started as root, every
@@ -27,7 +29,9 @@ user may read them.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
+import logging
 import os
 import resource
 import secrets
@@ -49,6 +53,7 @@ _NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWNS
 _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x4000, 1 << 18, 2, 4
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable on the host: each gets a private tmpfs
 _PR_SET_PDEATHSIG = 1
+logger = logging.getLogger(__name__)
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
 
 
@@ -140,6 +145,7 @@ class LocalSandbox:
         self.limits = limits or Limits()
         self.confinement = probe_confinement()
         self.isolated = self.confinement.isolated
+        self.require_isolation = require_isolation
         if require_isolation and not self.isolated:
             raise RuntimeError(
                 f"code sandbox: this kernel refuses the confinements a run needs ({self.confinement.why}), and "
@@ -148,8 +154,17 @@ class LocalSandbox:
             )
         self.python = sandbox_python()
 
-    def _preexec(self, uid: int | None, workdir: str, others: int) -> None:
-        """In the child between fork and exec: drop privileges, namespaces, limits. Errors abort the exec."""
+    def _preexec(self, uid: int | None, workdir: str, others: int, error_fd: int) -> None:
+        """In the child between fork and exec. An error aborts the exec, and its confinement and message go to
+        ``error_fd`` first (``subprocess`` itself passes on no more than "Exception occurred in preexec_fn")."""
+        stage = ["privileges"]
+        try:
+            self._confine(uid, workdir, others, stage)
+        except BaseException as e:
+            os.write(error_fd, f"{stage[0]}: {type(e).__name__}: {e}"[:1000].encode())
+            raise
+
+    def _confine(self, uid: int | None, workdir: str, others: int, stage: list[str]) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         lim = self.limits
         if uid is not None:
@@ -159,13 +174,17 @@ class LocalSandbox:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
         writable = [workdir]
         if self.confinement.namespaces:
+            stage[0] = "namespaces"
             _enter_namespaces(libc, lim.scratch_mb)
             workdir = "/tmp"
             writable = [path for path in _SCRATCH if os.path.isdir(path)]  # the private tmpfs, all three
         if self.confinement.writes:
+            stage[0] = "writes"
             confine_writes(writable)
         if self.confinement.network:
+            stage[0] = "network"
             block_network()
+        stage[0] = "limits"
         mb = 1 << 20
         for rlim, value in (
             (resource.RLIMIT_AS, lim.memory_mb * mb),
@@ -192,22 +211,47 @@ class LocalSandbox:
             payload = frame({**config, "max_output": self.limits.output_bytes})
             payload += frame(secret) if secret is not None else b""
             return self._launch(payload, uid, workdir, deadline_s)
+        except _Refused as refused:
+            self._without(str(refused))
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+        return self.run(config, secret, deadline_s)  # again, without the confinement the kernel refused
+
+    def _without(self, refused: str) -> None:
+        """Go on without the confinement a run's child could not enter (``"namespaces: OSError: ..."``); the
+        kernel granted it when probed, and refuses it now. Anything else, or a refusal that leaves
+        ``require_isolation`` unmet, is an error naming it."""
+        stage = refused.split(":", 1)[0]
+        if stage not in ("namespaces", "writes", "network") or not getattr(self.confinement, stage):
+            raise RuntimeError(f"code sandbox: a run could not start: {refused}")
+        why = "; ".join(x for x in (self.confinement.why, f"refused at a run: {refused}") if x)
+        self.confinement = dataclasses.replace(self.confinement, **{stage: False}, why=why)
+        self.isolated = self.confinement.isolated
+        logger.warning("code sandbox: going on without %s (%s)", stage, refused)
+        if self.require_isolation and not self.isolated:
+            raise RuntimeError(f"code sandbox: {refused}; require_isolation is set and the runs are no longer isolated")
 
     def _launch(self, payload: bytes, uid: int | None, workdir: str | None, deadline_s: float) -> SandboxRun:
         others = _tasks_of(os.getuid()) if uid is None and not self.confinement.namespaces else 0
-        proc = subprocess.Popen(
-            [self.python, "-I", "-S", "-c", HARNESS_SOURCE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_ENV,
-            cwd="/",
-            start_new_session=True,
-            preexec_fn=lambda: self._preexec(uid, workdir or "/tmp", others),
-        )
+        error_r, error_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [self.python, "-I", "-S", "-c", HARNESS_SOURCE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_ENV,
+                cwd="/",
+                start_new_session=True,
+                preexec_fn=lambda: self._preexec(uid, workdir or "/tmp", others, error_w),
+            )
+        except subprocess.SubprocessError:
+            os.close(error_w)
+            with os.fdopen(error_r, "rb") as f:
+                raise _Refused(f.read().decode("utf-8", "replace") or "the sandbox's child failed to start") from None
+        os.close(error_r)
+        os.close(error_w)
         killed = False
         try:
             out, err = proc.communicate(payload, timeout=deadline_s)
@@ -259,6 +303,10 @@ def sandbox_python() -> str:
         f"code sandbox: no Python interpreter that an unprivileged user may run ({sys.executable} lies under a "
         "directory others cannot enter); install python3 under /usr/bin"
     )
+
+
+class _Refused(Exception):
+    """The child of a run failed before its exec: the confinement it was entering and the error."""
 
 
 def _tasks_of(uid: int) -> int:

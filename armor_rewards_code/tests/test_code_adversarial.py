@@ -84,16 +84,19 @@ def _leftover_processes():
     return found
 
 
-GRANTED = sandbox.probe_confinement()
-# each way the sandbox confines a run, and what it needs from this kernel
-MODES = {
-    "namespaces": (GRANTED.namespaces, GRANTED),
-    "seccomp and landlock": (
-        GRANTED.network and GRANTED.writes,
-        dataclasses.replace(GRANTED, namespaces=False),  # a kernel that refuses user namespaces
-    ),
-    "unconfined": (True, sandbox.Confinement(False, False, False, why="refused")),  # a kernel that refuses all three
-}
+def _modes(granted):
+    """Each way the sandbox confines a run: (whether this kernel grants what it needs now, the confinement)."""
+    return {
+        "namespaces": (granted.namespaces, granted),
+        "seccomp and landlock": (
+            granted.network and granted.writes,
+            dataclasses.replace(granted, namespaces=False),  # a kernel that refuses user namespaces
+        ),
+        "unconfined": (True, sandbox.Confinement(False, False, False, why="refused")),  # one that refuses all three
+    }
+
+
+MODES = list(_modes(sandbox.Confinement(True, True, True)))
 # what only the confinements stop; unconfined, the isolated sub-score of 0 says so
 NEEDS_CONFINEMENT = {"socket connect", "write outside the temporary directory"}
 
@@ -114,9 +117,10 @@ def _confine(monkeypatch, confinement):
 
 @pytest.fixture(params=MODES)
 def mode(request, monkeypatch):
-    granted, confinement = MODES[request.param]
+    now = sandbox.probe_confinement()  # probed when the test runs: a long process may lose what it had at start
+    granted, confinement = _modes(now)[request.param]
     if not granted:
-        pytest.skip(f"this kernel refuses what {request.param} needs: {GRANTED.why}")
+        pytest.skip(f"this kernel refuses what {request.param} needs: {now.why}")
     _confine(monkeypatch, confinement)
     return request.param
 
@@ -207,3 +211,34 @@ def test_an_ordinary_user_gets_the_same_sandbox(mode):
         finally:
             os._exit(code)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_a_confinement_refused_after_the_probe_is_dropped_for_the_next_runs_and_said(monkeypatch):
+    # the kernel granted namespaces when the sandbox was made, then refuses them in a run's child
+    granted = sandbox.probe_confinement()
+    if not (granted.network and granted.writes):
+        pytest.skip(f"needs seccomp and Landlock to fall back on: {granted.why}")
+    box = sandbox.LocalSandbox()
+    box.confinement = dataclasses.replace(granted, namespaces=True)
+
+    def refused(libc, scratch_mb):
+        raise PermissionError(1, "Operation not permitted", "unshare")
+
+    monkeypatch.setattr(sandbox, "_enter_namespaces", refused)  # the forked child runs this module's code
+    result = code_reward_with(box, "print(int(input()) ** 2)")
+    assert result.score == 1.0 and result.sub_scores["isolated"] == 1.0  # seccomp and Landlock carry on
+    assert not box.confinement.namespaces and "namespaces: PermissionError" in box.confinement.why
+    box.confinement = sandbox.Confinement(False, False, False)
+    monkeypatch.setattr(sandbox, "block_network", lambda: None)
+    monkeypatch.setattr(sandbox.resource, "setrlimit", lambda *a: (_ for _ in ()).throw(OSError(22, "no")))
+    with pytest.raises(RuntimeError, match=r"a run could not start: limits: OSError"):
+        code_reward_with(box, "print(4)")
+
+
+def code_reward_with(box, program):
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(domain, "_sandbox", lambda *a: box)
+    try:
+        return code_reward("", f"```python\n{program}\n```", STDIO, {}, **LIMITS)
+    finally:
+        monkey.undo()
