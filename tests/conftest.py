@@ -39,6 +39,7 @@ ALGORITHM_PLUGINS = {
     "reinforce_plus_plus",
     "opo",
     "pass_at_k",
+    "grpo_passk",
     "ppo_clip",
     "gspo",
     "cispo",

@@ -1,6 +1,6 @@
 """Loss aggregation: how a per-token loss matrix becomes the scalar that is differentiated.
 
-Four modes, named as in verl so configs carry over (``actor.loss_agg_mode``). Writing
+Five modes, the first four named as in verl so configs carry over (``actor.loss_agg_mode``). Writing
 ``l_it`` for the loss of token t of sequence i, ``m_it`` for the mask, N for the number of valid
 tokens and S for the number of sequences with at least one valid token, over the whole
 mini-batch on all ranks:
@@ -12,6 +12,7 @@ mode                        loss of the whole mini-batch                      us
 ``seq-mean-token-sum``      ``(1/S) sum_i sum_t m l``                         sequence-level sums
 ``seq-mean-token-mean``     ``(1/S) sum_i (sum_t m l / sum_t m)``             GRPO paper, GSPO
 ``seq-mean-token-sum-norm`` ``(1/S) sum_i sum_t m l / C``                     Dr. GRPO (C constant)
+``token-sum``               ``sum_it m l``                                    unnormalised sums
 ==========================  ================================================  ====================
 
 The contract (``hookspecs.armor_register_loss_aggregations``) is that each function returns one
@@ -20,6 +21,9 @@ counts, so the sum of contributions over micro-batches and data-parallel ranks i
 loss above (and so are its gradients). Averaging per-micro-batch means instead would weight a
 token by 1/(tokens in its micro-batch), which changes with how the batch happens to be split.
 When the global counts are None the micro-batch is taken to be the whole batch.
+
+``token-sum`` is not a mode of the verl ``agg_loss`` read here (main branch, not the v0.9.1 tag);
+it is the plain masked sum, as the name means in trainers that have it (e.g. Megatron-based ones).
 
 ``seq-mean-token-sum-norm`` follows Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like
 Training"): every sequence's token sum is divided by the same constant C (the maximum response
@@ -40,6 +44,7 @@ __all__ = [
     "agg_seq_mean_token_sum",
     "agg_seq_mean_token_sum_norm",
     "agg_token_mean",
+    "agg_token_sum",
     "count_tokens_and_seqs",
 ]
 
@@ -159,12 +164,31 @@ def agg_seq_mean_token_sum_norm(
     return masked_sum(loss_mat, m) / c / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 
 
+def agg_token_sum(
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    global_num_tokens: Count = None,
+    global_num_seqs: Count = None,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
+    """Plain sum over every valid token of the mini-batch: ``sum(m * l)``, no normalisation.
+
+    Needs no global count: the sum of the micro-batches' sums is the mini-batch's sum. The loss
+    (and the gradient) grows with the number of tokens, so the learning rate must be sized for it.
+
+    :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
+    """
+    return masked_sum(_float(loss_mat), as_bool_mask(response_mask))
+
+
 #: name -> function, the same names the hook registers.
 AGGREGATIONS = {
     "token-mean": agg_token_mean,
     "seq-mean-token-sum": agg_seq_mean_token_sum,
     "seq-mean-token-mean": agg_seq_mean_token_mean,
     "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
+    "token-sum": agg_token_sum,
 }
 
 

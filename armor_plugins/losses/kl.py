@@ -13,6 +13,7 @@ name     per-token value                 note
 ``abs``  ``|x|``                         biased
 ``k1+``  value of k1, gradient of k2     straight-through
 ``k3+``  value of k3, gradient of k2     straight-through
+``abs+`` value of abs, gradient of k2    straight-through
 =======  ==============================  =============================================
 
 Why the ``+`` variants: as a *loss*, what matters is the gradient. Differentiating k1 or k3
@@ -21,7 +22,9 @@ gives a gradient whose expectation is 0 for k1 (``E_pi[grad log pi] = 0``) and t
 KL(pi_ref || pi), the other direction, for k3; while ``grad k2 = x grad log pi`` is, in
 expectation, the score-function gradient of KL(pi || pi_ref) itself (Tang & Munos 2025, "On a few
 pitfalls in KL divergence gradient estimation for RL"). ``k1+``/``k3+`` report the familiar
-k1/k3 values while optimising with the gradient of k2: ``value + (k2 - sg(k2))``.
+k1/k3 values while optimising with the gradient of k2: ``value + (k2 - sg(k2))``. ``abs+`` does the
+same for ``|x|`` (verl's rule for a ``+`` suffix: any estimator's value, k2's gradient; ``k2+`` would
+be k2 itself, so it is not registered).
 
 k3 exponentiates ``-x``, so a token the policy has made far less likely than the reference
 (``x = -30``) would weigh ``exp(30) ~ 1e13`` in the loss. Its value is bounded to ``[0, 10]``
@@ -46,6 +49,7 @@ __all__ = [
     "KL_BOUND",
     "KL_ESTIMATORS",
     "kl_abs",
+    "kl_abs_plus",
     "kl_k1",
     "kl_k1_plus",
     "kl_k2",
@@ -96,6 +100,15 @@ def kl_k3_plus(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tens
     return _straight_through(kl_k3(log_prob, ref_log_prob), log_prob, ref_log_prob)
 
 
+def kl_abs_plus(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """Value of abs, gradient of k2 (straight-through). (bs, T) -> (bs, T).
+
+    Matches ``abs+`` in verl's ``kl_penalty`` (its ``+`` rule: value of the named estimator, gradient of
+    k2), read in verl's main-branch source, not on the v0.9.1 tag.
+    """
+    return _straight_through(kl_abs(log_prob, ref_log_prob), log_prob, ref_log_prob)
+
+
 #: name -> estimator, the names the hook registers (config values of algorithm.kl_penalty, actor.kl_loss_type)
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "k1": kl_k1,
@@ -104,6 +117,7 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
     "abs": kl_abs,
     "k1+": kl_k1_plus,
     "k3+": kl_k3_plus,
+    "abs+": kl_abs_plus,
 }
 
 

@@ -103,7 +103,7 @@ def test_missing_optional_engine_is_a_config_error_before_any_worker():
         (["algorithm.filter_groups=true", "rollout.n=1"], r"rollout.n=1 samples per prompt always agree"),
         (
             ["algorithm.filter_groups=true", "algorithm.adv_estimator=reinforce_plus_plus"],
-            r"adv_estimator='reinforce_plus_plus' does not compare .* \(dr_grpo, grpo, opo, pass_at_k",
+            r"adv_estimator='reinforce_plus_plus' does not compare .* \(dr_grpo, grpo, grpo_passk, opo, pass_at_k",
         ),
         (["algorithm.filter_groups=true", "algorithm.adv_estimator=gae"], r"adv_estimator='gae' does not compare"),
         (["algorithm.max_gen_batches=0"], r"algorithm.max_gen_batches=0 is out of range"),

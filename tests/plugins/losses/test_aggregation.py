@@ -39,6 +39,7 @@ def test_modes_by_hand():
         "seq-mean-token-sum": pytest.approx((6 + 4) / 2),
         "seq-mean-token-mean": pytest.approx((2 + 4) / 2),
         "seq-mean-token-sum-norm": pytest.approx((6 / 4 + 4 / 4) / 2),
+        "token-sum": pytest.approx(1 + 2 + 3 + 4),
     }
 
 
