@@ -35,8 +35,11 @@ def variants(only: str | None) -> list[tuple[str, str, list[str]]]:
     from armor_core.plugins import get_plugin_manager
 
     pm = get_plugin_manager()
+    needs = {"pass_at_k": ["algorithm.adv_kwargs={k: 4}"]}  # its k: pass@4 of each group's samples
     out = [
-        ("estimator", n, [f"algorithm.adv_estimator={n}"]) for n in ESTIMATORS if n in pm.names("advantage_estimator")
+        ("estimator", n, [f"algorithm.adv_estimator={n}", *needs.get(n, [])])
+        for n in ESTIMATORS
+        if n in pm.names("advantage_estimator")
     ]
     out += [("loss", n, [f"actor.policy_loss={n}"]) for n in LOSSES if n in pm.names("policy_loss")]
     kinds = {"estimators": "estimator", "losses": "loss"}
@@ -104,10 +107,9 @@ def main() -> None:
         steps_to = statistics.median(reached) if None not in reached else None
         row = (kind, name, statistics.mean(accs), (max(accs) - min(accs)) / 2, steps_to, collapsed)
         rows.append(row)
-        print(
-            json.dumps({"variant": name, "acc": accs, "reached": reached, "collapsed_at_high_lr": collapsed}),
-            flush=True,
-        )
+        errors = [r["error"] for r in runs if "error" in r]  # a run that died: its last line
+        summary = {"variant": name, "acc": accs, "reached": reached, "collapsed_at_high_lr": collapsed}
+        print(json.dumps({**summary, "errors": errors}), flush=True)
     n = len(args.seeds)
     print(f"\n{args.steps} steps, seeds {' '.join(map(str, args.seeds))}, held-out greedy accuracy every "
           f"{args.eval_every} steps; collapse: final accuracy < {args.collapse_below} or non-finite weights at "
