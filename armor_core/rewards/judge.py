@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.entries import Entries
+from armor_core.rewards.remote import RemoteRewardError, one_result, post_json
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]
 
@@ -99,7 +100,28 @@ class Verdicts:
         return RewardResult(value / self.high if self.scale else value, subs)
 
 
-class LocalJudge:
+class _Judge:
+    """What both judges share: the template fills each row, ``judge`` turns the filled templates into results."""
+
+    verdicts: Verdicts
+
+    def judge(self, asks: Sequence[str]) -> list[RewardResult | Exception]:
+        raise NotImplementedError
+
+    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
+        return one_result(self.score_batch([prompt], [response], [ground_truth], [extra]))
+
+    def score_batch(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        extras: Sequence[Mapping[str, Any]],
+    ) -> list[RewardResult | Exception]:
+        return self.judge([self.verdicts.ask(*row) for row in zip(prompts, responses, ground_truths, extras)])
+
+
+class LocalJudge(_Judge):
     """A local causal LM as judge: the ``batch_fn`` of its domain, run in a reward worker."""
 
     def __init__(self, path: str, verdicts: Verdicts, *, max_new_tokens: int, temperature: float, batch_size: int,
@@ -119,9 +141,6 @@ class LocalJudge:
             torch.set_num_threads(self.threads)
             _LOADED[self.path] = (load_model(self.path).eval(), load_tokenizer(self.path))
         return _LOADED[self.path]
-
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        return _one(self.score_batch([prompt], [response], [ground_truth], [extra]))
 
     def generate(self, texts: Sequence[str]) -> list[str]:
         """The judge's verdict for each filled template (left-padded batches, the new tokens decoded)."""
@@ -148,18 +167,11 @@ class LocalJudge:
                 out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         return out
 
-    def score_batch(
-        self,
-        prompts: Sequence[str],
-        responses: Sequence[str],
-        ground_truths: Sequence[Any],
-        extras: Sequence[Mapping[str, Any]],
-    ) -> list[RewardResult | Exception]:
-        asks = [self.verdicts.ask(*row) for row in zip(prompts, responses, ground_truths, extras)]
+    def judge(self, asks: Sequence[str]) -> list[RewardResult | Exception]:
         return [_read(self.verdicts, v) for v in self.generate(asks)]
 
 
-class EndpointJudge:
+class EndpointJudge(_Judge):
     """An OpenAI-compatible chat endpoint as judge: the ``batch_fn`` of an inline domain (it waits on the
     network, and its client bounds its own time)."""
 
@@ -175,12 +187,7 @@ class EndpointJudge:
     def __repr__(self) -> str:
         return f"EndpointJudge({self.url})"
 
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        return _one(self.score_batch([prompt], [response], [ground_truth], [extra]))
-
     def _verdict(self, ask: str) -> RewardResult | Exception:
-        from armor_core.rewards.remote import RemoteRewardError, post_json
-
         body = {
             "messages": [{"role": "user", "content": ask}],
             "temperature": self.temperature,
@@ -201,14 +208,7 @@ class EndpointJudge:
             return ValueError(f"{self.url} answered without choices[0].message.content: {str(reply)[:200]!r}")
         return _read(self.verdicts, text)
 
-    def score_batch(
-        self,
-        prompts: Sequence[str],
-        responses: Sequence[str],
-        ground_truths: Sequence[Any],
-        extras: Sequence[Mapping[str, Any]],
-    ) -> list[RewardResult | Exception]:
-        asks = [self.verdicts.ask(*row) for row in zip(prompts, responses, ground_truths, extras)]
+    def judge(self, asks: Sequence[str]) -> list[RewardResult | Exception]:
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(asks)))) as pool:
             return list(pool.map(self._verdict, asks))
 
@@ -218,12 +218,6 @@ def _read(verdicts: Verdicts, text: str) -> RewardResult | Exception:
         return verdicts.read(text)
     except ValueError as e:
         return e
-
-
-def _one(results: list[RewardResult | Exception]) -> RewardResult:
-    if isinstance(results[0], Exception):
-        raise results[0]
-    return results[0]
 
 
 def _check(entry: Mapping[str, Any], at: str) -> None:

@@ -37,9 +37,10 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.custom import SOURCE_KEY
 from armor_core.rewards.entries import Entries
 
-__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "post_json"]
+__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "one_result", "post_json"]
 
 _DEFAULTS = {
     "domain": "remote",
@@ -73,10 +74,7 @@ class RemoteReward:
         return f"RemoteReward({self.url})"
 
     def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        (result,) = self.score_batch([prompt], [response], [ground_truth], [extra])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return one_result(self.score_batch([prompt], [response], [ground_truth], [extra]))
 
     def score_batch(
         self,
@@ -85,8 +83,6 @@ class RemoteReward:
         ground_truths: Sequence[Any],
         extras: Sequence[Mapping[str, Any]],
     ) -> list[RewardResult | Exception]:
-        from armor_core.rewards.custom import SOURCE_KEY
-
         sources = [dict(e or {}).get(SOURCE_KEY) for e in extras]
         spans = [range(i, min(i + self.batch_size, len(prompts))) for i in range(0, len(prompts), self.batch_size)]
 
@@ -139,6 +135,13 @@ def post_json(
         except ValueError:
             raise RemoteRewardError(f"{url} answered something that is not JSON: {_head(text)}") from None
     raise RemoteRewardError(f"no answer from {url} after {retries + 1} tries ({timeout_s:g} s each): {problem}")
+
+
+def one_result(results: Sequence[RewardResult | Exception]) -> RewardResult:
+    """A batch function's one row, for a domain's single-row ``fn``: its result, or its error raised."""
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]
 
 
 def _results(reply: Any, n: int, url: str) -> list[RewardResult | Exception]:
