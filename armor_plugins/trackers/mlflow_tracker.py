@@ -20,6 +20,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlparse
@@ -31,9 +32,11 @@ __all__ = ["MlflowTracker", "flat_params", "mlflow_name"]
 _NOT_ALLOWED = re.compile(r"[^/\w.\- :]")
 _PARAMS_PER_BATCH, _METRICS_PER_BATCH = 100, 1000  # MLflow's log_batch limits
 # a file store appends to one file per metric, tens a step: slow enough to show in timing_s/log when
-# done in the driver's thread. Logged asynchronously, MLflow's thread writes while the driver waits on
-# the workers; waiting once every _MAX_PENDING batches bounds what is held in memory and raises a
-# write error within that many steps.
+# done in the driver's thread. One writer thread of our own logs while the driver waits on the
+# workers: MLflow's own asynchronous logging writes batches from several threads at once, and its
+# file store then races to create a new metric's directory ("[Errno 17] File exists"). Waiting once
+# every _MAX_PENDING batches bounds what is held in memory and raises a write error within that many
+# steps; every other call waits for the writer first, so the store sees one writer at a time.
 _MAX_PENDING = 32
 
 
@@ -83,7 +86,8 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(project)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
-        self._pending: list[Any] = []
+        self._pending: list[Future] = []
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="armor-mlflow")
         self.run_id = self.client.create_run(
             experiment_id, run_name=name, tags={"armor.run_dir": str(run_dir.resolve())}
         ).info.run_id
@@ -97,23 +101,26 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         rows = [Metric(mlflow_name(k), float(v), now, step) for k, v in metrics.items()]
         for batch in _chunks(rows, _METRICS_PER_BATCH):
-            self._pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
+            self._pending.append(self._writer.submit(self.client.log_batch, self.run_id, metrics=batch))
         if len(self._pending) >= _MAX_PENDING:
             self._wait()
 
     def _wait(self) -> None:
-        for operation in self._pending:
-            operation.wait()
-        self._pending.clear()
+        pending, self._pending = self._pending, []
+        for operation in pending:
+            operation.result()  # a write error is raised here, in the driver
 
     def resume(self, step: int) -> None:
+        self._wait()
         self.client.set_tag(self.run_id, "armor.resumed_from_step", str(step))
 
     def summary(self, summary: Mapping[str, Any]) -> None:
+        self._wait()
         self.client.log_dict(self.run_id, dict(summary), "summary.json")
 
     def close(self) -> None:
         try:
             self._wait()
         finally:  # a write error, or the run's own, marks it failed
+            self._writer.shutdown(wait=True)
             self.client.set_terminated(self.run_id, "FAILED" if ending_in_error() else "FINISHED")

@@ -198,6 +198,42 @@ def test_mlflow_logs_params_metrics_and_summary_to_a_file_store_in_the_run_dir(t
     assert summary == {"steps": 39, "val_after": {"val/acc_greedy": 0.5}}
 
 
+def test_mlflow_writes_one_batch_at_a_time_in_step_order_and_raises_a_write_error(tmp_path, monkeypatch):
+    """MLflow's own asynchronous logging writes batches from several threads, and its file store then
+    fails to create a new metric's directory ("[Errno 17] File exists", seen in CI): the tracker's
+    writes must never overlap, must keep their order, and a failed write must reach the driver."""
+    import threading
+    import time as time_module
+
+    from armor_plugins.trackers.mlflow_tracker import MlflowTracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = MlflowTracker(tmp_path / "run", load_config(None, []))
+    in_flight, most, steps, lock = [0], [0], [], threading.Lock()
+
+    def log_batch(run_id, metrics=(), params=(), tags=(), synchronous=None):
+        assert synchronous is None  # the store is written in the writer's own thread, synchronously
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time_module.sleep(0.002)  # long enough for a second writer to overlap, were there one
+        steps.extend(m.step for m in metrics)
+        if any(m.step == 70 for m in metrics):
+            raise OSError(28, "No space left on device")
+        with lock:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(tracker.client, "log_batch", log_batch)
+    for step in range(1, 40):
+        tracker.log({"critic/score/mean": 0.5, "critic/score/max": 1.0}, step)
+    tracker.summary({"steps": 39})
+    assert most[0] == 1 and steps == [s for s in range(1, 40) for _ in range(2)]
+    with pytest.raises(OSError, match="No space left"):
+        for step in range(70, 70 + 40):  # the write error is raised within _MAX_PENDING steps
+            tracker.log({"loss": 1.0}, step)
+    tracker.close()
+
+
 def test_mlflow_uses_the_configured_uri_marks_a_crash_failed_and_tags_a_resume(tmp_path):
     from armor_plugins.trackers.mlflow_tracker import MlflowTracker
 
