@@ -266,6 +266,45 @@ class CriticConfig:
 
 
 @dataclass
+class DistillConfig:
+    teacher: str | None = f(
+        None,
+        "On-policy distillation: a teacher model (a local Hugging Face causal-LM directory or builtin:NAME, the "
+        "student's tokenizer) scores the student's sampled responses on a worker group of its own; None: off.",
+    )
+    mode: str = f(
+        "reverse_kl",
+        "reverse_kl: per token log p_student(y_t) - log p_teacher(y_t) on the sampled tokens, as a reward or a loss "
+        "(distill.via). topk_forward_kl: a loss term sum_k p_T (log p_T - log p_S) over the teacher's top-k tokens "
+        "at each response position (renormalised over the k: distill.renormalize).",
+        choices=["reverse_kl", "topk_forward_kl"],
+    )
+    k: int = f(8, "topk_forward_kl: the teacher's most likely tokens per position the loss sums over.", ge=1)
+    coef: float = f(1.0, "Weight of the distillation signal (the reward's or the loss term's).", ge=0.0)
+    via: str = f(
+        "reward",
+        "reverse_kl only: reward adds -coef * the per-token estimate to the token-level rewards before the "
+        "advantages (as the KL-in-reward penalty); loss adds coef * its score-function term to the actor's loss "
+        "(each token's estimate is its own advantage, no credit to earlier tokens). topk_forward_kl is always a loss.",
+        choices=["reward", "loss"],
+    )
+    with_rewards: bool = f(
+        True,
+        "Keep the reward domains' scores in the token-level rewards beside the distillation signal; false: the "
+        "advantage comes from the distillation signal alone (the domains still score rows, for the metrics).",
+    )
+    renormalize: bool = f(
+        True,
+        "topk_forward_kl: renormalise the teacher's top-k probabilities (and the student's at those ids) to sum to "
+        "1 over the k before the KL; false: the raw terms, the part of the full forward KL on those k ids.",
+    )
+    num_workers: int = f(
+        1, "Teacher workers (each pinned to cores and devices of its own); rows split over them.", ge=1
+    )
+    micro_batch_size: int = f(64, "Rows per teacher forward.", ge=1)
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = f("grpo", "Advantage estimator (a registered `advantage_estimator` plugin).")
     adv_kwargs: dict = f(help="Extra keyword arguments for the advantage estimator.", factory=dict)
@@ -299,6 +338,7 @@ class AlgorithmConfig:
     rollout_correction_cap: float = f(
         2.0, "The largest importance weight (tis_*) or ratio kept (mask_*) of algorithm.rollout_correction.", gt=0.0
     )
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 @dataclass

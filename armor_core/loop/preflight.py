@@ -71,6 +71,9 @@ def check_run(cfg: ArmorConfig, pm: Any = None) -> None:
     check_model(cfg.model.path, cfg.model.tokenizer_path, trust_remote_code=cfg.model.trust_remote_code)
     check_trainable(cfg)
     check_guards(cfg, pm)
+    from armor_core.loop.distill import check_teacher  # here: loop.distill imports this module
+
+    check_teacher(cfg)
 
 
 def check_trainable(cfg: ArmorConfig) -> None:

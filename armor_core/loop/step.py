@@ -2,8 +2,9 @@
 
     rows      RolloutSource.collect: generated (now, queued by the last update call, or by async
               rollout workers) and scored; dynamic sampling refills dropped groups   guard: reward
-    logprobs  old log-probs (unless exactly on-policy), reference log-probs (KL), values (critic)
-    adv       KL-in-reward penalty, then the advantage estimator                     guard: advantage
+    logprobs  old log-probs (unless exactly on-policy), reference log-probs (KL), values (critic),
+              the teacher's log-probs (on-policy distillation, ``loop/distill.py``)
+    adv       KL-in-reward penalty, distillation reward, then the advantage estimator  guard: advantage
     update    critic, then actor (RolloutSource.update: with the next generation or the weight sync)
 
 Timing (``StepTimer``), guards (``GuardRunner.observe`` per stage) and faults (``Faults``) are
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from armor_core.interfaces import call_with_params
+from armor_core.loop.distill import TEACHER_KEYS
 from armor_core.loop.step_timer import StepTimer
 from armor_core.workers.api import ActorAPI, CriticAPI
 
@@ -36,6 +38,7 @@ UPDATE_KEYS = (
     "old_log_probs",
     "ref_log_prob",
     "rollout_log_probs",
+    *TEACHER_KEYS,
 )
 
 
@@ -119,10 +122,12 @@ class Step:
         guard: Any,
         faults: Any,
         kl_ctrl: Any,
+        distill: Any = None,
     ) -> None:
         self.cfg, self.pm, self.estimator = cfg, pm, estimator
         self.actor, self.critic, self.rollout, self.scorer = actor, critic, rollout, scorer
         self.guard, self.faults, self.kl_ctrl = guard, faults, kl_ctrl
+        self.distill = distill  # a loop.distill.Distillation, or None
 
     def run(self, step: int) -> StepResult:
         """Step ``step`` (1-based) up to and including the updates."""
@@ -164,7 +169,8 @@ class Step:
         return self.faults.rewards(scores, step), metrics
 
     def _log_probs(self, batch: Any, res: StepResult) -> Any:
-        """Old log-probs (unless the update is exactly on-policy), reference log-probs (KL), values (critic)."""
+        """Old log-probs (unless the update is exactly on-policy), reference log-probs (KL), values (critic),
+        the teacher's log-probs (distillation)."""
         cfg, timer = self.cfg, res.timer
         if not (cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size):
             with timer("old_log_prob") as stage:
@@ -184,10 +190,13 @@ class Step:
         if self.critic is not None:
             with timer("values"):
                 batch = batch.union(self.critic.dispatch(CriticAPI.compute_values, batch))
+        if self.distill is not None:
+            batch = self.distill.teacher_pass(batch, timer, res.metrics)
         return batch
 
     def _advantages(self, batch: Any, res: StepResult) -> Any:
-        """The KL penalty folded into the reward (if configured), then the advantage estimator."""
+        """The KL penalty and the distillation reward folded into the reward (if configured), then the advantage
+        estimator."""
         a, mask = self.cfg.algorithm, batch["response_mask"].float()
         with res.timer("adv"):
             if self.kl_ctrl is not None:
@@ -202,6 +211,8 @@ class Step:
                 res.metrics.update({f"actor/{k}": v for k, v in kl_m.items()})
             else:
                 rewards = batch["token_level_scores"]
+            if self.distill is not None:
+                rewards = self.distill.rewards(batch, rewards)
             batch["token_level_rewards"] = rewards
             available = {
                 "values": batch["values"] if "values" in batch else None,

@@ -8,7 +8,8 @@
    response token; with ``algorithm.filter_groups``, drop groups that all scored alike and repeat
    1-3 until the batch is full;
 4. old log-probs (skipped when the update is exactly on-policy), reference log-probs (when KL is
-   used), values (when the estimator ``requires_critic``); KL folded into the reward if configured;
+   used), values (when the estimator ``requires_critic``), the teacher's log-probs (``algorithm.distill``,
+   a teacher worker group of its own); KL and the distillation signal folded into the reward if configured;
 5. advantages from the configured estimator;
 6. critic update, actor update;
 7. the StabilityGuard looks at each stage and may skip the update or roll back;
@@ -41,7 +42,7 @@ from armor_core.loop.rollout_source import RolloutSource
 from armor_core.loop.step import Scorer, Step, batch_metrics
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
-from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI
+from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
 from armor_core.workers.rollout_correction import nothing_kept
 
 __all__ = ["Trainer", "run_training"]
@@ -147,6 +148,7 @@ class Trainer:
             "actor": a.num_workers,
             **({"critic": self.cfg.critic.num_workers or a.num_workers} if self.estimator.requires_critic else {}),
             **({"rollout": self.cfg.rollout.num_workers} if asynchronous else {}),
+            **({"teacher": self.cfg.algorithm.distill.num_workers} if self.cfg.algorithm.distill.teacher else {}),
         }
         n_workers = sum(groups.values())
         cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
@@ -204,6 +206,23 @@ class Trainer:
                 rank_kwargs=plan.get("critic"),
                 channel=e.direct_channel,
             )
+        self.distill = None
+        if "teacher" in groups:
+            from armor_core.loop.distill import Distillation
+            from armor_core.workers.teacher import TeacherWorker
+
+            teacher = WorkerGroup(
+                TeacherWorker,
+                groups["teacher"],
+                cpus_per_worker=cpus,
+                gpus_per_worker=e.gpus_per_worker,
+                name="teacher",
+                api=TeacherAPI,
+                init_kwargs={"config": conf},
+                rank_kwargs=plan.get("teacher"),
+                channel=e.direct_channel,
+            )
+            self.distill = Distillation(self.cfg, teacher)
         self.async_rollout = None
         if asynchronous:
             from armor_core.loop.async_rollout import AsyncRollout
@@ -250,6 +269,7 @@ class Trainer:
             self.guard,
             self.faults,
             self.kl_ctrl,
+            self.distill,
         )
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
         records = [
@@ -273,6 +293,7 @@ class Trainer:
             for g in (
                 getattr(self, "actor", None),
                 getattr(self, "critic", None),
+                getattr(getattr(self, "distill", None), "group", None),
                 getattr(getattr(self, "async_rollout", None), "group", None),
             )
             if g is not None

@@ -41,6 +41,7 @@ from armor_core.workers.common import (
     scalar,
     seed_everything,
 )
+from armor_core.workers.distill_loss import DistillLoss
 from armor_core.workers.guarded_step import GuardedStep
 from armor_core.workers.kl_loss import compute_kl_loss
 from armor_core.workers.lm_head import install_response_head
@@ -96,6 +97,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
         self._load_policy(cfg)
+        self.distill_loss = DistillLoss.from_config(cfg, self.chunk_tokens)  # None unless distillation adds a loss
         self._build_training(cfg)
         self._build_rollout(cfg, pm)
         self.global_step = 0
@@ -277,6 +279,7 @@ class ActorWorker(ActorWeights, GuardedStep):
             and self.zero_adv_inert
             and a.entropy_coeff == 0
             and self.kl_loss is None
+            and self.distill_loss is None
             and "rollout_log_probs" in mini
         ):
             return everything, None
@@ -363,7 +366,13 @@ class ActorWorker(ActorWeights, GuardedStep):
         # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
         # mini-batch's value is the sum over micro-batches and ranks, not a mean
         parts = dict.fromkeys(
-            ("actor/pg_loss", "actor/entropy", *(("actor/kl_loss",) if self.kl_loss is not None else ())), 0.0
+            (
+                "actor/pg_loss",
+                "actor/entropy",
+                *(("actor/kl_loss",) if self.kl_loss is not None else ()),
+                *(("actor/distill_loss",) if self.distill_loss is not None else ()),
+            ),
+            0.0,
         )
         rows, skipped = self._rows_with_gradient(mini, mask_all)
         if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
@@ -423,6 +432,12 @@ class ActorWorker(ActorWeights, GuardedStep):
                 kl = self._agg(kl_mat, mask, n_tok, n_seq)
                 loss = loss + a.kl_loss_coef * kl
                 parts["actor/kl_loss"] += weight * scalar(kl)
+            if self.distill_loss is not None:
+                with self.autocast():
+                    d_mat, _ = self.distill_loss(self.train_module, mini, idx, log_prob, mask)
+                distill = self._agg(d_mat, mask, n_tok, n_seq)
+                loss = loss + self.distill_loss.coef * distill
+                parts["actor/distill_loss"] += weight * scalar(distill)
             # DDP and FSDP2 average gradients over ranks; the aggregation already divides by global counts
             (loss * (self.world_size * weight)).backward()
             if not weight:  # a stand-in that keeps this rank in step with the others' collectives

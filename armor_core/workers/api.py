@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from armor_core.dataproto.protocol import DataProto
 
-__all__ = ["ActorAPI", "CriticAPI", "RolloutAPI", "TrainableAPI", "WorkerAPI"]
+__all__ = ["ActorAPI", "CriticAPI", "RolloutAPI", "TeacherAPI", "TrainableAPI", "WorkerAPI"]
 
 
 class WorkerAPI(Protocol):
@@ -93,6 +93,14 @@ class CriticAPI(TrainableAPI, Protocol):
 
     def update_critic(self, data: DataProto, step: int) -> dict[str, float]:
         """One value-loss update on this rank's share; metrics merged over ranks."""
+
+
+class TeacherAPI(WorkerAPI, Protocol):
+    """The distillation teacher (``algorithm.distill``): ``armor_core.workers.teacher.TeacherWorker``."""
+
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """``teacher_log_prob`` of each sampled response token; for ``topk_forward_kl`` also
+        ``teacher_topk_log_probs`` and ``teacher_topk_ids``, (bs, R, k)."""
 
 
 class RolloutAPI(WorkerAPI, Protocol):

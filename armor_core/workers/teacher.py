@@ -1,0 +1,119 @@
+"""The teacher worker of on-policy distillation (built only when ``algorithm.distill.teacher`` is set).
+
+A frozen causal LM in a worker group of its own (``distill.num_workers`` ranks, each pinned by the
+ProcessIsolator to cores and devices of its own, like the critic), held in the compute dtype
+(``model.dtype``: bfloat16 where the device allows). It scores the student's sampled responses the
+way the actor's reference pass does: ``ResponseLogProbs`` (packed or prompt-sharing layouts, checked
+against the padded forward once per layout; the chunked ``ResponseHead``, so no (tokens, vocabulary)
+tensor) gives ``teacher_log_prob``, the teacher's log-prob of each sampled token. For
+``mode=topk_forward_kl`` it also sends its ``k`` most likely tokens at each response position
+(``teacher_topk_ids``, ``teacher_topk_log_probs``), from the padded forward's last hidden states
+through its head in blocks of ``actor.logprob_chunk_tokens`` positions.
+
+Log-probs are at ``rollout.temperature``, as the student's are, so the two distributions compared are the
+ones the rollout sampled from and the teacher at the same temperature. No gradient, no state to checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from armor_core.config.schema import ArmorConfig, from_dict
+from armor_core.dataproto.protocol import DataProto
+from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, seed_everything
+from armor_core.workers.lm_head import install_response_head
+from armor_core.workers.logprobs import ResponseLogProbs
+from armor_core.workers.precision import autocast, compute_dtype
+
+__all__ = ["TeacherWorker", "teacher_top_k"]
+
+
+@torch.no_grad()
+def teacher_top_k(
+    model: torch.nn.Module, data: DataProto, rows: torch.Tensor, k: int, temperature: float, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log-probs (rows, R, k) float32, ids (rows, R, k) int64)``: the teacher's k most likely tokens at
+    each response position of ``rows`` (padded layout), the head applied ``chunk`` positions at a time."""
+    ids, attn, pos = (data[key][rows] for key in ("input_ids", "attention_mask", "position_ids"))
+    R = data["responses"].shape[1]
+    device = next(model.parameters()).device
+    hidden = model.get_decoder()(
+        input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device), use_cache=False
+    ).last_hidden_state[:, -R - 1 : -1]
+    head = model.get_output_embeddings()
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    lps, tops = [], []
+    for s in range(0, flat.shape[0], max(1, chunk)):
+        z = torch.nn.functional.linear(flat[s : s + chunk], head.weight, head.bias).float()
+        if temperature and temperature != 1.0:
+            z = z / temperature
+        lp, top = z.log_softmax(-1).topk(min(k, z.shape[-1]), dim=-1)
+        lps.append(lp)
+        tops.append(top)
+    shape = (len(ids), R, -1)
+    return torch.cat(lps).view(shape).cpu(), torch.cat(tops).view(shape).cpu()
+
+
+class TeacherWorker:
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, assignment: dict | None = None) -> None:
+        from armor_core.models.loading import load_model, resolve_model_path
+
+        self.cfg: ArmorConfig = from_dict(config)
+        cfg, d = self.cfg, self.cfg.algorithm.distill
+        self.rank, self.world_size = rank, world_size
+        self.isolation = isolate(assignment, cfg, rank)
+        built = build_on_one_thread()
+        quiet_transformers()
+        seed_everything(cfg.trainer.seed + 104729 + rank, cfg.trainer.deterministic)
+        self.device = torch.device(cfg.trainer.device)
+        self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
+        # never trained: held in the compute dtype, as the actor holds its reference copy
+        trust = cfg.model.trust_remote_code
+        model = load_model(resolve_model_path(d.teacher), cfg.model.dtype, trust_remote_code=trust)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.chunk = cfg.actor.logprob_chunk_tokens
+        if self.chunk and install_response_head(self.model):  # a head that is not a plain linear map: full logits
+            self.chunk = 0
+        self.autocast = lambda enabled=True: autocast(self.device, self.compute_dtype, enabled)
+        self.logp = ResponseLogProbs(
+            self.model,
+            self.model,
+            self.device,
+            self.compute_dtype,
+            cfg.rollout.temperature,
+            self.chunk,
+            self.autocast,
+            lambda attn: micro_batches(attn.sum(-1), d.micro_batch_size),
+            rank,
+        )
+        self.logp.who = f"teacher rank {rank}"
+        built()
+
+    def isolation_record(self) -> dict:
+        return self.isolation
+
+    def ping(self) -> dict:
+        import os
+
+        return {"rank": self.rank, "pid": os.getpid(), "params": sum(p.numel() for p in self.model.parameters())}
+
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        t0 = time.perf_counter()
+        d, mask = self.cfg.algorithm.distill, data["response_mask"]
+        lp, _ = self.logp.all_rows(self.model, data, with_entropy=False)
+        tensors = {"teacher_log_prob": lp * mask}
+        if d.mode == "topk_forward_kl":
+            parts = []
+            with self.autocast():
+                for rows in micro_batches(data["attention_mask"].sum(-1), d.micro_batch_size):
+                    parts.append(
+                        teacher_top_k(self.model, data, rows, d.k, self.cfg.rollout.temperature, self.chunk or 1024)
+                    )
+            tensors["teacher_topk_log_probs"] = torch.cat([p[0] for p in parts])
+            tensors["teacher_topk_ids"] = torch.cat([p[1] for p in parts])
+        return DataProto.from_dict(
+            tensors=tensors,
+            meta_info={"metrics": {**self.logp.padding_metrics("teacher/"), "perf/worker_s": time.perf_counter() - t0}},
+        )
