@@ -535,6 +535,16 @@ CASES: list[Case] = [
         lambda lab: ["trainer.project_name=${trainer.project_name}"],
         r"trainer.project_name: Recursive interpolation",
     ),
+    Case(
+        "run_dir a file",
+        "`armor run` with trainer.run_dir naming a file",
+        "exit 2, one line naming it",
+        cli(
+            lambda lab: [*SMALL, f"trainer.run_dir={lab.data('run_dir.txt', b'')}"],
+            2,
+            r"run_dir.txt is not a directory",
+        ),
+    ),
     refused(
         "config: a tracker named twice (trainer.loggers=[jsonl,jsonl])",
         lambda lab: ["trainer.loggers=[jsonl,jsonl]"],

@@ -20,7 +20,15 @@ from typing import Any, Iterable
 
 from armor_core.errors import UserFacingError
 
-__all__ = ["ALWAYS_ALLOWED", "RunDirError", "RunDirLock", "check_new_run", "check_resume_config", "config_changes"]
+__all__ = [
+    "ALWAYS_ALLOWED",
+    "RunDirError",
+    "RunDirLock",
+    "check_new_run",
+    "check_resume_config",
+    "check_run_dir_path",
+    "config_changes",
+]
 
 # continuing a run for longer, on other machines, with other logging, checkpoint or validation
 # schedules or fault injections changes nothing about the updates made so far
@@ -49,11 +57,23 @@ def check_new_run(run_dir: str | Path) -> None:
     """A run started without ``--resume`` must not write over checkpoints: ``RunDirError`` if ``run_dir`` holds any."""
     from armor_core.storage.checkpoint import CheckpointManager
 
+    check_run_dir_path(run_dir)
     if CheckpointManager(run_dir).latest() is not None:
         raise RunDirError(
             f"{run_dir} already holds checkpoints; pass --resume to continue that run, "
             "or choose another trainer.run_dir"
         )
+
+
+def check_run_dir_path(run_dir: str | Path) -> None:
+    """``RunDirError`` when ``run_dir`` cannot be a directory: it, or the nearest part of it that exists, is a file."""
+    path = Path(run_dir)
+    for part in (path, *path.parents):
+        if part.is_dir():
+            return
+        if part.exists() or part.is_symlink():
+            what = "is not a directory" if part == path else f"lies under {part}, which is not a directory"
+            raise RunDirError(f"trainer.run_dir={run_dir} {what}; give a directory (it holds the run's checkpoints)")
 
 
 _ABSENT = object()
@@ -135,8 +155,15 @@ class RunDirLock:
     def __enter__(self) -> RunDirLock:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        check_run_dir_path(self.path.parent)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # read-only, no permission, full disk: the run cannot keep anything there
+            raise RunDirError(
+                f"trainer.run_dir={self.path.parent}: cannot create {self.path} ({e.strerror or e}); "
+                "choose a trainer.run_dir this user can write"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

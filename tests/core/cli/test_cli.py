@@ -217,6 +217,10 @@ COMMAND_ERRORS = {
         lambda tmp: ["run", "engine.gpus_per_worker=1", f"trainer.run_dir={tmp / 'run'}"],
         r"not enough GPUs: .*Lower engine.gpus_per_worker",
     ),
+    "run: trainer.run_dir naming a file": (
+        lambda tmp: ["run", f"trainer.run_dir={_a_file(tmp)}"],
+        r"trainer.run_dir=.*notes.txt is not a directory; give a directory",
+    ),
     "run: a tracker named twice": (
         lambda tmp: ["run", "--dry-run", "trainer.loggers=[jsonl,jsonl]", f"trainer.run_dir={tmp / 'run'}"],
         r"trainer.loggers=\['jsonl', 'jsonl'\] names jsonl more than once",

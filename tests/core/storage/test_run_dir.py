@@ -4,6 +4,7 @@ config the run started with."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,27 @@ def test_a_new_run_refuses_a_run_directory_that_holds_checkpoints(tmp_path, caps
         Trainer(load_config(None, [f"trainer.run_dir={tmp_path}"]))
     assert main(["run", "--dry-run", f"trainer.run_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_a_run_dir_that_names_a_file_is_refused_before_anything_is_written(tmp_path, capsys):
+    from armor_core.cli.main import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a file")
+    for run_dir, what in ((notes, "is not a directory"), (notes / "run", f"lies under {notes}, which is not a")):
+        with pytest.raises(RunDirError, match=rf"trainer.run_dir={run_dir} {what}"):
+            with RunDirLock(run_dir):
+                pass
+        with pytest.raises(RunDirError, match="give a directory"):
+            check_new_run(run_dir)
+        assert main(["run", "--dry-run", f"trainer.run_dir={run_dir}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: trainer.run_dir={run_dir} ") and err.count("\n") == 1
+    assert notes.read_text() == "a file" and sorted(tmp_path.iterdir()) == [notes]
+
+
+def test_a_run_dir_the_kernel_refuses_to_create_is_an_error_naming_it():
+    run_dir = Path("/proc/self/armor_run")  # /proc takes no new directories, whoever asks (root too)
+    with pytest.raises(RunDirError, match=rf"trainer.run_dir={run_dir}: cannot create {run_dir}/.lock \("):
+        with RunDirLock(run_dir):
+            pass
