@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from armor_core.cli.sft_reward import reward_passed
 from armor_core.workers.schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -97,6 +98,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="stop at the first evaluation with held-out accuracy >= this (e.g. 0.5)",
     )
+    p.add_argument(
+        "--val-reward",
+        metavar="DOMAIN",
+        help="held-out accuracy is the share of greedy responses this reward domain scores 1 (code: the pass rate), "
+        "instead of exact match with the ground truth",
+    )
+    p.add_argument(
+        "--val-reward-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of --val-reward's domain, e.g. whole_response=true (repeatable; values parsed as JSON)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=8, help="generation length for evaluation (default: 8)")
     p.add_argument("--seed", type=int, default=1, help="seed for initialisation, data and order (default: 1)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -154,8 +168,13 @@ def _task_pairs(task: str, split: str, size: int, seed: int, params: dict[str, A
     from armor_core.plugins import get_plugin_manager
 
     fn = get_plugin_manager().get("task", task, where="--task").fn
+    # a row's own ``response`` is the target where the ground truth is not one (code: tests, not a program)
     return [
-        {"prompt": r["prompt"], "response": str(r["ground_truth"]), "ground_truth": str(r["ground_truth"])}
+        {
+            "prompt": r["prompt"],
+            "response": str(r.get("response", r["ground_truth"])),
+            "ground_truth": str(r["ground_truth"]),
+        }
         for r in fn(split, size, seed, **params)
     ]
 
@@ -215,6 +234,7 @@ def evaluate_greedy(
     *,
     max_new_tokens: int = 8,
     batch_size: int = 256,
+    passed: Any = None,
 ) -> float:
     """Greedy exact-match accuracy: the decoded response, stripped, equals ``row["ground_truth"]``."""
     import torch
@@ -240,6 +260,9 @@ def evaluate_greedy(
                     eos_token_id=tokenizer.eos_token_id,
                 )
                 texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+                if passed is not None:  # e.g. a reward domain's verdict (sft_reward.reward_passed)
+                    correct += sum(passed([chunk[k] for k in kept], list(texts)))
+                    continue
                 correct += sum(t.strip() == chunk[k]["ground_truth"].strip() for k, t in zip(kept, texts))
     finally:
         model.train(was_training)
@@ -263,6 +286,7 @@ def run_sft(
     max_new_tokens: int = 8,
     seed: int = 1,
     log: Any = print,
+    passed: Any = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place; returns ``{"steps", "val_accuracy", "history": [(step, loss, acc)], "seconds"}``.
 
@@ -284,7 +308,7 @@ def run_sft(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, lr_schedule, steps))
     history: list[tuple[int, float, float | None]] = []
-    acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
+    acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens, passed=passed)
     log(f"step 0: held-out greedy accuracy {acc:.3f} on {len(val_rows)} rows")
     t0 = time.perf_counter()
     model.train()
@@ -294,7 +318,7 @@ def run_sft(
         step += 1
         loss_sum, loss_n = loss_sum + loss, loss_n + 1
         if step % eval_every == 0 or step == steps:
-            acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens)
+            acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens, passed=passed)
             mean_loss = loss_sum / loss_n
             history.append((step, mean_loss, acc))
             log(
@@ -415,22 +439,24 @@ def _main(args: argparse.Namespace) -> int:
         f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / "
         f"{len(val_rows)} held-out rows from {source}"
     )
-    result = run_sft(
-        model,
-        tokenizer,
-        train_rows,
-        val_rows,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        lr_schedule=args.lr_schedule,
-        weight_decay=args.weight_decay,
-        eval_every=args.eval_every,
-        stop_at_accuracy=args.stop_at_accuracy,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-    )
+    with reward_passed(args.val_reward, args.val_reward_kwarg) as passed:  # None without --val-reward
+        result = run_sft(
+            model,
+            tokenizer,
+            train_rows,
+            val_rows,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            warmup_steps=args.warmup_steps,
+            lr_schedule=args.lr_schedule,
+            weight_decay=args.weight_decay,
+            eval_every=args.eval_every,
+            stop_at_accuracy=args.stop_at_accuracy,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            passed=passed,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
