@@ -92,12 +92,12 @@ def check_teacher(cfg: ArmorConfig) -> None:
     theirs = load_tokenizer(teacher_path, trust_remote_code=trust).get_vocab()
     if student == theirs:
         return
-    differ = sorted(set(student.items()) ^ set(theirs.items()), key=lambda kv: (kv[1], kv[0]))
-    only_s = [t for t, i in differ if student.get(t) == i][:5]
-    only_t = [t for t, i in differ if theirs.get(t) == i][:5]
+    only_s, only_t = sorted(set(student) - set(theirs))[:5], sorted(set(theirs) - set(student))[:5]
+    moved = sorted((t for t in student if t in theirs and student[t] != theirs[t]), key=student.get)
     raise ConfigError(
         f"algorithm.distill.teacher={teacher!r}: the teacher's tokenizer ({teacher_path}, vocabulary of "
-        f"{len(theirs)} tokens) is not the student's ({student_path}, vocabulary of {len(student)} tokens); "
-        f"tokens the student maps differently or lacks in the teacher: {only_s}, in the teacher: {only_t}. "
-        "Distillation compares log-probs token by token: use a teacher trained with the student's tokenizer"
+        f"{len(theirs)} tokens) is not the student's ({student_path}, vocabulary of {len(student)} tokens): "
+        f"only the student has {only_s}, only the teacher has {only_t}, {len(moved)} shared token(s) have other "
+        f"ids (e.g. {moved[:5]}). Distillation compares log-probs token by token: use a teacher trained with the "
+        "student's tokenizer"
     )
