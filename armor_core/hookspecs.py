@@ -145,7 +145,9 @@ def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) ->
         group whose scores agree gets advantage 0): ``algorithm.filter_groups`` needs it, and so
         does ``adv_kwargs.normalize_components`` (each component standardised within its group
         before the weighted sum; the built-in grouped estimators do it with
-        ``armor_core.ops.groups.normalize_reward_components``).
+        ``armor_core.ops.groups.normalize_reward_components``). Set ``greedy_baseline=True`` to
+        receive ``baseline_scores`` (bs,), the score of the policy's greedy response to each row's
+        prompt: the step generates and scores one per prompt, in the driver's step, before this call.
     """
 
 

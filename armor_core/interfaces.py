@@ -62,11 +62,16 @@ class AdvantageEstimator:
     :param requires_critic: the estimator reads ``values``; the trainer builds a critic for it.
     :param grouped: the estimator compares the samples of one prompt (``index``) with each other,
         so a group whose scores all agree gets advantage 0 (``algorithm.filter_groups`` needs this).
+    :param greedy_baseline: the estimator reads ``baseline_scores`` (bs,): the score of the current
+        policy's greedy response to each row's prompt (ReMax). The step then generates one greedy
+        response per prompt and scores it with the row's reward domains (timed as ``baseline``); those
+        responses are not trained on.
     """
 
     fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     requires_critic: bool = False
     grouped: bool = False
+    greedy_baseline: bool = False
     description: str = ""
 
 

@@ -4,6 +4,7 @@
               rollout workers) and scored; dynamic sampling refills dropped groups   guard: reward
     logprobs  old log-probs (unless exactly on-policy), reference log-probs (KL), values (critic),
               the teacher's log-probs (on-policy distillation, ``loop/distill.py``)
+    baseline  one greedy response per prompt, scored (an estimator with ``greedy_baseline``: ReMax)
     adv       KL-in-reward penalty, distillation reward, then the advantage estimator  guard: advantage
     update    critic, then actor (RolloutSource.update: with the next generation or the weight sync)
 
@@ -123,11 +124,13 @@ class Step:
         faults: Any,
         kl_ctrl: Any,
         distill: Any = None,
+        baseline: Any = None,
     ) -> None:
         self.cfg, self.pm, self.estimator = cfg, pm, estimator
         self.actor, self.critic, self.rollout, self.scorer = actor, critic, rollout, scorer
         self.guard, self.faults, self.kl_ctrl = guard, faults, kl_ctrl
         self.distill = distill  # a loop.distill.Distillation, or None
+        self.baseline = baseline  # a loop.baseline.GreedyBaseline for a greedy_baseline estimator (ReMax), or None
 
     def run(self, step: int) -> StepResult:
         """Step ``step`` (1-based) up to and including the updates."""
@@ -149,7 +152,8 @@ class Step:
             )
         )
         batch = self._log_probs(batch, res)
-        batch = self._advantages(batch, res)
+        baseline = self._baseline(batch, step, res)
+        batch = self._advantages(batch, res, baseline)
         res.verdicts.append(
             self.guard.observe(
                 "advantage",
@@ -194,7 +198,16 @@ class Step:
             batch = self.distill.teacher_pass(batch, timer, res.metrics)
         return batch
 
-    def _advantages(self, batch: Any, res: StepResult) -> Any:
+    def _baseline(self, batch: Any, step: int, res: StepResult) -> torch.Tensor | None:
+        """The greedy responses' scores, one per prompt, for an estimator that reads ``baseline_scores``."""
+        if self.baseline is None:
+            return None
+        with res.timer("baseline"):
+            scores, metrics = self.baseline(batch, step)
+        res.metrics.update(metrics)
+        return scores
+
+    def _advantages(self, batch: Any, res: StepResult, baseline: torch.Tensor | None = None) -> Any:
         """The KL penalty and the distillation reward folded into the reward (if configured), then the advantage
         estimator."""
         a, mask = self.cfg.algorithm, batch["response_mask"].float()
@@ -220,6 +233,7 @@ class Step:
                 "lam": a.lam,
                 "norm_adv_by_std": a.norm_adv_by_std,
                 "reward_components": batch["reward_components"] if "reward_components" in batch else None,
+                "baseline_scores": baseline,
             }
             index = torch.as_tensor(np.asarray(batch.non_tensors["uid"], dtype=np.int64))
             adv, ret = call_with_params(

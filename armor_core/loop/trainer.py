@@ -10,14 +10,15 @@
 4. old log-probs (skipped when the update is exactly on-policy), reference log-probs (when KL is
    used), values (when the estimator ``requires_critic``), the teacher's log-probs (``algorithm.distill``,
    a teacher worker group of its own); KL and the distillation signal folded into the reward if configured;
-5. advantages from the configured estimator;
+5. advantages from the configured estimator (one greedy response per prompt first, scored, when it
+   reads a ``greedy_baseline``: ReMax);
 6. critic update, actor update;
 7. the StabilityGuard looks at each stage and may skip the update or roll back;
 8. new weights to the rollout engine; metrics; checkpoint and validation on schedule.
 
 The driver holds no model (only a tokenizer, to decode responses for the reward). It never asks
 which algorithm it runs: the estimator, losses, KL estimators, guards and rollout backend are
-plugins looked up by their config names, and their metadata (``requires_critic``) decides what
+plugins looked up by their config names, and their metadata (``requires_critic``, ``greedy_baseline``) decides what
 gets built.
 """
 
@@ -36,6 +37,7 @@ from armor_core.config.schema import ArmorConfig, to_dict
 from armor_core.config.written import for_trackers
 from armor_core.engine import WorkerDiedError
 from armor_core.errors import NonFiniteError
+from armor_core.loop.baseline import GreedyBaseline
 from armor_core.loop.data import PromptLoader, prepare_data
 from armor_core.loop.resume import check_lora_base, nothing_left
 from armor_core.loop.rollout_source import RolloutSource
@@ -270,6 +272,9 @@ class Trainer:
             self.faults,
             self.kl_ctrl,
             self.distill,
+            GreedyBaseline(self.rollout, self.scorer, self.cfg.rollout.multi_turn.enable)
+            if self.estimator.greedy_baseline
+            else None,
         )
         # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
         records = [

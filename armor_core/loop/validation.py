@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["accuracy_by_source", "at_n_metrics", "main_scores", "run_validation", "vote_key"]
+__all__ = ["accuracy_by_source", "at_n_metrics", "generate_and_score", "main_scores", "run_validation", "vote_key"]
 
 
 def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.ndarray:
@@ -101,9 +101,6 @@ def run_validation(
     :param multi_turn: the rows' columns go with the prompts (each episode's environment is built from its
         row) and the rollout's own columns (``reward_text``, ``env_reward_parts``) come back with it.
     """
-    from armor_core.dataproto.protocol import DataProto
-    from armor_core.loop.async_rollout import generation_request
-
     out: dict[str, float] = {}
     runs = (
         [("greedy", True, 1)]
@@ -112,14 +109,7 @@ def run_validation(
     )
     for mode, greedy, n in runs:
         rows = data.repeat(n, interleave=True) if n > 1 else data
-        pad = (-len(rows)) % ranks
-        padded = DataProto.concat([rows, rows[:pad]]) if pad else rows
-        gen = generate(generation_request(padded, multi_turn), greedy)[: len(rows)]
-        added = [k for k in gen.non_tensors if k not in rows.non_tensors]
-        full = rows.select(non_tensor_keys=list(rows.non_tensors)).union(
-            gen.select(tensor_keys=list(gen.tensors), non_tensor_keys=added)
-        )
-        scores, _, texts = scorer.score(full)
+        full, scores, texts = generate_and_score(rows, generate, greedy, scorer, ranks, multi_turn)
         main = main_scores(full.non_tensors["reward_components"])  # correctness, without format or length components
         if n == 1:
             out.update(
@@ -128,3 +118,24 @@ def run_validation(
         else:
             out.update(at_n_metrics(main >= 1.0 - 1e-6, texts, data.non_tensors["data_source"], n))
     return out
+
+
+def generate_and_score(
+    rows: Any, generate: Callable[[Any, bool], Any], greedy: bool, scorer: Any, ranks: int, multi_turn: bool
+) -> tuple[Any, Any, list[str]]:
+    """``rows`` (prompt tensors and the rows' columns) generated and scored: ``(rows with their responses,
+    (B,) scores, decoded responses)``. The batch is padded to a multiple of ``ranks`` with copies of its
+    first rows, which are dropped again. A column the rollout returns (a multi-turn ``reward_text``)
+    replaces the row's column of that name."""
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.async_rollout import generation_request
+
+    pad = (-len(rows)) % ranks
+    padded = DataProto.concat([rows, rows[:pad]]) if pad else rows
+    gen = generate(generation_request(padded, multi_turn), greedy)[: len(rows)]
+    kept = [k for k in rows.non_tensors if k not in gen.non_tensors]
+    full = rows.select(non_tensor_keys=kept).union(
+        gen.select(tensor_keys=list(gen.tensors), non_tensor_keys=list(gen.non_tensors))
+    )
+    scores, _, texts = scorer.score(full)
+    return full, scores, texts

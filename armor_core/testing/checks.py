@@ -36,7 +36,14 @@ def _toy_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     rewards[last] = scores[last.any(-1)]
     index = torch.tensor([0, 0, 1, 1, 2, 2, 2, 3])
     values = torch.randn(bs, t, generator=g) * mask
-    return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "values": values}
+    baseline = torch.tensor([0.5, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])  # a greedy response's score, per group
+    return {
+        "token_level_rewards": rewards,
+        "response_mask": mask,
+        "index": index,
+        "values": values,
+        "baseline_scores": baseline,
+    }
 
 
 def check_advantage_estimator(estimator: AdvantageEstimator, **params: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,6 +59,7 @@ def check_advantage_estimator(estimator: AdvantageEstimator, **params: Any) -> t
         "lam": 1.0,
         "norm_adv_by_std": True,
         "reward_components": None,
+        "baseline_scores": b["baseline_scores"],
     }  # what the trainer offers
     adv, ret = call_with_params(
         estimator.fn, b["token_level_rewards"], b["response_mask"], b["index"], available=available, extra=params

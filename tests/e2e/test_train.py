@@ -56,8 +56,9 @@ def run(tmp_path, *overrides, resume=False, name="run"):
             "algorithm.use_kl_in_reward=true",
             "algorithm.kl_ctrl_type=adaptive",
         ],
+        ["algorithm.adv_estimator=remax"],
     ],
-    ids=["grpo", "ppo_gae", "rloo_kl_loss", "reinforce_pp_kl_reward"],
+    ids=["grpo", "ppo_gae", "rloo_kl_loss", "reinforce_pp_kl_reward", "remax"],
 )
 def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides):
     summary, steps = run(tmp_path, *overrides)
@@ -88,6 +89,8 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
         assert all(math.isfinite(r["critic/vf_loss"]) for r in steps)
     if "actor.use_kl_loss=true" in overrides:
         assert all(r["actor/kl_loss"] >= 0 for r in steps)
+    if "algorithm.adv_estimator=remax" in overrides:  # a greedy response per prompt was generated and scored
+        assert all(0 <= r["critic/baseline_score/mean"] <= 1 and r["timing_s/baseline"] > 0 for r in steps)
     model_dir = tmp_path / "run" / "checkpoints" / "step_000002" / "model"
     from transformers import AutoModelForCausalLM
 
