@@ -145,7 +145,7 @@ def _stdio_child(code, argv):
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
-        traceback.print_exc(limit=2)
+        traceback.print_exc(limit=-2)  # the program's innermost frames, not the harness's
         rc = 1
     _finish(rc)
 
@@ -212,6 +212,8 @@ def run_stdio(cfg, code, stdin_text, deadline):
     result["stdout"] = out[0][: cfg["max_output"]].decode("utf-8", "replace")
     if result["status"] == "error":
         result.setdefault("error", "".join(out[1].decode("utf-8", "replace").strip().splitlines()[-1:]))
+    if cfg.get("stderr"):  # the python tool shows it to the policy; rewards never look at it
+        result["stderr"] = out[1].decode("utf-8", "replace")
     return result
 
 
