@@ -432,6 +432,25 @@ def _resume_past_the_end(lab: Lab) -> Outcome:
     )
 
 
+def _lora_resume_other_rank(lab: Lab) -> Outcome:
+    """``--resume --allow-config-change model.lora_rank`` of a LoRA run with another rank: the actor worker refuses
+    it in one line, and the run's config.json still holds the rank the run was trained with."""
+    run = lab.root / "lora_run"
+    lora = [*SMALL, "model.lora_rank=4", "trainer.total_steps=1", "trainer.save_freq=1", f"trainer.run_dir={run}"]
+    trained = lab.armor(*lora)
+    if trained.returncode != 0:
+        return Outcome(f"the LoRA run to resume failed: {shown(message(trained.stderr))}", False)
+    config = (run / "config.json").read_bytes()
+    proc = lab.armor(*lora, "model.lora_rank=8", "trainer.total_steps=2", "--resume", "--allow-config-change",
+                     "model.lora_rank")  # fmt: skip
+    said = lab.relative(message(proc.stderr))
+    kept = (run / "config.json").read_bytes() == config
+    return Outcome(
+        f"exit {proc.returncode}: {shown(said)}; config.json {'unchanged' if kept else '**rewritten**'}",
+        proc.returncode == 2 and kept and "this run has model.lora_rank=8: resume with model.lora_rank=4" in said,
+    )
+
+
 CASES: list[Case] = [
     # config: every value is checked before anything starts
     refused(
@@ -669,6 +688,13 @@ CASES: list[Case] = [
         trains=True,
     ),
     # resume, engine, sampling and LoRA checks (issue 33)
+    Case(
+        "lora resume rank",
+        "--resume of a LoRA run (rank 4) with --allow-config-change model.lora_rank and model.lora_rank=8",
+        "exit 2, one line naming the rank; config.json unchanged",
+        _lora_resume_other_rank,
+        trains=True,
+    ),
     refused(
         "config: a mask-mode rollout correction capped below 1",
         lambda lab: ["algorithm.rollout_correction=mask_token", "algorithm.rollout_correction_cap=0.5"],

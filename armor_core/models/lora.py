@@ -25,10 +25,17 @@ from typing import Any, Iterator
 
 import torch
 
+from armor_core.errors import UserFacingError
+
 ADAPTER = "default"  # peft's name for the one adapter a model has
 ADAPTER_DIR = "adapter"
 BASE_MANIFEST = "base_manifest.json"
 _EDGE_BYTES = 1 << 20  # the bytes of tensor data at each end of a file that its fingerprint covers
+
+
+class LoraResumeError(UserFacingError, ValueError):
+    """A checkpoint's LoRA settings differ from the run's: the CLI prints it as one line (exit 2), even when
+    the actor worker raises it."""
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
@@ -231,13 +238,13 @@ def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None
     """
     saved = adapter_settings(directory)
     if not saved and model_cfg.lora_rank:
-        raise ValueError(
+        raise LoraResumeError(
             f"checkpoint {checkpoint} holds a full model (no {ADAPTER_DIR}/), but "
             f"model.lora_rank={model_cfg.lora_rank}: resume with model.lora_rank=0, or start a new run_dir for the "
             "LoRA run"
         )
     if saved and not model_cfg.lora_rank:
-        raise ValueError(
+        raise LoraResumeError(
             f"checkpoint {checkpoint} holds a LoRA adapter (rank {saved['lora_rank']}), but model.lora_rank=0: "
             f"resume with model.lora_rank={saved['lora_rank']}"
         )
@@ -252,7 +259,7 @@ def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None
     saved["lora_alpha"] = float(saved["lora_alpha"])
     for key, value in mine.items():
         if saved[key] != value:
-            raise ValueError(
+            raise LoraResumeError(
                 f"checkpoint {checkpoint} was trained with model.{key}={saved[key]}, this run has model.{key}={value}: "
                 f"resume with model.{key}={saved[key]}"
             )

@@ -153,19 +153,30 @@ def test_checkpoint_resumes_exactly_and_refuses_other_lora_settings(trained, tmp
             for s in ("exp_avg", "exp_avg_sq", "step")
         )
     assert resumed.global_step == w.global_step
-    with pytest.raises(ValueError, match=r"model\.lora_rank=0: resume with model\.lora_rank=4"):
-        worker(tmp, "model.lora_rank=0").load_checkpoint(str(ckpt))
-    with pytest.raises(ValueError, match=r"trained with model\.lora_rank=4, this run has model\.lora_rank=8"):
-        worker(tmp, "model.lora_rank=8").load_checkpoint(str(ckpt))
-    with pytest.raises(ValueError, match=r"model\.lora_target_modules"):
-        worker(tmp, "model.lora_target_modules=[q_proj,v_proj]").load_checkpoint(str(ckpt))
+    _refused(worker(tmp, "model.lora_rank=0"), ckpt, r"model\.lora_rank=0: resume with model\.lora_rank=4")
+    _refused(
+        worker(tmp, "model.lora_rank=8"), ckpt, r"trained with model\.lora_rank=4, this run has model\.lora_rank=8"
+    )
+    _refused(worker(tmp, "model.lora_target_modules=[q_proj,v_proj]"), ckpt, r"model\.lora_target_modules")
+
+
+def _refused(w, ckpt, pattern: str) -> None:
+    """The worker refuses the resume with an error the CLI prints as one line (exit 2), also after the trip
+    from the actor worker to the driver (pickled)."""
+    import pickle
+
+    from armor_core.cli.main import user_errors
+
+    with pytest.raises(ValueError, match=pattern) as e:
+        w.load_checkpoint(str(ckpt))
+    arrived = pickle.loads(pickle.dumps(e.value))
+    assert isinstance(arrived, user_errors()) and str(arrived) == str(e.value)
 
 
 def test_a_full_checkpoint_does_not_resume_into_a_lora_run(tmp_path):
     full = worker(tmp_path, "model.lora_rank=0")
     full.save_checkpoint(str(tmp_path / "full"))
-    with pytest.raises(ValueError, match=r"holds a full model .*model\.lora_rank=4"):
-        worker(tmp_path).load_checkpoint(str(tmp_path / "full"))
+    _refused(worker(tmp_path), tmp_path / "full", r"holds a full model .*model\.lora_rank=4")
 
 
 def test_export_merged_or_adapter_alone_and_eval_on_the_adapter(trained, tmp_path, capsys):
