@@ -26,7 +26,7 @@ from pathlib import Path
 
 ESTIMATORS = ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "pass_at_k",
               "grpo_passk", "remax"]  # fmt: skip
-LOSSES = ["ppo_clip", "gspo", "cispo", "sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl"]
+LOSSES = ["ppo_clip", "gspo", "cispo", "sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl", "dro"]
 HIGH_LR = 5e-4  # ten times the recipe's actor.lr
 
 
