@@ -141,6 +141,7 @@ class Trainer:
     def _start_workers(self) -> None:
         from armor_core.engine import WorkerGroup, init_ray, wait_policy
         from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
+        from armor_core.rewards.model_worker import start_reward_workers, worker_scorers
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
 
@@ -152,6 +153,8 @@ class Trainer:
             **({"rollout": self.cfg.rollout.num_workers} if asynchronous else {}),
             **({"teacher": self.cfg.algorithm.distill.num_workers} if self.cfg.algorithm.distill.teacher else {}),
         }
+        reward_models = worker_scorers(self.rewards.config_domains)  # reward.model/judge entries placed on workers
+        groups.update({name: 1 for name in reward_models})
         n_workers = sum(groups.values())
         cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
         self.cfg.engine.cpus_per_worker = cpus  # workers read their thread count from it
@@ -250,6 +253,14 @@ class Trainer:
                 self.cfg.rollout.max_staleness,
                 multi_turn=self.cfg.rollout.multi_turn.enable,
             )
+        self.reward_workers = start_reward_workers(
+            reward_models,
+            plan,
+            cpus=cpus,
+            gpus=e.gpus_per_worker,
+            config=conf,
+            timeout_s=self.cfg.reward.timeout_s,
+        )
         self.startup_s["workers"] = time.perf_counter() - t0
         # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
         self.rollout = RolloutSource(
@@ -300,6 +311,7 @@ class Trainer:
                 getattr(self, "critic", None),
                 getattr(getattr(self, "distill", None), "group", None),
                 getattr(getattr(self, "async_rollout", None), "group", None),
+                *getattr(self, "reward_workers", []),
             )
             if g is not None
         ]

@@ -16,10 +16,13 @@ template in the judge's tokenizer (local) or always (endpoint), the filled templ
 
 Local (``model``): a batched domain in the reward pool's workers (``reward.timeout_s`` per batch, the
 failure watch); the model loads once per worker (its ``warmup``) and generates ``max_new_tokens`` at
-``temperature`` (0: greedy), ``batch_size`` rows a pass. Endpoint (``url``): an OpenAI-compatible
-``POST {url}/chat/completions`` per row, ``max_concurrency`` in flight, with the retries, back-off and
-time bounds of ``reward.remote`` (``armor_core.rewards.remote``); the API key is read from the
-environment variable ``api_key_env`` when a request is made, never stored in the config or logged.
+``temperature`` (0: greedy), ``batch_size`` rows a pass. ``placement: worker`` runs it on a Ray worker of its
+own instead, with its own cores and GPUs (``armor_core.rewards.model_worker``), in bfloat16 on a GPU that has it.
+
+Endpoint (``url``): an OpenAI-compatible ``POST {url}/chat/completions`` per row, ``max_concurrency`` in
+flight, with the retries, back-off and time bounds of ``reward.remote`` (``armor_core.rewards.remote``); the
+API key is read from the environment variable ``api_key_env`` when a request is made, never stored in the
+config or logged.
 
 Verdicts: ``label`` takes the earliest of ``labels``' keys found in the verdict (whole words, case
 ignored) and scores its value; ``score`` takes the first number, which must lie in ``score_range``
@@ -38,6 +41,8 @@ from typing import Any, Mapping, Sequence
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.entries import Entries
+from armor_core.rewards.model import PLACEMENTS, resolve_dtype
+from armor_core.rewards.model_worker import placed
 from armor_core.rewards.remote import RemoteRewardError, one_result, post_json
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]
@@ -56,6 +61,7 @@ _DEFAULTS = {
     "temperature": 0.0,
     "batch_size": 16,
     "threads": 1,
+    "placement": "pool",
     "model_name": None,
     "api_key_env": None,
     "timeout_s": 60.0,
@@ -65,7 +71,7 @@ _DEFAULTS = {
     "requires_ground_truth": False,
 }
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_LOADED: dict[str, tuple[Any, Any]] = {}  # per process: model directory -> (model, tokenizer)
+_LOADED: dict[tuple, tuple[Any, Any]] = {}  # per process: (model directory, device) -> (model, tokenizer)
 
 
 class Verdicts:
@@ -128,19 +134,22 @@ class LocalJudge(_Judge):
                  threads: int) -> None:  # fmt: skip
         self.path, self.verdicts, self.max_new_tokens = path, verdicts, max_new_tokens
         self.temperature, self.batch_size, self.threads = temperature, batch_size, threads
+        self.device = "cpu"  # a reward-model worker with a GPU sets "cuda" before it loads
 
     def __repr__(self) -> str:
         return f"LocalJudge({self.path})"
 
     def load(self) -> tuple[Any, Any]:
-        if self.path not in _LOADED:
+        key = (self.path, self.device)
+        if key not in _LOADED:
             import torch
 
             from armor_core.models.loading import load_model, load_tokenizer
 
             torch.set_num_threads(self.threads)
-            _LOADED[self.path] = (load_model(self.path).eval(), load_tokenizer(self.path))
-        return _LOADED[self.path]
+            model = load_model(self.path, resolve_dtype("auto", self.device))
+            _LOADED[key] = (model.to(self.device).eval(), load_tokenizer(self.path))
+        return _LOADED[key]
 
     def generate(self, texts: Sequence[str]) -> list[str]:
         """The judge's verdict for each filled template (left-padded batches, the new tokens decoded)."""
@@ -155,6 +164,7 @@ class LocalJudge(_Judge):
         with torch.no_grad():
             for start in range(0, len(texts), self.batch_size):
                 enc = tokenizer(list(texts[start : start + self.batch_size]), return_tensors="pt", padding=True)
+                enc = enc.to(model.device)
                 ids = model.generate(
                     **enc,
                     max_new_tokens=self.max_new_tokens,
@@ -261,6 +271,11 @@ def load_judges(value: Any, known: Sequence[str], where: str = "reward.judge") -
     for at, entry in entries:
         if (entry["model"] is None) == (entry["url"] is None):
             raise ConfigError(f"{at}: give exactly one of 'model' (a local directory) and 'url' (an endpoint)")
+        if entry["placement"] not in PLACEMENTS or entry["url"] is not None and entry["placement"] != "pool":
+            raise ConfigError(
+                f"{at}.placement={entry['placement']!r}: expected pool or worker (a local model's; an endpoint "
+                "is its own worker)"
+            )
         _check(entry, at)
         verdicts = Verdicts(
             entry["template"], entry["parser"], entry["labels"], entry["score_range"], bool(entry["scale"]),
@@ -276,14 +291,7 @@ def load_judges(value: Any, known: Sequence[str], where: str = "reward.judge") -
                 path, verdicts, max_new_tokens=entry["max_new_tokens"], temperature=float(entry["temperature"]),
                 batch_size=entry["batch_size"], threads=entry["threads"],
             )  # fmt: skip
-            domain = RewardDomain(
-                fn=judge,
-                batch_fn=judge.score_batch,
-                warmup=judge.load,
-                score_range=None,
-                requires_ground_truth=needs_truth,
-                description=f"the judge model at {path}",
-            )
+            domain = placed(judge, entry["placement"], needs_truth, f"the judge model at {path}", at)
         else:
             if not str(entry["url"]).startswith(("http://", "https://")):
                 raise ConfigError(f"{at}.url={entry['url']!r}: expected an http:// or https:// address")

@@ -29,14 +29,15 @@ author's, not a ``reward.domain_kwargs`` flag, which would be the user's to set.
 ``batch_fn`` gets all of a batch's rows in one worker call, under one ``reward.timeout_s``.
 
 Files. ``reward.custom`` adds domains read from Python files with verl's signature
-(``armor_core.rewards.custom``); they route like installed domains, and their ``data_sources``
-route to them (a source also in ``reward.domain_map`` is an error). ``reward.remote`` adds a
-reward service over HTTP the same way (``armor_core.rewards.remote``), scored inline: its client
-bounds its own time. ``reward.model`` adds classifier reward models (``armor_core.rewards.model``),
-batched in the pool's workers; an entry's ``rule`` domain scores the same rows at weight 0 and
-``reward/model_minus_rule`` is the mean gap. ``reward.judge`` adds generative judges
-(``armor_core.rewards.judge``): a local model in the pool's workers, or an OpenAI-compatible endpoint
-scored inline.
+(``armor_core.rewards.custom``); they route like installed domains, and their ``data_sources`` route to them
+(a source also in ``reward.domain_map`` is an error). ``reward.remote`` adds a reward service over HTTP the
+same way (``armor_core.rewards.remote``), scored inline: its client bounds its own time. ``reward.model`` adds
+classifier reward models (``armor_core.rewards.model``), batched in the pool's workers, or with ``placement:
+worker`` on a Ray worker of their own that the trainer starts (``armor_core.rewards.model_worker``; the domain
+is then inline, bounded by ``reward.timeout_s``); an entry's ``rule`` domain scores the same rows at weight 0
+and ``reward/model_minus_rule`` is the mean gap. ``reward.judge`` adds generative judges
+(``armor_core.rewards.judge``): a local model in the pool's workers, or an OpenAI-compatible endpoint scored
+inline.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ class RewardManager:
             self._custom.update(added)
             self._custom_routes.update(routes)
         self._known += list(self._custom)
+        # the domains the config itself defines; the trainer starts workers for those placed on their own
+        self.config_domains: dict[str, RewardDomain] = dict(self._custom)
         self._bound: dict[str, _Bound] = {}
         self._routes: dict[str, dict[str, float]] = {}
         self._pool: Pool | None = None

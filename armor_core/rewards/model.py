@@ -5,19 +5,22 @@ sequence-classification model with one output (a Qwen reward model, or one ``arm
       model:
         - {path: runs/rm, data_sources: [chat], domain: rm, normalize: true, rule: arithmetic}
 
-Each entry is a batched domain (``RewardDomain.batch_fn``) scored in the reward pool's worker
-processes: the worker loads the model once (its ``warmup``, outside ``reward.timeout_s``), then scores a
-batch's rows ``batch_size`` at a time, each row the prompt followed by the response, cut to its last
-``max_length`` tokens, on ``threads`` torch threads, in ``dtype`` (float32; bfloat16 where the device
-has it). ``normalize``: false (the raw score), true (standardised by the score mean and standard
-deviation ``armor rm train`` recorded in the directory's ``armor_rm.json``), or ``{mean, std}``.
+Each entry is a batched domain (``RewardDomain.batch_fn``). ``placement: pool`` (the default) scores it in the
+reward pool's worker processes: the worker loads the model once (its ``warmup``, outside ``reward.timeout_s``),
+then scores a batch's rows ``batch_size`` at a time, each row the prompt followed by the response, cut to its
+last ``max_length`` tokens, on ``threads`` torch threads. ``placement: worker`` gives the model a Ray worker of
+its own (``armor_core.rewards.model_worker``): its own cores and, with ``engine.gpus_per_worker``, GPUs under the
+ProcessIsolator, counted in the run's isolation plan; the manager sends it each batch's rows in one call, under
+``reward.timeout_s``. ``dtype``: ``auto`` (the default: bfloat16 on a GPU that has it, float32 on a CPU, which
+the pool always is), float32, bfloat16 or float16. ``normalize``: false (the raw score), true (standardised by
+the score mean and standard deviation ``armor rm train`` recorded in the directory's ``armor_rm.json``), or
+``{mean, std}``.
 
 ``rule``: a rule-based domain that also scores these rows, at weight 0 (it does not move the reward):
 the gap ``reward/model_minus_rule`` (the model's score minus the rule's, mean over rows) is logged each
 step and plotted by ``armor report``, so reward hacking shows as a rising gap.
 
-Not yet: placing the model on devices of its own under the ProcessIsolator (it shares the reward pool's
-processes and cores), and LoRA or FSDP for reward models too large for one process.
+Not yet: FSDP for a reward model too large for one worker's devices (a worker holds the whole model).
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
-from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.interfaces import RewardResult
 from armor_core.rewards.entries import Entries
+from armor_core.rewards.model_worker import placed
 
-__all__ = ["ClassifierReward", "RM_RECORD", "load_models"]
+__all__ = ["ClassifierReward", "PLACEMENTS", "RM_RECORD", "load_models", "resolve_dtype"]
+
+PLACEMENTS = ("pool", "worker")
 
 #: what ``armor rm train`` writes beside the weights: accuracy, and the score statistics ``normalize`` uses
 RM_RECORD = "armor_rm.json"
@@ -40,8 +46,9 @@ _DEFAULTS = {
     "data_sources": [],
     "batch_size": 32,
     "max_length": 2048,
-    "dtype": "float32",
+    "dtype": "auto",
     "threads": 1,
+    "placement": "pool",
     "normalize": False,
     "rule": None,
     "requires_ground_truth": False,
@@ -56,12 +63,14 @@ class ClassifierReward:
                  mean: float, std: float) -> None:  # fmt: skip
         self.path, self.batch_size, self.max_length, self.dtype = path, batch_size, max_length, dtype
         self.threads, self.mean, self.std = threads, mean, std
+        self.device = "cpu"  # a reward-model worker with a GPU sets "cuda" before it loads
 
     def __repr__(self) -> str:
         return f"ClassifierReward({self.path})"
 
     def load(self) -> tuple[Any, Any]:
-        key = (self.path, self.dtype)
+        dtype = resolve_dtype(self.dtype, self.device)
+        key = (self.path, dtype, self.device)
         if key not in _LOADED:
             import torch
             from transformers import AutoModelForSequenceClassification
@@ -72,10 +81,10 @@ class ClassifierReward:
             tokenizer = load_tokenizer(self.path)
             tokenizer.truncation_side = "left"  # keep the end of a long row: the response
             model = AutoModelForSequenceClassification.from_pretrained(
-                self.path, dtype=getattr(torch, self.dtype), local_files_only=True, trust_remote_code=False
+                self.path, dtype=getattr(torch, dtype), local_files_only=True, trust_remote_code=False
             )
             model.config.pad_token_id = tokenizer.pad_token_id
-            _LOADED[key] = (model.eval(), tokenizer)
+            _LOADED[key] = (model.to(self.device).eval(), tokenizer)
         return _LOADED[key]
 
     def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
@@ -107,9 +116,23 @@ def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: in
                 truncation=True,
                 max_length=max_length,
             )
-            logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+            device = next(model.parameters()).device
+            ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+            logits = model(input_ids=ids, attention_mask=mask).logits
             out += logits[:, 0].float().tolist()
     return out
+
+
+def resolve_dtype(name: str, device: str) -> str:
+    """``auto``: bfloat16 on a CUDA device that computes in it, else float32 (a CPU's bfloat16 matmuls are slow
+    on most cores, and the pool's numbers were measured in float32); any other name as given."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "float32"
 
 
 def _normalizer(entry: Mapping[str, Any], path: Path, at: str) -> tuple[float, float]:
@@ -156,8 +179,10 @@ def load_models(value: Any, known: Sequence[str], where: str = "reward.model") -
                 "model (a reward model); armor rm train makes one"
             )
         entries.whole(entry, at, ["batch_size", "max_length", "threads"])
-        if entry["dtype"] not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"{at}.dtype={entry['dtype']!r}: expected float32, bfloat16 or float16")
+        if entry["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"{at}.dtype={entry['dtype']!r}: expected auto, float32, bfloat16 or float16")
+        if entry["placement"] not in PLACEMENTS:
+            raise ConfigError(f"{at}.placement={entry['placement']!r}: expected pool or worker")
         mean, std = _normalizer(entry, path, at)
         scorer = ClassifierReward(
             str(path),
@@ -168,13 +193,8 @@ def load_models(value: Any, known: Sequence[str], where: str = "reward.model") -
             mean=mean,
             std=std,
         )
-        domain = RewardDomain(
-            fn=scorer,
-            batch_fn=scorer.score_batch,
-            warmup=scorer.load,
-            score_range=None,
-            requires_ground_truth=bool(entry["requires_ground_truth"]),
-            description=f"the reward model at {path}",
+        domain = placed(
+            scorer, entry["placement"], bool(entry["requires_ground_truth"]), f"the reward model at {path}", at
         )
         entries.add(at, entry, domain)
         if entry["rule"] is not None:
