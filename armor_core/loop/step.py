@@ -259,12 +259,13 @@ class Step:
 
 
 def _on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Each row's score on its last response token (0 elsewhere), as token-level rewards."""
+    """Each row's score on its last response token (0 elsewhere), as token-level rewards. The last token is
+    the last position the mask holds, not the count of them: a multi-turn mask has observation gaps."""
     mask = response_mask.float()
-    resp_len = mask.sum(-1)
-    last = (resp_len - 1).clamp(min=0).long()
+    width = mask.shape[-1]
+    last = width - 1 - mask.flip(-1).argmax(-1)  # argmax finds the first 1 of the reversed row
     out = torch.zeros_like(mask)
-    has = resp_len > 0
+    has = mask.sum(-1) > 0
     out[has, last[has]] = scores[has]
     return out
 
