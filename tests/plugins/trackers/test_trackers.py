@@ -296,3 +296,49 @@ def test_jsonl_on_a_full_disk_leaves_no_partial_row(tmp_path, monkeypatch):
     tracker.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"step": 1, "a": 1.0}, {"step": 3, "a": 4.0}]
+
+
+def test_the_trainer_hands_trackers_the_config_as_written_never_a_resolved_secret(tmp_path, monkeypatch):
+    """``${oc.env:...}`` values reach a tracker (and so wandb's or MLflow's parameters) as the text written."""
+    import dataclasses
+
+    import pytest
+
+    from armor_core import hookimpl
+    from armor_core.config.schema import load_config
+    from armor_core.engine.isolation import IsolationError
+    from armor_core.loop.trainer import Trainer
+    from armor_core.testing import registered
+
+    seen = []
+
+    class Capture:
+        def __init__(self, run_dir, config):
+            seen.append(config)
+
+        def log(self, metrics, step):
+            pass
+
+        def close(self):
+            pass
+
+    class Plugin:
+        @hookimpl
+        def armor_register_metric_trackers(self, register):
+            register("capture", Capture)
+
+    monkeypatch.setenv("ARMOR_TEST_SECRET", "hunter2")
+    cfg = load_config(
+        None,
+        [
+            "trainer.experiment_name=${oc.env:ARMOR_TEST_SECRET}",
+            "trainer.loggers=[capture]",
+            "engine.cpus_per_worker=4096",  # the trackers exist before the workers start; these never do
+            f"trainer.run_dir={tmp_path / 'run'}",
+        ],
+    )
+    assert cfg.trainer.experiment_name == "hunter2"
+    with registered(Plugin()), pytest.raises(IsolationError):
+        Trainer(cfg)
+    assert len(seen) == 1 and seen[0].trainer.experiment_name == "${oc.env:ARMOR_TEST_SECRET}"
+    assert "hunter2" not in repr(dataclasses.asdict(seen[0]))
