@@ -276,7 +276,7 @@ class DistillConfig:
         "reverse_kl",
         "reverse_kl: per token log p_student(y_t) - log p_teacher(y_t) on the sampled tokens, as a reward or a loss "
         "(distill.via). topk_forward_kl: a loss term sum_k p_T (log p_T - log p_S) over the teacher's top-k tokens "
-        "at each response position (renormalised over the k: distill.renormalize).",
+        "at each response position (the teacher's renormalised over the k: distill.renormalize).",
         choices=["reverse_kl", "topk_forward_kl"],
     )
     k: int = f(8, "topk_forward_kl: the teacher's most likely tokens per position the loss sums over.", ge=1)
@@ -295,8 +295,9 @@ class DistillConfig:
     )
     renormalize: bool = f(
         True,
-        "topk_forward_kl: renormalise the teacher's top-k probabilities (and the student's at those ids) to sum to "
-        "1 over the k before the KL; false: the raw terms, the part of the full forward KL on those k ids.",
+        "topk_forward_kl: renormalise the teacher's top-k probabilities to sum to 1 over the k (the student's stay "
+        "its full-vocabulary log-probs, so mass it leaves outside the k is penalised); false: the raw terms, the "
+        "part of the full forward KL on those k ids.",
     )
     num_workers: int = f(
         1, "Teacher workers (each pinned to cores and devices of its own); rows split over them.", ge=1
@@ -595,6 +596,12 @@ def _check_semantics(cfg: ArmorConfig) -> None:
             "with themselves; set rollout.n >= 2"
         )
     a = cfg.algorithm
+    if a.distill.teacher and a.distill.mode == "topk_forward_kl" and cfg.actor.num_workers > 1:
+        raise ConfigError(
+            f"algorithm.distill.mode=topk_forward_kl with actor.num_workers={cfg.actor.num_workers}: the top-k loss "
+            "takes a second forward per micro-batch, which DDP and FSDP2 do not allow before one backward yet; use "
+            "actor.num_workers=1 or algorithm.distill.mode=reverse_kl"
+        )
     if a.rollout_correction.startswith("mask_") and a.rollout_correction_cap < 1:
         # an unchanged policy has ratio 1: a mask cap below 1 drops (nearly) every token and the run trains nothing
         raise ConfigError(

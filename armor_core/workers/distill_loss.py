@@ -57,11 +57,13 @@ def compute_distill_topk_forward_kl(
 ) -> torch.Tensor:
     """Forward KL over the teacher's top-k tokens at each position, 0 outside the mask.
 
-    ``renormalize``: both distributions restricted to the k ids and renormalised there,
-    ``sum_k q_T (log q_T - log q_S)`` with ``q = softmax`` of the k log-probs: a true KL (>= 0, 0 when the
-    student's ratios among the k match the teacher's). Otherwise the raw terms ``sum_k p_T (log p_T - log p_S)``:
-    the part of the full forward KL on those ids (equal to it when the k ids hold all the teacher's mass; its
-    gradient is the teacher-weighted cross-entropy on the k ids, which also pushes their total mass up).
+    ``sum_k q_T (log q_T - log p_S)`` with the student's full-vocabulary log-probs ``log p_S`` at the k ids and
+    ``q_T`` the teacher's top-k probabilities, with ``renormalize`` divided by their sum (so they weigh the k
+    ids as a distribution), else as they are. Renormalised it is >= 0 (Gibbs' inequality, since the student's
+    k probabilities sum to at most 1) and 0 only where the student puts all its mass on the k ids in the
+    teacher's proportions: mass the student leaves outside the k is penalised. (Renormalising the student's
+    too would not: a student could then move mass off the teacher's top-k at no cost.) Raw, the terms are
+    the part of the full forward KL on those ids, equal to it when the k ids hold all the teacher's mass.
 
     :param student_topk_log_probs: (bs, T, k) the student's log-softmax at the teacher's top-k ids (differentiable).
     :param teacher_topk_log_probs: (bs, T, k) the teacher's log-probs of its top-k ids (no gradient).
@@ -70,7 +72,6 @@ def compute_distill_topk_forward_kl(
     s = student_topk_log_probs.float()
     t = teacher_topk_log_probs.float().detach()
     if renormalize:
-        s = s - torch.logsumexp(s, dim=-1, keepdim=True)
         t = t - torch.logsumexp(t, dim=-1, keepdim=True)
     kl = (t.exp() * (t - s)).sum(-1)
     m = response_mask.bool()

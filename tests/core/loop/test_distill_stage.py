@@ -46,6 +46,9 @@ def test_distillation_config_is_checked():
         _cfg("algorithm.distill.mode=forward")
     with pytest.raises(ConfigError, match="algorithm.distill.k"):
         _cfg("algorithm.distill.k=0")
+    with pytest.raises(ConfigError, match="actor.num_workers=2"):
+        _cfg("algorithm.distill.teacher=x", "algorithm.distill.mode=topk_forward_kl", "actor.num_workers=2")
+    _cfg("algorithm.distill.teacher=x", "actor.num_workers=2")  # reverse KL needs no second forward
 
 
 def _batch():

@@ -89,15 +89,15 @@ def test_topk_forward_kl_hand_computed():
     mask = torch.ones(1, 1)
     raw = 0.6 * math.log(0.6 / 0.3) + 0.2 * math.log(0.2 / 0.4)
     assert compute_distill_topk_forward_kl(s, t, mask, renormalize=False).item() == pytest.approx(raw, abs=1e-6)
-    # renormalised over the k: teacher (0.75, 0.25), student (3/7, 4/7)
-    renorm = 0.75 * math.log(0.75 / (3 / 7)) + 0.25 * math.log(0.25 / (4 / 7))
+    # renormalised: the teacher's over the k, (0.75, 0.25); the student's stay its full-vocabulary ones
+    renorm = 0.75 * math.log(0.75 / 0.3) + 0.25 * math.log(0.25 / 0.4)
     assert compute_distill_topk_forward_kl(s, t, mask, renormalize=True).item() == pytest.approx(renorm, abs=1e-6)
-    # a student whose ratios among the k are the teacher's: 0 renormalised, not 0 raw
+    # 0 only where the student holds the teacher's renormalised top-k exactly; the teacher's ratios alone are
+    # not enough: mass the student leaves outside the k costs log(1 / its mass on the k)
+    exact = torch.log(torch.tensor([[[0.75, 0.25]]]))
+    assert compute_distill_topk_forward_kl(exact, t, mask).item() == pytest.approx(0.0, abs=1e-6)
     same_ratio = torch.log(torch.tensor([[[0.3, 0.1]]]))
-    assert compute_distill_topk_forward_kl(same_ratio, t, mask).item() == pytest.approx(0.0, abs=1e-6)
-    assert compute_distill_topk_forward_kl(same_ratio, t, mask, renormalize=False).item() == pytest.approx(
-        0.8 * math.log(2), abs=1e-6
-    )
+    assert compute_distill_topk_forward_kl(same_ratio, t, mask).item() == pytest.approx(math.log(2.5), abs=1e-6)
     # masked positions are 0, and the gradient reaches the student only
     s2 = s.expand(2, 1, 2).clone().requires_grad_(True)
     out = compute_distill_topk_forward_kl(s2, t.expand(2, 1, 2), torch.tensor([[1.0], [0.0]]), renormalize=False)
