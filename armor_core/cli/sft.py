@@ -25,6 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from armor_core.cli.sft_reward import reward_passed
+from armor_core.cli.sft_traces import (
+    build_chat_char_tokenizer,
+    encode_traces,
+    is_trace_file,
+    load_traces,
+    trace_accuracy,
+)
 from armor_core.workers.schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -72,7 +79,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="task parameter, e.g. digits=3 (repeatable; values are parsed as JSON when they can be)",
     )
-    p.add_argument("--data", help="JSONL of {prompt, response} or {prompt, ground_truth} rows, instead of --task")
+    p.add_argument(
+        "--data",
+        help="JSONL of {prompt, response} or {prompt, ground_truth} rows, or of multi-turn traces {messages, tools} "
+        "(loss on the assistant turns only; see armor_core.cli.sft_traces), instead of --task",
+    )
     p.add_argument(
         "--val-data", help="held-out JSONL (default: the task's test split, or the last rows of a shuffled --data)"
     )
@@ -199,8 +210,10 @@ def response_only_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask:
     return (nll * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]) -> list[tuple[list[int], int]]:
-    """Each row as (prompt ids + response ids + EOS, number of prompt tokens)."""
+def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, Any]]) -> list[tuple[list[int], Any]]:
+    """Each row as (prompt ids + response ids + EOS, number of prompt tokens), or a trace as (ids, loss mask)."""
+    if rows and "messages" in rows[0]:
+        return encode_traces(tokenizer, rows)
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no EOS token; the model must learn to stop")
@@ -212,7 +225,7 @@ def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]
     return out
 
 
-def _collate(encoded: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _collate(encoded: list[tuple[list[int], Any]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, loss_mask), each (bs, T), right-padded."""
     import torch
 
@@ -220,10 +233,13 @@ def _collate(encoded: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.T
     input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(encoded), width), dtype=torch.long)
     loss_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for i, (ids, n_prompt) in enumerate(encoded):
+    for i, (ids, targets) in enumerate(encoded):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention[i, : len(ids)] = 1
-        loss_mask[i, n_prompt : len(ids)] = 1
+        if isinstance(targets, int):  # a pair: everything after the prompt's tokens
+            loss_mask[i, targets : len(ids)] = 1
+        else:  # a trace: its own mask
+            loss_mask[i, : len(ids)] = torch.tensor(targets)
     return input_ids, attention, loss_mask
 
 
@@ -236,8 +252,12 @@ def evaluate_greedy(
     batch_size: int = 256,
     passed: Any = None,
 ) -> float:
-    """Greedy exact-match accuracy: the decoded response, stripped, equals ``row["ground_truth"]``."""
+    """Greedy exact-match accuracy: the decoded response, stripped, equals ``row["ground_truth"]``; for
+    traces, the teacher-forced share reproduced token for token (``sft_traces.trace_accuracy``)."""
     import torch
+
+    if rows and "messages" in rows[0]:
+        return trace_accuracy(model, tokenizer, rows, batch_size)
 
     from armor_core.models.loading import encode_prompts
 
@@ -409,9 +429,10 @@ def _main(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     _check_paths(args)
     if args.data:
-        train_rows = load_pairs(args.data)
+        load = load_traces if is_trace_file(args.data) else load_pairs
+        train_rows = load(args.data)
         if args.val_data:
-            val_rows = load_pairs(args.val_data)
+            val_rows = load(args.val_data)
         else:  # hold out the last rows of a seeded shuffle
             perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed)).tolist()
             n_val = min(args.val_size, len(train_rows) // 10)
@@ -427,7 +448,10 @@ def _main(args: argparse.Namespace) -> int:
             else _task_pairs(args.task, "test", args.val_size, args.seed, params)
         )
         source = f"task {args.task} {params or ''}".strip()
-    if args.init:
+    if args.init and "messages" in train_rows[0]:  # traces: a chat template, roles and tool-call tags
+        tokenizer = build_chat_char_tokenizer(m["content"] for r in train_rows + val_rows for m in r["messages"])
+        model = build_tiny_model("qwen2", len(tokenizer), seed=args.seed, **TINY_QWEN2)
+    elif args.init:
         chars = set(BASE_CHARS).union(*(set(r["prompt"]) | set(r["response"]) for r in train_rows + val_rows))
         tokenizer = build_char_tokenizer(chars)
         model = build_tiny_model("qwen2", len(tokenizer), seed=args.seed, **TINY_QWEN2)
