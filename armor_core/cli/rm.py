@@ -10,7 +10,19 @@ accuracy: the fraction with ``r_chosen > r_rejected``. The directory written (we
 ``armor_rm.json``: accuracy, history, and the mean and standard deviation of the training pairs'
 scores, which ``reward.model``'s ``normalize: true`` uses) is what ``reward.model.path`` loads.
 
-Simplifications, on purpose: one process (no DDP, FSDP or LoRA yet), AdamW at a constant learning rate,
+LoRA (``--lora-rank R``, ``--lora-alpha``, ``--lora-targets``): adapters on the targeted linear layers
+(``armor_core.models.lora.apply_lora``, as RL training builds them; ``all-linear``: every linear layer but the
+score head), the base frozen, the fresh score head trained in full. The adapters are merged into the base
+before saving, so the directory is a plain sequence classifier, loaded by ``reward.model`` like any other;
+``armor_rm.json`` records the LoRA settings and the trainable parameter count.
+
+Data parallel (``--nproc N``): N processes on this machine, torch.distributed over gloo, the model wrapped in
+DDP. Every rank draws the same global batch of ``--batch-size`` pairs (which N must divide) and takes every
+N-th pair; DDP averages the gradients, so a step equals one process's step on the whole batch, within float
+tolerance (tested). Rank 0 evaluates, reports and writes the directory; each rank runs ``--threads`` torch
+threads (default: this machine's cores split among the ranks).
+
+Simplifications, on purpose: no FSDP (the model must fit one process), AdamW at a constant learning rate,
 each batch padded to its longest row.
 """
 
@@ -48,7 +60,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (default 50)")
     t.add_argument("--max-length", type=int, default=512, help="tokens per side, the end kept (default 512)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    t.add_argument("--threads", type=int, default=0, help="torch threads per process (default: cores / --nproc)")
+    t.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank (default 0: train all)")
+    t.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA scaling numerator (default 16)")
+    t.add_argument(
+        "--lora-targets",
+        default="all-linear",
+        help="comma-separated linear layer names to adapt (default all-linear: every one but the score head)",
+    )
+    t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo, DDP; default 1)")
     t.set_defaults(func=main)
 
 
@@ -106,41 +126,50 @@ def train_reward_model(
     eval_every: int = 50,
     max_length: int = 512,
     seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> dict[str, Any]:
-    """Fit ``model`` (a one-output sequence classifier) on ``train``; the held-out accuracy as it goes."""
+    """Fit ``model`` (a one-output sequence classifier, DDP-wrapped when ``world_size > 1``) on ``train``; rank 0
+    evaluates on ``val`` as it goes. Each step draws the same ``batch_size`` pairs on every rank and takes every
+    ``world_size``-th one. Only parameters that require grad are optimised (LoRA leaves the base frozen)."""
     import torch
     import torch.nn.functional as F
 
     from armor_core.rewards.model import score_texts
 
+    inner = getattr(model, "module", model)  # DDP keeps the model in .module; evaluation needs no gradient sync
+    params = [q for q in model.parameters() if q.requires_grad]
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     history, start = [], time.monotonic()
     order: list[int] = []
     for step in range(1, steps + 1):
         if len(order) < batch_size:
             order += torch.randperm(len(train), generator=gen).tolist()
-        rows = [train[i] for i in order[:batch_size]]
+        rows = [train[i] for i in order[:batch_size]][rank::world_size]
         del order[:batch_size]
         model.train()
         texts = [r["prompt"] + r["chosen"] for r in rows] + [r["prompt"] + r["rejected"] for r in rows]
         scores = _scores(model, tokenizer, texts, max_length)
         loss = -F.logsigmoid(scores[: len(rows)] - scores[len(rows) :]).mean()
-        if not torch.isfinite(loss):
-            raise ValueError(f"the loss is {loss.item()} at step {step}; lower --lr")
+        shown = _mean_over_ranks(loss.detach(), world_size)
+        if not math.isfinite(shown):
+            raise ValueError(f"the loss is {shown} at step {step}; lower --lr")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss.backward()  # DDP averages the ranks' gradients: the gradient of the whole batch's mean loss
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if step % eval_every == 0 or step == steps:
-            model.eval()
-            accuracy = _accuracy(model, tokenizer, val, max_length)
-            history.append({"step": step, "loss": round(loss.item(), 4), "val_accuracy": accuracy})
-            print(f"step {step}: loss {loss.item():.4f}, held-out accuracy {accuracy:.3f}", flush=True)
-    model.eval()
+        if rank == 0 and (step % eval_every == 0 or step == steps):
+            inner.eval()
+            accuracy = _accuracy(inner, tokenizer, val, max_length)
+            history.append({"step": step, "loss": round(shown, 4), "val_accuracy": accuracy})
+            print(f"step {step}: loss {shown:.4f}, held-out accuracy {accuracy:.3f}", flush=True)
+    inner.eval()
+    if rank != 0:
+        return {}
     with torch.no_grad():
         texts = [r["prompt"] + r[side] for r in train for side in ("chosen", "rejected")]
-        all_scores = score_texts(model, tokenizer, texts, 64, max_length)
+        all_scores = score_texts(inner, tokenizer, texts, 64, max_length)
     mean = sum(all_scores) / len(all_scores)
     std = math.sqrt(sum((s - mean) ** 2 for s in all_scores) / len(all_scores)) or 1.0
     return {
@@ -152,6 +181,42 @@ def train_reward_model(
     }
 
 
+def _mean_over_ranks(value: Any, world_size: int) -> float:
+    if world_size == 1:
+        return value.item()
+    import torch.distributed as dist
+
+    total = value.clone()
+    dist.all_reduce(total)
+    return total.item() / world_size
+
+
+def add_lora(model: Any, rank: int, alpha: float, targets: str, seed: int) -> Any:
+    """``model`` with LoRA adapters on ``targets`` (``all-linear``: every linear layer but the score head), built as
+    RL training builds them, and its score head trainable in full (it starts random: an adapter on it would leave
+    the random weights in place)."""
+    import torch
+
+    from armor_core.models.lora import apply_lora
+
+    heads = [name for name, m in model.named_children() if isinstance(m, torch.nn.Linear)]  # Qwen2: score
+    if targets == "all-linear":
+        names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        chosen = sorted(names - set(heads))
+    else:
+        chosen = [t.strip() for t in targets.split(",") if t.strip()]
+        if set(chosen) & set(heads):
+            raise ValueError(f"--lora-targets {targets!r} names the score head {heads}; it is trained in full")
+    try:
+        peft_model = apply_lora(model, rank, alpha, 0.0, chosen, seed, task="SEQ_CLS")
+    except ValueError as e:
+        raise ValueError(str(e).replace("model.lora_target_modules", "--lora-targets")) from None
+    trained = [n for n, q in peft_model.named_parameters() if q.requires_grad and "lora_" not in n]
+    if not trained:  # peft trains a copy of a head named score or classifier (modules_to_save)
+        raise ValueError(f"{type(model).__name__}'s score head {heads} is not one peft trains in full under LoRA")
+    return peft_model
+
+
 def main(args: argparse.Namespace) -> int:
     from armor_core.errors import UserFacingError
 
@@ -161,24 +226,59 @@ def main(args: argparse.Namespace) -> int:
         raise UserFacingError(f"armor rm train: {e}") from e
 
 
-def _main(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    from armor_core.models.loading import load_tokenizer, resolve_model_path
-    from armor_core.rewards.model import RM_RECORD
-
-    for name in ("steps", "batch_size", "eval_every", "max_length"):
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("steps", "batch_size", "eval_every", "max_length", "nproc"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if not 0 < args.val_fraction < 1 and not args.val_pairs:
         raise ValueError(f"--val-fraction={args.val_fraction} must lie between 0 and 1")
+    if args.batch_size % args.nproc:
+        raise ValueError(f"--batch-size={args.batch_size} must be a multiple of --nproc={args.nproc}: each rank "
+                         "takes an equal share of every batch")  # fmt: skip
+    if args.lora_rank < 0 or args.lora_alpha <= 0:
+        raise ValueError(f"--lora-rank={args.lora_rank} must be >= 0 and --lora-alpha={args.lora_alpha} positive")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory to write the reward model to")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+
+
+def _main(args: argparse.Namespace) -> int:
+    _check_args(args)
+    load_preferences(args.pairs)  # a bad file is one error here, not one per rank
+    if args.val_pairs:
+        load_preferences(args.val_pairs)
+    if args.nproc == 1:
+        _train(0, args)
+        return 0
+    import os
+
+    import torch.multiprocessing as mp
+
+    from armor_core.engine import free_port
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    try:
+        mp.spawn(_train, args=(args,), nprocs=args.nproc, join=True)
+    except mp.ProcessRaisedException as e:
+        last = [line for line in str(e).splitlines() if line.strip()][-1].strip()
+        raise ValueError(f"rank {e.error_index} of --nproc={args.nproc} failed: {last}") from None
+    except mp.ProcessExitedException as e:
+        raise ValueError(f"rank {e.error_index} of --nproc={args.nproc} died (exit code {e.exit_code})") from None
+    return 0
+
+
+def _train(rank: int, args: argparse.Namespace) -> None:
+    """One process of ``armor rm train``: rank ``rank`` of ``args.nproc``; rank 0 writes the directory."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from armor_core.engine.isolation import detect_available_cpus
+    from armor_core.models.loading import load_tokenizer, resolve_model_path
+    from armor_core.rewards.model import RM_RECORD
+
+    world = args.nproc
+    torch.set_num_threads(args.threads or max(1, len(detect_available_cpus()) // world))
+    torch.manual_seed(args.seed)  # the fresh score head: the same on every rank
     pairs = load_preferences(args.pairs)
     if args.val_pairs:
         train, val = pairs, load_preferences(args.val_pairs)
@@ -193,29 +293,40 @@ def _main(args: argparse.Namespace) -> int:
         str(directory), num_labels=1, local_files_only=True, trust_remote_code=False
     )
     model.config.pad_token_id = tokenizer.pad_token_id
-    print(f"armor rm train: {args.model}, {len(train)} train / {len(val)} held-out pairs from {args.pairs}")
-    before = _accuracy(model.eval(), tokenizer, val, args.max_length)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"armor rm train: {args.model}, {len(train)} train / {len(val)} held-out pairs from {args.pairs}, "
+        f"{world} process(es)")  # fmt: skip
+    before = _accuracy(model.eval(), tokenizer, val, args.max_length) if rank == 0 else 0.0
+    if args.lora_rank:
+        model = add_lora(model, args.lora_rank, args.lora_alpha, args.lora_targets, args.seed)
+    trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
+    wrapped = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        from armor_core.workers.collectives import init_distributed
+
+        init_distributed(torch.device("cpu"), rank, world)
+        wrapped = DistributedDataParallel(model)
     result = train_reward_model(
-        model,
-        tokenizer,
-        train,
-        val,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        eval_every=args.eval_every,
-        max_length=args.max_length,
-        seed=args.seed,
-    )
+        wrapped, tokenizer, train, val, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        weight_decay=args.weight_decay, eval_every=args.eval_every, max_length=args.max_length, seed=args.seed,
+        rank=rank, world_size=world,
+    )  # fmt: skip
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    if rank != 0:
+        return
+    if args.lora_rank:
+        model = model.merge_and_unload()  # a plain classifier: reward.model loads it as it is
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     record = {k: v for k, v in vars(args).items() if k not in ("func", "command", "rm_command", "version")}
-    summary = {"args": record, "val_accuracy_before": before, **result}
+    summary = {"args": record, "val_accuracy_before": before, "trainable_params": trainable, **result}
     (out / RM_RECORD).write_text(json.dumps(summary, indent=1) + "\n")
-    print(
+    say(
         f"saved to {out}: {args.steps} steps in {result['seconds']:.1f}s, held-out ranking accuracy "
         f"{before:.3f} -> {result['val_accuracy']:.3f}"
     )
-    return 0

@@ -113,9 +113,10 @@ def check_shape(model: torch.nn.Module, rank: int, targets: Any) -> None:
 
 
 def apply_lora(
-    model: torch.nn.Module, rank: int, alpha: float, dropout: float, targets: Any, seed: int
+    model: torch.nn.Module, rank: int, alpha: float, dropout: float, targets: Any, seed: int, task: str = "CAUSAL_LM"
 ) -> torch.nn.Module:
-    """``model`` with LoRA adapters (a ``peft.PeftModel``); only the adapters require grad.
+    """``model`` with LoRA adapters (a ``peft.PeftModel``); only the adapters require grad (and, for ``task``
+    ``SEQ_CLS``, a reward model, peft's trainable copy of the score head).
 
     The adapters are initialised from ``seed`` alone (B = 0, so the model starts as the base), so
     every data-parallel rank builds the same ones whatever its own RNG state.
@@ -126,7 +127,7 @@ def apply_lora(
         targets = [targets] if isinstance(targets, str) else list(targets)
         _check_targets(model, targets)
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM"
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type=task
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

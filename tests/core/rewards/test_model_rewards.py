@@ -101,3 +101,75 @@ def test_rm_train_names_the_bad_line_of_a_pairs_file(tmp_path, capsys):
     )
     assert code == 2
     assert f"{pairs}, line 2: 'chosen' must be text, got 3" in capsys.readouterr().err
+
+
+def _weights(directory):
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(directory.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def _base_weights():
+    from armor_core.models.loading import load_model
+
+    return load_model("builtin:arithmetic-tiny").state_dict()
+
+
+@pytest.mark.slow  # a training run: 40 steps
+def test_rm_train_with_lora_adapts_only_its_targets_and_writes_a_directory_reward_model_loads(tmp_path):
+    import torch
+
+    pairs, held_out = _pairs(tmp_path / "pairs.jsonl", 400, 0), _pairs(tmp_path / "held_out.jsonl", 100, 1)
+    out = tmp_path / "rm_lora"
+    code = armor(
+        ["rm", "train", "--pairs", str(pairs), "--val-pairs", str(held_out), "--model", "builtin:arithmetic-tiny",
+         "--out", str(out), "--steps", "40", "--eval-every", "40", "--lr", "1e-2", "--threads", "1",
+         "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "q_proj,v_proj"]
+    )  # fmt: skip
+    assert code == 0
+    record = json.loads((out / "armor_rm.json").read_text())
+    base, trained = _base_weights(), _weights(out)
+    assert not any("lora" in k for k in trained)  # merged: a plain classifier
+    changed = {k for k, v in trained.items() if k != "score.weight" and not torch.equal(v, base[k])}
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed)
+    layers = sum(k.endswith("q_proj.weight") for k in trained)
+    q, v = trained["model.layers.0.self_attn.q_proj.weight"], trained["model.layers.0.self_attn.v_proj.weight"]
+    adapters = layers * 4 * (q.shape[0] + q.shape[1] + v.shape[0] + v.shape[1])  # A: r x in, B: out x r
+    assert record["trainable_params"] == adapters + trained["score.weight"].numel()
+    assert record["val_accuracy"] >= 0.9 > record["val_accuracy_before"]  # the hidden rule, learnt by the adapters
+    with RewardManager(RewardConfig(model={"path": str(out)}), PluginManager()) as manager:
+        batch = manager.score(["1+1="] * 2, ["24", "37"], ["rm"] * 2, [None] * 2)
+    assert batch.metrics["reward/rm/failures"] == 0.0
+
+
+def test_rm_train_refuses_lora_on_the_score_head_and_a_batch_the_ranks_cannot_share(tmp_path, capsys):
+    pairs = _pairs(tmp_path / "pairs.jsonl", 8, 0)
+    args = ["rm", "train", "--pairs", str(pairs), "--model", "builtin:arithmetic-tiny", "--out", str(tmp_path / "o")]
+    assert armor([*args, "--lora-rank", "2", "--lora-targets", "score"]) == 2
+    assert "--lora-targets 'score' names the score head ['score']" in capsys.readouterr().err
+    assert armor([*args, "--lora-rank", "2", "--lora-targets", "nope"]) == 2
+    assert "--lora-targets: 'nope' matches no module" in capsys.readouterr().err
+    assert armor([*args, "--batch-size", "5", "--nproc", "2"]) == 2
+    assert "--batch-size=5 must be a multiple of --nproc=2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rm_train_on_two_gloo_ranks_equals_one_process_on_the_same_batches(tmp_path):
+    import torch
+
+    pairs = _pairs(tmp_path / "pairs.jsonl", 64, 0)
+    args = ["rm", "train", "--pairs", str(pairs), "--model", "builtin:arithmetic-tiny", "--steps", "4",
+            "--eval-every", "4", "--lr", "1e-3", "--batch-size", "8", "--threads", "1"]  # fmt: skip
+    assert armor([*args, "--out", str(tmp_path / "one")]) == 0
+    assert armor([*args, "--out", str(tmp_path / "two"), "--nproc", "2"]) == 0
+    one, two, base = _weights(tmp_path / "one"), _weights(tmp_path / "two"), _base_weights()
+    assert one.keys() == two.keys()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5)
+    # the steps moved the weights far past that tolerance: equal because the same updates were made
+    embed = "model.embed_tokens.weight"
+    assert (one[embed] - base[embed]).abs().max() > 1e-3
+    first, record = (json.loads((tmp_path / d / "armor_rm.json").read_text()) for d in ("one", "two"))
+    assert record["args"]["nproc"] == 2 and first["args"]["nproc"] == 1
+    assert record["history"][-1]["loss"] == pytest.approx(first["history"][-1]["loss"], abs=1e-3)
+    assert record["score_mean"] == pytest.approx(first["score_mean"], abs=1e-4)
