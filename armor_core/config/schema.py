@@ -364,16 +364,18 @@ class RewardConfig:
     model: Any = f(
         None,
         "A classifier reward model (a local sequence-classification directory, e.g. from armor rm train): {path, "
-        "data_sources, domain (rm), batch_size (32), max_length (2048), dtype (float32), threads (1), normalize "
-        "(false | true | {mean, std}), rule (a rule domain scored beside it at weight 0: reward/model_minus_rule), "
-        "requires_ground_truth (false)}, or a list of them (see armor_core/rewards/model.py).",
+        "data_sources, domain (rm), batch_size (32), max_length (2048), dtype (auto: bfloat16 on a GPU that has it, "
+        "else float32), threads (1), normalize (false | true | {mean, std}), rule (a rule domain scored beside it at "
+        "weight 0: reward/model_minus_rule), placement (pool | worker: a Ray worker of its own, isolated like the "
+        "actor's), requires_ground_truth (false)}, or a list of them (see armor_core/rewards/model.py).",
     )
     judge: Any = f(
         None,
         "A generative judge: {model (a local causal LM) or url (an OpenAI-compatible endpoint; model_name, "
         "api_key_env), template (fields {prompt} {response} {ground_truth} {rubric}), parser (label | score), "
         "labels ({yes: 1, no: 0}), score_range, scale, max_new_tokens (32), temperature (0), data_sources, domain "
-        "(judge), batch_size, timeout_s, retries, backoff_s, max_concurrency}, or a list of them (see "
+        "(judge), batch_size, timeout_s, retries, backoff_s, max_concurrency, placement (pool | worker, a local "
+        "model's)}, or a list of them (see "
         "armor_core/rewards/judge.py).",
     )
     failure_score: float = f(0.0, "Score given when a domain raises or times out on a row.")

@@ -1,5 +1,6 @@
 """A reward model on a worker of its own (``reward.model[i].placement: worker``): the isolation plan counts it,
-the run's rows are scored there (not in the reward pool), and a dead worker fails its rows with a clear error."""
+the run's rows are scored there (not in the reward pool), and a dead worker fails its rows with a clear error;
+a local judge on a worker of its own says what it says in this process."""
 
 from __future__ import annotations
 
@@ -75,3 +76,29 @@ def test_a_run_scores_its_rows_on_the_reward_model_worker(ray_cluster, tmp_path)
     assert len(worker["cpus"]) == 1 and not set(worker["cpus"]) & set(actor["cpus"])  # a core of its own
     assert dead.metrics["reward/rm/failures"] == 1.0
     assert "reward_model:rm' rank 0" in dead.errors[0] and "is dead" in dead.errors[0]
+
+
+@pytest.mark.slow
+def test_a_local_judge_on_a_worker_of_its_own_gives_the_verdicts_it_gives_here(ray_cluster, tmp_path):
+    from armor_core.config.schema import RewardConfig, to_dict
+    from armor_core.plugins import PluginManager
+    from armor_core.rewards.manager import RewardManager
+    from armor_core.rewards.model_worker import start_reward_workers, worker_scorers
+
+    entry = {"model": "builtin:arithmetic-tiny", "template": "{prompt}", "parser": "score", "placement": "worker",
+             "score_range": [0, 10000], "max_new_tokens": 4, "data_sources": ["arith"]}  # fmt: skip
+    prompts = ["12+30=", "7+8=", "40+41="]
+    with RewardManager(RewardConfig(judge=entry), PluginManager()) as manager:
+        here = manager.score(prompts, [""] * 3, ["arith"] * 3, [None] * 3)  # no worker started: in this process
+        scorers = worker_scorers(manager.config_domains)
+        assert list(scorers) == ["reward_model:judge"]
+        config = to_dict(load_config(None, ["engine.cpus_per_worker=1"]))
+        (group,) = start_reward_workers(scorers, {}, cpus=1, gpus=0, config=config, timeout_s=60)
+        try:
+            there = manager.score(prompts, [""] * 3, ["arith"] * 3, [None] * 3)
+            stats = group.call(RewardModelAPI.stats)[0]
+        finally:
+            group.shutdown()
+    assert there.scores.tolist() == here.scores.tolist() and there.metrics["reward/judge/failures"] == 0.0
+    assert stats["rows"] == 3 and stats["calls"] == 1 and stats["pid"] != os.getpid()
+    assert there.metrics["reward/judge/worker_s"] > 0.0 and "reward/judge/worker_s" not in here.metrics

@@ -110,6 +110,8 @@ def test_judge_settings_are_checked_at_start(endpoint):
         ({"url": endpoint, "template": "x", "labels": {"yes": "good"}}, r"labels=.*expected \{label: score\}"),
         ({"url": "judge:8000", "template": "x"}, r"url='judge:8000': expected an http"),
         ({"model": "nowhere", "template": "x"}, r"reward.judge.model: .*nowhere"),
+        ({"url": endpoint, "template": "x", "placement": "worker"}, r"placement='worker': .*an endpoint is its own"),
+        ({"model": "builtin:arithmetic-tiny", "template": "x", "placement": "gpu"}, r"expected pool or worker"),
     ]:
         with pytest.raises(ConfigError, match=message):
             RewardManager(RewardConfig(judge=entry), PluginManager())
