@@ -91,11 +91,18 @@ def test_each_worker_class_implements_its_protocol_with_the_same_parameters():
     whose parameters drift from it would take a call the reader of the protocol does not expect."""
     from armor_core.engine import _declared
     from armor_core.workers.actor import ActorWorker
-    from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI
+    from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
     from armor_core.workers.critic import CriticWorker
     from armor_core.workers.rollout import RolloutWorker
+    from armor_core.workers.teacher import TeacherWorker
 
-    for worker, api in ((ActorWorker, ActorAPI), (CriticWorker, CriticAPI), (RolloutWorker, RolloutAPI)):
+    pairs = (
+        (ActorWorker, ActorAPI),
+        (CriticWorker, CriticAPI),
+        (RolloutWorker, RolloutAPI),
+        (TeacherWorker, TeacherAPI),
+    )
+    for worker, api in pairs:
         for name in _declared(api):
             declared = list(inspect.signature(getattr(api, name)).parameters)
             # ray.remote(cls) in this process (an earlier test) adds its tracing parameter to the class's methods
