@@ -165,6 +165,17 @@ def _data_dir(tmp_path):
     return tmp_path / "data"
 
 
+def _nan_model(tmp_path):
+    """A model directory with one NaN weight, as a diverged run leaves it."""
+    from safetensors.torch import load_file, save_file
+
+    model = _builtin_copy(tmp_path, "nan_model")
+    tensors = load_file(model / "model.safetensors")
+    tensors[sorted(tensors)[0]].view(-1)[0] = float("nan")
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
 _EVAL = ["--data", "task:arithmetic", "--size", "2"]
 
 COMMAND_ERRORS = {
@@ -197,6 +208,18 @@ COMMAND_ERRORS = {
         lambda tmp: ["eval", str(flipped_checkpoint(tmp / "run") / "model"), *_EVAL],
         r"step_000001 is damaged: model/model.safetensors does not match the sha256",
     ),
+    "eval: a checkpoint's adapter that fails the manifest": (
+        lambda tmp: ["eval", str(flipped_checkpoint(tmp / "run", lora=True) / "adapter"), *_EVAL],
+        r"step_000001 is damaged: adapter/adapter_model.safetensors does not match the sha256",
+    ),
+    "eval: a NaN in the weights": (
+        lambda tmp: ["eval", str(_nan_model(tmp)), *_EVAL],
+        r"nan_model/model.safetensors: tensor '.+' holds 1 NaN or inf value",
+    ),
+    "sft: a NaN in the weights": (
+        lambda tmp: ["sft", "--model", str(_nan_model(tmp)), "--out", str(tmp / "o"), "--steps", "1"],
+        r"nan_model/model.safetensors: tensor '.+' holds 1 NaN or inf value",
+    ),
     "export: a checkpoint whose weights fail the manifest": (
         lambda tmp: ["export", str(flipped_checkpoint(tmp / "run")), str(tmp / "out")],
         r"step_000001 is damaged: model/model.safetensors does not match the sha256",
@@ -212,6 +235,10 @@ COMMAND_ERRORS = {
     "run: more cores per worker than the machine has": (
         lambda tmp: ["run", "engine.cpus_per_worker=4096", f"trainer.run_dir={tmp / 'run'}"],
         r"not enough CPU cores: .*Lower engine.cpus_per_worker",
+    ),
+    "run: more workers than cores": (
+        lambda tmp: ["run", "actor.num_workers=16", "engine.cpus_per_worker=1", f"trainer.run_dir={tmp / 'run'}"],
+        r"not enough CPU cores: 16 workers .*run fewer workers",
     ),
     "run: a GPU per worker where none is visible": (
         lambda tmp: ["run", "engine.gpus_per_worker=1", f"trainer.run_dir={tmp / 'run'}"],
