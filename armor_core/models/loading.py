@@ -332,7 +332,7 @@ def _init_from_config(config: Any, seed: int | None) -> PreTrainedModel:
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
 
 
 def _render(

@@ -87,14 +87,18 @@ def _calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
 def test_every_transformers_load_in_the_code_passes_trust_remote_code():
     """transformers asks y/N (and then runs the code) when trust_remote_code is left out."""
     missing, seen = [], 0
-    for package in ("armor_core", "armor_plugins"):
-        for f in sorted((ROOT / package).rglob("*.py")):
+    packages = [ROOT / "armor_core", ROOT / "armor_plugins", *sorted(ROOT.glob("armor_rewards_*/armor_rewards_*"))]
+    assert len(packages) >= 4  # the reward packs ship in this repository too
+    for package in packages:
+        for f in sorted(package.rglob("*.py")):
             tree = ast.parse(f.read_text())
-            for call in _calls(tree, {"from_pretrained"}):
+            for call in _calls(tree, {"from_pretrained", "from_config"}):
                 owner = ast.unparse(call.func.value)
                 if owner == "PeftModel":  # peft runs no code from the adapter directory and takes no such option
                     continue
+                if call.func.attr == "from_config" and not owner.startswith("Auto"):
+                    continue  # only transformers' Auto classes run the code a config's auto_map names
                 seen += 1
                 if not any(k.arg == "trust_remote_code" for k in call.keywords):
-                    missing.append(f"{f.relative_to(ROOT)}:{call.lineno} {owner}.from_pretrained")
+                    missing.append(f"{f.relative_to(ROOT)}:{call.lineno} {owner}.{call.func.attr}")
     assert seen >= 4 and not missing, missing
