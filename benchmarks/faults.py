@@ -650,6 +650,19 @@ CASES: list[Case] = [
         r"notes.txt is a file; give a directory",
     ),
     refused_command(
+        "sft: --data names a directory",
+        lambda lab: [
+            "sft",
+            "--init",
+            "tiny-qwen2",
+            "--data",
+            str(lab.data("x.jsonl", _ROW).parent),
+            "--out",
+            str(lab.root / "sft_dir_out"),
+        ],  # fmt: skip
+        r"--data file '.*data' is a directory; give a JSONL file",
+    ),
+    refused_command(
         "sft: a truncated model",
         lambda lab: [
             "sft",

@@ -66,6 +66,8 @@ def build_chat_char_tokenizer(chars: Iterable[str] = ()) -> Any:
 
 def is_trace_file(path: str | Path) -> bool:
     """Whether the JSONL's first row is a trace (has ``messages``)."""
+    if not Path(path).is_file():
+        return False  # load_pairs names a missing file or a directory as the user error it is
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             if line.strip():

@@ -184,6 +184,14 @@ COMMAND_ERRORS = {
         lambda tmp: ["sft", "--init", "tiny-qwen2", "--out", str(_a_file(tmp)), "--steps", "1"],
         r"--out .*notes.txt is a file; give a directory",
     ),
+    "sft: --data names a directory": (
+        lambda tmp: ["sft", "--init", "tiny-qwen2", "--data", str(_data_dir(tmp)), "--out", str(tmp / "o")],
+        r"--data file '.*data' is a directory; give a JSONL file",
+    ),
+    "sft: --data names a missing file": (
+        lambda tmp: ["sft", "--init", "tiny-qwen2", "--data", str(tmp / "nowhere.jsonl"), "--out", str(tmp / "o")],
+        r"--data file '.*nowhere.jsonl' does not exist",
+    ),
     "sft: a truncated model": (
         lambda tmp: ["sft", "--model", _truncated_model(tmp)[0].split("=", 1)[1], "--out", str(tmp / "o")],
         r"model/model.safetensors: tensor '.*' ends at byte",
