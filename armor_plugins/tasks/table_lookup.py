@@ -1,18 +1,20 @@
 """The built-in ``table_lookup`` task: a question about a table the policy cannot see, only read with a tool.
 
-Each row has its own small table of ``keys`` two-letter keys with two-digit values, hidden in
-``extra.tools_kwargs.lookup.table`` (the ``tools`` environment passes it to the ``lookup`` tool,
-``armor_plugins.environments.builtin_tools:lookup``, and never shows it to the policy). The prompt
-is one chat message, ``value of qx?``, and the answer is the value stored under ``qx``: a policy
-has to call ``lookup`` with the right key and copy its result into the final turn. Without the tool
-no policy beats chance (1 in 90), since the values are drawn per row.
+Each row has its own small table of ``keys`` two-letter keys (letters of ``alphabet``, by default
+``a`` to ``h``: 64 keys) with two-digit values, hidden in ``extra.tools_kwargs.lookup.table`` (the
+``tools`` environment passes it to the ``lookup`` tool, ``armor_plugins.environments.builtin_tools:lookup``,
+and never shows it to the policy). The prompt is one chat message, ``value of bd?``, and the answer is
+the value stored under ``bd``: a policy has to call ``lookup`` with the right key and copy its result
+into the final turn. Without the tool no policy beats chance (1 in 90), since the values are drawn
+per row.
 
 Rows route to ``data_source: table_lookup``; the answer is an integer, so a recipe scores it with
 the ``arithmetic`` domain (exact integer match): ``reward.domain_map: {table_lookup: {arithmetic: 1.0}}``.
 
-Held out: a row's split is decided by the asked key (a fixed hash, independent of the seed), so a
-``test`` question asks for a key that no ``train`` question asks for (it may sit unasked in a
-training table, which the policy never sees). The policy must learn to copy any key, not a list.
+Held out: the keys are shared between the splits (a small set, so that RL sees each one often) and
+the tables are not: ``train`` and ``test`` rows come from separate random streams (the split is part
+of the seed), so a ``test`` question's table and answer are new, and an answer is never something a
+policy could have memorised from training.
 
 ``python -m armor_plugins.tasks.table_lookup --split train --size N --seed S`` prints the task's
 synthetic tool traces as JSONL (the prompt, the call, the tool's result, the final answer), the
@@ -22,7 +24,6 @@ synthetic tool traces as JSONL (the prompt, the call, the tool's result, the fin
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import string
 import sys
@@ -32,18 +33,10 @@ import numpy as np
 
 from armor_core import hookimpl
 
-__all__ = ["KEYS", "generate_table_lookup", "key_split", "tool_call_text", "tool_trace"]
+__all__ = ["generate_table_lookup", "tool_call_text", "tool_trace"]
 
-TEST_FRACTION = 0.2
-KEYS = [a + b for a in string.ascii_lowercase for b in string.ascii_lowercase]
 _SPLITS = ("train", "test")
 _TOOL = "lookup"
-
-
-def key_split(key: str) -> int:
-    """0 for a ``train`` key, 1 for a ``test`` key: a fixed hash of the key, never of the seed."""
-    h = int.from_bytes(hashlib.sha256(f"table_lookup:{key}".encode()).digest()[:8], "big")
-    return int(h / 2**64 < TEST_FRACTION)
 
 
 def tool_call_text(key: str) -> str:
@@ -51,15 +44,21 @@ def tool_call_text(key: str) -> str:
     return '<tool_call>{"name":"lookup","arguments":{"key":"' + key + '"}}</tool_call>'
 
 
-def generate_table_lookup(split: str, size: int, seed: int, *, keys: int = 4, **unknown: Any) -> list[dict[str, Any]]:
-    """Rows ``{"prompt": [{"role": "user", "content": "value of qx?"}], "data_source": "table_lookup",
-    "ground_truth": "57", "extra_info": {"tools_kwargs": {"lookup": {"table": {"qx": 57, ...}}}}}``.
+def generate_table_lookup(
+    split: str, size: int, seed: int, *, keys: int = 4, alphabet: str = "abcdefgh", **unknown: Any
+) -> list[dict[str, Any]]:
+    """Rows ``{"prompt": [{"role": "user", "content": "value of bd?"}], "data_source": "table_lookup",
+    "ground_truth": "57", "extra_info": {"tools_kwargs": {"lookup": {"table": {"bd": 57, ...}}}}}``.
 
     :param split: ``train`` or ``test`` (``val`` and ``validation`` mean ``test``).
-    :param keys: keys in each row's table (2 to 26); one of them, of the row's split, is asked.
+    :param keys: keys in each row's table (2 to 26); one of them is asked.
+    :param alphabet: the lowercase letters keys are made of (two each).
     """
     if unknown:
-        raise TypeError(f"table_lookup task: unknown parameter(s) {sorted(unknown)}; accepted: keys")
+        raise TypeError(f"table_lookup task: unknown parameter(s) {sorted(unknown)}; accepted: keys, alphabet")
+    letters = sorted(set(alphabet))
+    if len(letters) < 2 or not all(c in string.ascii_lowercase for c in letters):
+        raise ValueError(f"table_lookup task: alphabet={alphabet!r} must be at least 2 lowercase letters")
     split_key = {"val": "test", "validation": "test"}.get(split, split)
     if split_key not in _SPLITS:
         raise ValueError(f"table_lookup task: split {split!r} is not one of 'train', 'test'")
@@ -67,14 +66,14 @@ def generate_table_lookup(split: str, size: int, seed: int, *, keys: int = 4, **
         raise ValueError(f"table_lookup task: keys={keys!r} must be an integer from 2 to 26")
     if size < 0:
         raise ValueError(f"table_lookup task: size={size} must be >= 0")
-    split_id = _SPLITS.index(split_key)
-    asked_pool = [k for k in KEYS if key_split(k) == split_id]
-    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, split_id, keys])
+    pool = [a + b for a in letters for b in letters]
+    if keys > len(pool):
+        raise ValueError(f"table_lookup task: keys={keys} is more than the {len(pool)} keys of alphabet={alphabet!r}")
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, _SPLITS.index(split_key), keys, len(pool)])
     rows = []
     for _ in range(size):
-        asked = asked_pool[int(rng.integers(len(asked_pool)))]
-        others = [KEYS[i] for i in rng.choice(len(KEYS), size=keys, replace=False).tolist() if KEYS[i] != asked]
-        names = [asked, *others[: keys - 1]]
+        names = [pool[i] for i in rng.choice(len(pool), size=keys, replace=False).tolist()]
+        asked = names[0]
         values = rng.integers(10, 100, size=keys).tolist()
         table = {names[i]: values[i] for i in rng.permutation(keys).tolist()}
         rows.append(
@@ -110,9 +109,10 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, required=True)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keys", type=int, default=4)
+    p.add_argument("--alphabet", default="abcdefgh")
     args = p.parse_args(argv)
     tools = [tool_schema(lookup)]
-    for row in generate_table_lookup(args.split, args.size, args.seed, keys=args.keys):
+    for row in generate_table_lookup(args.split, args.size, args.seed, keys=args.keys, alphabet=args.alphabet):
         sys.stdout.write(json.dumps(tool_trace(row, tools)) + "\n")
     return 0
 
