@@ -15,10 +15,11 @@ rejected an odd one; the policy never sees the rule. Then:
    built-in model and on the final checkpoint (target: +20 points).
 3. ``--timing-steps`` steps of ``armor run`` with each way in scoring the task's exactness: the
    built-in ``arithmetic`` domain, a verl-style file (``reward.custom``), the same batched, a reward
-   service on the loopback address (``reward.remote``, served by this script), the reward model, and
+   service on the loopback address (``reward.remote``, served by this script), the reward model (in
+   the reward pool, and on a worker of its own: then the actor has one core of the two), and
    a generative judge (the built-in tiny model given the prompt; the number it answers is the score:
    what a judge costs, not what it is worth): the median ``timing_s/reward`` per step after 3
-   warm-up steps.
+   warm-up steps (``--only TEXT``: the ways whose name holds TEXT).
 
 Runs one thing at a time; time nothing else on the machine meanwhile.
 """
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=250, help="RL steps against the reward model (default job: 250)")
     ap.add_argument("--timing-steps", type=int, default=30, help="steps of each way-in timing run")
     ap.add_argument("--timing-only", action="store_true", help="skip the RL run against the reward model")
+    ap.add_argument("--only", default="", help="time only the ways in whose name contains this text")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="armor-rewards-anywhere-"))
     even, exact, batched = tmp / "even.py", tmp / "exact.py", tmp / "exact_batched.py"
@@ -159,6 +161,9 @@ def main() -> None:
             f"reward.remote={{url: '{url}', data_sources: [arithmetic]}}"
         ],
         "reward model (`reward.model`, 1 thread)": [f"reward.model={{path: {rm}, data_sources: [arithmetic]}}"],
+        "reward model on a worker of its own (`reward.model`, `placement: worker`)": [
+            f"reward.model={{path: {rm}, data_sources: [arithmetic], placement: worker}}"
+        ],
         "generative judge, local tiny model (`reward.judge`, 4 new tokens)": [
             "reward.judge={model: 'builtin:arithmetic-tiny', template: '{prompt}', parser: score, "
             "score_range: [0, 100000], scale: true, max_new_tokens: 4, data_sources: [arithmetic]}"
@@ -169,6 +174,8 @@ def main() -> None:
     print("| way in | reward s/step | step s | mean reward, last step |\n|---|---:|---:|---:|")
     try:
         for i, (name, overrides) in enumerate(ways.items()):
+            if args.only not in name:
+                continue
             out = tmp / f"timing{i}"
             _armor("run", f"trainer.run_dir={out}", f"trainer.total_steps={args.timing_steps}",
                    "trainer.val_before_train=false", f"trainer.val_freq={args.timing_steps}", *overrides)  # fmt: skip

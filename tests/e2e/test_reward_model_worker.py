@@ -97,8 +97,12 @@ def test_a_local_judge_on_a_worker_of_its_own_gives_the_verdicts_it_gives_here(r
         try:
             there = manager.score(prompts, [""] * 3, ["arith"] * 3, [None] * 3)
             stats = group.call(RewardModelAPI.stats)[0]
+            scorers["reward_model:judge"].bind(group, 1e-3)  # no forward pass answers that fast
+            late = manager.score(prompts, [""] * 3, ["arith"] * 3, [None] * 3)
         finally:
             group.shutdown()
     assert there.scores.tolist() == here.scores.tolist() and there.metrics["reward/judge/failures"] == 0.0
     assert stats["rows"] == 3 and stats["calls"] == 1 and stats["pid"] != os.getpid()
     assert there.metrics["reward/judge/worker_s"] > 0.0 and "reward/judge/worker_s" not in here.metrics
+    assert late.metrics["reward/judge/failures"] == 3.0
+    assert "gave no scores for 3 rows within reward.timeout_s=0.001 s" in late.errors[0]
