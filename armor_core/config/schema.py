@@ -299,6 +299,12 @@ class DistillConfig:
         "its full-vocabulary log-probs, so mass it leaves outside the k is penalised); false: the raw terms, the "
         "part of the full forward KL on those k ids.",
     )
+    teacher_temperature: float | None = f(
+        None,
+        "Temperature of the teacher's log-probs; None: rollout.temperature, the student's. Below it, the student "
+        "is pulled towards a sharper teacher (its modes).",
+        gt=0.0,
+    )
     num_workers: int = f(
         1, "Teacher workers (each pinned to cores and devices of its own); rows split over them.", ge=1
     )

@@ -10,8 +10,9 @@ tensor) gives ``teacher_log_prob``, the teacher's log-prob of each sampled token
 (``teacher_topk_ids``, ``teacher_topk_log_probs``), from the padded forward's last hidden states
 through its head in blocks of ``actor.logprob_chunk_tokens`` positions.
 
-Log-probs are at ``rollout.temperature``, as the student's are, so the two distributions compared are the
-ones the rollout sampled from and the teacher at the same temperature. No gradient, no state to checkpoint.
+Log-probs are at ``distill.teacher_temperature``, by default ``rollout.temperature`` (the student's), so the
+two distributions compared are the one the rollout sampled from and the teacher at the same temperature.
+No gradient, no state to checkpoint.
 """
 
 from __future__ import annotations
@@ -77,12 +78,13 @@ class TeacherWorker:
         if self.chunk and install_response_head(self.model):  # a head that is not a plain linear map: full logits
             self.chunk = 0
         self.autocast = lambda enabled=True: autocast(self.device, self.compute_dtype, enabled)
+        self.temperature = d.teacher_temperature or cfg.rollout.temperature
         self.logp = ResponseLogProbs(
             self.model,
             self.model,
             self.device,
             self.compute_dtype,
-            cfg.rollout.temperature,
+            self.temperature,
             self.chunk,
             self.autocast,
             lambda attn: micro_batches(attn.sum(-1), d.micro_batch_size),
@@ -108,9 +110,7 @@ class TeacherWorker:
             parts = []
             with self.autocast():
                 for rows in micro_batches(data["attention_mask"].sum(-1), d.micro_batch_size):
-                    parts.append(
-                        teacher_top_k(self.model, data, rows, d.k, self.cfg.rollout.temperature, self.chunk or 1024)
-                    )
+                    parts.append(teacher_top_k(self.model, data, rows, d.k, self.temperature, self.chunk or 1024))
             tensors["teacher_topk_log_probs"] = torch.cat([p[0] for p in parts])
             tensors["teacher_topk_ids"] = torch.cat([p[1] for p in parts])
         return DataProto.from_dict(
