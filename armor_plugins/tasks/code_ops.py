@@ -6,18 +6,14 @@ on stdin/stdout cases (the ``code`` reward domain of armor-rewards-code, ``data_
 program that prints the right outputs passes, not only the reference. The response is the whole program,
 without a fence: score it with ``reward.domain_kwargs.code.whole_response: true`` (``recipe:code`` does).
 
-Operations (``N`` in the prompt; ``x`` an integer input, ``s`` a word of lowercase letters):
+Operations (``N`` in the prompt; the input is an integer for the first three, a lowercase word for the others):
 
-=========== ========================== ===============
-prompt      reference program          N
-=========== ========================== ===============
-``add N``   ``print(int(input())+N)``  0..99
-``sub N``   ``print(int(input())-N)``  0..99
-``times N`` ``print(int(input())*N)``  0..99
-``first N`` ``print(input()[:N])``     1..20
-``last N``  ``print(input()[-N:])``    1..20
-``repeat N``  ``print(input()*N)``     1..9
-=========== ========================== ===============
+- ``add N``: ``print(int(input())+N)``, N from 0 to 99;
+- ``sub N``: ``print(int(input())-N)``, N from 0 to 99;
+- ``times N``: ``print(int(input())*N)``, N from 0 to 99;
+- ``first N``: ``print(input()[:N])``, N from 1 to 20;
+- ``last N``: ``print(input()[-N:])``, N from 1 to 20;
+- ``repeat N``: ``print(input()*N)``, N from 1 to 9.
 
 Each row has ``cases`` stdin/stdout cases (3 by default) drawn by the seed; its ground truth is
 ``{"inputs": [...], "outputs": [...]}`` as a JSON string, and the row's ``response`` is the reference

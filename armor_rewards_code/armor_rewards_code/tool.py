@@ -22,6 +22,7 @@ probed per process and limits, and reused by every call.
 from __future__ import annotations
 
 import functools
+import math
 
 from armor_rewards_code.sandbox import Limits, LocalSandbox
 
@@ -58,7 +59,7 @@ def python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 256, require_i
         "fn_name": "",
         "timeout_s": float(timeout_s),
         "total_s": float(timeout_s),
-        "cpu_s": max(1, int(timeout_s + 0.999)),
+        "cpu_s": max(1, math.ceil(timeout_s)),
         "stderr": True,
     }
     run = _sandbox(int(memory_mb), bool(require_isolation)).run(config, None, float(timeout_s) + 1.0)
