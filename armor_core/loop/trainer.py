@@ -141,9 +141,10 @@ class Trainer:
     def _start_workers(self) -> None:
         from armor_core.engine import WorkerGroup, init_ray, wait_policy
         from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
-        from armor_core.rewards.model_worker import start_reward_workers, worker_scorers
+        from armor_core.rewards.placement import worker_scorers
         from armor_core.workers.actor import ActorWorker
         from armor_core.workers.critic import CriticWorker
+        from armor_core.workers.reward_model import start_reward_workers
 
         e, a = self.cfg.engine, self.cfg.actor
         asynchronous = self.cfg.rollout.mode == "async"

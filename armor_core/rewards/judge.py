@@ -17,7 +17,7 @@ template in the judge's tokenizer (local) or always (endpoint), the filled templ
 Local (``model``): a batched domain in the reward pool's workers (``reward.timeout_s`` per batch, the
 failure watch); the model loads once per worker (its ``warmup``) and generates ``max_new_tokens`` at
 ``temperature`` (0: greedy), ``batch_size`` rows a pass. ``placement: worker`` runs it on a Ray worker of its
-own instead, with its own cores and GPUs (``armor_core.rewards.model_worker``), in bfloat16 on a GPU that has it.
+own instead, with its own cores and GPUs (``armor_core.rewards.placement``), in bfloat16 on a GPU that has it.
 
 Endpoint (``url``): an OpenAI-compatible ``POST {url}/chat/completions`` per row, ``max_concurrency`` in
 flight, with the retries, back-off and time bounds of ``reward.remote`` (``armor_core.rewards.remote``); the
@@ -42,7 +42,7 @@ from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.model import PLACEMENTS, resolve_dtype
-from armor_core.rewards.model_worker import placed
+from armor_core.rewards.placement import placed
 from armor_core.rewards.remote import RemoteRewardError, one_result, post_json
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]

@@ -33,7 +33,7 @@ Files. ``reward.custom`` adds domains read from Python files with verl's signatu
 (a source also in ``reward.domain_map`` is an error). ``reward.remote`` adds a reward service over HTTP the
 same way (``armor_core.rewards.remote``), scored inline: its client bounds its own time. ``reward.model`` adds
 classifier reward models (``armor_core.rewards.model``), batched in the pool's workers, or with ``placement:
-worker`` on a Ray worker of their own that the trainer starts (``armor_core.rewards.model_worker``; the domain
+worker`` on a Ray worker of their own that the trainer starts (``armor_core.rewards.placement``; the domain
 is then inline, bounded by ``reward.timeout_s``); an entry's ``rule`` domain scores the same rows at weight 0
 and ``reward/model_minus_rule`` is the mean gap. ``reward.judge`` adds generative judges
 (``armor_core.rewards.judge``): a local model in the pool's workers, or an OpenAI-compatible endpoint scored

@@ -9,7 +9,7 @@ Each entry is a batched domain (``RewardDomain.batch_fn``). ``placement: pool`` 
 reward pool's worker processes: the worker loads the model once (its ``warmup``, outside ``reward.timeout_s``),
 then scores a batch's rows ``batch_size`` at a time, each row the prompt followed by the response, cut to its
 last ``max_length`` tokens, on ``threads`` torch threads. ``placement: worker`` gives the model a Ray worker of
-its own (``armor_core.rewards.model_worker``): its own cores and, with ``engine.gpus_per_worker``, GPUs under the
+its own (``armor_core.rewards.placement``): its own cores and, with ``engine.gpus_per_worker``, GPUs under the
 ProcessIsolator, counted in the run's isolation plan; the manager sends it each batch's rows in one call, under
 ``reward.timeout_s``. ``dtype``: ``auto`` (the default: bfloat16 on a GPU that has it, float32 on a CPU, which
 the pool always is), float32, bfloat16 or float16. ``normalize``: false (the raw score), true (standardised by
@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardResult
 from armor_core.rewards.entries import Entries
-from armor_core.rewards.model_worker import placed
+from armor_core.rewards.placement import placed
 
 __all__ = ["ClassifierReward", "PLACEMENTS", "RM_RECORD", "load_models", "resolve_dtype"]
 

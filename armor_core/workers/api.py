@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from armor_core.dataproto.protocol import DataProto
 
-__all__ = ["ActorAPI", "CriticAPI", "RolloutAPI", "TeacherAPI", "TrainableAPI", "WorkerAPI"]
+__all__ = ["ActorAPI", "CriticAPI", "RewardModelAPI", "RolloutAPI", "TeacherAPI", "TrainableAPI", "WorkerAPI"]
 
 
 class WorkerAPI(Protocol):
@@ -117,3 +117,15 @@ class RolloutAPI(WorkerAPI, Protocol):
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         """Restore what ``rng_state`` returned."""
+
+
+class RewardModelAPI(WorkerAPI, Protocol):
+    """A reward model or local judge on a worker of its own: ``armor_core.workers.reward_model.RewardModelWorker``."""
+
+    def score(
+        self, prompts: list[str], responses: list[str], ground_truths: list[Any], extras: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """``{"results": [RewardResult or Exception per row], "pid", "seconds"}``."""
+
+    def stats(self) -> dict[str, Any]:
+        """``{"pid", "device", "dtype", "calls", "rows"}``: what this worker has scored."""

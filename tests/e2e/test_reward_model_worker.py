@@ -12,7 +12,7 @@ import pytest
 from armor_core.config.schema import load_config
 from armor_core.engine.isolation import IsolationError, detect_available_cpus
 from armor_core.loop.trainer import Trainer
-from armor_core.rewards.model_worker import RewardModelAPI
+from armor_core.workers.api import RewardModelAPI
 
 
 def _tiny_classifier(out):
@@ -83,7 +83,8 @@ def test_a_local_judge_on_a_worker_of_its_own_gives_the_verdicts_it_gives_here(r
     from armor_core.config.schema import RewardConfig, to_dict
     from armor_core.plugins import PluginManager
     from armor_core.rewards.manager import RewardManager
-    from armor_core.rewards.model_worker import start_reward_workers, worker_scorers
+    from armor_core.rewards.placement import worker_scorers
+    from armor_core.workers.reward_model import WorkerClient, start_reward_workers
 
     entry = {"model": "builtin:arithmetic-tiny", "template": "{prompt}", "parser": "score", "placement": "worker",
              "score_range": [0, 10000], "max_new_tokens": 4, "data_sources": ["arith"]}  # fmt: skip
@@ -97,7 +98,7 @@ def test_a_local_judge_on_a_worker_of_its_own_gives_the_verdicts_it_gives_here(r
         try:
             there = manager.score(prompts, [""] * 3, ["arith"] * 3, [None] * 3)
             stats = group.call(RewardModelAPI.stats)[0]
-            scorers["reward_model:judge"].bind(group, 1e-3)  # no forward pass answers that fast
+            scorers["reward_model:judge"].bind(WorkerClient(group, 1e-3))  # no forward pass answers that fast
             late = manager.score(prompts, [""] * 3, ["arith"] * 3, [None] * 3)
         finally:
             group.shutdown()

@@ -1,6 +1,7 @@
 """A classifier reward model: ``armor rm train`` fits one on preference pairs from a hidden rule (the
 answer's last digit is even) and ranks held-out pairs; ``reward.model`` scores rows with it in the reward
-pool, normalised, beside its rule at weight 0 with the gap logged; bad settings fail at start."""
+pool, normalised, beside its rule at weight 0 with the gap logged; bad settings fail at start. With LoRA only the
+targets and the score head change; on two gloo ranks the result is one process's."""
 
 from __future__ import annotations
 
