@@ -4,8 +4,8 @@
 
 Each variant is one ``armor run recipe:tools`` in a subprocess (the command a user types), with
 ``trainer.run_dir`` in a temporary directory. ``without_tool`` is the same recipe whose ``tools``
-environment offers ``calculator`` instead of ``lookup``: the warm start still calls ``lookup``, is
-told "unknown tool", and has nothing to copy. From each run's ``metrics.jsonl`` it prints held-out
+environment offers ``calculator`` instead of ``lookup``: the prompt's tools line names
+``calculator``, a ``lookup`` call is told "unknown tool", and there is nothing to copy. From each run's ``metrics.jsonl`` it prints held-out
 greedy success before training, at its best and after the last step, the wall seconds of the whole
 command (start-up, validations and training), the largest rollout/trainer log-prob gap of any step
 (``rollout/logprob_diff_max``: ``|log pi_train - log pi_rollout|`` over sampled tokens, before the
