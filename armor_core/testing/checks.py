@@ -220,10 +220,21 @@ def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
     return loss.detach()
 
 
+def _posed(rows: list[dict[str, Any]]) -> set[str]:
+    """What each row asks: its prompt, with the tool arguments it hides from the policy when it has them."""
+    out = set()
+    for r in rows:
+        hidden = (r.get("extra_info") or r.get("extra") or {}).get("tools_kwargs")
+        out.add(json.dumps(r["prompt"] if hidden is None else [r["prompt"], hidden], sort_keys=True))
+    return out
+
+
 def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]:
     """Ask a ``Task`` for ``size`` train and test rows. Checks: ``size`` rows, each with a prompt (a
     string or a list of chat messages), a string ``data_source`` and a ``ground_truth`` key; the same
-    seed gives the same rows; train and test share no prompt. Returns the train rows."""
+    seed gives the same rows; train and test pose no common problem: no prompt, or for a row whose tools
+    read state it hides from the policy (``extra_info.tools_kwargs``, a multi-turn task's table), no
+    prompt with the same hidden state, since such a row's answer depends on both. Returns the train rows."""
     train = task.fn("train", size, 0, **params)
     assert isinstance(train, list) and len(train) == size, (
         f"asked for {size} rows, got {len(train) if isinstance(train, list) else type(train).__name__}"
@@ -239,8 +250,7 @@ def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]
             f"row {i}: data_source must be a non-empty string"
         )
     assert task.fn("train", size, 0, **params) == train, "the same seed gave different rows"
-    shown = lambda rows: {json.dumps(r["prompt"], sort_keys=True) for r in rows}  # noqa: E731
-    overlap = shown(train) & shown(task.fn("test", size, 0, **params))
+    overlap = _posed(train) & _posed(task.fn("test", size, 0, **params))
     assert not overlap, f"train and test share prompts: {sorted(overlap)[:3]}"
     return train
 

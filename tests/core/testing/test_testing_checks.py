@@ -65,3 +65,16 @@ def test_the_checks_fail_on_broken_implementations():
     rows = lambda split, size, seed: [{"prompt": f"q{i}", "data_source": "t", "ground_truth": i} for i in range(size)]  # noqa: E731
     with pytest.raises(AssertionError, match="train and test share prompts"):
         check_task(Task(fn=rows))
+
+    # a tool task: one question, each row's answer in a table the policy reads only through the tool
+    def tables(split, size, seed, same=False):
+        base = 0 if same or split == "train" else 1000
+        return [
+            {"prompt": "value of ab?", "data_source": "t", "ground_truth": i,
+             "extra_info": {"tools_kwargs": {"lookup": {"table": {"ab": base + i}}}}}
+            for i in range(size)
+        ]  # fmt: skip
+
+    check_task(Task(fn=tables))  # new tables in test: new problems, although the question repeats
+    with pytest.raises(AssertionError, match="train and test share prompts"):
+        check_task(Task(fn=tables), same=True)  # the same tables in both splits: the answers leak
