@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from armor_core.cli.jsonl import json_lines
+
 __all__ = ["add_parser", "load_preferences", "main", "train_reward_model"]
 
 
@@ -78,20 +80,13 @@ def load_preferences(path: str | Path) -> list[dict[str, str]]:
     if not p.is_file():
         raise ValueError(f"--pairs {str(p)!r} is not a file; give a JSONL file of {{prompt, chosen, rejected}}")
     rows = []
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}, line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(raw, dict):
-                raise ValueError(f"{p}, line {lineno}: expected an object {{prompt, chosen, rejected}}")
-            for key in ("prompt", "chosen", "rejected"):
-                if not isinstance(raw.get(key), str):
-                    raise ValueError(f"{p}, line {lineno}: '{key}' must be text, got {raw.get(key)!r}")
-            rows.append({k: raw[k] for k in ("prompt", "chosen", "rejected")})
+    for lineno, raw in json_lines(p):
+        if not isinstance(raw, dict):
+            raise ValueError(f"{p}, line {lineno}: expected an object {{prompt, chosen, rejected}}")
+        for key in ("prompt", "chosen", "rejected"):
+            if not isinstance(raw.get(key), str):
+                raise ValueError(f"{p}, line {lineno}: '{key}' must be text, got {raw.get(key)!r}")
+        rows.append({k: raw[k] for k in ("prompt", "chosen", "rejected")})
     if len(rows) < 2:
         raise ValueError(f"{p}: {len(rows)} pair(s); training needs at least 2")
     return rows

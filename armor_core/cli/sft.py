@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from armor_core.cli.jsonl import json_lines
 from armor_core.cli.sft_reward import reward_passed
 from armor_core.cli.sft_traces import (
     build_chat_char_tokenizer,
@@ -155,21 +156,14 @@ def load_pairs(path: str | Path) -> list[dict[str, str]]:
     if not p.is_file():
         raise ValueError(f"--data file {str(p)!r} does not exist")
     rows = []
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}, line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(raw, dict) or not isinstance(raw.get("prompt"), str):
-                raise ValueError(f"{p}, line {lineno}: expected an object with a text field 'prompt'")
-            target = raw.get("response", raw.get("ground_truth"))
-            if target is None:
-                raise ValueError(f"{p}, line {lineno}: needs a 'response' (the target text) or a 'ground_truth'")
-            gt = raw.get("ground_truth", target)
-            rows.append({"prompt": raw["prompt"], "response": str(target), "ground_truth": str(gt)})
+    for lineno, raw in json_lines(p):
+        if not isinstance(raw, dict) or not isinstance(raw.get("prompt"), str):
+            raise ValueError(f"{p}, line {lineno}: expected an object with a text field 'prompt'")
+        target = raw.get("response", raw.get("ground_truth"))
+        if target is None:
+            raise ValueError(f"{p}, line {lineno}: needs a 'response' (the target text) or a 'ground_truth'")
+        gt = raw.get("ground_truth", target)
+        rows.append({"prompt": raw["prompt"], "response": str(target), "ground_truth": str(gt)})
     if not rows:
         raise ValueError(f"{p}: no rows")
     return rows

@@ -26,6 +26,8 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from armor_core.cli.jsonl import json_lines
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -99,16 +101,7 @@ def _check_trace(raw: Any, where: str) -> dict[str, Any]:
 
 def load_traces(path: str | Path) -> list[dict[str, Any]]:
     """Trace rows from a JSONL file (see the module docstring); every bad row names its line."""
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            rows.append(_check_trace(raw, f"{path}, line {lineno}"))
+    rows = [_check_trace(raw, f"{path}, line {lineno}") for lineno, raw in json_lines(path)]
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
