@@ -22,10 +22,10 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator
 
 from armor_core.cli.jsonl import json_lines
-from armor_core.cli.sft_reward import reward_passed
+from armor_core.cli.sft_reward import parse_kwargs, reward_passed
 from armor_core.cli.sft_traces import (
     build_chat_char_tokenizer,
     encode_traces,
@@ -130,19 +130,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- data -----------------------------------------------------------------------------------------
-
-
-def _parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--task-kwarg {item!r} is not KEY=VALUE (for example digits=3)")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def load_pairs(path: str | Path) -> list[dict[str, str]]:
@@ -434,7 +421,7 @@ def _main(args: argparse.Namespace) -> int:
             train_rows = [train_rows[i] for i in perm[: len(perm) - n_val]]
         source = args.data
     else:
-        params = _parse_kwargs(args.task_kwarg)
+        params = parse_kwargs(args.task_kwarg, "--task-kwarg", "digits=3")
         train_rows = _task_pairs(args.task, "train", args.train_size, args.seed, params)
         val_rows = (
             load_pairs(args.val_data)

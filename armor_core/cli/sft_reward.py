@@ -12,15 +12,16 @@ import contextlib
 import json
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["reward_passed"]
+__all__ = ["parse_kwargs", "reward_passed"]
 
 
-def _params(items: Sequence[str]) -> dict[str, Any]:
+def parse_kwargs(items: Sequence[str], flag: str, example: str) -> dict[str, Any]:
+    """``KEY=VALUE`` arguments of ``flag`` as a dict, each value read as JSON where it is JSON, else as text."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--val-reward-kwarg {item!r} is not KEY=VALUE (for example whole_response=true)")
+            raise ValueError(f"{flag} {item!r} is not KEY=VALUE (for example {example})")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -41,7 +42,8 @@ def reward_passed(
     from armor_core.config.schema import RewardConfig
     from armor_core.rewards.manager import RewardManager
 
-    manager = RewardManager(RewardConfig(domain_map={}, domain_kwargs={domain: _params(kwargs)}))
+    domain_kwargs = {domain: parse_kwargs(kwargs, "--val-reward-kwarg", "whole_response=true")}
+    manager = RewardManager(RewardConfig(domain_map={}, domain_kwargs=domain_kwargs))
     manager.domain(domain)  # an unknown domain fails here, before any training
 
     def passed(rows: list[dict], texts: list[str]) -> list[bool]:
