@@ -3,6 +3,7 @@
     python benchmarks/algorithms.py                          # 3 seeds x 250 steps each, and the high-lr runs
     python benchmarks/algorithms.py --seeds 1 --only losses  # the policy losses, one seed
     python benchmarks/algorithms.py --only sapo,gpg --steps 100
+    python benchmarks/algorithms.py --only-high-lr            # the collapse counts alone
 
 Each variant is the built-in recipe (``armor run``'s defaults: the tiny model, the arithmetic task,
 GRPO advantages, ``ppo_clip``) with one thing changed: ``algorithm.adv_estimator`` for an estimator,
@@ -11,7 +12,8 @@ GRPO advantages, ``ppo_clip``) with one thing changed: ``algorithm.adv_estimator
 Printed per variant: final held-out accuracy (mean over seeds, and the spread), the first evaluated
 step at which accuracy reached ``--target`` (median over seeds; "-" if a seed never did), and how many
 of the seeds collapse at ten times the default learning rate (``actor.lr=5e-4``, the stability
-benchmark's ``lr_x10_run``): final accuracy below ``--collapse-below`` or non-finite weights.
+benchmark's ``lr_x10_run``): final accuracy below ``--collapse-below`` or non-finite weights (those
+runs validate only before and after training; ``--only-high-lr`` runs them alone).
 Accuracy does not depend on the machine's load; nothing here is timed.
 """
 
@@ -90,37 +92,45 @@ def main() -> None:
     ap.add_argument("--collapse-below", type=float, default=0.2)
     ap.add_argument("--only", help="estimators, losses, or comma-separated names")
     ap.add_argument("--no-high-lr", action="store_true", help="skip the collapse runs at 10x the learning rate")
+    ap.add_argument("--only-high-lr", action="store_true", help="only the collapse runs (the table's last column)")
     ap.add_argument("--out", type=Path, default=None, help="run directories here (default: a temporary one)")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="armor-algorithms-"))
     base = [f"trainer.total_steps={args.steps}", f"trainer.val_freq={args.eval_every}"]
     rows = []
     for kind, name, overrides in variants(args.only):
-        runs = [run_one(root / f"{name}-s{s}", [*base, *overrides, f"trainer.seed={s}"]) for s in args.seeds]
+        runs = (
+            []
+            if args.only_high_lr
+            else [run_one(root / f"{name}-s{s}", [*base, *overrides, f"trainer.seed={s}"]) for s in args.seeds]
+        )
         collapsed = None
-        if not args.no_high_lr:
-            high = [run_one(root / f"{name}-lr-s{s}", [*base, *overrides, f"trainer.seed={s}", f"actor.lr={HIGH_LR}"])
-                    for s in args.seeds]  # fmt: skip
+        if not args.no_high_lr:  # judged on the final accuracy alone: validated only before and after training
+            high_base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=0", f"actor.lr={HIGH_LR}"]
+            high = [
+                run_one(root / f"{name}-lr-s{s}", [*high_base, *overrides, f"trainer.seed={s}"]) for s in args.seeds
+            ]
             collapsed = sum(not r["finite"] or not r["acc"] >= args.collapse_below for r in high)
         accs = [r["acc"] for r in runs]
         reached = [min((s for s, a in r["curve"].items() if a >= args.target), default=None) for r in runs]
-        steps_to = statistics.median(reached) if None not in reached else None
-        row = (kind, name, statistics.mean(accs), (max(accs) - min(accs)) / 2, steps_to, collapsed)
-        rows.append(row)
+        steps_to = statistics.median(reached) if runs and None not in reached else None
+        acc = (statistics.mean(accs), (max(accs) - min(accs)) / 2) if runs else None
+        rows.append((kind, name, acc, steps_to, collapsed))
         errors = [r["error"] for r in runs if "error" in r]  # a run that died: its last line
         summary = {"variant": name, "acc": accs, "reached": reached, "collapsed_at_high_lr": collapsed}
+        if not args.no_high_lr:
+            summary["high_lr_acc"] = [r["acc"] for r in high]
         print(json.dumps({**summary, "errors": errors}), flush=True)
     n = len(args.seeds)
     print(f"\n{args.steps} steps, seeds {' '.join(map(str, args.seeds))}, held-out greedy accuracy every "
-          f"{args.eval_every} steps; collapse: final accuracy < {args.collapse_below} or non-finite weights at "
-          f"actor.lr={HIGH_LR}\n")  # fmt: skip
+          f"{args.eval_every} steps; collapse: final accuracy < {args.collapse_below} or non-finite weights after "
+          f"{args.steps} steps at actor.lr={HIGH_LR}\n")  # fmt: skip
     print(f"| kind | name | final accuracy (mean +- half range) | steps to {args.target} (median) | "
           f"collapsed at 10x lr (of {n}) |\n|---|---|---:|---:|---:|")  # fmt: skip
-    for kind, name, acc, spread, steps_to, collapsed in rows:
+    for kind, name, acc, steps_to, collapsed in rows:
         reach = "-" if steps_to is None else f"{steps_to:g}"
-        print(
-            f"| {kind} | `{name}` | {acc:.3f} +- {spread:.3f} | {reach} | {'-' if collapsed is None else collapsed} |"
-        )
+        final = "-" if acc is None else f"{acc[0]:.3f} +- {acc[1]:.3f}"
+        print(f"| {kind} | `{name}` | {final} | {reach} | {'-' if collapsed is None else collapsed} |")
 
 
 if __name__ == "__main__":

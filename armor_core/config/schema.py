@@ -604,11 +604,11 @@ def _check_semantics(cfg: ArmorConfig) -> None:
             "with themselves; set rollout.n >= 2"
         )
     a = cfg.algorithm
-    if a.distill.teacher and a.distill.mode == "topk_forward_kl" and cfg.actor.num_workers > 1:
+    if not a.distill.teacher and not a.distill.with_rewards:
         raise ConfigError(
-            f"algorithm.distill.mode=topk_forward_kl with actor.num_workers={cfg.actor.num_workers}: the top-k loss "
-            "takes a second forward per micro-batch, which DDP and FSDP2 do not allow before one backward yet; use "
-            "actor.num_workers=1 or algorithm.distill.mode=reverse_kl"
+            "algorithm.distill.with_rewards=false drops the reward domains' scores for the teacher's signal, but "
+            "algorithm.distill.teacher is not set, so the run would train on nothing; set algorithm.distill.teacher "
+            "to a model directory (or builtin:NAME), or with_rewards back to true"
         )
     if a.rollout_correction.startswith("mask_") and a.rollout_correction_cap < 1:
         # an unchanged policy has ratio 1: a mask cap below 1 drops (nearly) every token and the run trains nothing

@@ -97,7 +97,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
 
         self._load_policy(cfg)
-        self.distill_loss = DistillLoss.from_config(cfg, self.chunk_tokens)  # None unless distillation adds a loss
+        self.distill_loss = DistillLoss.from_config(cfg)  # None unless distillation adds a loss
         self._build_training(cfg)
         self._build_rollout(cfg, pm)
         self.global_step = 0
@@ -392,7 +392,11 @@ class ActorWorker(ActorWeights, GuardedStep):
         correction = cfg.algorithm.rollout_correction
         for idx, weight in micro:
             mask = mask_all[idx]
-            log_prob, entropy = self.logp.forward(self.train_module, mini, idx, with_entropy=True)
+            extra = self.distill_loss.extra_ids(mini, idx) if self.distill_loss is not None else None
+            log_prob, entropy = self.logp.forward(self.train_module, mini, idx, with_entropy=True, extra_ids=extra)
+            at_ids = None
+            if extra is not None:  # the student's log-probs at the teacher's top-k ids, from the same forward
+                log_prob, at_ids = log_prob[..., 0], log_prob[..., 1:]
             # exactly on-policy (one update per batch): the old policy *is* this forward, so the
             # ratio is 1 with the right gradient and the extra forward pass is skipped
             old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
@@ -433,8 +437,7 @@ class ActorWorker(ActorWeights, GuardedStep):
                 loss = loss + a.kl_loss_coef * kl
                 parts["actor/kl_loss"] += weight * scalar(kl)
             if self.distill_loss is not None:
-                with self.autocast():
-                    d_mat, _ = self.distill_loss(self.train_module, mini, idx, log_prob, mask)
+                d_mat, _ = self.distill_loss(mini, idx, log_prob, mask, at_ids)
                 distill = self._agg(d_mat, mask, n_tok, n_seq)
                 loss = loss + self.distill_loss.coef * distill
                 parts["actor/distill_loss"] += weight * scalar(distill)

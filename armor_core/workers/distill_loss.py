@@ -11,9 +11,11 @@ distillation" recipes). Two signals, both pure tensor functions here:
 
 ``DistillLoss`` is the actor's side when the signal is a loss term (``distill.via=loss``, or
 ``topk_forward_kl``): built once in the worker, one call per micro-batch, so the actor never asks
-which mode it runs. The top-k mode needs the student's log-probs at the teacher's ids: one more forward
-of the micro-batch in the padded layout, through the chunked ``ResponseHead`` when the actor has one
-(each position's hidden state repeated k times in the head request, never a (tokens, vocabulary) tensor).
+which mode it runs. The top-k mode needs the student's log-probs at the teacher's ids: the actor asks for
+them (``DistillLoss.extra_ids``) in the same forward that gives the sampled tokens' log-probs, k more
+targets per position in whatever layout the micro-batch takes, through the chunked ``ResponseHead`` (one
+head pass per block for all 1 + k targets, never a (tokens, vocabulary) tensor). One forward per
+micro-batch is what DDP and FSDP2 allow, so the top-k loss runs on any number of actor workers.
 """
 
 from __future__ import annotations
@@ -22,14 +24,10 @@ from typing import Any
 
 import torch
 
-from armor_core.workers.layouts import forward_response_logits
-from armor_core.workers.lm_head import HeadRequest, response_head_of, response_head_request
-
 __all__ = [
     "DistillLoss",
     "compute_distill_reverse_kl",
     "compute_distill_topk_forward_kl",
-    "student_log_probs_at",
 ]
 
 
@@ -78,38 +76,6 @@ def compute_distill_topk_forward_kl(
     return torch.where(m, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
 
 
-def student_log_probs_at(
-    module: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    ids: torch.Tensor,
-    temperature: float,
-    chunk_tokens: int,
-) -> torch.Tensor:
-    """(bs, R, k) log-softmax of ``module``'s response positions at ``ids`` (bs, R, k); differentiable.
-
-    Padded layout: the response positions are the last R of each row, predicted from [-R-1, -1). Through the
-    chunked head when ``chunk_tokens`` and the module has one (each position asked for k targets), else from
-    the full logits.
-    """
-    bs, T = input_ids.shape
-    R, k = ids.shape[1], ids.shape[2]
-    if chunk_tokens and response_head_of(module) is not None:
-        dev = input_ids.device
-        index = (torch.arange(bs, device=dev)[:, None] * T + torch.arange(T - R - 1, T - 1, device=dev)).reshape(-1)
-        request = HeadRequest(index.repeat_interleave(k), ids.reshape(-1).to(dev), temperature, chunk_tokens, False)
-        with response_head_request(module, request):
-            out = module(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            ).logits[0]
-        return out[:, 0].view(bs, R, k)
-    logits = forward_response_logits(module, input_ids, attention_mask, position_ids, R).float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    return logits.log_softmax(-1).gather(-1, ids.to(logits.device).long())
-
-
 class DistillLoss:
     """The distillation loss term of one micro-batch, as the actor adds it: ``coef * aggregate(loss_mat)``.
 
@@ -118,31 +84,35 @@ class DistillLoss:
     ``topk_forward_kl``: ``compute_distill_topk_forward_kl`` on the student's log-probs at the teacher's ids.
     """
 
-    def __init__(self, mode: str, coef: float, renormalize: bool, temperature: float, chunk_tokens: int) -> None:
+    def __init__(self, mode: str, coef: float, renormalize: bool) -> None:
         self.mode, self.coef, self.renormalize = mode, float(coef), renormalize
-        self.temperature, self.chunk_tokens = temperature, chunk_tokens
 
     @staticmethod
-    def from_config(cfg: Any, chunk_tokens: int) -> DistillLoss | None:
+    def from_config(cfg: Any) -> DistillLoss | None:
         """The loss term ``algorithm.distill`` asks for, or None (no teacher, or its signal is a reward)."""
         d = cfg.algorithm.distill
         if not d.teacher or (d.mode == "reverse_kl" and d.via == "reward"):
             return None
-        return DistillLoss(d.mode, d.coef, d.renormalize, cfg.rollout.temperature, chunk_tokens)
+        return DistillLoss(d.mode, d.coef, d.renormalize)
+
+    def extra_ids(self, mini: Any, idx: torch.Tensor) -> torch.Tensor | None:
+        """(rows, R, k) the token ids whose student log-probs the term needs besides the sampled ones (the
+        teacher's top-k), for the actor's forward to compute too; None for ``reverse_kl``."""
+        return mini["teacher_topk_ids"][idx] if self.mode == "topk_forward_kl" else None
 
     def __call__(
-        self, module: torch.nn.Module, mini: Any, idx: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor
+        self, mini: Any, idx: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor, at_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, float]:
-        """``(loss_mat (rows, R), mean reverse-KL estimate on the rows' tokens)`` for rows ``idx`` of ``mini``."""
+        """``(loss_mat (rows, R), mean reverse-KL estimate on the rows' tokens)`` for rows ``idx`` of ``mini``.
+
+        :param log_prob: (rows, R) the student's log-probs of its sampled tokens (differentiable).
+        :param at_ids: (rows, R, k) its log-probs at ``extra_ids`` from the same forward (differentiable), or None.
+        """
         dev = log_prob.device
         teacher_lp = mini["teacher_log_prob"][idx].to(dev)
         rkl = compute_distill_reverse_kl(log_prob.detach(), teacher_lp, mask)
         mean_rkl = float(rkl.sum() / mask.sum().clamp(min=1))
         if self.mode == "reverse_kl":
             return rkl * log_prob, mean_rkl
-        ids, attn, pos = (mini[k][idx].to(dev) for k in ("input_ids", "attention_mask", "position_ids"))
-        student = student_log_probs_at(
-            module, ids, attn, pos, mini["teacher_topk_ids"][idx], self.temperature, self.chunk_tokens
-        )
         teacher = mini["teacher_topk_log_probs"][idx].to(dev)
-        return compute_distill_topk_forward_kl(student, teacher, mask, self.renormalize), mean_rkl
+        return compute_distill_topk_forward_kl(at_ids, teacher, mask, self.renormalize), mean_rkl

@@ -47,7 +47,8 @@ __all__ = [
 def response_log_probs(
     logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) of ``responses`` (bs, R) under ``logits`` (bs, R, V) / temperature.
+    """Log-probs (and entropy) of ``responses`` (bs, R) under ``logits`` (bs, R, V) / temperature;
+    ``responses`` (bs, R, m) asks for m tokens at each position (log-probs (bs, R, m), entropy (bs, R)).
 
     Dividing by the sampling temperature makes the trainer's distribution the one the rollout
     sampled from, so the PPO ratio compares like with like. Computed in float32 whatever the model
@@ -57,7 +58,9 @@ def response_log_probs(
     if temperature and temperature != 1.0:
         logits = logits / temperature
     logz = torch.logsumexp(logits, dim=-1)
-    lp = torch.gather(logits, -1, responses.unsqueeze(-1)).squeeze(-1) - logz
+    many = responses.dim() == logits.dim()
+    lp = torch.gather(logits, -1, responses if many else responses.unsqueeze(-1))
+    lp = lp - logz.unsqueeze(-1) if many else lp.squeeze(-1) - logz
     ent = None
     if with_entropy:
         probs = torch.softmax(logits, dim=-1)
@@ -322,18 +325,23 @@ def packed_response_log_probs(
     chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_log_probs`` of a packed batch, scattered back to ``responses``' (bs, R) grid (0 where not
-    computed)."""
+    computed); ``responses`` (bs, R, m): m targets per position, log-probs (bs, R, m)."""
     device = packed.input_ids.device
     resp_index = packed.response_index.to(device)
-    targets = responses.reshape(-1)[resp_index]
+    bs, R = responses.shape[:2]
+    tail = responses.shape[2:]
+    targets = responses.reshape(bs * R, *tail)[resp_index]
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask)
     lp, ent = _head_log_probs(
         model, inputs, packed.predict_index.to(device), targets, temperature, with_entropy, chunk_tokens
     )
-    bs, R = responses.shape
 
     def grid(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(bs * R, dtype=x.dtype, device=device).index_copy(0, resp_index, x).view(bs, R)
+        return (
+            torch.zeros(bs * R, *x.shape[1:], dtype=x.dtype, device=device)
+            .index_copy(0, resp_index, x)
+            .view(bs, R, *x.shape[1:])
+        )
 
     return grid(lp), (grid(ent) if ent is not None else None)
 
@@ -347,14 +355,14 @@ def _head_log_probs(
     with_entropy: bool,
     chunk_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy), (N,), of ``targets`` predicted at the flat positions ``index`` of the
-    model's (rows x sequence) output: through its ``ResponseHead`` in blocks of ``chunk_tokens``
-    tokens (``lm_head.py``), or from the full logits when ``chunk_tokens`` is 0."""
+    """Log-probs, (N,) (or (N, m) for (N, m) ``targets``), and entropy, (N,), of ``targets`` predicted at the
+    flat positions ``index`` of the model's (rows x sequence) output: through its ``ResponseHead`` in blocks
+    of ``chunk_tokens`` tokens (``lm_head.py``), or from the full logits when ``chunk_tokens`` is 0."""
     if chunk_tokens:
         request = HeadRequest(index, targets, temperature, chunk_tokens, with_entropy)
         with response_head_request(model, request):
             out = model(**inputs, use_cache=False).logits[0]
-        return out[:, 0], (out[:, 1] if with_entropy else None)
+        return out[:, :-1].reshape(targets.shape), (out[:, -1] if with_entropy else None)
     logits = model(**inputs, use_cache=False).logits
     lp, ent = response_log_probs(
         logits.reshape(-1, logits.shape[-1])[index].unsqueeze(0), targets.unsqueeze(0), temperature, with_entropy
@@ -452,7 +460,9 @@ def forward_response_log_probs(
     chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, LayoutStats]:
     """Response log-probs (and entropy), (bs, R), of one micro-batch: computed in the layout
-    ``packed`` (``layout_rows``), or padded when it is None.
+    ``packed`` (``layout_rows``), or padded when it is None. ``responses`` (bs, R, m) asks for m tokens at
+    each response position (column 0 the sampled one, say, then a teacher's top-k ids) in the same forward:
+    log-probs (bs, R, m), entropy still (bs, R).
 
     :param chunk_tokens: > 0: through the model's ``ResponseHead`` (``lm_head.install_response_head``)
         in blocks of this many tokens, never holding the (tokens, vocabulary) logits; 0: from the
@@ -472,7 +482,12 @@ def forward_response_log_probs(
             + torch.arange(T - R - 1, T - 1, device=input_ids.device)
         ).reshape(-1)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        lp, ent = _head_log_probs(model, inputs, index, responses.reshape(-1), temperature, with_entropy, chunk_tokens)
-        return lp.view(bs, R), (ent.view(bs, R) if ent is not None else None), LayoutStats.of(None, attention_mask)
+        targets = responses.reshape(bs * R, *responses.shape[2:])
+        lp, ent = _head_log_probs(model, inputs, index, targets, temperature, with_entropy, chunk_tokens)
+        return (
+            lp.view(responses.shape),
+            (ent.view(bs, R) if ent is not None else None),
+            LayoutStats.of(None, attention_mask),
+        )
     lp, ent = packed_response_log_probs(model, packed, responses, temperature, with_entropy, chunk_tokens)
     return lp, ent, LayoutStats.of(packed, attention_mask)

@@ -13,9 +13,11 @@ hidden states and applies the closed-form gradient (``z`` = logits / temperature
     d log p_y / dz = onehot(y) - p
     d H / dz       = -p * (log p + H)             (H = -sum p log p)
 
-so neither pass holds more than a (chunk, V) block or two. The matmuls run in the compute dtype
-(the autocast dtype under autocast, else the hidden states' dtype); softmax, log-probs, entropy and
-gradient accumulation for the head's weight run in float32.
+so neither pass holds more than a (chunk, V) block or two. A position may ask for several targets
+(the sampled token and, for distillation, a teacher's top-k ids): their log-probs come from the same
+block, and the gradient of ``sum_j g_j log p_j`` is ``sum_j g_j onehot(t_j) - (sum_j g_j) p``.
+The matmuls run in the compute dtype (the autocast dtype under autocast, else the hidden states'
+dtype); softmax, log-probs, entropy and gradient accumulation for the head's weight run in float32.
 
 The head must run inside the model's own forward: DDP finds the parameters a backward will reduce
 there, and FSDP2 gathers the head's sharded weight only around the root module's forward. So the
@@ -55,7 +57,7 @@ def _scaled_logits(
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
-    """(hidden (N, H), weight (V, H), bias (V,) | None, targets (N,)) -> log-prob (N,), entropy (N,)."""
+    """(hidden (N, H), weight (V, H), bias (V,) | None, targets (N, m)) -> log-prob (N, m), entropy (N,)."""
 
     @staticmethod
     def forward(
@@ -69,12 +71,12 @@ class _ChunkedLogProbs(torch.autograd.Function):
         with_entropy: bool,
         compute_dtype: torch.dtype,
     ):
-        n = hidden.shape[0]
+        n, m = targets.shape  # m targets per position (the sampled token, then any others asked for)
         w = weight.to(compute_dtype)  # a no-op unless autocast asks for a lower precision than the master weights
         b = bias.to(compute_dtype) if bias is not None else None
-        log_prob = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        log_z = torch.empty_like(log_prob)
-        entropy = torch.zeros_like(log_prob)
+        log_prob = torch.empty(n, m, dtype=torch.float32, device=hidden.device)
+        log_z = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros_like(log_z)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
@@ -82,7 +84,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 lz = torch.logsumexp(z, dim=-1)
                 log_z[s:e] = lz
                 log_p = z.sub_(lz[:, None])
-                log_prob[s:e] = log_p.gather(-1, targets[s:e, None]).squeeze(-1)
+                log_prob[s:e] = log_p.gather(-1, targets[s:e])
                 if with_entropy:
                     # -sum p log p: every term >= 0, so no cancellation (log Z - E_p[z] loses digits when
                     # the distribution is peaked); einsum is a batched dot, no third (n, V) tensor
@@ -110,17 +112,18 @@ class _ChunkedLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 e = min(s + chunk, hidden.shape[0])
-                g_lp = grad_lp[s:e, None].float()
+                g_lp = grad_lp[s:e].float()  # (n, m): d/dz of sum_j g_j log p(t_j) is g_j onehot(t_j) - sum_j g_j p
+                g_sum = g_lp.sum(-1, keepdim=True)
                 log_p = _scaled_logits(hidden[s:e], w, b, t).sub_(log_z[s:e, None])
                 p = log_p.exp()
                 if (
                     entropy is not None
-                ):  # dz = g_lp (onehot - p) - g_ent p (log p + H) = g_lp onehot - p (g_lp + g_ent (log p + H))
-                    dz = p.mul_(log_p.add_(entropy[s:e, None]).mul_(grad_ent[s:e, None].float()).add_(g_lp)).neg_()
+                ):  # dz = g_lp onehot - g_sum p - g_ent p (log p + H) = g_lp onehot - p (g_sum + g_ent (log p + H))
+                    dz = p.mul_(log_p.add_(entropy[s:e, None]).mul_(grad_ent[s:e, None].float()).add_(g_sum)).neg_()
                 else:
-                    dz = p.mul_(-g_lp)
+                    dz = p.mul_(-g_sum)
                 del log_p
-                dz.scatter_add_(-1, targets[s:e, None], g_lp)
+                dz.scatter_add_(-1, targets[s:e], g_lp)
                 if t != 1.0:
                     dz.div_(t)
                 dz_c = dz.to(cd)
@@ -156,25 +159,27 @@ def chunked_log_probs(
 
     :param hidden: (N, H), the hidden states that predict each target.
     :param weight: (V, H), the LM head's weight; ``bias``: (V,) or None.
-    :param targets: (N,) int64 token ids.
+    :param targets: (N,) int64 token ids, or (N, m): m targets at each position (one head pass for all).
     :param temperature: the sampling temperature (0 or 1: none), as in ``common.response_log_probs``.
     :param chunk: tokens per block through the head (> 0); memory is about two (chunk, V) float32 blocks.
-    :returns: ``(log_prob, entropy)``, each (N,) float32; entropy is None unless ``with_entropy``.
+    :returns: ``(log_prob, entropy)``, float32: log_prob shaped as ``targets``, entropy (N,), None unless
+        ``with_entropy``.
         Differentiable in ``hidden``, ``weight`` and ``bias``.
     """
     if chunk < 1:
         raise ValueError(f"chunked_log_probs: chunk={chunk} must be >= 1 token")
     cd = _autocast_dtype(hidden.device.type) or hidden.dtype
     t = float(temperature) if temperature and temperature != 1.0 else 1.0
-    lp, ent = _ChunkedLogProbs.apply(hidden, weight, bias, targets.long(), t, int(chunk), with_entropy, cd)
-    return lp, (ent if with_entropy else None)
+    many = targets.long().reshape(targets.shape[0], -1)
+    lp, ent = _ChunkedLogProbs.apply(hidden, weight, bias, many, t, int(chunk), with_entropy, cd)
+    return lp.view(targets.shape), (ent if with_entropy else None)
 
 
 @dataclass(frozen=True)
 class HeadRequest:
     """What a :class:`ResponseHead` computes instead of logits: for the flat positions ``index``
-    into the (rows x sequence) hidden states, the log-prob of ``targets`` (same length) and, with
-    ``with_entropy``, the entropy, in blocks of ``chunk`` tokens."""
+    into the (rows x sequence) hidden states, the log-prob of ``targets`` ((N,), or (N, m): m targets per
+    position) and, with ``with_entropy``, the entropy, in blocks of ``chunk`` tokens."""
 
     index: torch.Tensor
     targets: torch.Tensor
@@ -185,7 +190,8 @@ class HeadRequest:
 
 class ResponseHead(torch.nn.Linear):
     """An LM head that is a plain ``nn.Linear`` until :func:`response_head_request` is active; then
-    its output is a (1, N, 2) float32 tensor, the requested log-probs and entropies (0 without)."""
+    its output is a (1, N, m + 1) float32 tensor: the requested log-probs of the m targets at each position
+    (m = 1 for (N,) targets), then the entropy (0 without)."""
 
     request: HeadRequest | None = None
 
@@ -197,7 +203,9 @@ class ResponseHead(torch.nn.Linear):
         lp, ent = chunked_log_probs(
             h, self.weight, self.bias, req.targets.to(hidden.device), req.temperature, req.chunk, req.with_entropy
         )
-        return torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1).unsqueeze(0)
+        lp = lp.reshape(lp.shape[0], -1)
+        ent = ent if ent is not None else torch.zeros(lp.shape[0], dtype=lp.dtype, device=lp.device)
+        return torch.cat([lp, ent[:, None]], dim=-1).unsqueeze(0)
 
 
 def _unwrapped(module: torch.nn.Module) -> torch.nn.Module:

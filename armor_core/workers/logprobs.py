@@ -150,13 +150,22 @@ class ResponseLogProbs(LayoutChoice):
         self.split, self.rank = split, rank
 
     def forward(
-        self, module: torch.nn.Module, batch: DataProto, sl: slice | torch.Tensor, with_entropy: bool
+        self,
+        module: torch.nn.Module,
+        batch: DataProto,
+        sl: slice | torch.Tensor,
+        with_entropy: bool,
+        extra_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
-        when ``module`` is in training mode and grad is enabled."""
+        when ``module`` is in training mode and grad is enabled. ``extra_ids`` (rows, R, k): also the
+        log-probs of these tokens at each response position, from the same forward (one forward per
+        micro-batch, as DDP and FSDP2 need); the log-probs are then (rows, R, 1 + k), column 0 the
+        sampled tokens'."""
         ids, attn, pos, resp = (
             batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses")
         )
+        targets = resp if extra_ids is None else torch.cat([resp[..., None], extra_ids.to(self.device).long()], -1)
         packed = self.choose(
             ids,
             attn,
@@ -168,7 +177,7 @@ class ResponseLogProbs(LayoutChoice):
         )
         with self.autocast():
             lp, ent, stats = forward_response_log_probs(
-                module, ids, attn, pos, resp, self.temperature, with_entropy, packed, self.chunk_tokens
+                module, ids, attn, pos, targets, self.temperature, with_entropy, packed, self.chunk_tokens
             )
         self.count(stats)
         return lp, ent

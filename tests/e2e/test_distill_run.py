@@ -1,5 +1,6 @@
 """On-policy distillation through Ray: a student (the warm start with its weights disturbed) learns from
-the built-in model as its teacher, in a teacher worker group of its own, and its KL to the teacher falls."""
+the built-in model as its teacher, in a teacher worker group of its own, and its KL to the teacher falls;
+the top-k loss on two data-parallel actor ranks (one forward per micro-batch, as DDP needs)."""
 
 from __future__ import annotations
 
@@ -49,13 +50,16 @@ def test_topk_distillation_lowers_the_kl_to_the_teacher(ray_cluster, tmp_path):
             "trainer.val_freq=0",
             "trainer.val_before_train=false",
             "trainer.loggers=[jsonl]",
-            "engine.cpus_per_worker=1",
+            "actor.num_workers=2",
+            "engine.isolate=false",  # 3 workers on 2 cores: none can own one
+            "engine.cpus_per_worker=0.5",
             f"trainer.run_dir={tmp_path / 'run'}",
         ],
     )
     trainer = Trainer(cfg)
     try:
         assert trainer.distill is not None and len(trainer.distill.group.placement) == 1  # a group of its own
+        assert len(trainer.actor.placement) == 2
         trainer.fit()
     finally:
         trainer.close()

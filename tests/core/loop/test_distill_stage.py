@@ -46,9 +46,11 @@ def test_distillation_config_is_checked():
         _cfg("algorithm.distill.mode=forward")
     with pytest.raises(ConfigError, match="algorithm.distill.k"):
         _cfg("algorithm.distill.k=0")
-    with pytest.raises(ConfigError, match="actor.num_workers=2"):
-        _cfg("algorithm.distill.teacher=x", "algorithm.distill.mode=topk_forward_kl", "actor.num_workers=2")
-    _cfg("algorithm.distill.teacher=x", "actor.num_workers=2")  # reverse KL needs no second forward
+    with pytest.raises(ConfigError, match="algorithm.distill.teacher is not set"):
+        _cfg("algorithm.distill.with_rewards=false")  # no teacher and no rewards: nothing to train on
+    with pytest.raises(ConfigError, match="algorithm.distill.teacher is not set"):
+        load_config("recipe:distill", [])  # the recipe names no teacher: the user gives theirs
+    assert load_config("recipe:distill", ["algorithm.distill.teacher=x"]).algorithm.distill.mode == "topk_forward_kl"
 
 
 def _batch():

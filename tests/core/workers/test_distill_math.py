@@ -16,7 +16,6 @@ from armor_core.workers.distill_loss import (
     DistillLoss,
     compute_distill_reverse_kl,
     compute_distill_topk_forward_kl,
-    student_log_probs_at,
 )
 from armor_core.workers.layouts import forward_response_log_probs
 from armor_core.workers.lm_head import install_response_head
@@ -124,13 +123,13 @@ def test_topk_through_the_chunked_head_equals_full_logits(one_thread, temperatur
     got_lp, got_ids = teacher_top_k(teacher, data, torch.arange(5), 3, temperature, chunk=4)
     assert torch.equal(got_ids, want_ids) and torch.allclose(got_lp, want_lp, atol=1e-5)
 
-    plain = student_log_probs_at(
-        student, b["input_ids"], b["attention_mask"], b["position_ids"], got_ids, temperature, 0
-    )
+    # the actor's side: the student's log-probs at the teacher's ids, asked in its one forward beside the
+    # sampled tokens' (column 0), plain and through the chunked head
+    targets = torch.cat([responses[..., None], got_ids], -1)
+    ids, attn, pos = b["input_ids"], b["attention_mask"], b["position_ids"]
+    plain = forward_response_log_probs(student, ids, attn, pos, targets, temperature, False, None, 0)[0][..., 1:]
     install_response_head(student)
-    chunked = student_log_probs_at(
-        student, b["input_ids"], b["attention_mask"], b["position_ids"], got_ids, temperature, 4
-    )
+    chunked = forward_response_log_probs(student, ids, attn, pos, targets, temperature, False, None, 4)[0][..., 1:]
     s_full = student(input_ids=b["input_ids"], use_cache=False).logits[:, -R - 1 : -1].float() / temperature
     want = s_full.log_softmax(-1).gather(-1, got_ids)
     assert torch.allclose(plain, want, atol=1e-5) and torch.allclose(chunked, want, atol=1e-5)
@@ -146,7 +145,8 @@ def test_reverse_kl_as_a_loss_has_the_score_function_gradient():
     """``via=loss``: d/dθ of the term is (log p_S - log p_T) * d log p_S, the estimate times the score."""
     lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     mini = {"teacher_log_prob": torch.tensor([[-3.0, -1.0]])}
-    loss = DistillLoss("reverse_kl", 1.0, True, 1.0, 0)
-    mat, mean_rkl = loss(None, mini, torch.tensor([0]), lp, torch.ones(1, 2))
+    loss = DistillLoss("reverse_kl", 1.0, True)
+    assert loss.extra_ids(mini, torch.tensor([0])) is None  # the sampled tokens' log-probs are all it needs
+    mat, mean_rkl = loss(mini, torch.tensor([0]), lp, torch.ones(1, 2), None)
     mat.sum().backward()
     assert lp.grad.tolist() == [[2.0, -1.0]] and mean_rkl == pytest.approx(0.5)

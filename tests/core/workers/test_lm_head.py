@@ -19,18 +19,25 @@ def _reference(h, w, b, targets, temperature):
     """float64 log-softmax of the full logits: the computation the chunks must reproduce."""
     z = (h.double() @ w.double().T + (b.double() if b is not None else 0)) / temperature
     logp = z.log_softmax(-1)
-    return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+    many = targets.reshape(len(targets), -1)  # (N,) or (N, m) targets
+    return logp.gather(-1, many).view(targets.shape), -(logp.exp() * logp).sum(-1)
 
 
-@pytest.mark.parametrize("temperature,bias,chunk", [(1.0, False, 4), (0.7, True, 5), (1.3, False, 1000)])
-def test_chunked_values_and_gradients_equal_full_logits(temperature, bias, chunk):
+@pytest.mark.parametrize(
+    "temperature,bias,chunk,m",
+    [(1.0, False, 4, None), (0.7, True, 5, None), (1.3, False, 1000, None), (0.7, True, 5, 3)],
+)
+def test_chunked_values_and_gradients_equal_full_logits(temperature, bias, chunk, m):
+    """m: several targets per position (a repeated one among them), their log-probs' gradients summed exactly."""
     g = torch.Generator().manual_seed(0)
     N, H, V = 23, 16, 41
     h = (torch.randn(N, H, generator=g) * 0.5).requires_grad_(True)
     w = (torch.randn(V, H, generator=g) * 0.5).requires_grad_(True)
     b = torch.randn(V, generator=g).requires_grad_(True) if bias else None
-    targets = torch.randint(0, V, (N,), generator=g)
-    g_lp, g_ent = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    targets = torch.randint(0, V, (N,) if m is None else (N, m), generator=g)
+    if m is not None:
+        targets[:, 1] = targets[:, 0]  # the same token asked twice: both terms reach its logit
+    g_lp, g_ent = torch.randn(targets.shape, generator=g), torch.randn(N, generator=g)
     params = [x for x in (h, w, b) if x is not None]
 
     lp, ent = chunked_log_probs(h, w, b, targets, temperature, chunk, True)
@@ -123,6 +130,36 @@ def test_chunked_forward_equals_full_logits_in_every_layout(layout, arch, tied):
 
     lp0, ent0, g0 = run(0)
     lp1, ent1, g1 = run(3)
+    assert torch.allclose(lp1[valid], lp0[valid], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(ent1[valid], ent0[valid], rtol=1e-5, atol=1e-6)
+    for a, b in zip(g0, g1):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, float(a.abs().max())), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "grouped"])
+def test_several_targets_per_position_in_one_forward_equal_full_logits(layout):
+    """(bs, R, m) targets (the sampled token, then k others: distillation's teacher top-k) through the
+    chunked head in each layout: every log-prob, the entropy and the gradients equal the full logits'."""
+    model = _model()
+    ids, attn, pos, resp = shared_prompt_batch() if layout == "grouped" else rollout_batch(*MIXED)
+    R = resp.shape[1]
+    valid = (attn[:, -R:] * attn[:, -R - 1 : -1]).bool()
+    g = torch.Generator().manual_seed(2)
+    targets = torch.cat([resp[..., None], torch.randint(0, 23, (*resp.shape, 3), generator=g)], -1)
+    weights = torch.randn(targets.shape, generator=g)
+
+    def run(chunk, packed):
+        model.zero_grad()
+        lp, ent, _ = forward_response_log_probs(model, ids, attn, pos, targets, 0.7, True, packed, chunk_tokens=chunk)
+        ((lp * weights)[valid].sum() + ent[valid].sum()).backward()
+        return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+    lp0, ent0, g0 = run(0, None)  # the plain path: full logits, padded
+    packed = layout_rows(ids, attn, pos, R, LAYOUTS[layout])
+    lp1, ent1, g1 = run(3, packed)
+    assert lp1.shape == targets.shape and ent1.shape == resp.shape
+    single, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, False, packed, chunk_tokens=3)
+    assert torch.allclose(lp1[..., 0][valid], single.detach()[valid], rtol=1e-6, atol=1e-6)  # column 0: as if alone
     assert torch.allclose(lp1[valid], lp0[valid], rtol=1e-5, atol=1e-6)
     assert torch.allclose(ent1[valid], ent0[valid], rtol=1e-5, atol=1e-6)
     for a, b in zip(g0, g1):
