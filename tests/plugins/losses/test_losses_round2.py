@@ -12,17 +12,19 @@ from armor_core import get_plugin
 from armor_core.testing import check_policy_loss
 from armor_plugins.losses.aggregation import agg_seq_mean_token_mean, agg_token_mean
 from armor_plugins.losses.dppo import binary_kl, compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
+from armor_plugins.losses.dro import compute_policy_loss_dro
 from armor_plugins.losses.gmpo import compute_policy_loss_geo_mean
 from armor_plugins.losses.gpg import compute_policy_loss_gpg
 from armor_plugins.losses.sapo import compute_policy_loss_sapo
 
-NAMES = ["sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl"]
+NAMES = ["sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl", "dro"]
 FUNCTIONS = {
     "sapo": compute_policy_loss_sapo,
     "geo_mean": compute_policy_loss_geo_mean,
     "gpg": compute_policy_loss_gpg,
     "dppo_tv": compute_policy_loss_dppo_tv,
     "dppo_kl": compute_policy_loss_dppo_kl,
+    "dro": compute_policy_loss_dro,
 }
 F64 = torch.float64
 
@@ -43,7 +45,7 @@ def t64(values):
     return torch.tensor(values, dtype=F64)
 
 
-# -- every loss: registration, masking, extreme inputs ----------------------------------------------
+# -- every loss here (and dro, tests/plugins/losses/test_dro.py): registration, masking, extreme inputs ----------------------------------------------
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -204,6 +206,28 @@ VERL_0_9_1 = {
                     [0.0, 0.0364905378, 0.0513493864, 0.0],
                     [0.0, -0.0256541196, -0.027760223, 0.0],
                     [-0.0170183164, -0.0108307596, 0.0, 0.0],
+                ],
+            ),
+        ],
+    ),
+    "dro": (  # verl's dro_beta; token-mean (verl's compute_policy_loss_dro, 2026-12-04)
+        {"beta": 0.1},
+        agg_token_mean,
+        [
+            (
+                0.2244875228,
+                [
+                    [-0.0368188889, -0.0393855556, -0.0347588889, -0.0352755556],
+                    [0.0518288889, 0.0515311111, 0.0479911111, 0.0],
+                    [-0.1470222222, -0.1593266667, 0.0, 0.0],
+                ],
+            ),
+            (
+                -0.1201140718,
+                [
+                    [0.0485344444, 0.0488177778, 0.0526133333, 0.04979],
+                    [-0.0260444444, -0.02835, -0.0274733333, 0.0],
+                    [-0.0175188889, -0.02254, 0.0, 0.0],
                 ],
             ),
         ],
