@@ -4,6 +4,7 @@
     python benchmarks/algorithms.py --seeds 1 --only losses  # the policy losses, one seed
     python benchmarks/algorithms.py --only sapo,gpg --steps 100
     python benchmarks/algorithms.py --only-high-lr            # the collapse counts alone
+    python benchmarks/algorithms.py --only losses --set actor.ppo_mini_batch_size=4   # 4 updates per batch
 
 Each variant is the built-in recipe (``armor run``'s defaults: the tiny model, the arithmetic task,
 GRPO advantages, ``ppo_clip``) with one thing changed: ``algorithm.adv_estimator`` for an estimator,
@@ -94,9 +95,10 @@ def main() -> None:
     ap.add_argument("--no-high-lr", action="store_true", help="skip the collapse runs at 10x the learning rate")
     ap.add_argument("--only-high-lr", action="store_true", help="only the collapse runs (the table's last column)")
     ap.add_argument("--out", type=Path, default=None, help="run directories here (default: a temporary one)")
+    ap.add_argument("--set", action="append", default=[], help="an extra override for every run (repeatable)")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="armor-algorithms-"))
-    base = [f"trainer.total_steps={args.steps}", f"trainer.val_freq={args.eval_every}"]
+    base = [f"trainer.total_steps={args.steps}", f"trainer.val_freq={args.eval_every}", *args.set]
     rows = []
     for kind, name, overrides in variants(args.only):
         runs = (
@@ -106,7 +108,7 @@ def main() -> None:
         )
         collapsed = None
         if not args.no_high_lr:  # judged on the final accuracy alone: validated only before and after training
-            high_base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=0", f"actor.lr={HIGH_LR}"]
+            high_base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=0", f"actor.lr={HIGH_LR}", *args.set]
             high = [
                 run_one(root / f"{name}-lr-s{s}", [*high_base, *overrides, f"trainer.seed={s}"]) for s in args.seeds
             ]
