@@ -108,7 +108,7 @@ def main() -> None:
         )
         collapsed = None
         if not args.no_high_lr:  # judged on the final accuracy alone: validated only before and after training
-            high_base = [f"trainer.total_steps={args.steps}", "trainer.val_freq=0", f"actor.lr={HIGH_LR}", *args.set]
+            high_base = [*base, "trainer.val_freq=0", f"actor.lr={HIGH_LR}"]  # a later override wins
             high = [
                 run_one(root / f"{name}-lr-s{s}", [*high_base, *overrides, f"trainer.seed={s}"]) for s in args.seeds
             ]

@@ -157,7 +157,12 @@ def test_several_targets_per_position_in_one_forward_equal_full_logits(layout):
     lp0, ent0, g0 = run(0, None)  # the plain path: full logits, padded
     packed = layout_rows(ids, attn, pos, R, LAYOUTS[layout])
     lp1, ent1, g1 = run(3, packed)
-    assert lp1.shape == targets.shape and ent1.shape == resp.shape
+    lp2, ent2, g2 = run(0, packed)  # the same layout from the full logits (a head that is no plain linear map)
+    assert lp1.shape == lp2.shape == targets.shape and ent1.shape == ent2.shape == resp.shape
+    assert torch.allclose(lp2[valid], lp0[valid], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(ent2[valid], ent0[valid], rtol=1e-5, atol=1e-6)
+    for a, b in zip(g0, g2):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, float(a.abs().max())), (a - b).abs().max()
     single, _, _ = forward_response_log_probs(model, ids, attn, pos, resp, 0.7, False, packed, chunk_tokens=3)
     assert torch.allclose(lp1[..., 0][valid], single.detach()[valid], rtol=1e-6, atol=1e-6)  # column 0: as if alone
     assert torch.allclose(lp1[valid], lp0[valid], rtol=1e-5, atol=1e-6)
