@@ -127,6 +127,10 @@ class GuardRunner:
         """Whether any guard observes ``stage`` (the worker measures ``step`` stats only then)."""
         return any(self._sees(g, stage) for _, g in self.guards)
 
+    def wants(self, stat: str) -> bool:
+        """Whether any guard lists ``stat`` (one of ``OPTIONAL_STATS``) in its ``needs``: the worker measures it only then."""
+        return any(stat in getattr(g, "needs", ()) for _, g in self.guards)
+
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         verdicts = []
         for name, guard in self.guards:

@@ -48,6 +48,7 @@ from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
 from armor_core.workers.multi_turn import build_rollout
 from armor_core.workers.optim import adamw, zero_advantage_is_inert
+from armor_core.workers.policy_shift import PROBE_ROWS, PolicyShiftProbe
 from armor_core.workers.precision import autocast, compute_dtype
 from armor_core.workers.rollout_correction import correction_weights
 from armor_core.workers.schedule import lr_factor
@@ -95,6 +96,8 @@ class ActorWorker(ActorWeights, GuardedStep):
             run_values=run_coefficients(cfg.actor),
         )
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
+        # the policy's change per step costs a forward of a few rows: measured only for a guard that needs it
+        self.probe = PolicyShiftProbe(PROBE_ROWS if self.guard.wants("policy_kl") else 0)
 
         self._load_policy(cfg)
         self.distill_loss = DistillLoss.from_config(cfg)  # None unless distillation adds a loss
@@ -307,7 +310,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         cfg, a = self.cfg, self.cfg.actor
         t_call = time.perf_counter()
         reset_memory_peaks(self.device)
-        self._seconds = {"fwd_bwd": 0.0, "optimizer": 0.0}
+        self._seconds = {"fwd_bwd": 0.0, "optimizer": 0.0, "probe": 0.0}
         self.logp.positions = [0, 0, 0]
         self.train_module.train()
         n_rows = len(data)
@@ -348,6 +351,7 @@ class ActorWorker(ActorWeights, GuardedStep):
             {
                 "perf/actor_fwd_bwd_s": self._seconds["fwd_bwd"],
                 "perf/actor_optimizer_s": self._seconds["optimizer"],
+                **({"perf/actor_probe_s": self._seconds["probe"]} if self.probe.rows else {}),
                 "perf/worker_s": time.perf_counter() - t_call,
             }
         )
@@ -400,6 +404,7 @@ class ActorWorker(ActorWeights, GuardedStep):
             # exactly on-policy (one update per batch): the old policy *is* this forward, so the
             # ratio is 1 with the right gradient and the extra forward pass is skipped
             old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
+            self.probe.keep(mini, idx, log_prob, mask, weight)
             if first and "rollout_log_probs" in mini:  # the rollout/train mismatch, measured for free
                 for k, v in mismatch_stats(
                     log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight, self.world_size

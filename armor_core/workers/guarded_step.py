@@ -22,6 +22,7 @@ from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS
 from armor_core.workers.collectives import agreed_norm, global_sums
 from armor_core.workers.common import add_metric, scalar
 from armor_core.workers.optim import local_params, update_stats
+from armor_core.workers.policy_shift import PolicyShiftProbe
 
 __all__ = ["GuardedStep"]
 
@@ -38,6 +39,9 @@ class GuardedStep:
     rank: int
     world_size: int
     watch_step: bool
+    probe: PolicyShiftProbe
+    logp: Any
+    train_module: torch.nn.Module
     _seconds: dict[str, float]
 
     def _guarded_step(self, parts: dict[str, float], step: int, first: bool, sums: dict[str, list[float]]) -> None:
@@ -64,6 +68,7 @@ class GuardedStep:
             stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
         verdict = self.guard.observe("grad", stats, step)
         if verdict.action in ("skip", "rollback"):
+            self.probe.reset()
             self.optimizer.zero_grad(set_to_none=True)
             add_metric(sums, "actor/skipped_updates", 1.0)
             return
@@ -92,7 +97,13 @@ class GuardedStep:
                 self.world_size > 1 and self.cfg.actor.strategy == "fsdp2",
                 float(self.scheduler.base_lrs[0]),
             )
+            t0 = time.perf_counter()
+            stats.update(self.probe.measure(self._probe_forward, self.world_size))
+            self._seconds["probe"] += time.perf_counter() - t0
             add_metric(sums, "actor/update_ratio", stats["update_ratio"])
+            if "policy_kl" in stats:
+                add_metric(sums, "actor/policy_kl", stats["policy_kl"])
+                add_metric(sums, "actor/policy_kl_max", stats["policy_kl"])
             verdict = self.guard.observe("step", stats, step)
             self._apply_worker_adjustments(verdict, sums)
             if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
@@ -100,6 +111,9 @@ class GuardedStep:
                 add_metric(sums, "actor/skipped_updates", 1.0)
                 return
         add_metric(sums, "actor/skipped_updates", 0.0)
+
+    def _probe_forward(self, mini: Any, idx: torch.Tensor) -> torch.Tensor:
+        return self.logp.forward(self.train_module, mini, idx, with_entropy=False)[0]
 
     def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank
