@@ -502,8 +502,13 @@ class TrainerConfig:
         "validation, a checkpoint, or the last step.",
     )
     faults: list = f(
-        help="Fault injection for stability tests, [{kind, steps, value}]; kinds: nan_grad, lr_scale, flip_reward, "
-        "random_reward, inf_reward, stale_rollout, kill_worker (see armor_core/stability/faults.py).",
+        help="Fault injection for stability tests, a list of {kind, steps, value}. steps: the 1-based steps it "
+        "strikes, a list ([3, 7]) or an inclusive range ({from: 3, to: 7}). Kinds and their value: nan_grad "
+        "(a NaN in one gradient element; value: the rank, default every rank), lr_scale (the learning rate of "
+        "those updates times value, required; actor/lr shows the rate used), flip_reward (score -> 1 - score), "
+        "random_reward (uniform scores), inf_reward (one row's score +Inf) (these three take no value), "
+        "stale_rollout (samples from the weights of value updates ago, default 4), kill_worker (SIGKILL to the "
+        "actor worker of rank value, default 0). Details: armor_core/stability/faults.py.",
         factory=list,
     )
 

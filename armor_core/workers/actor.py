@@ -338,7 +338,9 @@ class ActorWorker(ActorWeights, GuardedStep):
             k: reduce[k.rsplit("_", 1)[-1]](v) if k.endswith(("_max", "_min")) else sum(v) / len(v)
             for k, v in sums.items()
         }
-        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        # the rate the update's optimizer steps used (their mean, from _guarded_step); when a guard skipped every
+        # one of them, the rate they would have used
+        metrics.setdefault("actor/lr", self.optimizer.param_groups[0]["lr"])
         metrics.update(self.guard.pop_metrics())
         metrics.update(self.logp.padding_metrics())
         metrics.update(memory_metrics(self.device))

@@ -82,6 +82,8 @@ class GuardedStep:
             saved = [g["lr"] for g in self.optimizer.param_groups]
             for g in self.optimizer.param_groups:
                 g["lr"] *= lr_fault.value
+        # the rate this optimizer step uses, a guard's adjustment and the fault included (the fault is undone below)
+        add_metric(sums, "actor/lr", self.optimizer.param_groups[0]["lr"])
         before = local_params(self.model, clone=True) if self.watch_step else None
         t0 = time.perf_counter()
         self.optimizer.step()

@@ -84,7 +84,9 @@ def test_update_size_undoes_a_huge_step_and_lowers_a_learning_rate_that_is_too_h
     assert by_step[3]["action"] == "skip"
     rows = [json.loads(x) for x in (tmp_path / "us" / "metrics.jsonl").read_text().splitlines()]
     lr = {r["step"]: r["actor/lr"] for r in rows if "actor/lr" in r}
-    assert lr[1] == pytest.approx(lowered) and lr[4] <= lowered  # applied from the next update on
+    # actor/lr is the rate each update used: the cut made after step 1's optimizer step is step 2's rate
+    assert lr[1] == pytest.approx(5e-4) and lr[2] == pytest.approx(lowered) and lr[4] <= lowered
+    assert lr[3] == pytest.approx(100 * lr[4])  # the x100 fault shows in the rate step 3 used, then is undone
     ratio = {r["step"]: r["actor/update_ratio"] for r in rows if "actor/update_ratio" in r}
     assert ratio[3] > 10 * ratio[2]  # the x100 step was measured ...
     ckpt = tmp_path / "us" / "checkpoints"
