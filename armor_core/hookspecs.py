@@ -226,8 +226,9 @@ def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
         :class:`armor_core.interfaces.StabilityGuard`: built with the keyword parameters from the
         config, it is shown each stage's statistics and returns a
         :class:`~armor_core.interfaces.Verdict`, and saves its state with ``state_dict``. The
-        stages, where each runs and its statistic keys are ``interfaces.GUARD_STAGES``; what a
-        verdict does at each is in ``interfaces.StabilityGuard``.
+        stages are ``interfaces.GUARD_STAGES``: where each runs, the statistic keys it always
+        carries, those it carries in some runs and the families named by prefix, and what each
+        verdict does there (``honours``); the rest of the contract is ``interfaces.StabilityGuard``.
 
     Parameters: the class is built with ``guard.guards[i].params``. A constructor parameter named after
     an adjustable coefficient (``interfaces.ADJUSTABLE_COEFFICIENTS``: ``lr``, ``clip_ratio_low``,

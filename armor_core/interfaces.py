@@ -167,58 +167,166 @@ VerdictAction = Literal["proceed", "skip", "scale", "adjust", "rollback"]
 ADJUSTABLE_COEFFICIENTS = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
 
 
-#: each stage a guard is shown: where it runs and the statistics it carries
+#: what a verdict does where the driver acts on it before the update (stages ``reward`` and ``advantage``)
+_BEFORE_UPDATE = {
+    "skip": "this step's update is not made (nor the critic's)",
+    "rollback": "the update is not made, and the newest checkpoint older than ``since`` is restored",
+    "adjust": "applied on every actor rank before this step's update",
+}
+#: what a verdict does where the driver acts on it after the update (stages ``update`` and ``validation``)
+_AFTER_UPDATE = {
+    "rollback": "the newest checkpoint older than ``since`` is restored",
+    "adjust": "applied on every actor rank from the next update on",
+}
+#: statistics of the rollout that stage ``advantage`` carries in some runs
+_ROLLOUT_BEFORE_UPDATE = {
+    "rollout/entropy": "the backend returned the sampler's log-probs, as every built-in does",
+    "rollout/logprob_diff_mean": "the driver computed old log-probs (the update is not exactly on-policy) and the "
+    "backend returned its log-probs",
+    "rollout/logprob_diff_max": "as rollout/logprob_diff_mean",
+    "rollout/staleness_mean": "rollout.mode=async",
+    "rollout/staleness_max": "rollout.mode=async",
+    "rollout/policy_version": "rollout.mode=async",
+}
+#: the same at stage ``update``, where the actor has measured the log-prob gap on its first mini-batch
+_ROLLOUT_AFTER_UPDATE = {
+    **_ROLLOUT_BEFORE_UPDATE,
+    "rollout/logprob_diff_mean": "the backend returned its log-probs",
+    "rollout/logprob_diff_max": "the backend returned its log-probs",
+}
+
+
 class GuardStage(NamedTuple):
-    """One stage of a step shown to the guards: where it runs, its statistics in words, and ordinary values
-    of its keys (what ``armor_core.testing.check_guard`` feeds a guard before the odd values)."""
+    """One stage of a step shown to the guards.
+
+    :param where: where and when it runs.
+    :param keys: the statistics it always carries.
+    :param optional: ``{key: when}``, statistics it carries only in some runs.
+    :param families: ``{prefix: what}``, statistics named ``<prefix>...`` whose names depend on the configured
+        plugins or data (a policy loss's own metrics, one accuracy per data source); ``keys`` names the ones
+        always there.
+    :param honours: ``{action: what it does here}``, the verdict actions this stage carries out (``proceed``
+        everywhere, so it is not listed).
+    :param typical: ordinary values of its keys, what ``armor_core.testing.check_guard`` feeds a guard before
+        the odd values.
+    """
 
     where: str
-    keys: str
+    keys: tuple[str, ...]
+    optional: Mapping[str, str]
+    families: Mapping[str, str]
+    honours: Mapping[str, str]
     typical: Mapping[str, float]
 
+    def declares(self, key: str) -> bool:
+        """Whether ``key`` is one of this stage's statistics (always, sometimes, or a member of a family)."""
+        return key in self.keys or key in self.optional or key.startswith(tuple(self.families))
 
-#: every guard stage: the one table the contract text, ``armor new guard`` and ``check_guard`` read
+    def honoured(self, action: str) -> bool:
+        return action == "proceed" or action in self.honours
+
+
+#: every guard stage, in the order of a step: the one table the contract text, ``armor new guard`` and ``check_guard``
+#: read (``tests/core/loop/test_guard_stage_keys.py`` holds it to the code)
 GUARD_STAGES: dict[str, GuardStage] = {
     "reward": GuardStage(
-        "driver, after scoring",
-        "score/mean, score/min, score/max",
+        "driver, after scoring, before the log-probs",
+        ("score/mean", "score/min", "score/max"),
+        {},
+        {},
+        _BEFORE_UPDATE,
         {"score/mean": 0.5, "score/min": 0.0, "score/max": 1.0},
     ),
     "advantage": GuardStage(
-        "driver, after the estimator",
-        "critic/advantages/mean, /max, /min; rollout/* known by then (logprob_diff_mean and _max "
-        "when old log-probs were computed; staleness_mean and _max in async mode)",
-        {"critic/advantages/mean": 0.0, "critic/advantages/max": 1.5, "critic/advantages/min": -1.5},
+        "driver, after the estimator, the last look before the update",
+        (
+            "score/mean",
+            "score/min",
+            "score/max",
+            "response_length/mean",
+            "response_length/max",
+            "response_length/min",
+            "response_length/clip_ratio",
+            "critic/advantages/mean",
+            "critic/advantages/max",
+            "critic/advantages/min",
+        ),
+        _ROLLOUT_BEFORE_UPDATE,
+        {},
+        _BEFORE_UPDATE,
+        {
+            "score/mean": 0.5,
+            "score/min": 0.0,
+            "score/max": 1.0,
+            "response_length/mean": 200.0,
+            "response_length/max": 512.0,
+            "response_length/min": 20.0,
+            "response_length/clip_ratio": 0.05,
+            "rollout/entropy": 0.6,
+            "critic/advantages/mean": 0.0,
+            "critic/advantages/max": 1.5,
+            "critic/advantages/min": -1.5,
+        },
     ),
     "grad": GuardStage(
-        "each actor rank, after backward, per mini-batch",
-        "grad_norm (agreed over ranks), pg_loss (summed over ranks); on the first "
-        "mini-batch also rollout/logprob_diff_mean and _max",
+        "each actor rank, after backward, before the optimizer step, per mini-batch",
+        ("grad_norm", "pg_loss"),
+        {
+            "rollout/logprob_diff_mean": "the update's first mini-batch, when its rows carry the backend's log-probs",
+            "rollout/logprob_diff_max": "as rollout/logprob_diff_mean",
+        },
+        {},
+        {
+            "skip": "this optimizer step is not taken (its gradients are dropped)",
+            "scale": "the gradients are multiplied by ``scale`` before the optimizer step",
+            "adjust": "applied at once on every rank, to this optimizer step",
+            "rollback": "as ``skip``: a worker cannot restore a checkpoint (a guard that wants one restored says "
+            "``rollback`` at a driver stage, e.g. ``update``)",
+        },
         {"grad_norm": 1.0, "pg_loss": 0.1},
     ),
     "step": GuardStage(
-        "each actor rank, after optimizer.step; only for guards that list it in `stages`",
-        "update_ratio, update_norm, param_norm, lr",
-        {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5},
+        "each actor rank, after the optimizer step; only for guards that list it in ``stages``",
+        ("update_ratio", "update_norm", "param_norm", "lr"),
+        {"policy_kl": "a guard lists it in its ``needs``; it costs a forward of a few rows"},
+        {},
+        {
+            "skip": "the parameters are put back as they were before this optimizer step (Adam's moments keep "
+            "the gradient)",
+            "adjust": "applied at once on every rank, from the next optimizer step on",
+            "rollback": "as ``skip``: a worker cannot restore a checkpoint",
+        },
+        {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5, "policy_kl": 1e-3},
     ),
     "update": GuardStage(
-        "driver, after the updates",
-        "every actor/* and rollout/* metric of the step (actor/pg_loss, actor/grad_norm, actor/entropy, "
-        "actor/pg_clipfrac, actor/ppo_kl, actor/kl_loss, actor/skipped_updates, ...)",
+        "driver, after the update; not shown when a verdict before it skipped the update",
+        ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "actor/skipped_updates"),
+        _ROLLOUT_AFTER_UPDATE,
+        {
+            "actor/": "the update's metrics, means over its mini-batches: the policy loss's own (ppo_clip: "
+            "actor/pg_clipfrac, actor/ppo_kl, actor/ratio_max and others), actor/kl_loss with actor.use_kl_loss, "
+            "actor/reward_kl with algorithm.use_kl_in_reward, actor/update_ratio and actor/policy_kl with stage "
+            "``step``",
+        },
+        _AFTER_UPDATE,
         {
             "actor/pg_loss": 0.1,
-            "actor/grad_norm": 1.0,
             "actor/entropy": 1.2,
+            "actor/grad_norm": 1.0,
+            "actor/lr": 1e-5,
+            "actor/skipped_updates": 0.0,
             "actor/pg_clipfrac": 0.02,
             "actor/ppo_kl": 1e-3,
             "actor/kl_loss": 0.0,
-            "actor/skipped_updates": 0.0,
         },
     ),
     "validation": GuardStage(
-        "driver, after a validation",
-        "val/* (val/acc_greedy, val/<data_source>/acc_greedy, ...)",
-        {"val/acc_greedy": 0.5},
+        "driver, after a validation, every ``trainer.val_freq`` steps",
+        ("val/acc_greedy", "val/step"),
+        {},
+        {"val/": "per data source and sampling mode: val/<data_source>/acc_greedy, val/mean@<n> and others"},
+        _AFTER_UPDATE,
+        {"val/acc_greedy": 0.5, "val/step": 10.0},
     ),
 }
 
@@ -229,9 +337,11 @@ class Verdict:
 
     :param action: ``proceed``; ``skip`` the update; ``scale`` the gradients by ``scale``;
         ``adjust`` coefficients (``adjustments`` maps names in ``ADJUSTABLE_COEFFICIENTS`` to new
-        absolute values, kept by the guard within its configured bounds, applied from the next
-        update on);
-        ``rollback`` to the last good checkpoint.
+        absolute values, kept by the guard within its configured bounds); ``rollback`` to the last
+        good checkpoint. What each does at each stage, and which a stage cannot carry out at all, is
+        ``GUARD_STAGES[stage].honours``.
+    :param adjustments: may ride on any action but ``proceed`` (a skip that also lowers the
+        learning rate); they are applied whatever else happens.
     :param since: for ``rollback``, the first step whose weights the guard suspects (the update
         that made them); the trainer restores the newest checkpoint saved *before* that step, so a
         checkpoint written after the damage but before it was noticed is never the one restored.
@@ -255,23 +365,30 @@ class Verdict:
 class StabilityGuard(Protocol):
     """Built as ``guard_cls(**params)`` from ``guard.guards[i].params``.
 
-    ``observe`` is called for each stage of ``GUARD_STAGES`` (where it runs, and the exact
-    statistic keys) with that stage's scalar statistics; it must be cheap and deterministic,
-    because every data-parallel rank must reach the same verdict from the same (reduced)
-    statistics. One instance lives in the driver and one in each actor rank, each built from the
-    same params; ``state_dict`` must return plain JSON (it is saved in checkpoints and in each
-    worker's ``guard_worker.json``).
+    ``observe`` is called for each stage of ``GUARD_STAGES`` with that stage's scalar statistics
+    (the table says where each stage runs, the keys it always carries, those it carries only in
+    some runs, and the families whose names depend on the plugins); it must be cheap and
+    deterministic, because every data-parallel rank must reach the same verdict from the same
+    (reduced) statistics. One instance lives in the driver and one in each actor rank, each built
+    from the same params; ``state_dict`` must return plain JSON (it is saved in checkpoints and in
+    each worker's ``guard_worker.json``).
+
+    Before the update the driver shows ``reward`` (the scores) and ``advantage`` (the scores again,
+    the responses' lengths, the entropy of the sampler estimated from its log-probs, the
+    advantages): a guard that watches the rollout acts on the update these rows are about to make,
+    not one step late. After it, ``update`` carries the update's ``actor/*`` metrics.
 
     Stage ``step`` comes right after ``optimizer.step`` in each actor worker, with
     ``update_ratio`` (``||new - old|| / ||old||`` over all parameters), ``update_norm`` and
     ``param_norm``; ``skip`` there puts the old parameters back. It costs a copy of the
     parameters per update, so it runs only when some guard lists it in a class attribute
-    ``stages`` (a guard without ``stages`` sees every other stage).
+    ``stages`` (a guard without ``stages`` sees every other stage). A statistic that costs
+    something to measure (``policy_kl`` at ``step``) is measured only when a guard lists it in a
+    class attribute ``needs``.
 
-    Where a verdict is acted on: in the driver's stages ``rollback`` restores a checkpoint and
-    ``adjust`` is sent to every rank; in the workers' stages (``grad``, ``step``) ``rollback``
-    cannot restore a checkpoint and is a ``skip`` of that update, ``adjust`` applies at once on
-    every rank. Coefficients that can be adjusted: ``ADJUSTABLE_COEFFICIENTS``.
+    What a verdict does depends on the stage, and some actions a stage cannot carry out (a
+    ``skip`` at ``update``, where the update is already made): ``GUARD_STAGES[stage].honours``.
+    Coefficients that can be adjusted: ``ADJUSTABLE_COEFFICIENTS``.
     """
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict: ...

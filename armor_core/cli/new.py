@@ -21,6 +21,7 @@ from pathlib import Path
 from string import Template
 
 from armor_core.errors import UserFacingError
+from armor_core.interfaces import GuardStage
 
 __all__ = ["KINDS", "contract_text", "write_plugin"]
 
@@ -96,13 +97,24 @@ def contract_text(kind: str) -> str:
     parts = [f"Hook ``{spec.hook}``: {inspect.getdoc(getattr(hookspecs, spec.hook))}"]
     parts += [f"``{name}``: {inspect.getdoc(getattr(interfaces, name))}" for name in spec.types]
     if kind == "guard":
-        stages = [
-            textwrap.fill(f"- ``{stage}`` ({where}): {keys}", width=100, subsequent_indent="  ")
-            for stage, (where, keys, _) in interfaces.GUARD_STAGES.items()
-        ]
-        parts.append("Stages (``interfaces.GUARD_STAGES``):\n\n" + "\n".join(stages))
+        stages = [_stage_text(name, stage) for name, stage in interfaces.GUARD_STAGES.items()]
+        parts.append("Stages (``interfaces.GUARD_STAGES``), in the order of a step:\n\n" + "\n".join(stages))
         parts.append(f"Coefficients an ``adjust`` verdict may set: {', '.join(interfaces.ADJUSTABLE_COEFFICIENTS)}.")
     return _docstring_safe("\n\n".join(parts))
+
+
+def _stage_text(name: str, stage: GuardStage) -> str:
+    """One guard stage of the table in words: where it runs, its statistics, and what its verdicts do."""
+    lines = [f"- ``{name}`` ({stage.where}). Statistics: {', '.join(stage.keys)}."]
+    if stage.optional:
+        lines.append("In some runs: " + "; ".join(f"{k} ({when})" for k, when in stage.optional.items()) + ".")
+    lines += [f"Also ``{prefix}*``: {what}." for prefix, what in stage.families.items()]
+    lines.append("Honours: " + "; ".join(f"``{a}``: {what}" for a, what in stage.honours.items()) + ".")
+    indents = [""] + ["  "] * (len(lines) - 1)
+    return "\n".join(
+        textwrap.fill(line, width=100, initial_indent=first, subsequent_indent="  ")
+        for line, first in zip(lines, indents)
+    )
 
 
 def _class_name(name: str, suffix: str = "Guard") -> str:

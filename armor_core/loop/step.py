@@ -6,12 +6,14 @@
               the teacher's log-probs (on-policy distillation, ``loop/distill.py``)
     baseline  one greedy response per prompt, scored (an estimator with ``greedy_baseline``: ReMax)
     adv       KL-in-reward penalty, distillation reward, then the advantage estimator  guard: advantage
-    update    critic, then actor (RolloutSource.update: with the next generation or the weight sync)
+              (with the rollout's statistics: scores, lengths, the sampler's entropy)
+    update    unless a guard said skip or rollback: its adjustments, the critic, then the actor
+              (RolloutSource.update: with the next generation or the weight sync)
 
 Timing (``StepTimer``), guards (``GuardRunner.observe`` per stage) and faults (``Faults``) are
 collaborators called at the stage they concern. The trainer runs the loop around this: it counts
-steps, shows the ``update`` stage to the guards, acts on their verdicts (rollback, adjustments),
-and logs.
+steps, shows the ``update`` stage to the guards, acts on the verdicts left to it (rollbacks, and
+adjustments after them), and logs. The statistics each stage shows are ``interfaces.GUARD_STAGES``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from armor_core.interfaces import call_with_params
+from armor_core.interfaces import Verdict, call_with_params
 from armor_core.loop.distill import TEACHER_KEYS
 from armor_core.loop.step_timer import StepTimer
 from armor_core.workers.api import ActorAPI, CriticAPI
 
-__all__ = ["Scorer", "Step", "StepResult", "batch_metrics"]
+__all__ = [
+    "Scorer",
+    "Step",
+    "StepResult",
+    "advantage_stats",
+    "batch_metrics",
+    "length_stats",
+    "rollout_entropy",
+    "score_stats",
+    "send_adjustments",
+    "update_stats",
+]
 
 UPDATE_KEYS = (
     "input_ids",
@@ -103,9 +116,12 @@ def _with_environment_parts(
 class StepResult:
     metrics: dict[str, float]
     timer: StepTimer
-    verdicts: list = field(default_factory=list)  # the guards' verdicts at the reward and advantage stages
+    # the reward and advantage stages' verdicts the trainer still has to act on: those of a step whose update
+    # they skipped (a rollback, adjustments after it); empty when the update ran (their adjustments came first)
+    verdicts: list[Verdict] = field(default_factory=list)
     batch: Any = None  # None: nothing was trained on (dynamic sampling kept no group)
     scores: torch.Tensor | None = None
+    updated: bool = False  # the update ran (the trainer shows stage ``update`` only then)
 
 
 class Step:
@@ -140,33 +156,25 @@ class Step:
             res.metrics["guard/skipped_step"] = 1.0
             return res
         batch["token_level_scores"] = _on_last_token(scores, batch["response_mask"])
-        res.verdicts.append(
-            self.guard.observe(
-                "reward",
-                {
-                    "score/mean": scores.mean().item(),
-                    "score/min": scores.min().item(),
-                    "score/max": scores.max().item(),
-                },
-                step,
-            )
-        )
+        res.metrics.update(rollout_entropy(batch))  # known before the update: for the guards, and logged
+        res.verdicts.append(self.guard.observe("reward", score_stats(scores), step))
         batch = self._log_probs(batch, res)
         baseline = self._baseline(batch, step, res)
         batch = self._advantages(batch, res, baseline)
-        res.verdicts.append(
-            self.guard.observe(
-                "advantage",
-                {k: v for k, v in res.metrics.items() if k.startswith(("critic/advantages/", "rollout/"))},
-                step,
-            )
-        )
+        res.verdicts.append(self.guard.observe("advantage", advantage_stats(batch, scores, res.metrics), step))
         if any(v.action in ("skip", "rollback") for v in res.verdicts):
             res.metrics["guard/skipped_step"] = 1.0
         else:
+            self._adjust(res)
             self._update(batch, step, res)
+            res.updated = True
         res.batch, res.scores = batch, scores
         return res
+
+    def _adjust(self, res: StepResult) -> None:
+        """The reward and advantage stages' adjustments, applied on every actor rank before this step's update."""
+        send_adjustments(self.actor, res.verdicts, res.metrics)
+        res.verdicts = []  # nothing left for the trainer to act on
 
     def _scores(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         scores, metrics = self.scorer(batch)
@@ -258,6 +266,17 @@ class Step:
         res.metrics.update(self.rollout.update(update_in, step, res.timer))
 
 
+def send_adjustments(actor: Any, verdicts: list[Verdict], metrics: dict[str, float]) -> None:
+    """Every verdict's adjustments, merged (``merge_adjustments``), sent to each actor rank and logged as
+    ``guard/adjust/<coefficient>``; nothing is sent when there are none."""
+    from armor_core.stability.guard import merge_adjustments
+
+    adjustments = merge_adjustments(verdicts)
+    if adjustments:
+        actor.call(ActorAPI.apply_adjustments, adjustments)
+        metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
+
+
 def _on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Each row's score on its last response token (0 elsewhere), as token-level rewards. The last token is
     the last position the mask holds, not the count of them: a multi-turn mask has observation gaps."""
@@ -278,17 +297,54 @@ def _masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str,
     return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
 
 
+def score_stats(scores: torch.Tensor) -> dict[str, float]:
+    """``score/mean``, ``/min``, ``/max`` of the rows' scores (guard stages ``reward`` and ``advantage``)."""
+    return {"score/mean": scores.mean().item(), "score/min": scores.min().item(), "score/max": scores.max().item()}
+
+
+def length_stats(batch: Any) -> dict[str, float]:
+    """``response_length/mean``, ``/max``, ``/min`` (tokens the response mask holds) and ``/clip_ratio``, the share of
+    responses that reached the batch's response width (``rollout.max_new_tokens``: cut off, not finished)."""
+    resp_len = batch["response_mask"].float().sum(-1)
+    return {
+        "response_length/mean": resp_len.mean().item(),
+        "response_length/max": resp_len.max().item(),
+        "response_length/min": resp_len.min().item(),
+        "response_length/clip_ratio": (resp_len >= batch["responses"].shape[1]).float().mean().item(),
+    }
+
+
+def rollout_entropy(batch: Any) -> dict[str, float]:
+    """``rollout/entropy``: the mean of ``-rollout_log_probs`` over the response tokens the mask holds, an unbiased
+    estimate of the sampler's per-token entropy (``E[-log p(x)]`` for ``x`` drawn from ``p``), known before the
+    update; ``{}`` when the backend returned no log-probs."""
+    if "rollout_log_probs" not in batch:
+        return {}
+    mask = batch["response_mask"].float()
+    return {"rollout/entropy": float(-(batch["rollout_log_probs"].float() * mask).sum() / mask.sum().clamp(min=1))}
+
+
+def advantage_stats(batch: Any, scores: torch.Tensor, metrics: dict[str, float]) -> dict[str, float]:
+    """What guard stage ``advantage`` shows: the rollout's scores, lengths and sampler entropy, the advantages, and
+    every ``rollout/*`` statistic the step knows by then (``interfaces.GUARD_STAGES["advantage"]``)."""
+    known = {k: v for k, v in metrics.items() if k.startswith(("critic/advantages/", "rollout/"))}
+    return {**score_stats(scores), **length_stats(batch), **known}
+
+
+def update_stats(metrics: dict[str, float]) -> dict[str, float]:
+    """What guard stage ``update`` shows: every ``actor/*`` and ``rollout/*`` metric of a step whose update ran
+    (``interfaces.GUARD_STAGES["update"]``)."""
+    return {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}
+
+
 def batch_metrics(batch: Any, scores: torch.Tensor) -> dict[str, float]:
     """Scores, rewards and lengths of the batch a step trained on."""
-    resp_len = batch["response_mask"].float().sum(-1)
+    lengths = length_stats(batch)
     return {
         "critic/score/mean": scores.mean().item(),
         "critic/score/max": scores.max().item(),
         "critic/score/min": scores.min().item(),
         "critic/rewards/mean": (batch["token_level_rewards"].sum(-1)).mean().item(),
-        "response_length/mean": resp_len.mean().item(),
-        "response_length/max": resp_len.max().item(),
-        "response_length/min": resp_len.min().item(),
-        "response_length/clip_ratio": (resp_len >= batch["responses"].shape[1]).float().mean().item(),
-        "prompt_length/mean": float(batch["attention_mask"].sum(-1).float().mean() - resp_len.mean()),
+        **lengths,
+        "prompt_length/mean": float(batch["attention_mask"].sum(-1).float().mean() - lengths["response_length/mean"]),
     }

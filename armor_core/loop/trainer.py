@@ -41,7 +41,7 @@ from armor_core.loop.baseline import GreedyBaseline
 from armor_core.loop.data import PromptLoader, prepare_data
 from armor_core.loop.resume import check_lora_base, nothing_left
 from armor_core.loop.rollout_source import RolloutSource
-from armor_core.loop.step import Scorer, Step, batch_metrics
+from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, update_stats
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
@@ -374,10 +374,8 @@ class Trainer:
         self.step += 1
         metrics = res.metrics
         if res.batch is not None:
-            after = self.guard.observe(
-                "update", {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}, self.step
-            )
-            self._act_on([*res.verdicts, after], metrics)
+            after = [self.guard.observe("update", update_stats(metrics), self.step)] if res.updated else []
+            self._act_on([*res.verdicts, *after], metrics)
             metrics.update(batch_metrics(res.batch, res.scores))
             a = self.cfg.algorithm
             if warning := nothing_kept(metrics, self.step, a.rollout_correction, a.rollout_correction_cap):
@@ -401,12 +399,7 @@ class Trainer:
         if rollbacks:
             sinces = [v.since for v in rollbacks if v.since is not None]
             self._rollback(metrics, min(sinces) if sinces else None)
-        from armor_core.stability.guard import merge_adjustments
-
-        adjustments = merge_adjustments([v for v in verdicts if v.adjustments])
-        if adjustments:  # applied from the next update on, identically on every rank
-            self.actor.call(ActorAPI.apply_adjustments, adjustments)
-            metrics.update({f"guard/adjust/{k}": float(v) for k, v in adjustments.items()})
+        send_adjustments(self.actor, verdicts, metrics)  # applied from the next update on, identically on every rank
 
     def _rollback(self, metrics: dict[str, float], since: int | None = None) -> None:
         """Restore the newest checkpoint older than ``since`` (the first suspected update), or the newest."""

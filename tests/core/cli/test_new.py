@@ -78,7 +78,11 @@ def test_the_module_docstring_is_the_installed_contract(tmp_path, kind):
     for name in spec.types:
         assert inspect.getdoc(getattr(interfaces, name)) in doc
     if kind == "guard":
-        assert all(f"``{stage}`` ({where})" in doc for stage, (where, _, _) in interfaces.GUARD_STAGES.items())
+        for name, stage in interfaces.GUARD_STAGES.items():
+            # where it runs, and what its verdicts do, as the table says (the text is wrapped: compare words)
+            words = " ".join(doc.split())
+            assert f"``{name}`` ({stage.where})" in words
+            assert all(" ".join(what.split()) in words for what in stage.honours.values())
 
 
 @pytest.mark.parametrize(
