@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "NonFiniteError", "UserFacingError", "one_line"]
+__all__ = ["ConfigError", "GuardVerdictError", "NonFiniteError", "UserFacingError", "one_line"]
 
 
 class UserFacingError(Exception):
@@ -11,6 +11,11 @@ class UserFacingError(Exception):
 
 class NonFiniteError(UserFacingError):
     """The policy computed NaN or inf where it must not (a sampling distribution): its weights diverged."""
+
+
+class GuardVerdictError(UserFacingError):
+    """A guard returned a verdict its stage cannot carry out (``interfaces.GUARD_STAGES[stage].honours``), or one
+    its ``actions`` did not declare: the run stops rather than log as done what was not done."""
 
 
 class ConfigError(ValueError):

@@ -243,7 +243,11 @@ def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     back to the earliest ``since`` any guard gave; the adjustments of every ``adjust`` verdict are merged,
     and when two guards set one coefficient the more cautious value wins (the lower ``lr`` and clip ranges,
     the higher ``kl_loss_coef`` and ``entropy_coeff``). Every verdict other than ``proceed`` is written to
-    ``guard_events.jsonl`` and counted as ``guard/<label>/<action>``.
+    ``guard_events.jsonl`` and counted as ``guard/<label>/<action>``, and is carried out: a verdict its stage
+    cannot honour (a ``skip`` at ``update``, a ``scale`` anywhere but ``grad``) is never logged as done. A guard
+    may declare what it returns where (``actions = {"grad": ("skip",)}``): one that declares an action its
+    stage cannot honour is a ConfigError naming ``guard.guards[i]`` before any worker starts; one that returns
+    it anyway stops the run with a ``GuardVerdictError`` naming the guard, the stage and what would be right.
     """
 
 

@@ -206,7 +206,8 @@ class GuardStage(NamedTuple):
         plugins or data (a policy loss's own metrics, one accuracy per data source); ``keys`` names the ones
         always there.
     :param honours: ``{action: what it does here}``, the verdict actions this stage carries out (``proceed``
-        everywhere, so it is not listed).
+        everywhere, so it is not listed). A guard whose ``actions`` declare another is refused when it is built,
+        and a verdict with another is an error (``stability.guard``), never logged as if it had been done.
     :param typical: ordinary values of its keys, what ``armor_core.testing.check_guard`` feeds a guard before
         the odd values.
     """
@@ -226,8 +227,8 @@ class GuardStage(NamedTuple):
         return action == "proceed" or action in self.honours
 
 
-#: every guard stage, in the order of a step: the one table the contract text, ``armor new guard`` and ``check_guard``
-#: read (``tests/core/loop/test_guard_stage_keys.py`` holds it to the code)
+#: every guard stage, in the order of a step: the one table the contract text, ``armor new guard``, ``check_guard``
+#: and the guard runner's refusals read (``tests/core/loop/test_guard_stage_keys.py`` holds it to the code)
 GUARD_STAGES: dict[str, GuardStage] = {
     "reward": GuardStage(
         "driver, after scoring, before the log-probs",
@@ -388,7 +389,13 @@ class StabilityGuard(Protocol):
 
     What a verdict does depends on the stage, and some actions a stage cannot carry out (a
     ``skip`` at ``update``, where the update is already made): ``GUARD_STAGES[stage].honours``.
-    Coefficients that can be adjusted: ``ADJUSTABLE_COEFFICIENTS``.
+    A guard may declare the actions it can return in a class attribute ``actions``, ``{stage:
+    (action, ...)}`` (a stage it sees but does not list: only ``proceed``); a guard that declares
+    one its stage cannot honour is refused when it is built (``ConfigError`` naming
+    ``guard.guards[i]``), and a verdict a stage cannot honour (or one the guard did not declare)
+    stops the run with a ``GuardVerdictError`` rather than being logged as done.
+    ``armor_core.testing.check_guard`` checks both. Coefficients that can be adjusted:
+    ``ADJUSTABLE_COEFFICIENTS``.
     """
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict: ...

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from string import Template
+from typing import get_args
 
 from armor_core.errors import UserFacingError
-from armor_core.interfaces import GuardStage
+from armor_core.interfaces import GuardStage, VerdictAction
 
 __all__ = ["KINDS", "contract_text", "write_plugin"]
 
@@ -110,6 +111,9 @@ def _stage_text(name: str, stage: GuardStage) -> str:
         lines.append("In some runs: " + "; ".join(f"{k} ({when})" for k, when in stage.optional.items()) + ".")
     lines += [f"Also ``{prefix}*``: {what}." for prefix, what in stage.families.items()]
     lines.append("Honours: " + "; ".join(f"``{a}``: {what}" for a, what in stage.honours.items()) + ".")
+    refused = [a for a in get_args(VerdictAction) if not stage.honoured(a)]
+    if refused:
+        lines.append(f"Cannot honour (a guard returning it is refused): {', '.join(refused)}.")
     indents = [""] + ["  "] * (len(lines) - 1)
     return "\n".join(
         textwrap.fill(line, width=100, initial_indent=first, subsequent_indent="  ")

@@ -8,7 +8,10 @@ stats and returns a :class:`~armor_core.interfaces.Verdict`, and the most severe
 reduced across data-parallel ranks, so every rank reaches the same verdict without a message.
 
 Every verdict other than ``proceed`` is appended to ``guard_events.jsonl`` in the run directory and
-counted in the step's metrics (``guard/<guard>/<action>``).
+counted in the step's metrics (``guard/<guard>/<action>``). Only verdicts the stage can carry out get there
+(``GUARD_STAGES[stage].honours``): a guard whose ``actions`` declare another is refused when it is built
+(``build_guards``), and a verdict with another stops the run (``GuardVerdictError``, ``verdict_problem``)
+before anything of that stage is recorded.
 """
 
 from __future__ import annotations
@@ -20,10 +23,20 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from armor_core.errors import ConfigError
-from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, Verdict
+from armor_core.errors import ConfigError, GuardVerdictError
+from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, Verdict
 
-__all__ = ["GuardRunner", "SEVERITY", "build_guards", "combine", "merge_adjustments", "run_coefficients"]
+__all__ = [
+    "GuardRunner",
+    "SEVERITY",
+    "build_guards",
+    "combine",
+    "declaration_problem",
+    "merge_adjustments",
+    "run_coefficients",
+    "sees",
+    "verdict_problem",
+]
 
 SEVERITY = {"proceed": 0, "adjust": 1, "scale": 2, "skip": 3, "rollback": 4}
 
@@ -34,6 +47,65 @@ OPT_IN_STAGES = frozenset({"step"})
 #: when two guards adjust the same coefficient, the more cautious value wins
 _CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_coef": max, "entropy_coeff": max}
 assert set(_CAUTIOUS) == set(ADJUSTABLE_COEFFICIENTS), "every adjustable coefficient needs a cautious merge rule"
+
+
+def sees(guard: Any, stage: str) -> bool:
+    """Whether ``guard`` is shown ``stage``: those in its ``stages``, else every stage but the opt-in ones."""
+    stages = getattr(guard, "stages", None)
+    return stage in stages if stages is not None else stage not in OPT_IN_STAGES
+
+
+def _where_honoured(action: str) -> str:
+    return ", ".join(s for s, spec in GUARD_STAGES.items() if spec.honoured(action)) or "no stage"
+
+
+def _honoured_at(stage: str) -> str:
+    return ", ".join(["proceed", *GUARD_STAGES[stage].honours])
+
+
+def declaration_problem(guard: Any) -> str | None:
+    """What is wrong with ``guard``'s ``actions`` (``{stage: (action, ...)}``), or None: every stage must be one it
+    sees, every action one that stage honours (``GUARD_STAGES[stage].honours``). None too without ``actions``."""
+    actions = getattr(guard, "actions", None)
+    if actions is None:
+        return None
+    cls = type(guard).__name__
+    if not isinstance(actions, Mapping):
+        return f"{cls}.actions = {actions!r} must map stages to the actions returned there, e.g. {{'grad': ('skip',)}}"
+    for stage, listed in actions.items():
+        if stage not in GUARD_STAGES:
+            return f"{cls}.actions names the stage {stage!r}; the stages are {', '.join(GUARD_STAGES)}"
+        if not sees(guard, stage):
+            return f"{cls}.actions lists stage {stage!r}, which the guard does not see (add it to {cls}.stages)"
+        for action in [listed] if isinstance(listed, str) else listed:
+            if not GUARD_STAGES[stage].honoured(action):
+                return (
+                    f"{cls}.actions declares {action!r} at stage {stage!r}, which that stage cannot honour; it "
+                    f"honours {_honoured_at(stage)} ({action!r} is honoured at: {_where_honoured(action)})"
+                )
+    return None
+
+
+def verdict_problem(name: str, guard: Any, stage: str, verdict: Verdict) -> str | None:
+    """Why ``verdict``, returned by the guard labelled ``name`` at ``stage``, cannot be carried out, or None."""
+    action = verdict.action
+    spec = GUARD_STAGES.get(stage)
+    if spec is not None and not spec.honoured(action):
+        return (
+            f"guard {name} returned {action!r} at stage {stage!r}, which that stage cannot honour (it honours "
+            f"{_honoured_at(stage)}); {action!r} is honoured at: {_where_honoured(action)}. Return it at one of "
+            f"those stages, or one of {_honoured_at(stage)} here (interfaces.GUARD_STAGES[{stage!r}].honours)"
+        )
+    declared = getattr(guard, "actions", None)
+    if action != "proceed" and isinstance(declared, Mapping):
+        listed = declared.get(stage, ())
+        listed = (listed,) if isinstance(listed, str) else tuple(listed)
+        if action not in listed:
+            return (
+                f"guard {name} returned {action!r} at stage {stage!r}, but {type(guard).__name__}.actions declares "
+                f"{', '.join(listed) or 'only proceed'} there: declare what the guard returns"
+            )
+    return None
 
 
 def merge_adjustments(verdicts: list[Verdict]) -> dict[str, float]:
@@ -70,8 +142,9 @@ def build_guards(
     The label is the guard's name, or ``name#i`` (its position) when the name is listed more than once, so two
     instances keep their state, events and counts apart.
 
-    :raises ConfigError: naming ``guard.guards[i]``, for an unknown guard or a parameter its constructor refuses;
-        ``armor run`` builds them once this way before any worker starts (``loop.preflight``).
+    :raises ConfigError: naming ``guard.guards[i]``, for an unknown guard, a parameter its constructor refuses, or
+        ``actions`` that declare a verdict a stage it sees cannot honour (``declaration_problem``); ``armor run``
+        builds them once this way before any worker starts (``loop.preflight``).
     """
     from armor_core.plugins import get_plugin_manager
 
@@ -93,6 +166,8 @@ def build_guards(
         except (TypeError, ValueError) as e:  # unknown keyword, or a value the guard checks and refuses
             named = f"guard.guards[{i}]" if spec["name"] in str(e) else f"guard.guards[{i}] ({spec['name']})"
             raise ConfigError(f"{named}: {e}") from None
+        if problem := declaration_problem(guard):
+            raise ConfigError(f"guard.guards[{i}] ({spec['name']}): {problem}")
         built.append((spec["name"] if names.count(spec["name"]) == 1 else f"{spec['name']}#{i}", guard))
     return built
 
@@ -118,35 +193,38 @@ class GuardRunner:
         self.events_path = Path(run_dir) / "guard_events.jsonl" if run_dir else None
         self.counts: dict[str, float] = {}
 
-    @staticmethod
-    def _sees(guard: Any, stage: str) -> bool:
-        stages = getattr(guard, "stages", None)
-        return stage in stages if stages is not None else stage not in OPT_IN_STAGES
-
     def watches(self, stage: str) -> bool:
         """Whether any guard observes ``stage`` (the worker measures ``step`` stats only then)."""
-        return any(self._sees(g, stage) for _, g in self.guards)
+        return any(sees(g, stage) for _, g in self.guards)
 
     def wants(self, stat: str) -> bool:
-        """Whether any guard lists ``stat`` (one of ``OPTIONAL_STATS``) in its ``needs``: the worker measures it only then."""
+        """Whether any guard lists ``stat`` in its ``needs`` (a statistic a stage measures only on request, such as
+        ``policy_kl`` at ``step``: ``GUARD_STAGES[stage].optional``): the worker measures it only then."""
         return any(stat in getattr(g, "needs", ()) for _, g in self.guards)
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
+        """The combined verdict of the guards that see ``stage``, each non-``proceed`` one recorded.
+
+        :raises GuardVerdictError: a guard returned a verdict ``stage`` cannot honour (``verdict_problem``);
+            nothing of this stage is recorded then.
+        """
         verdicts = []
         for name, guard in self.guards:
-            if not self._sees(guard, stage):
-                continue
-            v = guard.observe(stage, stats, step)
-            if v is None:
-                v = Verdict.proceed()
-            verdicts.append((name, v))
-            if v.action != "proceed":
-                self._record(step, stage, name, v)
-        _, verdict = combine(verdicts)
-        sinces = [v.since for _, v in verdicts if v.action == "rollback" and v.since is not None]
+            if sees(guard, stage):
+                v = guard.observe(stage, stats, step)
+                verdicts.append((name, guard, Verdict.proceed() if v is None else v))
+        for name, guard, v in verdicts:
+            if problem := verdict_problem(name, guard, stage, v):
+                raise GuardVerdictError(f"step {step}: {problem}")
+        acted = [(name, v) for name, _, v in verdicts if v.action != "proceed"]
+        for name, v in acted:
+            self._record(step, stage, name, v)
+        _, verdict = combine(acted)
+        sinces = [v.since for _, v in acted if v.action == "rollback" and v.since is not None]
         if verdict.action == "rollback" and sinces and min(sinces) != verdict.since:
             verdict = dataclasses.replace(verdict, since=min(sinces))  # the earliest suspicion wins
-        merged = merge_adjustments([v for _, v in verdicts if v.action == "adjust"])
+        # every recorded verdict's adjustments, whatever its action (a skip that also lowers the lr)
+        merged = merge_adjustments([v for _, v in acted])
         if merged and merged != verdict.adjustments:
             verdict = dataclasses.replace(verdict, adjustments=merged)
         return verdict

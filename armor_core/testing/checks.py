@@ -137,18 +137,23 @@ def check_guard(
 
     Each stage the guard sees (its ``stages``, else every stage but the opt-in ``step``) is shown
     ``steps`` steps of ordinary statistics (``GUARD_STATS``, updated with ``stats[stage]``), then
-    NaN, inf and missing ones. Checks: ``observe`` returns a :class:`~armor_core.interfaces.Verdict`
-    with a known action, a finite non-negative ``scale`` and only ``ADJUSTABLE_COEFFICIENTS`` in
-    ``adjustments``; a second instance reaches the same verdicts (every rank must); ``state_dict``
-    is plain JSON, and an instance loaded from it mid-way continues with the same verdicts.
+    NaN, inf and missing ones. Checks: the guard's ``actions``, if it declares them, name stages it
+    sees and actions they honour; ``observe`` returns a :class:`~armor_core.interfaces.Verdict` with
+    a known action that its stage honours (``GUARD_STAGES[stage].honours``) and the guard declared,
+    a finite non-negative ``scale`` and only ``ADJUSTABLE_COEFFICIENTS`` in ``adjustments``; a
+    second instance reaches the same verdicts (every rank must); ``state_dict`` is plain JSON, and
+    an instance loaded from it mid-way continues with the same verdicts.
     Returns ``[(stage, step, verdict)]`` for further asserts.
     """
-    from armor_core.stability.guard import OPT_IN_STAGES
+    from armor_core.stability.guard import declaration_problem, sees, verdict_problem
 
     guard, twin = guard_cls(**params), guard_cls(**params)
-    listed = getattr(guard, "stages", None)
-    stages = [s for s in GUARD_STAGES if (s in listed if listed is not None else s not in OPT_IN_STAGES)]
-    assert stages, f"{guard_cls.__name__}.stages = {listed!r} names no stage of {list(GUARD_STAGES)}"
+    problem = declaration_problem(guard)
+    assert problem is None, problem
+    stages = [s for s in GUARD_STAGES if sees(guard, s)]
+    assert stages, (
+        f"{guard_cls.__name__}.stages = {getattr(guard, 'stages', None)!r} names no stage of {list(GUARD_STAGES)}"
+    )
     rounds = list(_guard_rounds(stages, steps, stats or {}))
     verdicts, restored = [], None
     for i, (stage, stat, step) in enumerate(rounds):
@@ -160,6 +165,8 @@ def check_guard(
         where = f"{guard_cls.__name__}.observe({stage!r}, {stat}, {step})"
         assert isinstance(v, Verdict), f"{where} returned {v!r}, not a Verdict"
         assert v.action in get_args(VerdictAction), f"{where}: unknown action {v.action!r}"
+        problem = verdict_problem(guard_cls.__name__, guard, stage, v)
+        assert problem is None, f"{where}: {problem}"
         assert math.isfinite(v.scale) and v.scale >= 0, f"{where}: scale {v.scale} must be finite and >= 0"
         assert set(v.adjustments) <= set(ADJUSTABLE_COEFFICIENTS), (
             f"{where}: adjusts {sorted(v.adjustments)}; only {ADJUSTABLE_COEFFICIENTS} can be"

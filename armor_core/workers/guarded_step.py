@@ -67,6 +67,7 @@ class GuardedStep:
         if first and "rollout/logprob_diff_mean" in sums:
             stats.update({k: sums[k][-1] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max")})
         verdict = self.guard.observe("grad", stats, step)
+        self._apply_worker_adjustments(verdict, sums)  # also those riding on a skip: the events say they were made
         if verdict.action in ("skip", "rollback"):
             self.probe.reset()
             self.optimizer.zero_grad(set_to_none=True)
@@ -76,7 +77,6 @@ class GuardedStep:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(verdict.scale)
-        self._apply_worker_adjustments(verdict, sums)
         lr_fault = self.faults.at("lr_scale", step)
         if lr_fault:
             saved = [g["lr"] for g in self.optimizer.param_groups]

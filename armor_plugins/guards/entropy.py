@@ -48,6 +48,8 @@ class EntropyGuard:
     :param clip_ratio_high: ``actor.clip_ratio_high`` of the run.
     """
 
+    actions = {"update": ("adjust",)}
+
     def __init__(
         self,
         floor: float = 0.05,

@@ -45,6 +45,8 @@ class GradSpikeGuard:
         stretch of nearly equal norms the measured std is ~0 and a 0.1 % rise would be "infinite z".
     """
 
+    actions = {"grad": ("scale",)}
+
     def __init__(
         self,
         window: int = 50,

@@ -52,6 +52,8 @@ class ImportanceRatioGuard:
     :param lr: ``actor.lr`` of the run.
     """
 
+    actions = {"update": ("adjust",)}
+
     def __init__(
         self,
         max_clipfrac: float = 0.1,

@@ -50,6 +50,8 @@ class KLGuard:
     :param lr: ``actor.lr`` of the run.
     """
 
+    actions = {"update": ("adjust", "rollback")}
+
     def __init__(
         self,
         target: float = 0.1,

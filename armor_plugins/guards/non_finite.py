@@ -3,6 +3,14 @@
 Checked signals are whatever the stage reports (loss, grad_norm, log-prob and reward statistics,
 advantage statistics). Skipping costs one batch; applying a non-finite update costs the run, since
 one NaN in a weight spreads to every activation on the next forward.
+
+A step counts once however many of its stages are non-finite, and a step whose ``update`` stage is
+clean resets the count. Where the update can still be held back (stages ``reward``, ``advantage``,
+``grad``) the verdict is ``skip``, or ``rollback`` once ``max_consecutive`` steps in a row were
+non-finite. At ``update`` and ``validation`` the update is already made, so there is nothing to skip:
+a non-finite statistic there (usually the echo of a gradient the ``grad`` stage already skipped)
+counts towards the streak and asks for the ``rollback`` only when the streak is complete, which the
+driver carries out (a worker's ``rollback`` at ``grad`` is only a skip).
 """
 
 from __future__ import annotations
@@ -12,9 +20,18 @@ from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
 
+#: the stages where the update can still be skipped
+_BEFORE_UPDATE = ("reward", "advantage", "grad")
+
 
 class NonFiniteGuard:
     """:param max_consecutive: non-finite steps in a row before asking for a rollback."""
+
+    actions = {
+        **{stage: ("skip", "rollback") for stage in _BEFORE_UPDATE},
+        "update": ("rollback",),
+        "validation": ("rollback",),
+    }
 
     def __init__(self, max_consecutive: int = 3) -> None:
         if max_consecutive < 1:
@@ -40,6 +57,8 @@ class NonFiniteGuard:
                 signal=float(self.consecutive),
                 threshold=float(self.max_consecutive),
             )
+        if stage not in _BEFORE_UPDATE:
+            return Verdict.proceed()  # the update is made: nothing to skip, and the streak is not complete
         return Verdict("skip", reason, signal=float(self.consecutive), threshold=float(self.max_consecutive))
 
     def state_dict(self) -> dict[str, Any]:

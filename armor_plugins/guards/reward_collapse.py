@@ -98,6 +98,8 @@ class RewardCollapseGuard:
     :param val_key: the statistic read at stage ``validation``.
     """
 
+    actions = {"reward": ("rollback",), "validation": ("rollback",)}
+
     def __init__(
         self,
         window: int = 20,

@@ -7,8 +7,10 @@ et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Trai
 trainer reports ``rollout/logprob_diff_mean`` (mean ``|old - rollout|`` over valid tokens) and
 ``rollout/logprob_diff_max``.
 
-:class:`RolloutMismatchGuard` reads those statistics at whichever stage carries them (``update``,
-or an earlier stage if the trainer reports them before the update) and asks to ``skip`` the update
+:class:`RolloutMismatchGuard` reads those statistics before the update is made, where they are
+first known: at stage ``advantage`` when the driver computed old log-probs (not exactly on-policy),
+at stage ``grad`` on the update's first (and, on-policy, only) mini-batch otherwise; it does not watch
+``update``, where they arrive again once a ``skip`` is too late. It asks to ``skip`` the update
 when the mismatch is severe: a mean gap of 0.2 nats means the sampler and the trainer disagree by
 ~20 % per token, typically a stale or broken weight sync rather than numerics. No coefficient fixes
 that, so there is no ``adjust``. Mild mismatch proceeds and is corrected per token by importance
@@ -35,6 +37,9 @@ class RolloutMismatchGuard:
         largest gap over every token of a batch is dominated by rare tokens and is noisy).
     """
 
+    stages = ("advantage", "grad")
+    actions = {"advantage": ("skip",), "grad": ("skip",)}
+
     def __init__(self, max_diff_mean: float = 0.2, max_diff_max: float | None = None) -> None:
         check_param(NAME, "max_diff_mean", max_diff_mean, gt=0)
         if max_diff_max is not None:
@@ -44,6 +49,8 @@ class RolloutMismatchGuard:
         self.skips = 0
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
+        if stage not in self.stages:
+            return Verdict.proceed()
         checks = [("rollout/logprob_diff_mean", self.max_diff_mean)]
         if self.max_diff_max is not None:
             checks.append(("rollout/logprob_diff_max", self.max_diff_max))

@@ -54,6 +54,7 @@ class TrustRegionGuard:
 
     stages = ("step",)
     needs = ("policy_kl",)
+    actions = {"step": ("skip", "adjust")}
 
     def __init__(
         self,

@@ -55,6 +55,7 @@ class UpdateSizeGuard:
     """
 
     stages = ("step",)
+    actions = {"step": ("skip", "adjust")}
 
     def __init__(
         self,

@@ -159,7 +159,14 @@ def test_check_guard_passes_every_installed_guard():
     for name in pm.names("stability_guard"):
         check_guard(pm.get("stability_guard", name))
     verdicts = check_guard(pm.get("stability_guard", "non_finite"))
-    assert {v.action for stage, step, v in verdicts if step == 21} == {"skip"}  # the NaN round
+    # the NaN round: skipped where the update can still be held back; after it, nothing to skip yet
+    assert {stage: v.action for stage, step, v in verdicts if step == 21} == {
+        "reward": "skip",
+        "advantage": "skip",
+        "grad": "skip",
+        "update": "proceed",
+        "validation": "proceed",
+    }
 
 
 class _Counting:
@@ -181,6 +188,24 @@ class _Counting:
 
     def load_state_dict(self, state):
         self.n = state["n"]
+
+
+class _LateSkip(_Counting):
+    """Skips every third time it is shown a stage, also at ``update``, where the update is already made."""
+
+    stages = ("grad", "update")
+
+
+def test_check_guard_fails_a_guard_whose_verdict_its_stage_cannot_honour():
+    with pytest.raises(AssertionError, match=r"_LateSkip.observe\('update', .*'skip' at stage 'update', which that"):
+        check_guard(_LateSkip)
+    declared = type("Declared", (_LateSkip,), {"actions": {"grad": ("skip",), "update": ("skip",)}})
+    with pytest.raises(AssertionError, match=r"^Declared.actions declares 'skip' at stage 'update'"):
+        check_guard(declared)  # refused before a single observation, as GuardRunner refuses it at build time
+    undeclared = type("Undeclared", (_Counting,), {"actions": {"grad": ("scale",)}})
+    with pytest.raises(AssertionError, match="returned 'skip' at stage 'grad', but Undeclared.actions declares scale"):
+        check_guard(undeclared)
+    check_guard(type("Honest", (_Counting,), {"actions": {"grad": ("skip",)}}))
 
 
 def test_check_guard_catches_lost_state_and_unknown_coefficients():

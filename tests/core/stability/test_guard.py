@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from armor_core import Verdict, hookimpl
+from armor_core.errors import ConfigError, GuardVerdictError
 from armor_core.stability.guard import GuardRunner, combine
 from armor_core.testing import registered
 
@@ -126,9 +129,116 @@ def test_two_instances_of_one_guard_keep_their_state_apart():
 
 
 def test_a_guard_parameter_its_constructor_refuses_is_one_config_error():
-    import pytest
-
-    from armor_core.errors import ConfigError
-
     with pytest.raises(ConfigError, match=r"guard.guards\[1\] \(grad_spike\)"):
         GuardRunner([{"name": "non_finite"}, {"name": "grad_spike", "params": {"windw": 3}}])
+
+
+def test_after_the_update_non_finite_counts_the_streak_and_asks_only_for_a_rollback(tmp_path):
+    """A skip at ``update`` or ``validation`` could not be carried out: the guard says nothing there until
+    the streak is complete, and then asks for the rollback the driver can make."""
+    runner = GuardRunner([{"name": "non_finite", "params": {"max_consecutive": 2}}], run_dir=tmp_path)
+    nan = float("nan")
+    assert runner.observe("grad", {"grad_norm": nan}, 1).action == "skip"
+    assert runner.observe("update", {"actor/grad_norm": nan}, 1).action == "proceed"  # the echo of step 1's NaN
+    assert runner.observe("validation", {"val/acc_greedy": nan}, 2).action == "rollback"  # step 2: two in a row
+    assert runner.observe("update", {"actor/entropy": nan}, 3).action == "rollback"
+    events = [json.loads(line) for line in (tmp_path / "guard_events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["stage"], e["action"]) for e in events] == [
+        (1, "grad", "skip"),
+        (2, "validation", "rollback"),
+        (3, "update", "rollback"),
+    ]
+
+
+def _registering(**guards):
+    class Plugins:
+        @hookimpl
+        def armor_register_stability_guards(self, register):
+            for name, cls in guards.items():
+                register(name, cls)
+
+    return registered(Plugins())
+
+
+def _guard(decide, **attrs):
+    """A guard class whose ``observe`` is ``decide(stage, stats)``, with class attributes ``attrs``."""
+
+    class G:
+        def observe(self, stage, stats, step):
+            return decide(stage, stats)
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    for k, v in attrs.items():
+        setattr(G, k, v)
+    return G
+
+
+def test_a_guard_declaring_a_verdict_its_stage_cannot_honour_is_refused_when_built():
+    late_skip = _guard(lambda stage, stats: Verdict(), actions={"update": ("skip",)})
+    blind = _guard(lambda stage, stats: Verdict(), stages=("grad",), actions={"step": ("skip",)})
+    honest = _guard(lambda stage, stats: Verdict(), actions={"grad": ("skip", "scale"), "update": ("rollback",)})
+    with _registering(late_skip=late_skip, blind=blind, honest=honest):
+        GuardRunner([{"name": "non_finite"}, {"name": "honest"}])
+        with pytest.raises(ConfigError) as e:
+            GuardRunner([{"name": "non_finite"}, {"name": "late_skip"}])
+        assert str(e.value) == (
+            "guard.guards[1] (late_skip): G.actions declares 'skip' at stage 'update', which that stage cannot honour; "
+            "it honours proceed, rollback, adjust ('skip' is honoured at: reward, advantage, grad, step)"
+        )
+        with pytest.raises(ConfigError, match=r"guard.guards\[0\] \(blind\): G.actions lists stage 'step', which"):
+            GuardRunner([{"name": "blind"}])
+
+
+def test_a_verdict_its_stage_cannot_honour_stops_the_run_and_is_not_logged(tmp_path):
+    skip_always = _guard(lambda stage, stats: Verdict("skip", "late"))
+    with _registering(skip_always=skip_always):
+        runner = GuardRunner([{"name": "non_finite"}, {"name": "skip_always"}], run_dir=tmp_path)
+        assert runner.observe("advantage", {"score/mean": float("nan")}, 1).action == "skip"  # honoured there
+        with pytest.raises(GuardVerdictError) as e:
+            runner.observe("update", {"actor/entropy": float("nan")}, 2)
+    assert str(e.value).startswith(
+        "step 2: guard skip_always returned 'skip' at stage 'update', which that stage cannot honour (it honours "
+        "proceed, rollback, adjust); 'skip' is honoured at: reward, advantage, grad, step."
+    )
+    events = [json.loads(line) for line in (tmp_path / "guard_events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["guard"]) for e in events] == [(1, "non_finite"), (1, "skip_always")]  # nothing of step 2
+    assert runner.pop_metrics() == {"guard/non_finite/skip": 1.0, "guard/skip_always/skip": 1.0}
+
+
+@pytest.mark.parametrize("stage", ["reward", "advantage", "step", "update", "validation"])
+def test_scale_is_honoured_only_at_grad(stage):
+    scaler = _guard(lambda stage, stats: Verdict("scale", scale=0.5), stages=tuple(["grad", stage]))
+    with _registering(scaler=scaler):
+        runner = GuardRunner([{"name": "scaler"}])
+        assert runner.observe("grad", {}, 1).scale == 0.5
+        with pytest.raises(GuardVerdictError, match=f"'scale' at stage '{stage}'.*honoured at: grad\\."):
+            runner.observe(stage, {}, 1)
+
+
+def test_a_verdict_the_guard_did_not_declare_is_refused():
+    def decide(stage, stats):
+        return Verdict("rollback") if stage == "update" else Verdict()
+
+    sneaky = _guard(decide, actions={"update": ("adjust",)})
+    with _registering(sneaky=sneaky):
+        runner = GuardRunner([{"name": "sneaky"}])
+        assert runner.observe("reward", {}, 1).action == "proceed"
+        with pytest.raises(
+            GuardVerdictError, match="guard sneaky returned 'rollback' at stage 'update', but G.actions"
+        ):
+            runner.observe("update", {}, 1)  # a rollback is honoured there, but the guard said it returns no such thing
+
+
+def test_the_adjustments_riding_on_a_skip_are_merged_with_the_others():
+    undo = _guard(lambda stage, stats: Verdict("skip", adjustments={"lr": 1e-6}), stages=("step",))
+    lower = _guard(
+        lambda stage, stats: Verdict("adjust", adjustments={"lr": 5e-6, "kl_loss_coef": 0.1}), stages=("step",)
+    )
+    with _registering(undo=undo, lower=lower):
+        v = GuardRunner([{"name": "lower"}, {"name": "undo"}]).observe("step", {}, 1)
+    assert (v.action, v.adjustments) == ("skip", {"lr": 1e-6, "kl_loss_coef": 0.1})  # the lower lr, and both keys
