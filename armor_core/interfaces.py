@@ -39,6 +39,7 @@ __all__ = [
     "Observation",
     "GUARD_STAGES",
     "GuardStage",
+    "OPTIONAL_STATS",
     "KINDS",
     "AdvantageEstimator",
     "KLEstimator",
@@ -167,6 +168,15 @@ VerdictAction = Literal["proceed", "skip", "scale", "adjust", "rollback"]
 ADJUSTABLE_COEFFICIENTS = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef", "entropy_coeff")
 
 
+#: statistics that cost work to measure, so a stage carries them only when a guard lists them in ``needs``:
+#: name -> the stage that carries them
+OPTIONAL_STATS: dict[str, str] = {
+    # KL(before || after) of one optimizer step, nats per token, on a probe of the rows it was trained on
+    # (``workers/policy_shift.py``): one forward of a few rows per measured step
+    "policy_kl": "step",
+}
+
+
 #: each stage a guard is shown: where it runs and the statistics it carries
 class GuardStage(NamedTuple):
     """One stage of a step shown to the guards: where it runs, its statistics in words, and ordinary values
@@ -198,8 +208,8 @@ GUARD_STAGES: dict[str, GuardStage] = {
     ),
     "step": GuardStage(
         "each actor rank, after optimizer.step; only for guards that list it in `stages`",
-        "update_ratio, update_norm, param_norm, lr",
-        {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5},
+        "update_ratio, update_norm, param_norm, lr; policy_kl for a guard that lists it in `needs`",
+        {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5, "policy_kl": 1e-3},
     ),
     "update": GuardStage(
         "driver, after the updates",
@@ -267,6 +277,14 @@ class StabilityGuard(Protocol):
     ``param_norm``; ``skip`` there puts the old parameters back. It costs a copy of the
     parameters per update, so it runs only when some guard lists it in a class attribute
     ``stages`` (a guard without ``stages`` sees every other stage).
+
+    Optional statistics (``OPTIONAL_STATS``, e.g. ``policy_kl``: how far one optimizer step moved the
+    policy, in nats per token) cost more work and are measured only for a guard that lists them in a
+    class attribute ``needs`` (a name there that no stage measures, or of a stage the guard does not
+    list in ``stages``, is a ConfigError at start). A guard that may skip some steps defines
+    ``needs_at(step) -> bool``: the worker then runs stage ``step`` (copy, measurement, verdict) only
+    at steps some guard wants, and at every step taken at a rate over 1.25x the last judged one's;
+    like ``observe`` it must depend only on the guard's state, which is the same on every rank.
 
     Where a verdict is acted on: in the driver's stages ``rollback`` restores a checkpoint and
     ``adjust`` is sent to every rank; in the workers' stages (``grad``, ``step``) ``rollback``

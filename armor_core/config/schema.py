@@ -412,7 +412,12 @@ class RewardConfig:
 @dataclass
 class GuardConfig:
     enable: bool = f(True, "Run the StabilityGuard.")
-    guards: list = f(help="Ordered guards: [{name, params}].", factory=lambda: [{"name": "non_finite", "params": {}}])
+    guards: list = f(
+        help="Ordered guards: [{name, params}]. A list given here replaces the default stack, non_finite (skip a "
+        "non-finite gradient, loss or reward) and trust_region (undo a step that moved the policy too far, in nats "
+        "per token, and lower the learning rate).",
+        factory=lambda: [{"name": "non_finite", "params": {}}, {"name": "trust_region", "params": {}}],
+    )
 
 
 @dataclass

@@ -6,7 +6,8 @@ asks. Kinds, and where they strike:
 - ``nan_grad`` (actor worker): one gradient element becomes NaN after backward, before clipping;
   on the rank ``value`` only when given (every rank must still skip together).
 - ``lr_scale`` (actor worker): the learning rate is multiplied by ``value`` for these updates.
-- ``flip_reward`` / ``random_reward`` (driver): scores become ``1 - score`` / uniform in [0, 1].
+- ``flip_reward`` / ``random_reward`` (driver): scores become ``1 - score`` / uniform in [0, 1]; with ``value``
+  (a fraction in (0, 1]) ``flip_reward`` flips that fraction of the rows, drawn anew each step (noisy labels).
 - ``inf_reward`` (driver): one row's score becomes +Inf.
 - ``stale_rollout`` (actor worker): responses are sampled from the weights of ``value`` steps
   ago (default 4) while the trainer believes they are on-policy.
@@ -50,6 +51,8 @@ def parse_faults(specs: Iterable[Mapping[str, Any]]) -> list[Fault]:
         steps = spec["steps"]
         if isinstance(steps, Mapping):  # {from: a, to: b} inclusive
             steps = range(int(steps["from"]), int(steps["to"]) + 1)
+        if spec["kind"] == "flip_reward" and spec.get("value") is not None and not 0 < float(spec["value"]) <= 1:
+            raise ValueError(f"{where}.value={spec['value']!r}: flip_reward's value is the fraction of rows, in (0, 1]")
         out.append(
             Fault(
                 spec["kind"],
@@ -77,8 +80,13 @@ class Faults:
         """The driver's reward faults at ``step`` applied to ``scores`` (unchanged when none strikes)."""
         import torch
 
-        if self.at("flip_reward", step):
-            scores = 1.0 - scores
+        flip = self.at("flip_reward", step)
+        if flip:
+            if flip.value is None:
+                scores = 1.0 - scores
+            else:  # a fraction of the rows, chosen by the step alone (the same rows on a replay)
+                chosen = torch.rand(scores.shape, generator=torch.Generator().manual_seed(7919 * step + 1)) < flip.value
+                scores = torch.where(chosen, 1.0 - scores, scores)
         if self.at("random_reward", step):
             scores = torch.rand(scores.shape, generator=torch.Generator().manual_seed(step))
         if self.at("inf_reward", step):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from armor_core.errors import ConfigError
-from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, Verdict
+from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, OPTIONAL_STATS, Verdict
 
 __all__ = ["GuardRunner", "SEVERITY", "build_guards", "combine", "merge_adjustments", "run_coefficients"]
 
@@ -93,8 +93,22 @@ def build_guards(
         except (TypeError, ValueError) as e:  # unknown keyword, or a value the guard checks and refuses
             named = f"guard.guards[{i}]" if spec["name"] in str(e) else f"guard.guards[{i}] ({spec['name']})"
             raise ConfigError(f"{named}: {e}") from None
+        _check_needs(guard, f"guard.guards[{i}] ({spec['name']})")
         built.append((spec["name"] if names.count(spec["name"]) == 1 else f"{spec['name']}#{i}", guard))
     return built
+
+
+def _check_needs(guard: Any, where: str) -> None:
+    """A guard's ``needs`` must name optional statistics of a stage it observes."""
+    stages = getattr(guard, "stages", None)
+    for stat in getattr(guard, "needs", ()):
+        if stat not in OPTIONAL_STATS:
+            raise ConfigError(
+                f"{where} needs {stat!r}, which no stage measures; optional statistics: {list(OPTIONAL_STATS)}"
+            )
+        stage = OPTIONAL_STATS[stat]
+        if stages is None or stage not in stages:
+            raise ConfigError(f"{where} needs {stat!r}, measured at stage {stage!r}: list {stage!r} in its `stages`")
 
 
 class GuardRunner:
@@ -127,8 +141,15 @@ class GuardRunner:
         """Whether any guard observes ``stage`` (the worker measures ``step`` stats only then)."""
         return any(self._sees(g, stage) for _, g in self.guards)
 
+    def watches_at(self, stage: str, step: int) -> bool:
+        """Whether a guard observing ``stage`` wants it at ``step``: one without ``needs_at`` always does, one with
+        it when ``needs_at(step)`` says so (a costly stage is measured only then)."""
+        return any(
+            self._sees(g, stage) and (not hasattr(g, "needs_at") or bool(g.needs_at(step))) for _, g in self.guards
+        )
+
     def wants(self, stat: str) -> bool:
-        """Whether any guard lists ``stat`` (one of ``OPTIONAL_STATS``) in its ``needs``: the worker measures it only then."""
+        """Whether any guard lists ``stat`` (one of ``OPTIONAL_STATS``) in its ``needs``: only then is it measured."""
         return any(stat in getattr(g, "needs", ()) for _, g in self.guards)
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
