@@ -39,6 +39,7 @@ __all__ = [
     "Observation",
     "GUARD_STAGES",
     "GuardStage",
+    "OPTIONAL_STATS",
     "KINDS",
     "AdvantageEstimator",
     "KLEstimator",
@@ -193,6 +194,15 @@ _ROLLOUT_AFTER_UPDATE = {
     **_ROLLOUT_BEFORE_UPDATE,
     "rollout/logprob_diff_mean": "the backend returned its log-probs",
     "rollout/logprob_diff_max": "the backend returned its log-probs",
+}
+
+
+#: statistics that cost work to measure, so a stage carries them only when a guard lists them in ``needs``:
+#: name -> the stage that carries them (``GUARD_STAGES[stage].optional`` says when)
+OPTIONAL_STATS: dict[str, str] = {
+    # KL(before || after) of one optimizer step, nats per token, on a probe of the rows it was trained on
+    # (``workers/policy_shift.py``): one forward of a few rows per measured step
+    "policy_kl": "step",
 }
 
 
@@ -383,9 +393,7 @@ class StabilityGuard(Protocol):
     ``update_ratio`` (``||new - old|| / ||old||`` over all parameters), ``update_norm`` and
     ``param_norm``; ``skip`` there puts the old parameters back. It costs a copy of the
     parameters per update, so it runs only when some guard lists it in a class attribute
-    ``stages`` (a guard without ``stages`` sees every other stage). A statistic that costs
-    something to measure (``policy_kl`` at ``step``) is measured only when a guard lists it in a
-    class attribute ``needs``.
+    ``stages`` (a guard without ``stages`` sees every other stage).
 
     What a verdict does depends on the stage, and some actions a stage cannot carry out (a
     ``skip`` at ``update``, where the update is already made): ``GUARD_STAGES[stage].honours``.
@@ -396,6 +404,14 @@ class StabilityGuard(Protocol):
     stops the run with a ``GuardVerdictError`` rather than being logged as done.
     ``armor_core.testing.check_guard`` checks both. Coefficients that can be adjusted:
     ``ADJUSTABLE_COEFFICIENTS``.
+
+    Optional statistics (``OPTIONAL_STATS``, e.g. ``policy_kl``: how far one optimizer step moved the
+    policy, in nats per token) cost more work and are measured only for a guard that lists them in a
+    class attribute ``needs`` (a name there that no stage measures, or of a stage the guard does not
+    list in ``stages``, is a ConfigError at start). A guard that may skip some steps defines
+    ``needs_at(step) -> bool``: the worker then runs stage ``step`` (copy, measurement, verdict) only
+    at steps some guard wants, and at every step taken at a rate over 1.25x the last judged one's;
+    like ``observe`` it must depend only on the guard's state, which is the same on every rank.
     """
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict: ...

@@ -412,7 +412,12 @@ class RewardConfig:
 @dataclass
 class GuardConfig:
     enable: bool = f(True, "Run the StabilityGuard.")
-    guards: list = f(help="Ordered guards: [{name, params}].", factory=lambda: [{"name": "non_finite", "params": {}}])
+    guards: list = f(
+        help="Ordered guards: [{name, params}]. A list given here replaces the default stack, non_finite (skip a "
+        "non-finite gradient, loss or reward) and trust_region (undo a step that moved the policy too far, in nats "
+        "per token, and lower the learning rate).",
+        factory=lambda: [{"name": "non_finite", "params": {}}, {"name": "trust_region", "params": {}}],
+    )
 
 
 @dataclass
@@ -505,8 +510,9 @@ class TrainerConfig:
         help="Fault injection for stability tests, a list of {kind, steps, value}. steps: the 1-based steps it "
         "strikes, a list ([3, 7]) or an inclusive range ({from: 3, to: 7}). Kinds and their value: nan_grad "
         "(a NaN in one gradient element; value: the rank, default every rank), lr_scale (the learning rate of "
-        "those updates times value, required; actor/lr shows the rate used), flip_reward (score -> 1 - score), "
-        "random_reward (uniform scores), inf_reward (one row's score +Inf) (these three take no value), "
+        "those updates times value, required; actor/lr shows the rate used), flip_reward (score -> 1 - score; "
+        "value: the fraction of rows flipped, in (0, 1], default all), random_reward (uniform scores), inf_reward "
+        "(one row's score +Inf) (these two take no value), "
         "stale_rollout (samples from the weights of value updates ago, default 4), kill_worker (SIGKILL to the "
         "actor worker of rank value, default 0). Details: armor_core/stability/faults.py.",
         factory=list,

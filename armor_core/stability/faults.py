@@ -9,7 +9,8 @@ a kind that reads no value refuses one. Kinds, where they strike, and their ``va
   ``value``: the rank whose gradient it is (every rank must still skip together); default: every rank.
 - ``lr_scale`` (actor worker): the learning rate of these updates' optimizer steps is multiplied by
   ``value`` (required, >= 0; e.g. 100), then put back; ``actor/lr`` reports the rate used.
-- ``flip_reward`` (driver): scores become ``1 - score``. No ``value``.
+- ``flip_reward`` (driver): scores become ``1 - score``. ``value``: the fraction of rows flipped, in
+  (0, 1], drawn anew each step from the step alone (noisy labels); default: every row.
 - ``random_reward`` (driver): scores become uniform in [0, 1], seeded by the step. No ``value``.
 - ``inf_reward`` (driver): the first row's score becomes +Inf. No ``value``.
 - ``stale_rollout`` (actor worker): responses are sampled from the weights of ``value`` updates ago
@@ -47,6 +48,7 @@ VALUES: dict[str, tuple[str, bool, float, bool]] = {
     "lr_scale": ("the factor the learning rate is multiplied by", True, 0, False),
     "stale_rollout": ("how many updates old the sampling weights are (default 4)", False, 1, True),
     "kill_worker": ("the rank of the actor worker that is killed (default 0)", False, 0, True),
+    "flip_reward": ("the fraction of rows flipped, in (0, 1] (default: every row)", False, 0, False),
 }
 
 
@@ -88,6 +90,8 @@ def _value(where: str, kind: str, value: Any) -> float | None:
         v = float(value)
     except (TypeError, ValueError):
         v = math.nan
+    if kind == "flip_reward" and not 0 < v <= 1:
+        raise ValueError(f"{where}.value={value!r}: {kind}'s value is {meaning}")
     if isinstance(value, bool) or not v >= low or (whole and v != int(v)):
         number = f"a {'whole ' if whole else ''}number >= {low:g}"
         raise ValueError(f"{where}.value={value!r}: {kind}'s value is {meaning}, {number}")
@@ -111,8 +115,13 @@ class Faults:
         """The driver's reward faults at ``step`` applied to ``scores`` (unchanged when none strikes)."""
         import torch
 
-        if self.at("flip_reward", step):
-            scores = 1.0 - scores
+        flip = self.at("flip_reward", step)
+        if flip:
+            if flip.value is None:
+                scores = 1.0 - scores
+            else:  # a fraction of the rows, chosen by the step alone (the same rows on a replay)
+                chosen = torch.rand(scores.shape, generator=torch.Generator().manual_seed(7919 * step + 1)) < flip.value
+                scores = torch.where(chosen, 1.0 - scores, scores)
         if self.at("random_reward", step):
             scores = torch.rand(scores.shape, generator=torch.Generator().manual_seed(step))
         if self.at("inf_reward", step):

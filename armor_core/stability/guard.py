@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from armor_core.errors import ConfigError, GuardVerdictError
-from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, Verdict
+from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, OPTIONAL_STATS, Verdict
 
 __all__ = [
     "GuardRunner",
@@ -168,8 +168,22 @@ def build_guards(
             raise ConfigError(f"{named}: {e}") from None
         if problem := declaration_problem(guard):
             raise ConfigError(f"guard.guards[{i}] ({spec['name']}): {problem}")
+        _check_needs(guard, f"guard.guards[{i}] ({spec['name']})")
         built.append((spec["name"] if names.count(spec["name"]) == 1 else f"{spec['name']}#{i}", guard))
     return built
+
+
+def _check_needs(guard: Any, where: str) -> None:
+    """A guard's ``needs`` must name optional statistics of a stage it observes."""
+    stages = getattr(guard, "stages", None)
+    for stat in getattr(guard, "needs", ()):
+        if stat not in OPTIONAL_STATS:
+            raise ConfigError(
+                f"{where} needs {stat!r}, which no stage measures; optional statistics: {list(OPTIONAL_STATS)}"
+            )
+        stage = OPTIONAL_STATS[stat]
+        if stages is None or stage not in stages:
+            raise ConfigError(f"{where} needs {stat!r}, measured at stage {stage!r}: list {stage!r} in its `stages`")
 
 
 class GuardRunner:
@@ -196,6 +210,11 @@ class GuardRunner:
     def watches(self, stage: str) -> bool:
         """Whether any guard observes ``stage`` (the worker measures ``step`` stats only then)."""
         return any(sees(g, stage) for _, g in self.guards)
+
+    def watches_at(self, stage: str, step: int) -> bool:
+        """Whether a guard observing ``stage`` wants it at ``step``: one without ``needs_at`` always does, one with
+        it when ``needs_at(step)`` says so (a costly stage is measured only then)."""
+        return any(sees(g, stage) and (not hasattr(g, "needs_at") or bool(g.needs_at(step))) for _, g in self.guards)
 
     def wants(self, stat: str) -> bool:
         """Whether any guard lists ``stat`` in its ``needs`` (a statistic a stage measures only on request, such as

@@ -98,6 +98,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
         # the policy's change per step costs a forward of a few rows: measured only for a guard that needs it
         self.probe = PolicyShiftProbe(PROBE_ROWS if self.guard.wants("policy_kl") else 0)
+        self._judged_lr = 0.0  # the rate of the last step stage ``step`` judged (``GuardedStep._judges``)
 
         self._load_policy(cfg)
         self.distill_loss = DistillLoss.from_config(cfg)  # None unless distillation adds a loss

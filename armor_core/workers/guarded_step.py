@@ -39,6 +39,7 @@ class GuardedStep:
     rank: int
     world_size: int
     watch_step: bool
+    _judged_lr: float
     probe: PolicyShiftProbe
     logp: Any
     train_module: torch.nn.Module
@@ -84,7 +85,8 @@ class GuardedStep:
                 g["lr"] *= lr_fault.value
         # the rate this optimizer step uses, a guard's adjustment and the fault included (the fault is undone below)
         add_metric(sums, "actor/lr", self.optimizer.param_groups[0]["lr"])
-        before = local_params(self.model, clone=True) if self.watch_step else None
+        judged = self._judges(step)
+        before = local_params(self.model, clone=True) if judged else None
         t0 = time.perf_counter()
         self.optimizer.step()
         self._seconds["optimizer"] += time.perf_counter() - t0
@@ -92,27 +94,45 @@ class GuardedStep:
             for g, lr in zip(self.optimizer.param_groups, saved):
                 g["lr"] = lr
         self.scheduler.step()
-        if before is not None:
-            stats = update_stats(
-                self.model,
-                before,
-                self.world_size > 1 and self.cfg.actor.strategy == "fsdp2",
-                float(self.scheduler.base_lrs[0]),
-            )
-            t0 = time.perf_counter()
-            stats.update(self.probe.measure(self._probe_forward, self.world_size))
-            self._seconds["probe"] += time.perf_counter() - t0
-            add_metric(sums, "actor/update_ratio", stats["update_ratio"])
-            if "policy_kl" in stats:
-                add_metric(sums, "actor/policy_kl", stats["policy_kl"])
-                add_metric(sums, "actor/policy_kl_max", stats["policy_kl"])
-            verdict = self.guard.observe("step", stats, step)
-            self._apply_worker_adjustments(verdict, sums)
-            if verdict.action in ("skip", "rollback"):  # put the parameters back; Adam's moments keep the gradient
-                torch._foreach_copy_(local_params(self.model), before)
-                add_metric(sums, "actor/skipped_updates", 1.0)
-                return
+        if before is None:
+            self.probe.reset()
+        elif self._observe_step(before, step, sums).action in ("skip", "rollback"):
+            # put the parameters back; Adam's moments keep the gradient
+            torch._foreach_copy_(local_params(self.model), before)
+            add_metric(sums, "actor/skipped_updates", 1.0)
+            return
         add_metric(sums, "actor/skipped_updates", 0.0)
+
+    def _judges(self, step: int) -> bool:
+        """Whether stage ``step`` runs for this optimizer step: it costs a copy of the parameters (and the probe's
+        forward), so it runs when a guard watching it wants this step (``GuardRunner.watches_at``), and always for a
+        step taken at a rate over 1.25x the last judged one's (a spike the guard's own cadence could miss)."""
+        if not self.watch_step:
+            return False
+        lr = self.optimizer.param_groups[0]["lr"]  # as this step uses it: schedule and injected faults included
+        if lr > 1.25 * self._judged_lr or self.guard.watches_at("step", step):
+            self._judged_lr = lr
+            return True
+        return False
+
+    def _observe_step(self, before: list[torch.Tensor], step: int, sums: dict[str, list[float]]) -> Any:
+        """Stage ``step``: how far the update moved the weights (and the policy, if a guard needs it), judged."""
+        stats = update_stats(
+            self.model,
+            before,
+            self.world_size > 1 and self.cfg.actor.strategy == "fsdp2",
+            float(self.scheduler.base_lrs[0]),
+        )
+        t0 = time.perf_counter()
+        stats.update(self.probe.measure(self._probe_forward, self.world_size))
+        self._seconds["probe"] += time.perf_counter() - t0
+        add_metric(sums, "actor/update_ratio", stats["update_ratio"])
+        if "policy_kl" in stats:
+            add_metric(sums, "actor/policy_kl", stats["policy_kl"])
+            add_metric(sums, "actor/policy_kl_max", stats["policy_kl"])
+        verdict = self.guard.observe("step", stats, step)
+        self._apply_worker_adjustments(verdict, sums)
+        return verdict
 
     def _probe_forward(self, mini: Any, idx: torch.Tensor) -> torch.Tensor:
         return self.logp.forward(self.train_module, mini, idx, with_entropy=False)[0]

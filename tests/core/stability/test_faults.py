@@ -24,7 +24,11 @@ def test_steps_are_a_list_or_an_inclusive_range():
     [
         ({"kind": "lr_scale", "steps": [1]}, r"trainer.faults\[0\]: lr_scale needs a value, the factor"),
         ({"kind": "lr_scale", "steps": [1], "value": -2}, r"lr_scale's value is the factor .*, a number >= 0"),
-        ({"kind": "flip_reward", "steps": [1], "value": 1}, r"flip_reward takes no value \(got 1\); leave it out"),
+        (
+            {"kind": "flip_reward", "steps": [1], "value": 1.5},
+            r"value=1.5: flip_reward's value is the fraction of rows",
+        ),
+        ({"kind": "inf_reward", "steps": [1], "value": 1}, r"inf_reward takes no value \(got 1\); leave it out"),
         ({"kind": "stale_rollout", "steps": [1], "value": 0}, r"how many updates old .*, a whole number >= 1"),
         ({"kind": "kill_worker", "steps": [1], "value": 0.5}, r"the rank of the actor worker .*, a whole number >= 0"),
         ({"kind": "nan_grad", "steps": [1], "value": "one"}, r"value='one': nan_grad's value is the rank"),
@@ -35,6 +39,17 @@ def test_steps_are_a_list_or_an_inclusive_range():
 def test_a_value_or_steps_the_kind_cannot_use_is_refused_by_name(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_faults([spec])
+
+
+def test_flip_reward_flips_all_rows_or_the_fraction_given_the_same_rows_on_a_replay():
+    scores = torch.tensor([1.0, 0.0] * 500)
+    assert torch.equal(Faults([{"kind": "flip_reward", "steps": [3]}]).rewards(scores, 3), 1 - scores)
+    noisy = Faults([{"kind": "flip_reward", "steps": {"from": 1, "to": 9}, "value": 0.3}])
+    out = noisy.rewards(scores, 3)
+    flipped = (out != scores).float().mean().item()
+    assert 0.25 < flipped < 0.35  # 1000 rows, about 30% (the binomial's sd is 1.4 points)
+    assert torch.equal(noisy.rewards(scores, 3), out) and not torch.equal(noisy.rewards(scores, 4), out)
+    assert torch.equal(noisy.rewards(scores, 10), scores)  # outside its steps: untouched
 
 
 def test_every_kind_is_documented_with_its_value():
@@ -70,6 +85,7 @@ def test_an_lr_scale_fault_shows_in_actor_lr_as_the_rate_the_update_used():
             "engine.cpus_per_worker=1",
             "trainer.loggers=[]",
             "trainer.faults=[{kind: lr_scale, steps: [2], value: 100}]",
+            "guard.enable=false",  # the default trust_region would undo the spike and lower the lr
         ],
     )
     worker = ActorWorker(to_dict(cfg), rank=0, world_size=1)
