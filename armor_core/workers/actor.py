@@ -50,6 +50,7 @@ from armor_core.workers.multi_turn import build_rollout
 from armor_core.workers.optim import adamw, zero_advantage_is_inert
 from armor_core.workers.policy_shift import PROBE_ROWS, PolicyShiftProbe
 from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.rollback_point import RollbackPoints
 from armor_core.workers.rollout_correction import correction_weights
 from armor_core.workers.schedule import lr_factor
 
@@ -128,6 +129,7 @@ class ActorWorker(ActorWeights, GuardedStep):
         stale = self.faults.any("stale_rollout")
         self._snapshots: deque = deque(maxlen=int(stale.value or 4) if stale else 0)
         self._published = None
+        self.points = RollbackPoints()  # kept only when the driver asks (guard.rollback_every)
         if cfg.rollout.mode == "async":
             self._publish_policy()
         built()

@@ -1,13 +1,15 @@
 """The actor's weights leaving its process and coming back: to the colocated rollout engine
 (``sync_weights``), to rollout workers of their own (``policy_state``, ``rollout.mode=async``), into
-a checkpoint and out of one. ``ActorWorker`` (``workers/actor.py``) takes these methods from
-``ActorWeights``; they read the worker's model, optimizer, scheduler, tokenizer and guard.
+a checkpoint and out of one, into a rollback point in memory and out of it (``workers/rollback_point.py``).
+``ActorWorker`` (``workers/actor.py``) takes these methods from ``ActorWeights``; they read the worker's
+model, optimizer, scheduler, tokenizer, guard and rollback points.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from armor_core.models.lora import (
     write_base_manifest,
 )
 from armor_core.storage.state_io import load_checkpoint_state, save_state
+from armor_core.workers.rollback_point import RollbackPoints, point_bytes, rates_kept
 
 __all__ = ["ActorWeights"]
 
@@ -36,6 +39,7 @@ class ActorWeights:
     lora: bool
     sharded: bool
     rank: int
+    points: RollbackPoints
 
     def needs_weight_sync(self) -> bool:
         """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async):
@@ -122,7 +126,9 @@ class ActorWeights:
             (p / "guard_worker.json").write_text(json.dumps(self.guard.state_dict()))
         save_state({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}")
 
-    def load_checkpoint(self, path: str) -> None:
+    def load_checkpoint(self, path: str, rollback: bool = False) -> None:
+        """Every rank loads the full state; on a ``rollback`` the learning rate in force and the guards' state stay
+        (``rollback_point.rates_kept``), as they do when a rollback point in memory is restored."""
         from safetensors.torch import load_file
 
         from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
@@ -141,15 +147,30 @@ class ActorWeights:
             )
         legacy = self.cfg.trainer.allow_legacy_pt_state  # an older checkpoint's actor_state.pt
         st = load_checkpoint_state(p / "actor_state", allow_legacy_pt=legacy)
-        load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
-        self.scheduler.load_state_dict(st["scheduler"])
+        with rates_kept(self.optimizer, self.scheduler) if rollback else nullcontext():
+            load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
+            self.scheduler.load_state_dict(st["scheduler"])
         rng = load_checkpoint_state(p / f"actor_rng_rank{self.rank}", missing_ok=True, allow_legacy_pt=legacy)
         if rng is not None:  # None: resumed on more ranks than saved; the new ranks keep their seeded generator
             torch.set_rng_state(rng["torch_rng"])
         self.global_step = int(st["global_step"])
         guard_file = p / "guard_worker.json"
-        if guard_file.exists():
+        if guard_file.exists() and not rollback:
             self.guard.load_state_dict(json.loads(guard_file.read_text()))
+        self._weights_changed()
+
+    def _weights_changed(self) -> None:
+        """After the weights were loaded or restored: the engines that hold a copy of them get it."""
         self.sync_weights()  # under FSDP2 this also refreshes the full copy the rollout generates from
         if self.cfg.rollout.mode == "async":
             self._publish_policy()
+
+    def rollback_point_bytes(self) -> int:
+        return point_bytes(self.optimizer)
+
+    def keep_rollback_point(self, step: int, keep: list[int]) -> dict[str, float]:
+        return self.points.keep(step, keep, self.optimizer, self.scheduler, self.global_step)
+
+    def restore_rollback_point(self, step: int) -> None:
+        self.global_step = self.points.restore(step, self.optimizer, self.scheduler)
+        self._weights_changed()

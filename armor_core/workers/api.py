@@ -42,13 +42,25 @@ class WorkerAPI(Protocol):
 
 
 class TrainableAPI(WorkerAPI, Protocol):
-    """Shared by the actor and the critic: checkpoints."""
+    """Shared by the actor and the critic: checkpoints and rollback points (``workers/rollback_point.py``)."""
 
     def save_checkpoint(self, path: str) -> None:
         """Rank 0 writes the full state into ``path``; every rank takes part in the gathers."""
 
-    def load_checkpoint(self, path: str) -> None:
-        """Every rank loads the full state from ``path`` (any number of ranks may have saved it)."""
+    def load_checkpoint(self, path: str, rollback: bool = False) -> None:
+        """Every rank loads the full state from ``path`` (any number of ranks may have saved it). ``rollback``: a
+        guard's rollback, not a resume: the learning rate in force and the worker's guard state stay."""
+
+    def rollback_point_bytes(self) -> int:
+        """The bytes one in-memory rollback point of this rank holds: its trained weights (its shards under FSDP2)
+        and their optimizer state."""
+
+    def keep_rollback_point(self, step: int, keep: list[int]) -> dict[str, float]:
+        """Forget the points not in ``keep``, then copy this rank's weights, optimizer state, schedule position and
+        RNG into host memory as the point of ``step``, with no gather; ``{"perf/worker_s": seconds}``."""
+
+    def restore_rollback_point(self, step: int) -> None:
+        """Put the point of ``step`` back; the learning rate in force and the worker's guard state stay."""
 
 
 class ActorAPI(TrainableAPI, Protocol):

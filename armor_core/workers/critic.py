@@ -34,6 +34,7 @@ from armor_core.workers.common import (
     seed_everything,
 )
 from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.rollback_point import RollbackPoints, point_bytes
 from armor_core.workers.values import ResponseValues, ValueModel
 
 __all__ = ["CriticWorker", "ValueModel", "value_loss"]
@@ -110,6 +111,7 @@ class CriticWorker:
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
         self.values = ResponseValues(self.model, self.device, self.compute_dtype, self.autocast, rank, sharded)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
+        self.points = RollbackPoints()  # kept only when the driver asks (guard.rollback_every)
         self.loss_agg = get_plugin_manager().get(
             "loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode"
         )
@@ -205,7 +207,9 @@ class CriticWorker:
             save_file({k: v.contiguous() for k, v in model.items()}, str(p / "critic.safetensors"))
             save_state({"optimizer": optim}, p / "critic_state")
 
-    def load_checkpoint(self, path: str) -> None:
+    def load_checkpoint(self, path: str, rollback: bool = False) -> None:
+        """The value model and its optimizer state; ``rollback`` changes nothing here (no guard adjusts the critic's
+        learning rate, and the critic runs no guards)."""
         from safetensors.torch import load_file
 
         from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
@@ -220,3 +224,12 @@ class CriticWorker:
         # or an older checkpoint's critic_state.pt, if the user allows it
         state = load_checkpoint_state(p / "critic_state", allow_legacy_pt=self.cfg.trainer.allow_legacy_pt_state)
         load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+
+    def rollback_point_bytes(self) -> int:
+        return point_bytes(self.optimizer)
+
+    def keep_rollback_point(self, step: int, keep: list[int]) -> dict[str, float]:
+        return self.points.keep(step, keep, self.optimizer, None, 0)
+
+    def restore_rollback_point(self, step: int) -> None:
+        self.points.restore(step, self.optimizer, None)
