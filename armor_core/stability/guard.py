@@ -32,6 +32,7 @@ __all__ = [
     "build_guards",
     "combine",
     "declaration_problem",
+    "may_roll_back",
     "merge_adjustments",
     "run_coefficients",
     "sees",
@@ -43,6 +44,10 @@ SEVERITY = {"proceed": 0, "adjust": 1, "scale": 2, "skip": 3, "rollback": 4}
 #: stages a guard must ask for by name (in its ``stages`` attribute): each costs something extra
 OPT_IN_STAGES = frozenset({"step"})
 
+#: the stages the driver runs, where a ``rollback`` restores a checkpoint or rollback point; at ``grad`` and ``step``
+#: a worker can only skip (``GUARD_STAGES[stage].honours``)
+RESTORING_STAGES = ("reward", "advantage", "update", "validation")
+
 
 #: when two guards adjust the same coefficient, the more cautious value wins
 _CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_coef": max, "entropy_coeff": max}
@@ -53,6 +58,16 @@ def sees(guard: Any, stage: str) -> bool:
     """Whether ``guard`` is shown ``stage``: those in its ``stages``, else every stage but the opt-in ones."""
     stages = getattr(guard, "stages", None)
     return stage in stages if stages is not None else stage not in OPT_IN_STAGES
+
+
+def may_roll_back(guard: Any) -> bool:
+    """Whether ``guard`` may ask for a rollback the driver carries out: its ``actions`` list ``rollback`` at a
+    ``RESTORING_STAGES`` stage it sees, or it declares no ``actions`` (it may return anything) and sees one."""
+    actions = getattr(guard, "actions", None)
+    stages = [s for s in RESTORING_STAGES if sees(guard, s)]
+    if actions is None:
+        return bool(stages)
+    return any("rollback" in ((a,) if isinstance(a := actions.get(s, ()), str) else a) for s in stages)
 
 
 def _where_honoured(action: str) -> str:
@@ -215,6 +230,11 @@ class GuardRunner:
         """Whether a guard observing ``stage`` wants it at ``step``: one without ``needs_at`` always does, one with
         it when ``needs_at(step)`` says so (a costly stage is measured only then)."""
         return any(sees(g, stage) and (not hasattr(g, "needs_at") or bool(g.needs_at(step))) for _, g in self.guards)
+
+    def rolls_back(self) -> bool:
+        """Whether any guard may ask for a rollback the driver carries out (``may_roll_back``): the trainer keeps
+        rollback points only then."""
+        return any(may_roll_back(g) for _, g in self.guards)
 
     def wants(self, stat: str) -> bool:
         """Whether any guard lists ``stat`` in its ``needs`` (a statistic a stage measures only on request, such as

@@ -8,7 +8,8 @@ import pytest
 
 from armor_core import Verdict, hookimpl
 from armor_core.errors import ConfigError, GuardVerdictError
-from armor_core.stability.guard import GuardRunner, combine
+from armor_core.interfaces import GUARD_STAGES
+from armor_core.stability.guard import RESTORING_STAGES, GuardRunner, combine
 from armor_core.testing import registered
 
 
@@ -242,3 +243,20 @@ def test_the_adjustments_riding_on_a_skip_are_merged_with_the_others():
     with _registering(undo=undo, lower=lower):
         v = GuardRunner([{"name": "lower"}, {"name": "undo"}]).observe("step", {}, 1)
     assert (v.action, v.adjustments) == ("skip", {"lr": 1e-6, "kl_loss_coef": 0.1})  # the lower lr, and both keys
+
+
+def test_the_run_keeps_rollback_points_only_for_a_guard_that_may_ask_the_driver_for_a_rollback():
+    """``rolls_back`` decides whether the trainer pays for rollback points: a rollback at ``grad`` or ``step`` is a
+    worker's skip and restores nothing; a guard that declares no ``actions`` may return anything."""
+    undeclared = _guard(lambda stage, stats: Verdict())
+    worker_only = _guard(lambda stage, stats: Verdict(), stages=("grad", "step"), actions={"grad": ("rollback",)})
+    at_validation = _guard(lambda stage, stats: Verdict(), actions={"validation": "rollback"})
+    with _registering(undeclared=undeclared, worker_only=worker_only, at_validation=at_validation):
+        assert GuardRunner([{"name": "non_finite"}, {"name": "trust_region"}]).rolls_back()  # the default stack
+        assert not GuardRunner([{"name": "trust_region"}, {"name": "grad_spike"}, {"name": "entropy"}]).rolls_back()
+        assert not GuardRunner([{"name": "worker_only"}]).rolls_back()
+        assert GuardRunner([{"name": "undeclared"}]).rolls_back()
+        assert GuardRunner([{"name": "at_validation"}]).rolls_back()  # one action given as a string
+        assert not GuardRunner([{"name": "non_finite"}], enable=False).rolls_back()
+    # the driver's stages are the ones where a rollback restores
+    assert set(RESTORING_STAGES) == {s for s, spec in GUARD_STAGES.items() if spec.where.startswith("driver")}
