@@ -418,6 +418,23 @@ class GuardConfig:
         "per token, and lower the learning rate).",
         factory=lambda: [{"name": "non_finite", "params": {}}, {"name": "trust_region", "params": {}}],
     )
+    rollback_every: int = f(
+        10,
+        "Keep a rollback point at the first step and then every N steps whenever a configured guard may ask for a "
+        "rollback (a guard's `actions` list it at stage reward, advantage, update or validation, or the guard "
+        "declares no `actions`), so a rollback needs no trainer.save_freq: it restores the newest rollback point or "
+        "checkpoint older than the verdict's `since`. Two points are kept. 0 keeps none: a rollback then needs a "
+        "checkpoint.",
+        ge=0,
+    )
+    rollback_store: str = f(
+        "auto",
+        "Where rollback points are kept: memory (each actor and critic rank copies its own weights, optimizer "
+        "state, schedule and RNG to host memory, its shards under FSDP2), disk (<run_dir>/rollback/, written "
+        "as a checkpoint is, never resumed from, removed when a run starts), or auto: memory when a point of one "
+        "rank (trained weights and their optimizer state) is at most 2 GiB, else disk.",
+        choices=["auto", "memory", "disk"],
+    )
 
 
 @dataclass

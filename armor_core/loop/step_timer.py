@@ -14,7 +14,7 @@ from typing import Iterator
 __all__ = ["ENGINE_STAGES", "StepTimer"]
 
 #: stages that are the engine's own cost, not generation, reward, algorithm or training compute
-ENGINE_STAGES = ("data", "update_weights", "overhead", "log", "other")
+ENGINE_STAGES = ("data", "update_weights", "overhead", "log", "rollback_point", "other")
 
 
 class _Stage:

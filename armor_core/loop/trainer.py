@@ -40,6 +40,7 @@ from armor_core.errors import NonFiniteError
 from armor_core.loop.baseline import GreedyBaseline
 from armor_core.loop.data import PromptLoader, prepare_data
 from armor_core.loop.resume import check_lora_base, nothing_left
+from armor_core.loop.rollback import RollbackPoints, Trainables, rollback_target
 from armor_core.loop.rollout_source import RolloutSource
 from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, update_stats
 from armor_core.loop.step_timer import ENGINE_STAGES
@@ -120,6 +121,10 @@ class Trainer:
         torch.set_num_threads(cfg.engine.driver_threads)
         try:
             self._start_workers()
+            g = cfg.guard
+            self.points = RollbackPoints(
+                self.trainables, self.run_dir, g.rollback_every if self.guard.rolls_back() else 0, g.rollback_store
+            )
             if resume:
                 # the steps after the checkpoint are logged again; without one, all of them (step 0's validation too)
                 since = self.step if self._resume() else -1
@@ -263,6 +268,7 @@ class Trainer:
             timeout_s=self.cfg.reward.timeout_s,
         )
         self.startup_s["workers"] = time.perf_counter() - t0
+        self.trainables = Trainables(self.actor, self.critic)  # what checkpoints and rollback points hold
         # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
         self.rollout = RolloutSource(
             self.cfg,
@@ -329,23 +335,27 @@ class Trainer:
 
     def _load(self, path: Path, resume: bool = True) -> None:
         """Weights, optimizer and trainer state from checkpoint ``path``; on a ``resume`` also the
-        guards' state and the async batches in flight (a rollback keeps what the guards learned,
-        e.g. how often they rolled back, and regenerates)."""
-        state = self.ckpt.trainer_state(path)
-        self.actor.call(ActorAPI.load_checkpoint, str(path))
-        if self.critic is not None:
-            self.critic.call(CriticAPI.load_checkpoint, str(path))
+        guards' state (the workers' too), the learning rates and the async batches in flight (a rollback keeps
+        what the guards learned, e.g. how often they rolled back, and the rates they set, and regenerates)."""
+        self.trainables.load(path, rollback=not resume)
+        self._set_state(self.ckpt.trainer_state(path), path if resume else None)
+
+    def _set_state(self, state: dict[str, Any], resumed_from: Path | None) -> None:
+        """The driver's part of a checkpoint or rollback point (``trainer_state``); the guards' state and the
+        async batches in flight only on a resume from checkpoint ``resumed_from``."""
         self.step = int(state["step"])
         self.loader.load_state_dict(state["loader"])
-        self.rollout.reset(path if resume else None)
-        if resume:
+        self.rollout.reset(resumed_from)
+        if resumed_from is not None:
             self.guard.load_state_dict(state.get("guard", {}))
         if self.kl_ctrl is not None and "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.val_history = state.get("val_history", [])
 
-    def save_checkpoint(self) -> Path:
-        state = {
+    def trainer_state(self) -> dict[str, Any]:
+        """What the driver keeps in a checkpoint or rollback point: step, data position, guards, KL controller and
+        validation history."""
+        return {
             "step": self.step,
             "loader": self.rollout.loader_state(),
             "guard": self.guard.state_dict(),
@@ -353,23 +363,26 @@ class Trainer:
             **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {}),
         }
 
+    def save_checkpoint(self) -> Path:
         def write(tmp: Path) -> None:
-            self.actor.call(ActorAPI.save_checkpoint, str(tmp))
-            if self.critic is not None:
-                self.critic.call(CriticAPI.save_checkpoint, str(tmp))
+            self.trainables.save(tmp)
             self.rollout.save(tmp)
 
-        return self.ckpt.save(self.step, write, state)
+        return self.ckpt.save(self.step, write, self.trainer_state())
 
     # -- one step -------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, float]:
         """One step (``step.Step.run``), then the ``update`` stage shown to the guards and their verdicts acted on."""
         t_step = time.perf_counter() - self._log_s
+        # after the last step's validation and verdicts: a point never holds weights a verdict condemned
+        kept_s = self.points.keep(self.step, self.trainer_state()) if self.points.due(self.step) else 0.0
         res = self.stepper.run(self.step + 1)
         # the trackers' time on the metrics logged since the last step began (a step's metrics are
         # logged after it ends): engine time every step costs, so it is part of the step
         res.timer.add("log", self._log_s)
+        if self.points.every:
+            res.timer.add("rollback_point", kept_s)
         self._log_s = 0.0
         self.step += 1
         metrics = res.metrics
@@ -402,30 +415,30 @@ class Trainer:
         send_adjustments(self.actor, verdicts, metrics)  # applied from the next update on, identically on every rank
 
     def _rollback(self, metrics: dict[str, float], since: int | None = None) -> None:
-        """Restore the newest checkpoint older than ``since`` (the first suspected update), or the newest."""
-        path = self.ckpt.latest() if since is None else self.ckpt.before(since)
+        """Restore the newest rollback point or checkpoint older than ``since`` (the first suspected update), or the
+        newest of all."""
         metrics["guard/rollback"] = 1.0
-        if path is None and since is not None and self.ckpt.latest() is not None:
-            oldest = self.ckpt.completed()[0]
+        target = rollback_target(self.ckpt, self.points, since, self.step)
+        if target is None:
             print(
-                f"step {self.step}: no checkpoint older than step {since} is kept "
-                f"(trainer.keep_checkpoints={self.cfg.trainer.keep_checkpoints}); rolling back to the oldest one, "
-                f"{oldest.name}, which may already be affected"
-            )
-            path = oldest
-        if path is None:
-            print(
-                f"step {self.step}: the guard asked for a rollback but no checkpoint exists yet; the update was skipped"
+                f"step {self.step}: the guard asked for a rollback but no checkpoint or rollback point exists yet "
+                f"(guard.rollback_every={self.points.every}); the update was skipped"
             )
             return
         position, step = self.loader.state_dict(), self.step
         self.rollout.forget_samples()  # generated by the weights just discarded: its prompts are sampled again
-        self._load(path, resume=False)
+        if isinstance(target, Path):
+            self._load(target, resume=False)
+            self.points.forget_after(self.step)
+            name = target.name
+        else:
+            self._set_state(self.points.restore(target), None)
+            name = f"the rollback point of step {target} ({self.points.store})"
         # roll back the weights, not the data or the clock: the offending batches are skipped and
         # step numbers stay monotonic in the logs (a rollback is an event at this step)
         self.loader.load_state_dict(position)
         self.step = step
-        print(f"step {self.step}: rolled back to {path.name}")
+        print(f"step {self.step}: rolled back to {name}")
 
     # -- validation -----------------------------------------------------------------------------
 

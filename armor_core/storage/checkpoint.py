@@ -68,8 +68,11 @@ class CheckpointWarning(UserWarning):
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: str | Path, keep: int = 2) -> None:
-        self.root = Path(run_dir) / "checkpoints"
+    """The checkpoints in ``<run_dir>/<folder>``: ``checkpoints`` is the run's (what ``--resume`` reads);
+    ``rollback`` holds the rollback points on disk (``loop/rollback.py``), written and verified the same way."""
+
+    def __init__(self, run_dir: str | Path, keep: int = 2, folder: str = "checkpoints") -> None:
+        self.root = Path(run_dir) / folder
         self.keep = keep
         self._intact: dict[str, tuple] = {}  # checkpoint name -> the file signature it was verified with
         self._warned: set[tuple[str, str]] = set()
@@ -141,6 +144,18 @@ class CheckpointManager:
         """The newest intact checkpoint of a step < ``step``."""
         older = [p for p in self.completed() if _step_of(p) < step]
         return older[-1] if older else None
+
+    def remove_after(self, step: int) -> None:
+        """Remove the checkpoints of steps after ``step``, intact or not (a rollback discarded what they hold)."""
+        for path in self._dirs():
+            if _step_of(path) > step:
+                shutil.rmtree(path, ignore_errors=True)
+                self._intact.pop(path.name, None)
+
+    @staticmethod
+    def step_of(path: Path) -> int:
+        """The step a checkpoint directory is named after."""
+        return _step_of(path)
 
     @staticmethod
     def trainer_state(path: Path) -> dict[str, Any]:

@@ -51,6 +51,7 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
     """A collapse noticed at step 64 that began with update 60 must not restore step_60 (saved after the damage)."""
     from types import SimpleNamespace
 
+    from armor_core.loop.rollback import RollbackPoints, Trainables
     from armor_core.loop.trainer import Trainer
 
     ck = CheckpointManager(tmp_path, keep=2)
@@ -66,6 +67,7 @@ def test_rollback_restores_a_checkpoint_from_before_the_suspected_update(tmp_pat
         state_dict=lambda: {"pos": 64}, load_state_dict=lambda s: loaded.append(("loader", s))
     )
     trainer._load = lambda path, resume=True: loaded.append(path.name)
+    trainer.points = RollbackPoints(Trainables(None), tmp_path, every=0, store="auto")  # none kept
     # a generation already queued for the next step came from the weights being discarded: its
     # prompts are kept (the loader has moved past them), its samples are not
     from armor_core.loop.rollout_source import RolloutSource, _Queued
