@@ -102,3 +102,54 @@ def test_two_ranks_record_each_worker_side_verdict_once(ray_cluster, tmp_path):
     events = [json.loads(x) for x in (tmp_path / "dp" / "guard_events.jsonl").read_text().splitlines()]
     keys = [(e["step"], e["stage"], e["guard"]) for e in events]
     assert (2, "grad", "non_finite") in keys and len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_a_rollback_without_checkpoints_restores_a_rollback_point_and_keeps_the_rate_it_lowered(
+    ray_cluster, tmp_path, capsys, store
+):
+    """save_freq=0: no checkpoint before the end. Flipped rewards at steps 1-3 and 5 (the score is high), the true
+    ones at step 4 (it collapses): the guard rolls back to the point kept before step 3, the suspected update, and
+    halves the learning rate, which step 5 then trains with."""
+    from armor_core.storage.checkpoint import CheckpointManager
+    from armor_core.workers.api import ActorAPI
+
+    run_dir = tmp_path / store
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            f"trainer.run_dir={run_dir}",
+            "trainer.total_steps=5",
+            "trainer.faults=[{kind: flip_reward, steps: [1, 2, 3, 5]}]",
+            "guard.guards=[{name: reward_collapse, params: {warmup: 2, window: 2, patience: 1, z: 0, "
+            "rollback_lr_factor: 0.5}}]",
+            "guard.rollback_every=2",
+            f"guard.rollback_store={store}",
+        ],
+    )
+    trainer = Trainer(cfg)
+    rows = []
+    try:
+        for step in range(1, 6):
+            rows.append(trainer.train_step())
+            if step in (2, 3, 4):  # the weights as each step left them
+                (tmp_path / f"w{step}").mkdir()
+                trainer.actor.call(ActorAPI.save_checkpoint, str(tmp_path / f"w{step}"))
+    finally:
+        trainer.close()
+    out = capsys.readouterr().out
+    assert f"rollback points: {'in memory' if store == 'memory' else 'on disk'}" in out
+    assert f"step 4: rolled back to the rollback point of step 2 ({store})" in out
+    w2, w3, w4 = (load_file(str(tmp_path / f"w{s}" / "model" / "model.safetensors")) for s in (2, 3, 4))
+    assert any(not torch.equal(w2[k], w3[k]) for k in w2)  # step 3 trained ...
+    assert all(torch.equal(w2[k], w4[k]) for k in w2)  # ... and the rollback put the point of step 2 back exactly
+    lr = [r.get("actor/lr") for r in rows]
+    assert [r.get("guard/rollback") for r in rows] == [None, None, None, 1.0, None]
+    assert lr[:3] == [pytest.approx(5e-5)] * 3 and lr[3] is None and lr[4] == pytest.approx(2.5e-5)
+    kept = [r["timing_s/rollback_point"] > 0 for r in rows]
+    assert kept == [True, False, True, False, True]  # points of steps 0, 2 and 4
+    # nothing --resume would take for a checkpoint: there is none, whatever the rollback store holds
+    assert CheckpointManager(run_dir).latest() is None
+    held = sorted(p.name for p in (run_dir / "rollback").glob("step_*")) if store == "disk" else []
+    assert held == (["step_000002", "step_000004"] if store == "disk" else [])
