@@ -171,12 +171,12 @@ ADJUSTABLE_COEFFICIENTS = ("lr", "clip_ratio_low", "clip_ratio_high", "kl_loss_c
 #: what a verdict does where the driver acts on it before the update (stages ``reward`` and ``advantage``)
 _BEFORE_UPDATE = {
     "skip": "this step's update is not made (nor the critic's)",
-    "rollback": "the update is not made, and the newest checkpoint older than ``since`` is restored",
+    "rollback": "the update is not made, and the newest rollback point or checkpoint older than ``since`` is restored",
     "adjust": "applied on every actor rank before this step's update",
 }
 #: what a verdict does where the driver acts on it after the update (stages ``update`` and ``validation``)
 _AFTER_UPDATE = {
-    "rollback": "the newest checkpoint older than ``since`` is restored",
+    "rollback": "the newest rollback point or checkpoint older than ``since`` is restored",
     "adjust": "applied on every actor rank from the next update on",
 }
 #: statistics of the rollout that stage ``advantage`` carries in some runs
@@ -349,14 +349,16 @@ class Verdict:
     :param action: ``proceed``; ``skip`` the update; ``scale`` the gradients by ``scale``;
         ``adjust`` coefficients (``adjustments`` maps names in ``ADJUSTABLE_COEFFICIENTS`` to new
         absolute values, kept by the guard within its configured bounds); ``rollback`` to the last
-        good checkpoint. What each does at each stage, and which a stage cannot carry out at all, is
-        ``GUARD_STAGES[stage].honours``.
+        good state: a rollback point the run keeps for itself every ``guard.rollback_every`` steps
+        while a guard may roll back, or a checkpoint. What each does at each stage, and which a stage
+        cannot carry out at all, is ``GUARD_STAGES[stage].honours``.
     :param adjustments: may ride on any action but ``proceed`` (a skip that also lowers the
-        learning rate); they are applied whatever else happens.
+        learning rate); they are applied whatever else happens, after a rollback's restore, which
+        keeps the learning rate in force and the guards' state.
     :param since: for ``rollback``, the first step whose weights the guard suspects (the update
-        that made them); the trainer restores the newest checkpoint saved *before* that step, so a
-        checkpoint written after the damage but before it was noticed is never the one restored.
-        None: the newest checkpoint.
+        that made them); the trainer restores the newest rollback point or checkpoint saved *before*
+        that step, so one kept after the damage but before it was noticed is never the one restored.
+        None: the newest.
     """
 
     action: VerdictAction = "proceed"
