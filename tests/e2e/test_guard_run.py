@@ -147,6 +147,7 @@ def test_a_rollback_without_checkpoints_restores_a_rollback_point_and_keeps_the_
     lr = [r.get("actor/lr") for r in rows]
     assert [r.get("guard/rollback") for r in rows] == [None, None, None, 1.0, None]
     assert lr[:3] == [pytest.approx(5e-5)] * 3 and lr[3] is None and lr[4] == pytest.approx(2.5e-5)
+    assert rows[3]["guard/adjust/lr"] == pytest.approx(2.5e-5)  # logged at the step it came with the rollback
     kept = [r["timing_s/rollback_point"] > 0 for r in rows]
     assert kept == [True, False, True, False, True]  # points of steps 0, 2 and 4
     # nothing --resume would take for a checkpoint: there is none, whatever the rollback store holds
