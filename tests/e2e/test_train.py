@@ -171,6 +171,7 @@ def test_same_seed_same_metrics(ray_cluster, tmp_path):
         "perf/engine_overhead_frac",
         "perf/actor_fwd_bwd_s",
         "perf/actor_optimizer_s",
+        "perf/actor_probe_s",
         "perf/next_generated",
         "perf/max_rss_gb",
         "perf/max_memory_",
