@@ -51,7 +51,7 @@ ROWS = {
     "lr_x30": Row("learning rate 30x from the first step", lr_times=30),
     "lr_spike": Row("learning rate 100x for steps 60-62", (_faults("{kind: lr_scale, steps: [60, 61, 62], value: 100}"),)),
     "updates_x8": Row("8 optimizer steps per batch", ("actor.ppo_mini_batch_size=2",)),
-    "tiny_batch": Row("2 prompts x 4 samples per step", ("data.train_batch_size=2", "rollout.n=4")),
+    "tiny_batch": Row("2 prompts x 4 samples per step", ("data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4")),
     "noisy_reward": Row("30% of rewards flipped, every step", (_faults("{kind: flip_reward, steps: {from: 1, to: 100000}, value: 0.3}"),)),
     "temperature": Row("rollout temperature 1.5", ("rollout.temperature=1.5",)),
     "stale": Row("async rollouts, staleness 4", ("rollout.mode=async", "rollout.max_staleness=4")),

@@ -6,8 +6,8 @@
 Scenarios (``trainer.faults``, see armor_core/stability/faults.py): NaN gradients at a few steps; the learning
 rate x100 for three steps; a poisoned batch (rewards flipped) for ten steps; rollouts from weights
 four steps old for ten steps; Inf in a reward; and a learning rate ten times the default for the
-whole run. Each runs with ``guard.enable=false`` and with the guard stack below, and is compared
-with the clean run. A run that dies (a NaN reaching the sampler) counts as non-finite weights.
+whole run. Each runs with ``guard.enable=false`` and with the default guard stack (nothing about the
+guard set), and is compared with the clean run. A run that dies (a NaN reaching the sampler) counts as non-finite weights.
 
 Prints: scenario, guard off (held-out greedy accuracy, weights finite), guard on (accuracy, weights
 finite, actions taken), the clean accuracy, and the guard's cost on the clean run's step time
@@ -36,15 +36,9 @@ SCENARIOS = {
 }
 
 
-#: update_size's ceiling: the clean run's largest update_ratio is 1.2e-3 (its first step; it falls to
-#: ~3e-4 by step 40), a run at 10x the learning rate starts at 1.2e-2; measured with
-#: ``armor run actor.lr=... "guard.guards=[{name: update_size}]"`` and the ``actor/update_ratio`` metric
-MAX_UPDATE_RATIO = 2e-3
-
-GUARD_STACK = (
-    "guard.guards=[{name: non_finite}, {name: grad_spike}, {name: rollout_mismatch, params: {max_diff_mean: 0.05}}, "
-    f"{{name: update_size, params: {{max_ratio: {MAX_UPDATE_RATIO}}}}}, {{name: reward_collapse}}]"
-)
+#: "guard on" is the default guard stack, nothing set by hand: a threshold read off the run being judged would prove
+#: nothing about a user's run
+GUARD_ON: list[str] = []
 
 
 def run_one(run_dir: Path, overrides: list[str]) -> dict:
@@ -108,7 +102,7 @@ def guard_cost(root: Path, repeats: int, steps: int) -> tuple[float, float, list
                 "trainer.val_freq=0",
                 "trainer.val_before_train=false",
                 "data.val_size=16",
-                *(["guard.enable=false"] if guard == "off" else [GUARD_STACK]),
+                *(["guard.enable=false"] if guard == "off" else GUARD_ON),
             ]
             r = run_one(root / f"cost-{guard}-{i}", ovr)
             per[guard].append(statistics.median(r["step_times"][5:]))
@@ -141,12 +135,12 @@ def main() -> int:
     results = {}
     for guard in ("off", "on"):
         results[("clean", guard)] = run_one(
-            root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
+            root / f"clean-{guard}", [*base, *(["guard.enable=false"] if guard == "off" else GUARD_ON)]
         )
         print(f"clean guard {guard}: {results[('clean', guard)]}", file=sys.stderr)
     for name in args.only or list(SCENARIOS):
         for guard in ("off", "on"):
-            ovr = [*base, *SCENARIOS[name], *(["guard.enable=false"] if guard == "off" else [GUARD_STACK])]
+            ovr = [*base, *SCENARIOS[name], *(["guard.enable=false"] if guard == "off" else GUARD_ON)]
             results[(name, guard)] = run_one(root / f"{name}-{guard}", ovr)
             print(f"{name} guard {guard}: {results[(name, guard)]}", file=sys.stderr)
     cost = guard_cost(root, args.cost_repeats, args.cost_steps) if args.cost_repeats else None

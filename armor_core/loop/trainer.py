@@ -130,6 +130,7 @@ class Trainer:
                 since = self.step if self._resume() else -1
                 for tracker in self.trackers:
                     getattr(tracker, "resume", lambda step: None)(since)
+                self.guard.forget_after(since)
             (self.run_dir / "config.json").write_text(config_json)
         except (
             BaseException

@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -291,6 +292,23 @@ class GuardRunner:
         self.events_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.events_path, "a") as fh:
             fh.write(json.dumps(event) + "\n")
+
+    def forget_after(self, step: int) -> None:
+        """Drop the events of steps after ``step`` from ``guard_events.jsonl`` (a resume from that step's checkpoint
+        takes those steps, and their verdicts, again); a line that does not parse (a killed run's last) goes too."""
+        if self.events_path is None or not self.events_path.exists():
+            return
+        kept = []
+        for line in self.events_path.read_text().splitlines():
+            try:
+                event_step = json.loads(line)["step"]
+            except (ValueError, TypeError, KeyError):
+                continue
+            if isinstance(event_step, int) and event_step <= step:
+                kept.append(line + "\n")
+        tmp = self.events_path.with_name(self.events_path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.events_path)  # the old file or the new one, never half of one
 
     def pop_metrics(self) -> dict[str, float]:
         out, self.counts = self.counts, {}

@@ -54,7 +54,9 @@ class TrustRegionGuard:
     """Undo a step that moved the policy too far, and set the learning rate from how far it moved.
 
     :param target_kl: per-token KL (nats) between the policy before and after one optimizer step above
-        which the learning rate is lowered.
+        which the learning rate is lowered. Measured on the built-in recipe: its steps move the policy
+        1e-4 to 0.035 nats per token, the first (Adam's bias-corrected first step moves every weight by
+        the full rate) the largest; at ten times its rate the first step moves it 0.46.
     :param skip_factor: a step whose KL is above ``skip_factor * target_kl`` is also undone.
     :param recover_below: a step whose KL is below ``recover_below * target_kl`` lets a lowered learning
         rate rise again.
@@ -69,11 +71,10 @@ class TrustRegionGuard:
     stages = ("step",)
     needs = ("policy_kl",)
     actions = {"step": ("skip", "adjust")}
-    actions = {"step": ("skip", "adjust")}
 
     def __init__(
         self,
-        target_kl: float = 0.03,
+        target_kl: float = 0.05,
         skip_factor: float = 4.0,
         recover_below: float = 0.25,
         recover_factor: float = 1.2,

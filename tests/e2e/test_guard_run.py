@@ -4,6 +4,7 @@ guard on and kill the run with it off; workers are isolated and say so in isolat
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -154,3 +155,38 @@ def test_a_rollback_without_checkpoints_restores_a_rollback_point_and_keeps_the_
     assert CheckpointManager(run_dir).latest() is None
     held = sorted(p.name for p in (run_dir / "rollback").glob("step_*")) if store == "disk" else []
     assert held == (["step_000002", "step_000004"] if store == "disk" else [])
+
+
+def test_the_default_trust_region_undoes_a_far_step_and_a_resume_after_it_continues_bit_for_bit(ray_cluster, tmp_path):
+    """Nothing about the guard set, the learning rate 100x the recipe's: the first step is undone and the rate lowered;
+    a run killed after the guard changed the rate resumes exactly as it went on (rate, guard state, weights)."""
+    high = ["actor.lr=5e-3", "trainer.faults=[]", "trainer.save_freq=2", "trainer.total_steps=4"]
+    assert run(tmp_path, "tr", *high)
+    events = [json.loads(x) for x in (tmp_path / "tr" / "guard_events.jsonl").read_text().splitlines()]
+    first = events[0]
+    assert (first["step"], first["stage"], first["guard"], first["action"]) == (1, "step", "trust_region", "skip")
+    assert first["signal"] > 4 * 0.05 and first["adjustments"]["lr"] < 5e-3
+    rows = [json.loads(x) for x in (tmp_path / "tr" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert steps[0]["actor/skipped_updates"] == 1.0 and steps[1]["actor/lr"] == pytest.approx(
+        first["adjustments"]["lr"]
+    )
+
+    ckpts = tmp_path / "tr" / "checkpoints"
+    final = load_file(str(ckpts / "step_000004" / "model" / "model.safetensors"))
+    shutil.rmtree(ckpts / "step_000004")  # as if the run had been killed after step 3
+    (ckpts / "latest").write_text("step_000002")
+    trainer = Trainer(load_config(None, [*SMALL, f"trainer.run_dir={tmp_path / 'tr'}", *high]), resume=True)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    again = [json.loads(x) for x in (tmp_path / "tr" / "metrics.jsonl").read_text().splitlines()]
+    resumed = [r for r in again if "actor/pg_loss" in r][-2:]
+    clock = ("timing_s/", "perf/")
+    same = lambda r: {k: v for k, v in r.items() if not k.startswith(clock)}  # noqa: E731
+    assert [r["step"] for r in resumed] == [3, 4] and [same(r) for r in resumed] == [same(r) for r in steps[2:]]
+    after = load_file(str(ckpts / "step_000004" / "model" / "model.safetensors"))
+    assert all(torch.equal(after[k], final[k]) for k in final)
+    # the events of the steps taken again are dropped on resume and written again: the same decisions, once each
+    assert [json.loads(x) for x in (tmp_path / "tr" / "guard_events.jsonl").read_text().splitlines()] == events

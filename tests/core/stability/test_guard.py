@@ -260,3 +260,39 @@ def test_the_run_keeps_rollback_points_only_for_a_guard_that_may_ask_the_driver_
         assert not GuardRunner([{"name": "non_finite"}], enable=False).rolls_back()
     # the driver's stages are the ones where a rollback restores
     assert set(RESTORING_STAGES) == {s for s, spec in GUARD_STAGES.items() if spec.where.startswith("driver")}
+
+
+def test_a_guard_needing_a_statistic_no_stage_measures_or_of_a_stage_it_does_not_watch_is_refused():
+    class NeedsNothingReal:
+        stages = ("step",)
+        needs = ("policy_entropy",)
+
+        def observe(self, stage, stats, step):
+            return Verdict.proceed()
+
+    class NeedsWithoutTheStage(NeedsNothingReal):
+        stages = ("update",)
+        needs = ("policy_kl",)
+
+    class Plugin:
+        @hookimpl
+        def armor_register_stability_guards(self, register):
+            register("needs_nothing_real", NeedsNothingReal)
+            register("needs_without_the_stage", NeedsWithoutTheStage)
+
+    with registered(Plugin(), load_entrypoints=False) as pm:
+        with pytest.raises(ConfigError, match=r"guard.guards\[0\] \(needs_nothing_real\) needs 'policy_entropy'"):
+            GuardRunner([{"name": "needs_nothing_real"}], pm=pm)
+        with pytest.raises(ConfigError, match=r"measured at stage 'step': list 'step' in its `stages`"):
+            GuardRunner([{"name": "needs_without_the_stage"}], pm=pm)
+
+
+def test_a_resume_drops_the_events_of_the_steps_it_takes_again(tmp_path):
+    runner = GuardRunner([{"name": "non_finite"}], run_dir=tmp_path)
+    for step in (1, 2, 3):
+        runner.observe("grad", {"grad_norm": float("nan"), "pg_loss": 0.1}, step)
+    with open(tmp_path / "guard_events.jsonl", "a") as fh:
+        fh.write('{"step": 4, "stage": "gr')  # the half-written line of a killed run
+    runner.forget_after(2)
+    kept = [json.loads(x) for x in (tmp_path / "guard_events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in kept] == [1, 2]
