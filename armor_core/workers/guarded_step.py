@@ -135,7 +135,7 @@ class GuardedStep:
         return verdict
 
     def _probe_forward(self, mini: Any, idx: torch.Tensor) -> torch.Tensor:
-        return self.logp.forward(self.train_module, mini, idx, with_entropy=False)[0]
+        return self.logp.forward(self.train_module, mini, idx, with_entropy=False, count=False)[0]
 
     def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank

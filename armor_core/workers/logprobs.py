@@ -156,12 +156,14 @@ class ResponseLogProbs(LayoutChoice):
         sl: slice | torch.Tensor,
         with_entropy: bool,
         extra_ids: torch.Tensor | None = None,
+        count: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
         when ``module`` is in training mode and grad is enabled. ``extra_ids`` (rows, R, k): also the
         log-probs of these tokens at each response position, from the same forward (one forward per
         micro-batch, as DDP and FSDP2 need); the log-probs are then (rows, R, 1 + k), column 0 the
-        sampled tokens'."""
+        sampled tokens'. ``count=False`` leaves it out of ``perf/padding_waste`` and ``perf/prompt_sharing``
+        (a measurement, not the training forward those describe)."""
         ids, attn, pos, resp = (
             batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses")
         )
@@ -179,7 +181,8 @@ class ResponseLogProbs(LayoutChoice):
             lp, ent, stats = forward_response_log_probs(
                 module, ids, attn, pos, targets, self.temperature, with_entropy, packed, self.chunk_tokens
             )
-        self.count(stats)
+        if count:
+            self.count(stats)
         return lp, ent
 
     @torch.no_grad()
