@@ -135,7 +135,13 @@ class GuardedStep:
         return verdict
 
     def _probe_forward(self, mini: Any, idx: torch.Tensor) -> torch.Tensor:
-        return self.logp.forward(self.train_module, mini, idx, with_entropy=False, count=False)[0]
+        lp = self.logp.forward(self.train_module, mini, idx, with_entropy=False, count=False)[0]
+        # FSDP2 leaves the root's parameters gathered after a forward without backward: shard them again, or
+        # the parameters put back by a skip (this rank's shards) would not fit them
+        for module in self.model.modules():
+            if hasattr(module, "reshard") and hasattr(module, "unshard"):
+                module.reshard()
+        return lp
 
     def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank

@@ -144,3 +144,30 @@ def test_two_ranks_agree_on_the_policy_kl_of_the_whole_batch(tmp_path):
     ranks = run_ranks(_one_step, 2, tmp_path / "two")
     assert ranks[0] == ranks[1]  # every rank reads the same number: a collective verdict
     assert ranks[0] == pytest.approx(alone, rel=1e-4)  # the probe covers every row here: the whole batch's value
+
+
+def _undone_under_fsdp2(rank: int, world: int) -> tuple[float, bool]:
+    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.optim import local_params
+
+    ids, attn, pos, resp = rollout_batch([3, 2, 3, 1], [3, 1, 2, 3], P=3, R=R, vocab=15)
+    mask = attn[:, -R:]
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    from armor_core.dataproto.protocol import DataProto
+
+    batch = DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": attn, "position_ids": pos, "responses": resp,
+                 "response_mask": mask, "advantages": adv}
+    )  # fmt: skip
+    need = "guard.guards=[{name: trust_region, params: {target_kl: 1.0e-9, skip_factor: 1.0}}]"
+    w = ActorWorker(config(need, "actor.lr=1e-3", "actor.strategy=fsdp2"), rank=rank, world_size=world)
+    before = [t.clone() for t in local_params(w.model)]
+    m = w.update_actor(batch[[rank, rank + 2]], step=1)
+    return m["actor/skipped_updates"], all(torch.equal(a, b) for a, b in zip(before, local_params(w.model)))
+
+
+@pytest.mark.slow
+def test_a_step_undone_under_fsdp2_puts_each_rank_shards_back(tmp_path):
+    # the probe's forward gathers the root's parameters; they must be sharded again before the old shards go back
+    ranks = run_ranks(_undone_under_fsdp2, 2, tmp_path)
+    assert ranks == [(1.0, True), (1.0, True)]
