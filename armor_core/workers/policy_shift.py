@@ -29,7 +29,7 @@ from armor_core.workers.collectives import global_sums
 __all__ = ["PROBE_ROWS", "PolicyShiftProbe", "k3_kl"]
 
 #: rows per rank in the probe: enough tokens that the mean is steady, few enough that the forward is cheap
-PROBE_ROWS = int(__import__("os").environ.get("ARMOR_PROBE_ROWS", 16))
+PROBE_ROWS = 16
 
 #: log-ratio clamp before exp: exp overflows in fp32 past ~88, and a KL this far out is already a verdict
 _MAX_LOG_RATIO = 20.0

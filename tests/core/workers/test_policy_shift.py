@@ -117,9 +117,10 @@ def test_policy_kl_matches_the_exact_kl_and_is_zero_for_a_step_that_changes_noth
     assert "actor/policy_kl" not in m and "perf/actor_probe_s" not in m  # nobody needs it: not measured
 
 
-def _one_step(rank: int, world: int) -> float:
+def random_batch():
+    """Four rows of random tokens laid out as the rollout writes them, with random advantages (the same on every
+    rank: a data-parallel test gives each rank its share)."""
     from armor_core.dataproto.protocol import DataProto
-    from armor_core.workers.actor import ActorWorker
 
     ids, attn, pos, resp = rollout_batch([3, 2, 3, 1], [3, 1, 2, 3], P=3, R=R, vocab=15)
     mask = attn[:, -R:]
@@ -128,6 +129,13 @@ def _one_step(rank: int, world: int) -> float:
         tensors={"input_ids": ids, "attention_mask": attn, "position_ids": pos, "responses": resp,
                  "response_mask": mask, "advantages": adv}
     )  # fmt: skip
+    return batch
+
+
+def _one_step(rank: int, world: int) -> float:
+    from armor_core.workers.actor import ActorWorker
+
+    batch = random_batch()
     mine = batch if world == 1 else batch[[rank, rank + 2]]
     w = ActorWorker(
         config("guard.guards=[{name: trust_region, params: {target_kl: 1.0e9}}]", "actor.lr=1e-3"),
@@ -150,15 +158,7 @@ def _undone_under_fsdp2(rank: int, world: int) -> tuple[float, bool]:
     from armor_core.workers.actor import ActorWorker
     from armor_core.workers.optim import local_params
 
-    ids, attn, pos, resp = rollout_batch([3, 2, 3, 1], [3, 1, 2, 3], P=3, R=R, vocab=15)
-    mask = attn[:, -R:]
-    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
-    from armor_core.dataproto.protocol import DataProto
-
-    batch = DataProto.from_dict(
-        tensors={"input_ids": ids, "attention_mask": attn, "position_ids": pos, "responses": resp,
-                 "response_mask": mask, "advantages": adv}
-    )  # fmt: skip
+    batch = random_batch()
     need = "guard.guards=[{name: trust_region, params: {target_kl: 1.0e-9, skip_factor: 1.0}}]"
     w = ActorWorker(config(need, "actor.lr=1e-3", "actor.strategy=fsdp2"), rank=rank, world_size=world)
     before = [t.clone() for t in local_params(w.model)]
