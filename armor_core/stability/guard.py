@@ -80,12 +80,19 @@ def _honoured_at(stage: str) -> str:
 
 
 def declaration_problem(guard: Any) -> str | None:
-    """What is wrong with ``guard``'s ``actions`` (``{stage: (action, ...)}``), or None: every stage must be one it
-    sees, every action one that stage honours (``GUARD_STAGES[stage].honours``). None too without ``actions``."""
+    """What is wrong with ``guard``'s ``needs`` or ``actions`` (``{stage: (action, ...)}``), or None: every statistic
+    it needs must be one a stage it sees measures (``OPTIONAL_STATS``); every stage in ``actions`` one it sees, every
+    action one that stage honours (``GUARD_STAGES[stage].honours``)."""
+    cls = type(guard).__name__
+    for stat in getattr(guard, "needs", ()):  # optional statistics, each measured at one stage the guard must see
+        if stat not in OPTIONAL_STATS:
+            return f"{cls}.needs {stat!r}, which no stage measures; optional statistics: {list(OPTIONAL_STATS)}"
+        if not sees(guard, OPTIONAL_STATS[stat]):
+            stage = OPTIONAL_STATS[stat]
+            return f"{cls}.needs {stat!r}, measured at stage {stage!r}: list {stage!r} in its `stages`"
     actions = getattr(guard, "actions", None)
     if actions is None:
         return None
-    cls = type(guard).__name__
     if not isinstance(actions, Mapping):
         return f"{cls}.actions = {actions!r} must map stages to the actions returned there, e.g. {{'grad': ('skip',)}}"
     for stage, listed in actions.items():
@@ -184,22 +191,8 @@ def build_guards(
             raise ConfigError(f"{named}: {e}") from None
         if problem := declaration_problem(guard):
             raise ConfigError(f"guard.guards[{i}] ({spec['name']}): {problem}")
-        _check_needs(guard, f"guard.guards[{i}] ({spec['name']})")
         built.append((spec["name"] if names.count(spec["name"]) == 1 else f"{spec['name']}#{i}", guard))
     return built
-
-
-def _check_needs(guard: Any, where: str) -> None:
-    """A guard's ``needs`` must name optional statistics of a stage it observes."""
-    stages = getattr(guard, "stages", None)
-    for stat in getattr(guard, "needs", ()):
-        if stat not in OPTIONAL_STATS:
-            raise ConfigError(
-                f"{where} needs {stat!r}, which no stage measures; optional statistics: {list(OPTIONAL_STATS)}"
-            )
-        stage = OPTIONAL_STATS[stat]
-        if stages is None or stage not in stages:
-            raise ConfigError(f"{where} needs {stat!r}, measured at stage {stage!r}: list {stage!r} in its `stages`")
 
 
 class GuardRunner:

@@ -281,9 +281,15 @@ def test_a_guard_needing_a_statistic_no_stage_measures_or_of_a_stage_it_does_not
             register("needs_without_the_stage", NeedsWithoutTheStage)
 
     with registered(Plugin(), load_entrypoints=False) as pm:
-        with pytest.raises(ConfigError, match=r"guard.guards\[0\] \(needs_nothing_real\) needs 'policy_entropy'"):
+        with pytest.raises(
+            ConfigError,
+            match=r"guard.guards\[0\] \(needs_nothing_real\): NeedsNothingReal.needs 'policy_entropy', which no stage",
+        ):
             GuardRunner([{"name": "needs_nothing_real"}], pm=pm)
-        with pytest.raises(ConfigError, match=r"measured at stage 'step': list 'step' in its `stages`"):
+        with pytest.raises(
+            ConfigError,
+            match=r"NeedsWithoutTheStage.needs 'policy_kl', measured at stage 'step': list 'step' in its `stages`",
+        ):
             GuardRunner([{"name": "needs_without_the_stage"}], pm=pm)
 
 
