@@ -309,6 +309,7 @@ def _train(rank: int, args: argparse.Namespace) -> None:
         rank=rank, world_size=world,
     )  # fmt: skip
     if world > 1:
+        torch.distributed.barrier()  # no rank exits while a peer's gloo threads still talk to it
         torch.distributed.destroy_process_group()
     if rank != 0:
         return

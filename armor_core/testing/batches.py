@@ -10,15 +10,22 @@ __all__ = ["left_padded_batch", "rollout_batch", "run_ranks", "shared_prompt_bat
 
 
 def _rank_entry(rank: int, fn: Any, world: int, port: int, out_dir: str) -> None:
+    import faulthandler
     import os
     import traceback
 
     import torch.distributed as dist
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+    # a rank that dies in C++ (an abort, a segfault) raises nothing: its Python stack goes to the .crash file
+    crash = open(os.path.join(out_dir, f"rank{rank}.crash"), "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.enable(file=crash, all_threads=True)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         torch.save(fn(rank, world), os.path.join(out_dir, f"rank{rank}.pt"))
+        # no rank leaves while a peer's gloo threads still talk to it: a rank that exits right after the last
+        # collective can abort its peer at exit ("terminate called without an active exception")
+        dist.barrier()
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as fh:
             fh.write(traceback.format_exc())
@@ -52,10 +59,10 @@ def run_ranks(fn: Any, world: int, out_dir: str | Any) -> list[Any]:
     out = Path(out_dir)
     try:
         mp.spawn(_rank_entry, args=(fn, world, port, str(out)), nprocs=world, join=True)
-    except Exception:
-        raise AssertionError(
-            "a rank failed:\n" + "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))
-        ) from None
+    except Exception as e:
+        told = [p.read_text() for p in sorted(out.glob("rank*.err"))]
+        told += [f"{p.name}:\n{p.read_text()}" for p in sorted(out.glob("rank*.crash")) if p.stat().st_size]
+        raise AssertionError(f"a rank failed ({e}):\n" + "\n".join(told)) from None
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -135,7 +135,9 @@ class GuardedStep:
         return verdict
 
     def _probe_forward(self, mini: Any, idx: torch.Tensor) -> torch.Tensor:
-        lp = self.logp.forward(self.train_module, mini, idx, with_entropy=False, count=False)[0]
+        # DDP's replicas are identical after the step: the bare model, no DDP forward (its buffer broadcast is a
+        # collective outside the training pass); under FSDP2 the model is the sharded root, its forward a collective
+        lp = self.logp.forward(self.model, mini, idx, with_entropy=False, count=False)[0]
         # FSDP2 leaves the root's parameters gathered after a forward without backward: shard them again, or
         # the parameters put back by a skip (this rank's shards) would not fit them
         for module in self.model.modules():
