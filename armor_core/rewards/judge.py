@@ -20,7 +20,8 @@ failure watch); the model loads once per worker (its ``warmup``) and generates `
 own instead, with its own cores and GPUs (``armor_core.rewards.placement``), in bfloat16 on a GPU that has it.
 
 Endpoint (``url``): an OpenAI-compatible ``POST {url}/chat/completions`` per row, ``max_concurrency`` in
-flight, with the retries, back-off and time bounds of ``reward.remote`` (``armor_core.rewards.remote``); the
+flight, with the retries, back-off and time bounds of ``reward.remote`` (``armor_core.rewards.remote``: each
+try ``timeout_s`` to the answer's last byte, a batch's rows ``total_bound`` in all); the
 API key is read from the environment variable ``api_key_env`` when a request is made, never stored in the
 config or logged.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 import string
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
@@ -43,7 +45,7 @@ from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.model import PLACEMENTS, resolve_dtype
 from armor_core.rewards.placement import placed
-from armor_core.rewards.remote import RemoteRewardError, one_result, post_json
+from armor_core.rewards.remote import RemoteRewardError, one_result, post_json, total_bound
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]
 
@@ -197,7 +199,7 @@ class EndpointJudge(_Judge):
     def __repr__(self) -> str:
         return f"EndpointJudge({self.url})"
 
-    def _verdict(self, ask: str) -> RewardResult | Exception:
+    def _verdict(self, ask: str, deadline: float) -> RewardResult | Exception:
         body = {
             "messages": [{"role": "user", "content": ask}],
             "temperature": self.temperature,
@@ -208,7 +210,7 @@ class EndpointJudge(_Judge):
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            reply = post_json(self.url, body, headers, self.timeout_s, self.retries, self.backoff_s)
+            reply = post_json(self.url, body, headers, self.timeout_s, self.retries, self.backoff_s, deadline)
             text = reply["choices"][0]["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError
@@ -219,8 +221,9 @@ class EndpointJudge(_Judge):
         return _read(self.verdicts, text)
 
     def judge(self, asks: Sequence[str]) -> list[RewardResult | Exception]:
+        deadline = time.monotonic() + total_bound(self.timeout_s, self.retries, self.backoff_s)  # the whole batch's
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(asks)))) as pool:
-            return list(pool.map(self._verdict, asks))
+            return list(pool.map(self._verdict, asks, [deadline] * len(asks)))
 
 
 def _read(verdicts: Verdicts, text: str) -> RewardResult | Exception:
