@@ -47,7 +47,7 @@ from armor_core.rewards.model import PLACEMENTS, resolve_dtype
 from armor_core.rewards.placement import placed
 from armor_core.rewards.remote import RemoteRewardError, one_result, post_json, total_bound
 
-__all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]
+__all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "judge_models", "load_judges"]
 
 _FIELDS = {"prompt", "response", "ground_truth", "rubric"}
 _DEFAULTS = {
@@ -72,6 +72,7 @@ _DEFAULTS = {
     "max_concurrency": 4,
     "requires_ground_truth": False,
 }
+_ALL_DEFAULTS = {"model": None, "url": None, **_DEFAULTS}  # a local judge's model, or an endpoint's url
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _LOADED: dict[tuple, tuple[Any, Any]] = {}  # per process: (model directory, device) -> (model, tokenizer)
 
@@ -263,14 +264,20 @@ def _check(entry: Mapping[str, Any], at: str) -> None:
     Entries.seconds(entry, at, ["backoff_s"], zero=True)
 
 
+def judge_models(value: Any, where: str = "reward.judge") -> list[tuple[str, str]]:
+    """``(config key, directory)`` of each local judge of ``reward.judge`` (an endpoint has none), for the checks
+    ``armor run`` makes at start (``loop.preflight.check_reward_models``)."""
+    entries = Entries(value, where, _ALL_DEFAULTS, [], [])
+    return [(f"{at}.model", str(entry["model"])) for at, entry in entries if entry["model"] is not None]
+
+
 def load_judges(value: Any, known: Sequence[str], where: str = "reward.judge") -> tuple[dict, dict]:
     """The domains of ``reward.judge`` (a mapping or a list): ``({domain: RewardDomain}, {data_source: domain})``.
 
     :raises ConfigError: naming the entry and the key."""
     from armor_core.models.loading import resolve_model_path
 
-    defaults = {"model": None, "url": None, **_DEFAULTS}
-    entries = Entries(value, where, defaults, [], known)
+    entries = Entries(value, where, _ALL_DEFAULTS, [], known)
     for at, entry in entries:
         if (entry["model"] is None) == (entry["url"] is None):
             raise ConfigError(f"{at}: give exactly one of 'model' (a local directory) and 'url' (an endpoint)")
