@@ -451,6 +451,134 @@ def _lora_resume_other_rank(lab: Lab) -> Outcome:
     )
 
 
+# -- rewards, reward models, judges and teachers (issue 42) ---------------------------------------
+
+
+def _leaving_file(lab: Lab) -> Path:
+    """A reward file that calls sys.exit(0) as it is read."""
+    return lab.data("leaves.py", b"import sys\n\nsys.exit(0)\n")
+
+
+def _leaving_config(lab: Lab) -> Path:
+    """A run config whose reward.custom names ``_leaving_file``."""
+    return lab.data("leaves.yaml", f"reward:\n  custom:\n    - {{path: {_leaving_file(lab)}}}\n".encode())
+
+
+def _huge_reward_json(lab: Lab) -> Outcome:
+    """``armor reward`` on a file reward returning 1e39 (inf in float32): the row fails, and the line printed is
+    JSON (``-Infinity`` is not)."""
+    path = lab.data("huge.py", b"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                               b"    return 1e39\n")  # fmt: skip
+    config = lab.data(
+        "huge.yaml", f"reward:\n  custom:\n    - {{path: {path}, requires_ground_truth: false}}\n".encode()
+    )
+    proc = lab.command("reward", "huge", "--config", str(config), "--response", "x")
+    try:
+        record = json.loads(proc.stdout, parse_constant=lambda name: {"not JSON": name})
+    except ValueError:
+        record = {"not JSON": proc.stdout}
+    error = record.get("error", "") if isinstance(record, dict) else ""
+    return Outcome(
+        f"exit {proc.returncode}: {shown(lab.relative(proc.stdout.strip()))}",
+        proc.returncode == 1 and "not JSON" not in str(record) and "outside the float32 range" in error,
+    )
+
+
+def _trickling_service(lab: Lab) -> Outcome:
+    """``reward.remote`` at a server that sends a byte every 0.2 s (timeout_s 1, retries 1, back-off 0.1): the rows
+    fail within the batch's bound, 2.1 s (urllib's per-operation timeout never trips)."""
+    import socket
+    import threading
+
+    from armor_core.config.schema import RewardConfig
+    from armor_core.plugins import PluginManager
+    from armor_core.rewards.manager import RewardManager
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+                for _ in range(100):  # 20 s, then it gives up
+                    conn.sendall(b" ")
+                    time.sleep(0.2)
+            except OSError:
+                return
+
+    def serve() -> None:
+        while True:
+            try:
+                threading.Thread(target=trickle, args=(listener.accept()[0],), daemon=True).start()
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    entry = {"url": f"http://127.0.0.1:{listener.getsockname()[1]}/r", "timeout_s": 1, "retries": 1, "backoff_s": 0.1}
+    quiet = logging.getLogger("armor_core.rewards.manager")
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        with RewardManager(RewardConfig(remote=entry, failure_score=0.0), PluginManager()) as manager:
+            t0 = time.monotonic()
+            batch = manager.score(["p"] * 2, ["a", "b"], ["remote"] * 2, [None] * 2)
+            took = time.monotonic() - t0
+    finally:
+        quiet.level = level
+        listener.close()
+    return Outcome(
+        f"{took:.1f} s; rows fail: {shown(batch.errors[0] or 'no error')}",
+        took < 3.0 and all(batch.errors) and "TimeoutError" in (batch.errors[0] or ""),
+    )
+
+
+def _domain_map_to_file(lab: Lab) -> Outcome:
+    """``reward.domain_map`` naming a domain ``reward.custom`` defines, weighted beside an installed one."""
+    path = lab.data("mine.py", b"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                               b"    return 1.0\n")  # fmt: skip
+    proc = lab.command(
+        "run", *SMALL, f"reward.custom=[{{path: {path}, domain: mine}}]", "reward.domain_map.arithmetic={arithmetic: 1.0, mine: 0.5}",
+        f"trainer.run_dir={lab.root / 'domain_map_dry'}", "--dry-run",
+    )  # fmt: skip
+    said = lab.relative(message(proc.stderr)) if proc.returncode else "config and plugins are valid"
+    return Outcome(f"exit {proc.returncode}: {shown(said)}", proc.returncode == 0)
+
+
+def _bigger_teacher(lab: Lab) -> Path:
+    """A teacher with the built-in model's tokenizer and 13 more rows in its head (as Qwen2.5-7B has 128 more than
+    0.5B)."""
+    from armor_core.models.loading import build_tiny_model, load_tokenizer
+
+    d = lab.root / "models" / "bigger_teacher"
+    if not d.is_dir():
+        build_tiny_model("qwen2", 19 + 13, hidden_size=64, num_layers=1, num_heads=2, seed=3).save_pretrained(d)
+        load_tokenizer("builtin:arithmetic-tiny").save_pretrained(d)
+    return d
+
+
+def _bigger_teacher_run(lab: Lab) -> Outcome:
+    run = lab.root / "bigger_teacher_run"
+    proc = lab.armor(
+        *SMALL, "trainer.total_steps=2", "trainer.val_freq=0", f"algorithm.distill.teacher={_bigger_teacher(lab)}",
+        "algorithm.distill.mode=topk_forward_kl", "algorithm.distill.k=4", f"trainer.run_dir={run}",
+    )  # fmt: skip
+    steps = (
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] if proc.returncode == 0 else []
+    )
+    kl = [row["distill/reverse_kl"] for row in steps if "distill/reverse_kl" in row]
+    said = f"{len(kl)} steps, distill/reverse_kl {kl[-1]:.3f}" if kl else shown(lab.relative(message(proc.stderr)))
+    return Outcome(f"exit {proc.returncode}: {said}", proc.returncode == 0 and len(kl) == 2)
+
+
+def _empty_weights(d: Path) -> None:
+    (d / "model.safetensors").write_bytes(b"")
+
+
+def _latin1_pairs(lab: Lab) -> Path:
+    good = b'{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n'
+    return lab.data("latin1_pairs.jsonl", good + good + b'{"prompt": "caf\xe9", "chosen": "2", "rejected": "3"}\n')
+
+
 CASES: list[Case] = [
     # config: every value is checked before anything starts
     refused(
@@ -659,7 +787,7 @@ CASES: list[Case] = [
             str(lab.data("x.jsonl", _ROW).parent),
             "--out",
             str(lab.root / "sft_dir_out"),
-        ],  # fmt: skip
+        ],
         r"--data file '.*data' is a directory; give a JSONL file",
     ),
     refused_command(
@@ -826,6 +954,80 @@ CASES: list[Case] = [
     Case("score nan", "a reward domain returning NaN", "the row fails", bad_score("nan")),
     Case("score text", "a reward domain returning the text '1'", "the row fails", bad_score("1", _as_text)),
     Case("sub-score nan", "a reward domain with a NaN sub-score", "the row fails", bad_score("1", _nan_part)),
+    # rewards, reward models, judges and teachers (issue 42)
+    Case(
+        "rewards: armor reward 1e39",
+        "`armor reward` on a reward.custom file returning 1e39",
+        "exit 1, the row's error, a JSON line",
+        _huge_reward_json,
+    ),
+    Case(
+        "rewards: trickling service",
+        "reward.remote at a server sending a byte every 0.2 s (timeout_s 1, retries 1)",
+        "the rows fail within the batch's bound (2.1 s)",
+        _trickling_service,
+    ),
+    refused(
+        "rewards: reward file exits at import (armor run)",
+        lambda lab: [f"reward.custom=[{{path: {_leaving_file(lab)}}}]"],
+        r"leaves\.py:3: the file exits while it is read \(SystemExit\(0\)\)",
+    ),
+    refused_command(
+        "rewards: reward file exits at import (armor reward)",
+        lambda lab: [
+            "reward",
+            "leaves",
+            "--config",
+            str(_leaving_config(lab)),
+            "--response",
+            "x",
+            "--ground-truth",
+            "1",
+        ],
+        r"leaves\.py:3: the file exits while it is read \(SystemExit\(0\)\)",
+    ),
+    Case(
+        "rewards: domain_map to a reward.custom domain",
+        "reward.domain_map weighting a reward.custom domain beside an installed one (--dry-run)",
+        "exit 0",
+        _domain_map_to_file,
+    ),
+    refused(
+        "rewards: damaged reward model",
+        lambda lab: [f"reward.model={{path: {lab.model('rm_empty', _empty_weights)}}}"],
+        r"^error: reward.model.path=.*rm_empty: .*has 0 bytes",
+    ),
+    refused(
+        "rewards: damaged judge model",
+        lambda lab: [f"reward.judge={{model: {lab.model('judge_empty', _empty_weights)}, template: x}}"],
+        r"^error: reward.judge.model=.*judge_empty: .*has 0 bytes",
+    ),
+    refused(
+        "rewards: damaged teacher",
+        lambda lab: [f"algorithm.distill.teacher={lab.model('teacher_empty', _empty_weights)}"],
+        r"^error: algorithm.distill.teacher=.*teacher_empty: .*has 0 bytes",
+    ),
+    refused_command(
+        "rewards: rm train pairs not UTF-8",
+        lambda lab: [
+            "rm",
+            "train",
+            "--pairs",
+            str(_latin1_pairs(lab)),
+            "--model",
+            "builtin:arithmetic-tiny",
+            "--out",
+            str(lab.root / "rm_latin1"),
+        ],
+        r"latin1_pairs\.jsonl, line 3: not UTF-8 text \(byte 0xe9",
+    ),
+    Case(
+        "rewards: teacher with a larger vocab_size",
+        "a distillation teacher with the student's tokenizer and a larger vocab_size (top-k forward KL, 2 steps)",
+        "exit 0",
+        _bigger_teacher_run,
+        trains=True,
+    ),
 ]
 
 

@@ -11,10 +11,18 @@ __all__ = ["json_lines"]
 
 
 def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed value)`` for every non-blank line of ``path``; a line that is not JSON is a
-    ``ValueError`` naming the file, the line and the parser's complaint."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    """``(line number, parsed value)`` for every non-blank line of ``path``; a line that is not UTF-8 or not JSON
+    is a ``ValueError`` naming the file, the line and what is wrong (read as bytes and decoded line by line:
+    a text-mode reader's error names neither)."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}, line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at the line's byte "
+                    f"{e.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

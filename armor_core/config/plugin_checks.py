@@ -43,10 +43,14 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
             wanted.append((f"guard.guards[{i}].name", "stability_guard", g["name"]))
     for i, name in enumerate(cfg.trainer.loggers):
         wanted.append((f"trainer.loggers[{i}]", "metric_tracker", name))
+    installed = set(pm.names("reward_domain"))
     for source, spec in cfg.reward.domain_map.items():
         domains = [spec] if isinstance(spec, str) else list(spec)
         for d in domains:
-            wanted.append((f"reward.domain_map.{source}", "reward_domain", d))
+            # another name may be a domain the reward section defines itself (reward.custom, remote, model, judge):
+            # the RewardManager, which reads those, resolves it, or names the key and the nearest domain
+            if d in installed or missing_pack(d, ""):
+                wanted.append((f"reward.domain_map.{source}", "reward_domain", d))
     resolved = {}
     for key, kind, name in wanted:
         try:

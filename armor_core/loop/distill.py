@@ -14,8 +14,9 @@ check at start.
   distillation signal alone. The loss forms (``via=loss``, ``topk_forward_kl``) are the actor's
   (``workers/distill_loss.py``): the teacher's tensors travel in the update batch.
 
-``check_teacher`` (called by ``preflight.check_run``): the teacher directory is a loadable model and its
-tokenizer is the student's, token for token; a mismatch names both vocabularies.
+``check_teacher`` (called by ``preflight.check_run``): the teacher directory is a loadable model (an error
+names ``algorithm.distill.teacher``), its tokenizer is the student's, token for token (a mismatch names both
+vocabularies), and its head has at least the student's rows (a larger one is scored over the student's).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from armor_core.config.schema import ArmorConfig, ConfigError
 from armor_core.workers.api import TeacherAPI
 from armor_core.workers.distill_loss import compute_distill_reverse_kl
+from armor_core.workers.teacher import vocab_size
 
 __all__ = ["TEACHER_KEYS", "Distillation", "check_teacher"]
 
@@ -73,31 +75,43 @@ def _behaviour(batch: Any) -> torch.Tensor:
 
 
 def check_teacher(cfg: ArmorConfig) -> None:
-    """With ``algorithm.distill.teacher`` set: the teacher is a model directory (``preflight.check_model``)
-    and its tokenizer maps every token to the same id as the student's.
+    """With ``algorithm.distill.teacher`` set: the teacher is a model directory (``preflight.check_model``), its
+    tokenizer maps every token to the same id as the student's, and its head has at least the student's rows.
 
-    :raises ConfigError: the vocabularies differ, naming both (size, path, a few differing tokens).
+    A larger head is fine: models pad their vocabulary past the tokenizer (Qwen2.5-0.5B to 151936 rows, 7B to
+    152064), and the teacher worker scores over the student's rows only (``workers/teacher.keep_rows``).
+
+    :raises ModelPathError: the teacher's directory, named ``algorithm.distill.teacher=...``; ``ConfigError``: the
+        vocabularies differ, naming both (size, path, a few differing tokens), or the teacher's head is smaller.
     """
     teacher = cfg.algorithm.distill.teacher
     if not teacher:
         return
-    from armor_core.loop.preflight import check_model
+    from armor_core.loop.preflight import check_model, named
     from armor_core.models.loading import load_tokenizer, resolve_model_path
 
     trust = cfg.model.trust_remote_code
-    check_model(teacher, trust_remote_code=trust)
+    key = "algorithm.distill.teacher"
+    with named(key, teacher):
+        check_model(teacher, trust_remote_code=trust)
+        teacher_path = str(resolve_model_path(teacher))
     student_path = cfg.model.tokenizer_path or str(resolve_model_path(cfg.model.path))
-    teacher_path = str(resolve_model_path(teacher))
     student = load_tokenizer(student_path, trust_remote_code=trust).get_vocab()
     theirs = load_tokenizer(teacher_path, trust_remote_code=trust).get_vocab()
-    if student == theirs:
-        return
-    only_s, only_t = sorted(set(student) - set(theirs))[:5], sorted(set(theirs) - set(student))[:5]
-    moved = sorted((t for t in student if t in theirs and student[t] != theirs[t]), key=student.get)
-    raise ConfigError(
-        f"algorithm.distill.teacher={teacher!r}: the teacher's tokenizer ({teacher_path}, vocabulary of "
-        f"{len(theirs)} tokens) is not the student's ({student_path}, vocabulary of {len(student)} tokens): "
-        f"only the student has {only_s}, only the teacher has {only_t}, {len(moved)} shared token(s) have other "
-        f"ids (e.g. {moved[:5]}). Distillation compares log-probs token by token: use a teacher trained with the "
-        "student's tokenizer"
-    )
+    if student != theirs:
+        only_s, only_t = sorted(set(student) - set(theirs))[:5], sorted(set(theirs) - set(student))[:5]
+        moved = sorted((t for t in student if t in theirs and student[t] != theirs[t]), key=student.get)
+        raise ConfigError(
+            f"{key}={teacher!r}: the teacher's tokenizer ({teacher_path}, vocabulary of "
+            f"{len(theirs)} tokens) is not the student's ({student_path}, vocabulary of {len(student)} tokens): "
+            f"only the student has {only_s}, only the teacher has {only_t}, {len(moved)} shared token(s) have other "
+            f"ids (e.g. {moved[:5]}). Distillation compares log-probs token by token: use a teacher trained with the "
+            "student's tokenizer"
+        )
+    rows_s, rows_t = vocab_size(resolve_model_path(cfg.model.path)), vocab_size(teacher_path)
+    if rows_s is not None and rows_t is not None and rows_t < rows_s:
+        raise ConfigError(
+            f"{key}={teacher!r}: the teacher's vocab_size {rows_t} (config.json) is smaller than the student's "
+            f"{rows_s}: the student can sample ids past the teacher's head, which the teacher cannot score. Use a "
+            "teacher whose vocab_size is at least the student's (a larger one is scored over the student's ids)"
+        )

@@ -1,5 +1,6 @@
 """What ``armor run`` checks in the driver before any worker starts, beyond the config's own checks:
-the model directory and the guards' parameters (``check_run``).
+the model directory, the reward models' and local judges' (``check_reward_models``, each error naming its
+key) and the guards' parameters (``check_run``).
 
 A worker loads the weights some 20 s after ``armor run`` begins (Ray, placement, imports), and
 transformers' error for a damaged file rarely names it. Here the driver reads what can be read
@@ -25,8 +26,9 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from armor_core.config.schema import ArmorConfig, ConfigError
 from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_model_path
@@ -41,7 +43,9 @@ __all__ = [
     "check_run",
     "check_safetensors",
     "check_tokenizer",
+    "check_reward_models",
     "check_trainable",
+    "named",
 ]
 
 #: bytes per element of each safetensors dtype (a dtype not listed is not size-checked)
@@ -71,9 +75,33 @@ def check_run(cfg: ArmorConfig, pm: Any = None) -> None:
     check_model(cfg.model.path, cfg.model.tokenizer_path, trust_remote_code=cfg.model.trust_remote_code)
     check_trainable(cfg)
     check_guards(cfg, pm)
+    check_reward_models(cfg)
     from armor_core.loop.distill import check_teacher  # here: loop.distill imports this module
 
     check_teacher(cfg)
+
+
+def check_reward_models(cfg: ArmorConfig) -> None:
+    """The directories of ``reward.model`` and of local ``reward.judge`` entries, checked as ``model.path`` is:
+    otherwise a reward worker finds a damaged one at the first batch, and every row fails.
+
+    :raises ModelPathError: naming the entry's key (``reward.judge[1].model``), the directory and what is wrong.
+    """
+    from armor_core.rewards.judge import judge_models
+    from armor_core.rewards.model import model_paths
+
+    for key, path in [*model_paths(cfg.reward.model), *judge_models(cfg.reward.judge)]:
+        with named(key, path):
+            check_model(path)
+
+
+@contextmanager
+def named(key: str, value: Any) -> Iterator[None]:
+    """A ``ModelPathError`` raised inside, prefixed with the config key whose value was checked (``key=value: ...``)."""
+    try:
+        yield
+    except ModelPathError as e:
+        raise ModelPathError(f"{key}={value}: {e}") from None
 
 
 def check_trainable(cfg: ArmorConfig) -> None:

@@ -20,8 +20,8 @@ and returns a list, as verl's batch reward manager calls it::
 ``extra_info`` (ARMOR's ``extra``) with the response length added.
 
 The file is read and run once on the driver when the run starts: a missing file, a syntax error, an
-error while its top level runs, a missing function or one that cannot take those arguments is one
-line naming the file (and the line). The function's *source* then travels inside the domain, pickled,
+error while its top level runs (``sys.exit()`` included), a missing function or one that cannot take those
+arguments is one line naming the file (and the line). The function's *source* then travels inside the domain, pickled,
 to the reward pool's worker processes (``reward.timeout_s``, the failure watch), wherever they run:
 nothing has to be copied to other machines. Its imports must be importable there, like any domain's.
 """
@@ -152,6 +152,19 @@ def _line_in(path: str, e: BaseException) -> str:
     return f"{path}:{lines[-1]}" if lines else path
 
 
+def _detail(e: BaseException) -> str:
+    """What went wrong while the file ran, in words. A ``SystemExit`` is named as such: left to propagate, a
+    file calling ``sys.exit(0)`` at import would end ``armor run`` with exit code 0 and no output."""
+    if isinstance(e, SyntaxError):
+        return str(e.msg)
+    if isinstance(e, SystemExit):
+        return (
+            f"the file exits while it is read (SystemExit({e.code!r})); a reward file defines its function and "
+            "must not call sys.exit() or exit() at import"
+        )
+    return f"{type(e).__name__}: {e}"
+
+
 def _entry(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, Mapping) or "path" not in raw:
         raise ConfigError(f"{where}: expected a mapping with at least 'path' (and 'name', 'data_sources'), got {raw!r}")
@@ -217,9 +230,10 @@ def load_custom(
             fn = FileFunction(str(path), str(entry["name"]), source, bool(entry["batched"]))
         except (LookupError, TypeError) as e:
             raise ConfigError(f"{at}: {e}") from None
-        except Exception as e:  # SyntaxError, or whatever the file's top level raised
-            detail = e.msg if isinstance(e, SyntaxError) else f"{type(e).__name__}: {e}"
-            raise ConfigError(f"{at}: {_line_in(str(path), e)}: {detail}") from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # SyntaxError, or whatever the file's top level raised: sys.exit(0) too
+            raise ConfigError(f"{at}: {_line_in(str(path), e)}: {_detail(e)}") from None
         problem = _signature_problem(fn.fn, fn.batched, entry["kwargs"])
         if problem:
             line = getattr(getattr(fn.fn, "__code__", None), "co_firstlineno", None)

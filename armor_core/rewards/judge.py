@@ -20,7 +20,8 @@ failure watch); the model loads once per worker (its ``warmup``) and generates `
 own instead, with its own cores and GPUs (``armor_core.rewards.placement``), in bfloat16 on a GPU that has it.
 
 Endpoint (``url``): an OpenAI-compatible ``POST {url}/chat/completions`` per row, ``max_concurrency`` in
-flight, with the retries, back-off and time bounds of ``reward.remote`` (``armor_core.rewards.remote``); the
+flight, with the retries, back-off and time bounds of ``reward.remote`` (``armor_core.rewards.remote``: each
+try ``timeout_s`` to the answer's last byte, a batch's rows ``total_bound`` in all); the
 API key is read from the environment variable ``api_key_env`` when a request is made, never stored in the
 config or logged.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 import string
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
@@ -43,9 +45,9 @@ from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.model import PLACEMENTS, resolve_dtype
 from armor_core.rewards.placement import placed
-from armor_core.rewards.remote import RemoteRewardError, one_result, post_json
+from armor_core.rewards.remote import RemoteRewardError, one_result, post_json, total_bound
 
-__all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "load_judges"]
+__all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "judge_models", "load_judges"]
 
 _FIELDS = {"prompt", "response", "ground_truth", "rubric"}
 _DEFAULTS = {
@@ -70,6 +72,7 @@ _DEFAULTS = {
     "max_concurrency": 4,
     "requires_ground_truth": False,
 }
+_ALL_DEFAULTS = {"model": None, "url": None, **_DEFAULTS}  # a local judge's model, or an endpoint's url
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _LOADED: dict[tuple, tuple[Any, Any]] = {}  # per process: (model directory, device) -> (model, tokenizer)
 
@@ -197,7 +200,7 @@ class EndpointJudge(_Judge):
     def __repr__(self) -> str:
         return f"EndpointJudge({self.url})"
 
-    def _verdict(self, ask: str) -> RewardResult | Exception:
+    def _verdict(self, ask: str, deadline: float) -> RewardResult | Exception:
         body = {
             "messages": [{"role": "user", "content": ask}],
             "temperature": self.temperature,
@@ -208,7 +211,7 @@ class EndpointJudge(_Judge):
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            reply = post_json(self.url, body, headers, self.timeout_s, self.retries, self.backoff_s)
+            reply = post_json(self.url, body, headers, self.timeout_s, self.retries, self.backoff_s, deadline)
             text = reply["choices"][0]["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError
@@ -219,8 +222,9 @@ class EndpointJudge(_Judge):
         return _read(self.verdicts, text)
 
     def judge(self, asks: Sequence[str]) -> list[RewardResult | Exception]:
+        deadline = time.monotonic() + total_bound(self.timeout_s, self.retries, self.backoff_s)  # the whole batch's
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(asks)))) as pool:
-            return list(pool.map(self._verdict, asks))
+            return list(pool.map(self._verdict, asks, [deadline] * len(asks)))
 
 
 def _read(verdicts: Verdicts, text: str) -> RewardResult | Exception:
@@ -260,14 +264,20 @@ def _check(entry: Mapping[str, Any], at: str) -> None:
     Entries.seconds(entry, at, ["backoff_s"], zero=True)
 
 
+def judge_models(value: Any, where: str = "reward.judge") -> list[tuple[str, str]]:
+    """``(config key, directory)`` of each local judge of ``reward.judge`` (an endpoint has none), for the checks
+    ``armor run`` makes at start (``loop.preflight.check_reward_models``)."""
+    entries = Entries(value, where, _ALL_DEFAULTS, [], [])
+    return [(f"{at}.model", str(entry["model"])) for at, entry in entries if entry["model"] is not None]
+
+
 def load_judges(value: Any, known: Sequence[str], where: str = "reward.judge") -> tuple[dict, dict]:
     """The domains of ``reward.judge`` (a mapping or a list): ``({domain: RewardDomain}, {data_source: domain})``.
 
     :raises ConfigError: naming the entry and the key."""
     from armor_core.models.loading import resolve_model_path
 
-    defaults = {"model": None, "url": None, **_DEFAULTS}
-    entries = Entries(value, where, defaults, [], known)
+    entries = Entries(value, where, _ALL_DEFAULTS, [], known)
     for at, entry in entries:
         if (entry["model"] is None) == (entry["url"] is None):
             raise ConfigError(f"{at}: give exactly one of 'model' (a local directory) and 'url' (an endpoint)")

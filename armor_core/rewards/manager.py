@@ -7,10 +7,12 @@ format 0.1), else the domain of the same name. Every source is resolved when the
 (``check_rows``), so a typo fails at start, not at step 500. ``reward.domain_kwargs[domain]`` are
 keyword parameters bound to the domain's function; an unknown one is an error naming the key.
 
-Failures. A domain that raises on a row, times out, or returns a score that is not finite or lies
-outside its ``score_range`` gives that row ``reward.failure_score`` for that domain and is counted
-(``reward/failures``, ``reward/timeouts``); the error and an example row are logged once per kind
-of error. A training run's manager also watches the failure rate (``reward_checks.FailureWatch``).
+Failures. A domain that raises on a row (``sys.exit()`` included), times out, or returns a score that is
+not finite, lies outside float32's range (scores are trained in float32, where 1e39 is inf) or outside its
+``score_range`` gives that row ``reward.failure_score`` for that domain and is counted (``reward/failures``,
+``reward/timeouts``); so does every domain of a row whose weighted sum leaves float32's range. The error and
+an example row are logged once per kind of error. A training run's manager also watches the failure rate
+(``reward_checks.FailureWatch``).
 
 Ground truths. A domain may declare ``RewardDomain.validate_ground_truth``, a ``check(ground_truth,
 extra)`` raising ValueError for a ground truth the domain cannot read (the math pack's refuses a
@@ -62,7 +64,7 @@ from armor_core.rewards.checks import FailureWatch, check_params, range_problem,
 from armor_core.rewards.custom import SOURCE_KEY, load_custom
 from armor_core.rewards.judge import load_judges
 from armor_core.rewards.model import load_models
-from armor_core.rewards.pool import Outcome, Pool, evaluate, evaluate_batch
+from armor_core.rewards.pool import FLOAT32_MAX, Outcome, Pool, evaluate, evaluate_batch
 from armor_core.rewards.remote import load_remote
 
 __all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
@@ -409,10 +411,7 @@ class RewardManager:
                 subs[key] = np.full(n, np.nan, dtype=np.float32)
             return subs[key]
 
-        for (i, d, weight), out in zip(checks, outcomes):
-            problem = range_problem(out.score, self._bound[d].score_range) if out.status == "ok" else None
-            if problem:
-                out = Outcome("error", kind="score_range", message=problem)
+        for (i, d, weight), out in zip(checks, self._checked(n, checks, outcomes)):
             if out.status == "ok":
                 value = out.score
                 for key, sub in (out.subs or {}).items():
@@ -456,6 +455,26 @@ class RewardManager:
         if self._watch is not None:
             self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
         return RewardBatch(scores.astype(np.float32), subs, metrics, errors, components)
+
+    def _checked(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[Outcome]) -> list[Outcome]:
+        """``outcomes`` with a score outside its domain's ``score_range`` failed, and every domain of a row whose
+        weighted sum leaves float32's range (each score within it, times a weight) failed too: the sum is trained
+        in float32, where it would be inf."""
+        out = []
+        for (_, d, _), o in zip(checks, outcomes):
+            problem = range_problem(o.score, self._bound[d].score_range) if o.status == "ok" else None
+            out.append(Outcome("error", kind="score_range", message=problem) if problem else o)
+        totals = np.zeros(n, dtype=np.float64)
+        for (i, _, weight), o in zip(checks, out):
+            totals[i] += weight * o.score if o.status == "ok" else 0.0
+        for c, ((i, _, _), o) in enumerate(zip(checks, out)):
+            if o.status == "ok" and not abs(totals[i]) <= FLOAT32_MAX:
+                message = (
+                    f"the row's weighted score {totals[i]:g} is outside the float32 range (+-{FLOAT32_MAX:.4g}) "
+                    "scores are trained in; return scores of a sensible size, or lower the weights"
+                )
+                out[c] = Outcome("error", kind="score_range", message=message)
+        return out
 
     def _log_failure(
         self, domain: str, out: Outcome, source: str, prompt: str, response: str, ground_truth: Any

@@ -35,7 +35,7 @@ from armor_core.interfaces import RewardResult
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.placement import placed
 
-__all__ = ["ClassifierReward", "PLACEMENTS", "RM_RECORD", "load_models", "resolve_dtype"]
+__all__ = ["ClassifierReward", "PLACEMENTS", "RM_RECORD", "load_models", "model_paths", "resolve_dtype"]
 
 PLACEMENTS = ("pool", "worker")
 
@@ -154,6 +154,12 @@ def _normalizer(entry: Mapping[str, Any], path: Path, at: str) -> tuple[float, f
     if not spec["std"] > 0 or not math.isfinite(spec["mean"]):
         raise ConfigError(f"{at}.normalize: std must be positive and mean finite, got {dict(spec)}")
     return float(spec["mean"]), float(spec["std"])
+
+
+def model_paths(value: Any, where: str = "reward.model") -> list[tuple[str, str]]:
+    """``(config key, directory)`` of each entry of ``reward.model``, for the checks ``armor run`` makes at start
+    (``loop.preflight.check_reward_models``). :raises ConfigError: an entry that is not a mapping with ``path``."""
+    return [(f"{at}.path", str(entry["path"])) for at, entry in Entries(value, where, _DEFAULTS, ["path"], [])]
 
 
 def load_models(value: Any, known: Sequence[str], where: str = "reward.model") -> tuple[dict, dict, dict]:

@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 if TYPE_CHECKING:
     from armor_core.interfaces import RewardDomain
 
-__all__ = ["Outcome", "Pool", "evaluate", "evaluate_batch"]
+__all__ = ["FLOAT32_MAX", "Outcome", "Pool", "evaluate", "evaluate_batch"]
 _RESERVED_SUBS = ("score", "failures")
 _LOAD_TIMEOUT_S = 120.0  # a fresh worker importing a domain's module (sympy: ~1 s) is not the check
 _START_TIMEOUT_S = 120.0
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: a score beyond it is inf in training
 
 
 class Outcome(NamedTuple):
@@ -51,13 +52,20 @@ class Outcome(NamedTuple):
 
 
 def _finite(value: Any, what: str) -> float:
-    """``value`` as a float when it is a finite number. A str is refused although float() reads it: a domain
-    returning "1" (or "0.5 partial") has a bug, and taking its text as a score would hide it."""
+    """``value`` as a float when it is a finite number within float32's range. A str is refused although float()
+    reads it: a domain returning "1" (or "0.5 partial") has a bug, and taking its text as a score would hide it.
+    Scores are trained in float32, where 1e39 is inf: such a score would pass here as finite and then make every
+    step's advantages NaN."""
     if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real) and not hasattr(value, "__float__"):
         raise TypeError(f"the domain returned the {what} {value!r}, a {type(value).__name__}; return a number")
     number = float(value)
     if not math.isfinite(number):
         raise ValueError(f"the domain returned a non-finite {what} {number}")
+    if abs(number) > FLOAT32_MAX:
+        raise ValueError(
+            f"the domain returned the {what} {number:g}, outside the float32 range (+-{FLOAT32_MAX:.4g}) scores are "
+            "trained in; return a score of a sensible size"
+        )
     return number
 
 
@@ -72,7 +80,7 @@ def _outcome(result: Any) -> Outcome:
     return Outcome("ok", score, subs)
 
 
-def _failed(e: Exception) -> Outcome:
+def _failed(e: BaseException) -> Outcome:
     return Outcome(
         "error",
         kind=type(e).__name__,
@@ -84,7 +92,9 @@ def _failed(e: Exception) -> Outcome:
 def evaluate(domain: RewardDomain, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> Outcome:
     try:
         return _outcome(domain(prompt, response, ground_truth, extra))
-    except Exception as e:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # a domain calling sys.exit() fails its row; it does not end the run
         return _failed(e)
 
 
@@ -103,7 +113,9 @@ def evaluate_batch(
         results = list(domain.batch_fn(list(prompts), list(responses), list(ground_truths), [dict(e) for e in extras]))
         if len(results) != len(prompts):
             raise ValueError(f"the batch function returned {len(results)} results for {len(prompts)} rows")
-    except Exception as e:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
         return _failed(e)
     outcomes = []
     for result in results:
@@ -137,7 +149,7 @@ def _worker_main(conn: Any) -> None:
                 domain = domains[spec] = pickle.loads(spec)
                 if domain.warmup is not None:
                     domain.warmup()
-            except Exception as e:
+            except BaseException as e:  # SIGINT is ignored here; a SystemExit is the domain's failure
                 conn.send(
                     (
                         "done",

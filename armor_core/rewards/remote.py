@@ -15,20 +15,26 @@ ARMOR's additions, which such servers ignore.) Response: a JSON object with ``re
 ``scores``), one number per row, and optionally ``extra_logs``: ``{name: [one number per row]}``,
 logged as sub-scores (``reward/<domain>/<name>``). A row whose reward is missing or not a number fails.
 
-Robustness: at most ``max_concurrency`` requests in flight; each has ``timeout_s``; a refused or
-dropped connection, a timeout, a 5xx or a 429 is retried up to ``retries`` times after
-``backoff_s * 2**attempt`` seconds; any other 4xx, or a 200 whose body is not the shape above, fails
-that chunk's rows at once (retrying a broken answer gives the same answer). So one batch takes at most
-about ``(retries + 1) * timeout_s`` plus the back-off, never longer: failed rows score
-``reward.failure_score``, and the failure watch (``reward.max_failure_fraction`` over
-``reward.failure_window`` batches) stops a run whose service is down, with the service's last error.
+Robustness: at most ``max_concurrency`` requests in flight; each try has ``timeout_s`` for the whole
+exchange, connecting, sending and reading the answer to its last byte (a server that trickles its answer,
+or never stops sending, is cut there: the connection's socket is shut at the deadline, since urllib's own
+timeout bounds each socket operation, not the request); a refused or dropped connection, a timeout, a 5xx or
+a 429 is retried up to ``retries`` times after ``backoff_s * 2**attempt`` seconds; any other 4xx, or a 200
+whose body is not the shape above (or is over 64 MiB), fails that chunk's rows at once (retrying a broken
+answer gives the same answer). One batch has ``(retries + 1) * timeout_s`` plus the back-off in all
+(``total_bound``), a deadline its chunks share: a chunk still waiting for a slot or a try when it passes
+fails. Failed rows score ``reward.failure_score``, and the failure watch (``reward.max_failure_fraction``
+over ``reward.failure_window`` batches) stops a run whose service is down, with the service's last error.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import numbers
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,7 +46,7 @@ from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.custom import SOURCE_KEY
 from armor_core.rewards.entries import Entries
 
-__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "one_result", "post_json"]
+__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "one_result", "post_json", "total_bound"]
 
 _DEFAULTS = {
     "domain": "remote",
@@ -54,6 +60,7 @@ _DEFAULTS = {
     "requires_ground_truth": False,
 }
 _RETRIED_STATUS = {429, 500, 502, 503, 504}
+_MAX_ANSWER_BYTES = 64 * 2**20  # a JSON of rewards is small; a server that streams without end is cut here
 
 
 class RemoteRewardError(RuntimeError):
@@ -85,6 +92,7 @@ class RemoteReward:
     ) -> list[RewardResult | Exception]:
         sources = [dict(e or {}).get(SOURCE_KEY) for e in extras]
         spans = [range(i, min(i + self.batch_size, len(prompts))) for i in range(0, len(prompts), self.batch_size)]
+        deadline = time.monotonic() + total_bound(self.timeout_s, self.retries, self.backoff_s)  # the whole batch's
 
         def one(span: range) -> list[RewardResult | Exception]:
             body = {
@@ -95,46 +103,174 @@ class RemoteReward:
                 "data_sources": [sources[i] for i in span],
             }
             try:
-                return _results(self._post(body), len(span), self.url)
+                return _results(self._post(body, deadline), len(span), self.url)
             except RemoteRewardError as e:
                 return [e] * len(span)
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(spans)))) as pool:
             return [result for chunk in pool.map(one, spans) for result in chunk]
 
-    def _post(self, body: dict) -> Any:
-        return post_json(self.url, body, self.headers, self.timeout_s, self.retries, self.backoff_s)
+    def _post(self, body: dict, deadline: float) -> Any:
+        return post_json(self.url, body, self.headers, self.timeout_s, self.retries, self.backoff_s, deadline)
 
 
 def post_json(
-    url: str, body: dict, headers: Mapping[str, str], timeout_s: float, retries: int, backoff_s: float
+    url: str,
+    body: dict,
+    headers: Mapping[str, str],
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    deadline: float | None = None,
 ) -> Any:
     """POST ``body`` as JSON and return the decoded answer, under the retry rules of the module docstring.
 
+    :param deadline: a ``time.monotonic()`` time no try goes past (a batch's, shared by its requests); default
+        ``total_bound`` from now.
     :raises RemoteRewardError: saying why, after how many tries."""
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json", **headers}
-    problem = ""
+    deadline = deadline if deadline is not None else time.monotonic() + total_bound(timeout_s, retries, backoff_s)
+    problem, tries = "", 0
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
-        request = urllib.request.Request(url, data, headers, method="POST")
+            time.sleep(max(0.0, min(backoff_s * 2 ** (attempt - 1), deadline - time.monotonic())))
+        seconds = min(timeout_s, deadline - time.monotonic())
+        if seconds <= 0 and not tries:
+            total = total_bound(timeout_s, retries, backoff_s)
+            raise RemoteRewardError(
+                f"{url} was not asked: TimeoutError: the batch's time ({total:g} s for timeout_s={timeout_s:g}, "
+                f"retries={retries}) ran out before this request's turn"
+            )
+        if seconds <= 0:
+            break
+        tries += 1
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-                text = answer.read()
-        except urllib.error.HTTPError as e:
-            problem = f"HTTP {e.code} {e.reason}: {_head(e.read())}"
-            if e.code not in _RETRIED_STATUS:
-                raise RemoteRewardError(f"{url} answered {problem}") from None
-            continue
-        except (urllib.error.URLError, OSError) as e:  # refused, dropped, timed out
-            problem = f"{type(getattr(e, 'reason', e)).__name__}: {getattr(e, 'reason', e)}"
-            continue
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise RemoteRewardError(f"{url} answered something that is not JSON: {_head(text)}") from None
-    raise RemoteRewardError(f"no answer from {url} after {retries + 1} tries ({timeout_s:g} s each): {problem}")
+            return _decoded(url, _request(url, data, headers, seconds))
+        except _Retry as e:
+            problem = str(e)
+    raise RemoteRewardError(f"no answer from {url} after {tries} tries ({timeout_s:g} s each): {problem}")
+
+
+def total_bound(timeout_s: float, retries: int, backoff_s: float) -> float:
+    """The seconds a call of ``post_json`` (or a batch of them) may take: every try at ``timeout_s``, and the
+    back-off between tries."""
+    return (retries + 1) * timeout_s + sum(backoff_s * 2**k for k in range(retries))
+
+
+class _Retry(Exception):
+    """A try that may succeed if made again (refused, dropped, timed out, 5xx, 429); the message says why."""
+
+
+def _request(url: str, data: bytes, headers: Mapping[str, str], seconds: float) -> bytes:
+    """One POST's answer body, all of it within ``seconds``. urllib's ``timeout`` bounds each socket operation,
+    not the request: a server sending a byte a second never trips it. So a timer shuts the connection's socket
+    at the end, which ends whatever urllib is blocked in (connect, headers, body).
+
+    :raises _Retry: a try to make again; ``RemoteRewardError`` for an answer that would be the same again."""
+    watchdog = _Watchdog()
+    opener = urllib.request.build_opener(_HTTPHandler(watchdog), _HTTPSHandler(watchdog))
+    timer = threading.Timer(seconds, watchdog.expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with opener.open(urllib.request.Request(url, data, dict(headers), method="POST"), timeout=seconds) as answer:
+            text = answer.read(_MAX_ANSWER_BYTES + 1)
+        if watchdog.expired:  # the answer was cut short: what was read is not all of it
+            raise _Retry(f"TimeoutError: no whole answer within {seconds:.2g} s")
+        if len(text) > _MAX_ANSWER_BYTES:
+            raise RemoteRewardError(f"{url} answered more than {_MAX_ANSWER_BYTES // 2**20} MiB; expected a short JSON")
+        return text
+    except urllib.error.HTTPError as e:
+        problem = f"HTTP {e.code} {e.reason}: {_head(e.read(1000) if not watchdog.expired else b'')}"
+        if e.code not in _RETRIED_STATUS:
+            raise RemoteRewardError(f"{url} answered {problem}") from None
+        raise _Retry(problem) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, dropped, timed out, cut
+        if watchdog.expired:
+            raise _Retry(f"TimeoutError: no whole answer within {seconds:.2g} s") from None
+        reason = getattr(e, "reason", e)
+        raise _Retry(f"{type(reason).__name__}: {reason}") from None
+    finally:
+        timer.cancel()
+        watchdog.expire()  # the connection is done with: nothing is left open, whatever happened
+
+
+def _decoded(url: str, text: bytes) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise RemoteRewardError(f"{url} answered something that is not JSON: {_head(text)}") from None
+
+
+class _Watchdog:
+    """The sockets of one request, shut down when ``expire`` is called (by its timer, or once it is done)."""
+
+    def __init__(self) -> None:
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+        return sock
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:  # the plain socket's shutdown, on its descriptor: a TLS socket's own would drop its state under a reader
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed, or handed over to TLS (then the TLS socket is watched)
+
+
+class _Watched:
+    """An HTTP(S) connection whose sockets a watchdog can shut: the plain one as it connects (a TLS handshake
+    is cut too), then the TLS one."""
+
+    def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self.watchdog = watchdog
+        make = self._create_connection  # type: ignore[has-type]
+        self._create_connection = lambda *a, **k: watchdog.watch(make(*a, **k))
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.watchdog.watch(self.sock)  # type: ignore[attr-defined]
+
+
+class _WatchedHTTP(_Watched, http.client.HTTPConnection):
+    pass
+
+
+class _WatchedHTTPS(_Watched, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_WatchedHTTP, req, watchdog=self.watchdog)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_WatchedHTTPS, req, context=self._context, watchdog=self.watchdog)  # type: ignore[attr-defined]
 
 
 def one_result(results: Sequence[RewardResult | Exception]) -> RewardResult:

@@ -10,6 +10,9 @@ tensor) gives ``teacher_log_prob``, the teacher's log-prob of each sampled token
 (``teacher_topk_ids``, ``teacher_topk_log_probs``), from the padded forward's last hidden states
 through its head in blocks of ``actor.logprob_chunk_tokens`` positions.
 
+A teacher whose head has more rows than the student's (a vocabulary padded further, as Qwen2.5-7B's 152064
+against 0.5B's 151936) keeps the student's rows only (``keep_rows``): both distributions are over the same ids.
+
 Log-probs are at ``distill.teacher_temperature``, by default ``rollout.temperature`` (the student's), so the
 two distributions compared are the one the rollout sampled from and the teacher at the same temperature.
 No gradient, no state to checkpoint.
@@ -17,7 +20,9 @@ No gradient, no state to checkpoint.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,7 +33,7 @@ from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.logprobs import ResponseLogProbs
 from armor_core.workers.precision import autocast, compute_dtype
 
-__all__ = ["TeacherWorker", "teacher_top_k"]
+__all__ = ["TeacherWorker", "keep_rows", "teacher_top_k", "vocab_size"]
 
 
 @torch.no_grad()
@@ -57,6 +62,32 @@ def teacher_top_k(
     return torch.cat(lps).view(shape).cpu(), torch.cat(tops).view(shape).cpu()
 
 
+def vocab_size(directory: str | Path) -> int | None:
+    """The rows of a model's output layer, from its ``config.json`` (a multimodal model's text config's); None
+    where the file does not say (or there is none: a LoRA adapter)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def keep_rows(model: torch.nn.Module, rows: int) -> None:
+    """Cut ``model``'s output layer to its first ``rows`` rows (a view of the weights, no copy), so its log-probs
+    are normalised over, and its top-k drawn from, the ids the student has. A model pads its vocabulary past its
+    tokenizer (Qwen2.5-0.5B to 151936 rows, 7B to 152064): the rows past the student's are never tokens the
+    shared tokenizer produces, and a top-k id among them would be out of range for the student's gather."""
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.out_features <= rows:
+        return
+    cut = torch.nn.Linear(head.in_features, rows, bias=head.bias is not None, device="meta")
+    cut.weight = torch.nn.Parameter(head.weight[:rows], requires_grad=False)
+    if head.bias is not None:
+        cut.bias = torch.nn.Parameter(head.bias[:rows], requires_grad=False)
+    model.set_output_embeddings(cut)
+
+
 class TeacherWorker:
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, assignment: dict | None = None) -> None:
         from armor_core.models.loading import load_model, resolve_model_path
@@ -74,6 +105,9 @@ class TeacherWorker:
         trust = cfg.model.trust_remote_code
         model = load_model(resolve_model_path(d.teacher), cfg.model.dtype, trust_remote_code=trust)
         self.model = model.to(self.device).eval().requires_grad_(False)
+        student_rows = vocab_size(resolve_model_path(cfg.model.path))
+        if student_rows is not None:  # a larger teacher scores over the student's ids (check_teacher refuses smaller)
+            keep_rows(self.model, student_rows)
         self.chunk = cfg.actor.logprob_chunk_tokens
         if self.chunk and install_response_head(self.model):  # a head that is not a plain linear map: full logits
             self.chunk = 0

@@ -4,6 +4,8 @@ configured."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -39,6 +41,70 @@ def test_a_teacher_with_the_students_tokenizer_passes_and_no_teacher_checks_noth
     check_teacher(_cfg("algorithm.distill.teacher=/does/not/exist/unless/distilling", "algorithm.distill.teacher=null"))
     with pytest.raises(Exception, match="does/not/exist"):
         check_teacher(_cfg("algorithm.distill.teacher=/does/not/exist"))
+
+
+def test_a_damaged_teacher_is_refused_naming_algorithm_distill_teacher(tmp_path):
+    from armor_core.models.loading import ModelPathError, resolve_model_path
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(resolve_model_path(BUILTIN), teacher)
+    (teacher / "model.safetensors").write_bytes(b"")
+    for path in (teacher, tmp_path / "nowhere"):
+        with pytest.raises(ModelPathError, match=rf"^algorithm.distill.teacher={path}: "):
+            check_run(_cfg(f"algorithm.distill.teacher={path}"))
+
+
+def _teacher(tmp_path, vocab_size: int):
+    """A teacher with the student's tokenizer and a head of ``vocab_size`` rows (padding rows, as Qwen pads its
+    vocabulary to a multiple of 64 or 128: 151936 in Qwen2.5-0.5B, 152064 in 7B)."""
+    from armor_core.models.loading import load_tokenizer
+
+    teacher = tmp_path / f"teacher-{vocab_size}"
+    model = build_tiny_model("qwen2", vocab_size, hidden_size=64, num_layers=1, num_heads=2, seed=3)
+    with torch.no_grad():  # the rows past the student's vocabulary hold the largest logits: a top-k would pick them
+        model.get_output_embeddings().weight[19:] = model.get_output_embeddings().weight[:1] * 50
+    model.save_pretrained(teacher)
+    load_tokenizer(BUILTIN).save_pretrained(teacher)
+    return teacher
+
+
+def test_a_teacher_with_a_larger_vocabulary_scores_over_the_students(tmp_path):
+    from armor_core.config.schema import to_dict
+    from armor_core.workers.teacher import TeacherWorker
+
+    teacher = _teacher(tmp_path, 19 + 13)  # the student's 19 tokens and 13 padding rows
+    cfg = _cfg(
+        f"algorithm.distill.teacher={teacher}", "algorithm.distill.mode=topk_forward_kl", "algorithm.distill.k=4"
+    )
+    check_run(cfg)
+    worker = TeacherWorker(to_dict(cfg))
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(6)[None],
+            "responses": ids[:, 3:],
+            "response_mask": torch.ones(1, 3),
+        }
+    )
+    out = worker.compute_teacher_log_prob(batch)
+    logits = worker.model(input_ids=ids).logits[0, 2:5].float()  # what the teacher says over the shared 19 tokens
+    want = logits[:, :19].log_softmax(-1)
+    assert logits.shape[-1] == 19 and int(out["teacher_topk_ids"].max()) < 19  # the student can gather them
+    assert torch.allclose(out["teacher_topk_log_probs"][0], want.topk(4, -1).values, atol=1e-5)
+    assert torch.allclose(out["teacher_log_prob"][0], want.gather(-1, ids[0, 3:, None])[:, 0], atol=1e-5)
+
+
+def test_a_teacher_with_a_smaller_vocabulary_than_the_student_is_refused(tmp_path):
+    teacher = _teacher(tmp_path, 19)
+    student = tmp_path / "student"
+    build_tiny_model("qwen2", 24, hidden_size=64, num_layers=1, num_heads=2).save_pretrained(student)
+    from armor_core.models.loading import load_tokenizer
+
+    load_tokenizer(BUILTIN).save_pretrained(student)
+    with pytest.raises(ConfigError, match=r"algorithm.distill.teacher=.*vocab_size 19 .* student's 24"):
+        check_run(_cfg(f"model.path={student}", f"algorithm.distill.teacher={teacher}"))
 
 
 def test_distillation_config_is_checked():

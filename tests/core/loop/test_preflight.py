@@ -5,6 +5,7 @@ worker starts."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -96,6 +97,22 @@ def test_a_damaged_model_directory_is_an_error_naming_the_file(model_dir, damage
     with pytest.raises(ModelPathError, match=message) as e:
         check_model(str(model_dir))
     assert str(model_dir) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ("reward.model={path: '%s'}", "reward.model.path"),
+        ("reward.judge=[{url: 'http://127.0.0.1:1/v1', template: x}, {model: '%s', template: x}]", "reward.judge[1].model"),
+    ],
+)  # fmt: skip
+def test_a_damaged_reward_model_or_judge_is_refused_at_start_naming_its_key(model_dir, entry, key):
+    from armor_core.loop.preflight import check_run
+
+    _truncate(model_dir / "model.safetensors", 6000)
+    with pytest.raises(ModelPathError, match=rf"^{re.escape(key)}={re.escape(str(model_dir))}: .*ends at byte") as e:
+        check_run(load_config(None, [entry % model_dir]))  # what armor run and --dry-run check before any worker
+    assert "\n" not in str(e.value)
 
 
 def test_an_intact_model_passes_whole_or_sharded(model_dir):

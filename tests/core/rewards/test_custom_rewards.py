@@ -154,6 +154,8 @@ def test_the_source_travels_with_the_domain_not_the_path(tmp_path):
          {"colour": "red"}, r"unknown key\(s\) colour"),
         ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1\n",
          {"domain": "format"}, r"the domain name 'format' is taken \(an installed domain\)"),
+        ("import sys\nsys.exit(0)\n", {}, r"my_reward\.py:2: the file exits while it is read \(SystemExit\(0\)\)"),
+        ("raise BaseException('bye')\n", {}, r"my_reward\.py:1: BaseException: bye"),
     ],
 )  # fmt: skip
 def test_a_bad_file_is_one_line_at_start_naming_the_file_and_line(tmp_path, text, entry, message):
@@ -187,3 +189,45 @@ def test_reward_custom_is_set_from_the_command_line(tmp_path):
     cfg = load_config(None, [f"reward.custom=[{{path: {path}, data_sources: [verl_math]}}]"])
     with RewardManager(cfg.reward, PluginManager()) as manager:
         assert manager.domains_for("verl_math") == {"my_reward": 1.0}
+
+
+def test_a_score_beyond_float32_fails_its_row_as_a_non_finite_one_does(tmp_path):
+    # 1e39 is a finite float64 but +inf in the float32 the scores are trained in: the guard would skip every step
+    path = _file(
+        tmp_path,
+        """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            if solution_str == "part":
+                return {"score": 1.0, "part": 1e39}
+            return float(solution_str)
+        """,
+    )
+    with _manager({"path": str(path), "data_sources": ["verl_math"]}, failure_score=-1.0) as manager:
+        batch = _score(manager, ["1e39", "-1e39", "inf", "part", "0.5"], [None] * 5)
+    assert batch.scores.tolist() == [-1.0, -1.0, -1.0, -1.0, 0.5]
+    assert batch.metrics["reward/failures"] == 4 and batch.metrics["reward/my_reward/failures"] == 4
+    assert "outside the float32 range" in batch.errors[0] and "sub-score 'part'" in batch.errors[3]
+
+
+def test_a_weighted_sum_beyond_float32_fails_the_row(tmp_path):
+    path = _file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    return float(solution_str)\n")  # fmt: skip
+    with _manager({"path": str(path)}, domain_map={"big": {"my_reward": 10.0}}, failure_score=-1.0) as manager:
+        batch = _score(manager, ["3e38", "1"], [None] * 2, sources=["big", "big"])
+    assert batch.scores.tolist() == [-10.0, 10.0] and batch.metrics["reward/failures"] == 1
+    assert "float32" in batch.errors[0]
+
+
+def test_domain_map_routes_rows_to_a_file_domain_beside_an_installed_one(tmp_path):
+    from armor_core.config.plugin_checks import validate_plugins
+
+    path = _file(tmp_path, VERL_FILE)
+    cfg = load_config(
+        None,
+        [f"reward.custom=[{{path: {path}, domain: mine}}]", "reward.domain_map.chat={mine: 1.0, format: 0.5}"],
+    )
+    validate_plugins(cfg, PluginManager())  # what armor run checks first: 'mine' is the config's own domain
+    with RewardManager(cfg.reward, PluginManager()) as manager:
+        assert manager.domains_for("chat") == {"mine": 1.0, "format": 0.5}
+        batch = manager.score(["p"], ["4"], ["chat"], ["4"])
+    assert batch.sub_scores["mine/score"].tolist() == [1.0] and "format/score" in batch.sub_scores

@@ -115,3 +115,21 @@ def test_judge_settings_are_checked_at_start(endpoint):
     ]:
         with pytest.raises(ConfigError, match=message):
             RewardManager(RewardConfig(judge=entry), PluginManager())
+
+
+def test_domain_map_routes_rows_to_a_judge_endpoint_or_a_local_judge(endpoint, tmp_path):
+    from armor_core.config.plugin_checks import validate_plugins
+    from armor_core.config.schema import load_config
+
+    run = tmp_path / "run.yaml"  # JSON is YAML, and keeps the template's newlines
+    run.write_text(json.dumps({"reward": {"judge": {"url": endpoint, "template": TEMPLATE, "domain": "grader"}}}))
+    cfg = load_config(str(run), ["reward.domain_map.qa={grader: 0.5, format: 0.0}"])
+    validate_plugins(cfg, PluginManager())  # what armor run checks first: 'grader' is the config's own domain
+    with RewardManager(cfg.reward, PluginManager()) as manager:
+        batch = manager.score(["2+2="] * 2, ["4", "5"], ["qa"] * 2, ["4", "4"])
+    assert batch.scores.tolist() == [0.5, 0.0]
+    local = "reward.judge={model: 'builtin:arithmetic-tiny', template: '{prompt}', domain: local_judge}"
+    cfg = load_config(None, [local, "reward.domain_map.arith=local_judge"])
+    validate_plugins(cfg, PluginManager())
+    with RewardManager(cfg.reward, PluginManager()) as manager:
+        assert manager.domains_for("arith") == {"local_judge": 1.0}

@@ -94,6 +94,16 @@ def test_bad_reward_model_settings_fail_at_start(rm_dir, tmp_path):
         RewardManager(RewardConfig(model={"path": str(bare), "normalize": True}), PluginManager())
 
 
+def test_domain_map_routes_rows_to_a_reward_model_beside_a_rule(rm_dir):
+    from armor_core.config.plugin_checks import validate_plugins
+    from armor_core.config.schema import load_config
+
+    cfg = load_config(None, [f"reward.model={{path: '{rm_dir}'}}", "reward.domain_map.chat={rm: 1.0, format: 0.2}"])
+    validate_plugins(cfg, PluginManager())  # what armor run checks first: 'rm' is the config's own domain
+    with RewardManager(cfg.reward, PluginManager()) as manager:
+        assert manager.domains_for("chat") == {"rm": 1.0, "format": 0.2}
+
+
 def test_rm_train_names_the_bad_line_of_a_pairs_file(tmp_path, capsys):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n{"prompt": "1+2=", "chosen": 3}\n')
@@ -102,6 +112,17 @@ def test_rm_train_names_the_bad_line_of_a_pairs_file(tmp_path, capsys):
     )
     assert code == 2
     assert f"{pairs}, line 2: 'chosen' must be text, got 3" in capsys.readouterr().err
+
+
+def test_rm_train_names_the_line_of_a_pairs_file_that_is_not_utf8(tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    good = b'{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n'
+    pairs.write_bytes(good + good + b'{"prompt": "caf\xe9", "chosen": "2", "rejected": "3"}\n')  # Latin-1
+    code = armor(
+        ["rm", "train", "--pairs", str(pairs), "--model", "builtin:arithmetic-tiny", "--out", str(tmp_path / "o")]
+    )
+    assert code == 2
+    assert f"{pairs}, line 3: not UTF-8 text (byte 0xe9 at the line's byte 16)" in capsys.readouterr().err
 
 
 def _weights(directory):

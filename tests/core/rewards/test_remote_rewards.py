@@ -59,6 +59,8 @@ class Service(BaseHTTPRequestHandler):
             rewards = rewards[:-1]
         if behaviour == "bad_row":
             rewards[0] = "high"
+        if behaviour == "huge":  # finite in JSON, inf in the float32 scores are trained in
+            rewards[0], rewards[1] = 1e39, -1e39
         time.sleep(0.2)  # long enough for concurrent requests to overlap
         lengths = [float(len(r)) for r in body["responses"]]
         answer = {"rewards": rewards, "extra_logs": {"length": lengths, "note": "ignored: not per row"}}
@@ -151,6 +153,78 @@ def test_one_bad_reward_fails_its_row_only(url):
     assert batch.scores.tolist() == [-1.0, 0.0, 1.0, 0.0] and "reward 'high', not a number" in batch.errors[0]
 
 
+def test_a_reward_beyond_float32_fails_its_row(url):
+    Service.behaviour = "huge"
+    with _manager(url) as manager:
+        batch = _score(manager)
+    assert batch.scores.tolist() == [-1.0, -1.0, 1.0, 0.0] and batch.metrics["reward/failures"] == 2
+    assert "outside the float32 range" in batch.errors[0]
+
+
+class Trickle:
+    """A server on the loopback address that answers every request by sending a byte every ``gap_s``, for at most
+    ``give_up_s`` (so that a client without a total bound still returns, late, and its test fails, not hangs): in
+    the status line and headers, or in a body announced as 1 MB long."""
+
+    def __init__(self, where: str, gap_s: float = 0.1, give_up_s: float = 6.0) -> None:
+        self.where, self.gap_s, self.give_up_s = where, gap_s, give_up_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.requests = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.requests += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        end = time.monotonic() + self.give_up_s
+        with conn:
+            try:
+                conn.recv(65536)
+                if self.where == "body":
+                    conn.sendall(head)
+                while time.monotonic() < end:
+                    conn.sendall(b" " if self.where == "body" else b"X")
+                    time.sleep(self.gap_s)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("kind", ["remote", "judge"])
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_service_that_trickles_its_answer_fails_the_rows_within_the_total_bound(kind, where):
+    # urllib's timeout bounds each socket operation, and a byte every 0.1 s never trips it
+    server = Trickle(where)
+    settings = {"timeout_s": 0.5, "retries": 1, "backoff_s": 0.1, "data_sources": ["chat"]}
+    if kind == "remote":  # four chunks, two at a time: the second two find the batch's time spent
+        remote = {"url": server.url, "batch_size": 1, "max_concurrency": 2, **settings}
+        cfg = RewardConfig(remote=remote, failure_score=-1.0)
+    else:
+        cfg = RewardConfig(judge={"url": server.url, "template": "{response}", **settings}, failure_score=-1.0)
+    try:
+        with RewardManager(cfg, PluginManager()) as manager:
+            start = time.monotonic()
+            batch = _score(manager)
+            took = time.monotonic() - start
+    finally:
+        server.close()
+    assert took < 2 * 0.5 + 0.1 + 0.6, took  # (retries + 1) x timeout_s + the back-off, and some slack
+    assert batch.scores.tolist() == [-1.0] * 4 and batch.metrics[f"reward/{kind}/failures"] == 4
+    assert re.search(r"no answer from .* after 2 tries \(0.5 s each\): TimeoutError", batch.errors[0]), batch.errors
+    if kind == "remote":
+        assert "was not asked: TimeoutError: the batch's time (1.1 s" in batch.errors[3]
+
+
 def test_a_dead_service_stops_a_watched_run_with_its_error():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -173,3 +247,13 @@ def test_settings_are_checked_at_start(url):
     cfg = load_config(None, [f"reward.remote={{url: '{url}', data_sources: [chat], domain: rm}}"])
     with RewardManager(cfg.reward, PluginManager()) as manager:
         assert manager.domains_for("chat") == {"rm": 1.0}
+
+
+def test_domain_map_routes_rows_to_the_service_with_a_weight(url):
+    from armor_core.config.plugin_checks import validate_plugins
+
+    cfg = load_config(None, [f"reward.remote={{url: '{url}', timeout_s: 5}}", "reward.domain_map.qa={remote: 2.0}"])
+    validate_plugins(cfg, PluginManager())  # what armor run checks first
+    with RewardManager(cfg.reward, PluginManager()) as manager:
+        batch = manager.score(["Q: "] * 2, ["answer 4", "answer 5"], ["qa"] * 2, ["4", "4"])
+    assert batch.scores.tolist() == [2.0, 0.0]
