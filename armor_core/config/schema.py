@@ -126,7 +126,12 @@ class MultiTurnConfig:
         ge=1,
     )
     max_observation_tokens: int = f(
-        64, "Longer observations are cut to this many tokens, with a visible '...[truncated]' marker.", ge=1
+        64,
+        "Longer observations are cut to this many tokens, with a visible '...[truncated]' marker. Counted as "
+        "appended: the chat template's role markers and wrapping around the content are included "
+        "(e.g. <|im_end|>, <|im_start|>user and <tool_response> tags, about 10 tokens with Qwen's template); "
+        "counted as env/observations_truncated.",
+        ge=1,
     )
     max_tool_calls_per_turn: int = f(
         4,
