@@ -43,8 +43,11 @@ def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None
 class ModelConfig:
     path: str = f(
         "builtin:arithmetic-tiny",
-        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR "
-        "(builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.",
+        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR: "
+        "builtin:arithmetic-tiny, builtin:code-ops-tiny and builtin:cross-domain-tiny have no chat template "
+        "(prompts are plain text; a multi-turn observation is its text between newlines); "
+        "builtin:tools-tiny has an append-only chat template (chat-message prompts, tool results as "
+        "<|tool|>...<|assistant|>), as recipe:tools uses it. Nothing is downloaded.",
     )
     tokenizer_path: str | None = f(None, "Tokenizer directory when it differs from model.path.")
     trust_remote_code: bool = f(

@@ -25,6 +25,21 @@ def test_every_plugin_kind_has_a_check():
     assert set(CHECKS) == set(KINDS)
 
 
+def test_every_check_is_documented_with_its_signature():
+    import inspect
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[3] / "docs" / "testing-plugins.md").read_text()
+    for kind, check in CHECKS.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{check.__name__}(")), None)
+        assert row is not None, f"docs/testing-plugins.md has no row for {check.__name__}"
+        assert f"| `{kind}` |" in row, f"{check.__name__}'s row does not name its kind {kind}"
+        written = re.match(rf"\| `{check.__name__}\((.*?)\)` \|", row).group(1)
+        names = [p.split("=")[0].strip(" *") for p in written.split(",")]
+        assert [n for n in names if n] == list(inspect.signature(check).parameters), check.__name__
+
+
 #: parameters a built-in needs to run at all
 PARAMS = {("task", "mix"): {"tasks": ["arithmetic", "facts"]}}
 
