@@ -225,11 +225,41 @@ def _open_output(path: str) -> TextIO:
         raise OSError(f"cannot write --output {path!r}: {e.strerror}") from None
 
 
+def _one_example(args: argparse.Namespace, manager: Any, extra: dict, requires_gt: bool) -> int:
+    """``--response``: score one example, printed as one JSON line; its exit status."""
+    from armor_core.rewards.manager import ground_truth_of
+
+    if requires_gt and ground_truth_of({"ground_truth": args.ground_truth}) is None:
+        given = "an empty one" if args.ground_truth is not None else "none"
+        print(
+            f"error: armor reward: domain {args.domain!r} requires --ground-truth (got {given}; training "
+            "refuses such a row too)",
+            file=sys.stderr,
+        )
+        return 2
+    problem = None if args.ground_truth is None else manager.ground_truth_problem(args.domain, args.ground_truth, extra)
+    if problem:  # one line, exit 2: training refuses such a row when the data loads
+        print(f"error: armor reward: --ground-truth {args.ground_truth!r}: {problem}", file=sys.stderr)
+        return 2
+    batch = manager.score([args.prompt], [args.response], [args.domain], [args.ground_truth], [extra])
+    prefix = f"{args.domain}/"
+    subs = {
+        k[len(prefix) :]: float(v[0])
+        for k, v in batch.sub_scores.items()
+        if k.startswith(prefix) and k != f"{prefix}score" and v[0] == v[0]
+    }
+    record: dict[str, Any] = {"score": float(batch.scores[0]), "sub_scores": subs}
+    if batch.errors[0]:
+        record["error"] = batch.errors[0]
+    print(json.dumps(record, ensure_ascii=False))
+    return 1 if batch.errors[0] else 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``armor reward``; returns the exit status."""
     from armor_core.config.schema import ConfigError
     from armor_core.plugins import PluginError, UnknownPluginError
-    from armor_core.rewards.manager import RewardManager, ground_truth_of
+    from armor_core.rewards.manager import RewardManager
 
     if (args.input is None) == (args.response is None):
         print(
@@ -254,30 +284,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     with manager:
         if args.response is not None:
-            if requires_gt and ground_truth_of({"ground_truth": args.ground_truth}) is None:
-                given = "an empty one" if args.ground_truth is not None else "none"
-                print(
-                    f"error: armor reward: domain {args.domain!r} requires --ground-truth (got {given}; training "
-                    "refuses such a row too)",
-                    file=sys.stderr,
-                )
-                return 2
-            problem = None if args.ground_truth is None else refusal(args.ground_truth, extra)
-            if problem:  # one line, exit 2: training refuses such a row when the data loads
-                print(f"error: armor reward: --ground-truth {args.ground_truth!r}: {problem}", file=sys.stderr)
-                return 2
-            batch = manager.score([args.prompt], [args.response], [args.domain], [args.ground_truth], [extra])
-            prefix = f"{args.domain}/"
-            subs = {
-                k[len(prefix) :]: float(v[0])
-                for k, v in batch.sub_scores.items()
-                if k.startswith(prefix) and k != f"{prefix}score" and v[0] == v[0]
-            }
-            record: dict[str, Any] = {"score": float(batch.scores[0]), "sub_scores": subs}
-            if batch.errors[0]:
-                record["error"] = batch.errors[0]
-            print(json.dumps(record, ensure_ascii=False))
-            return 1 if batch.errors[0] else 0
+            return _one_example(args, manager, extra, requires_gt)
         try:
             source = getattr(sys.stdin, "buffer", sys.stdin) if args.input == "-" else open(args.input, "rb")
         except OSError as e:
