@@ -203,14 +203,19 @@ def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
         :class:`armor_core.interfaces.RewardDomain` or a plain function
         ``fn(prompt, response, ground_truth, extra) -> float | RewardResult``. The domain's options
         (``inline``, ``warmup``, ``score_range``, ``validate_ground_truth``, ...) are fields of
-        ``RewardDomain``.
+        ``RewardDomain``. ``validate_ground_truth`` is called as ``check(ground_truth, extra)`` (two
+        arguments, the second the row's ``extra`` even when the check ignores it) and raises
+        ``ValueError`` for a ground truth the domain cannot score; a check that cannot take two
+        arguments is refused here, naming the plugin.
 
     What ``fn`` receives: ``prompt`` is the row's prompt as text (a chat prompt, a list of
     messages, arrives as its JSON text); ``response`` the decoded response without special tokens;
     ``ground_truth`` the row's ``ground_truth`` (or ``reward_model.ground_truth``) as loaded, any
     JSON value; ``extra`` the row's ``extra`` dict (e.g. a multiple-choice question's options) plus
     ``response_length`` (tokens) added by the trainer. ``reward.domain_kwargs.<name>`` arrive as
-    keyword arguments of ``fn`` (a key ``fn`` does not accept is an error at start). ``fn`` must
+    keyword arguments of ``fn`` (a key ``fn`` does not accept is an error at start); calling the
+    registered ``RewardDomain`` as ``domain(prompt, response, ground_truth, extra, **params)`` scores a
+    row as training does. ``fn`` must
     be deterministic and must not touch the network; a
     :class:`~armor_core.interfaces.RewardResult` carries named sub-scores that are logged as
     metrics (``reward/<domain>/<sub>``); ``score`` and ``failures`` are reserved sub-score names

@@ -53,6 +53,7 @@ __all__ = [
     "Task",
     "Verdict",
     "call_with_params",
+    "ground_truth_check_problem",
 ]
 
 
@@ -124,11 +125,16 @@ class RewardDomain:
     :param warmup: optional ``fn() -> None`` a reward worker process runs once, before the domain's
         first timed check (e.g. importing a heavy library), so the import does not count against
         ``reward.timeout_s``. Not called for inline domains.
-    :param validate_ground_truth: optional ``fn(ground_truth, extra) -> None`` raising ``ValueError``
+    :param validate_ground_truth: optional ``check(ground_truth, extra) -> None`` raising ``ValueError``
         (saying what would fit) for a ground truth the domain cannot score, e.g. a letter that is
-        not among the row's options. Called on every row with a ground truth routed to the domain
-        when the dataset is loaded: such a row is an error naming it (or, with
-        ``data.skip_invalid``, a counted skip), not a failed score at every step.
+        not among the row's options. Both arguments are passed by position: ``ground_truth`` as
+        ``fn`` receives it, ``extra`` the row's ``extra`` dict (``{}`` when it has none); a check
+        that needs only the first still takes both (``def check(ground_truth, extra)``), and one
+        that cannot be called with two is refused when the plugin registers. Called on every row with
+        a ground truth routed to the domain when the dataset is loaded (and by ``armor reward``
+        before it scores): such a row is an error naming it (or, with ``data.skip_invalid``, a
+        counted skip), not a failed score at every step. Any other exception it raises is the
+        check's own bug, an error naming the domain.
     :param batch_fn: optional ``fn(prompts, responses, ground_truths, extras) -> list[float | RewardResult]``,
         one result per row, for checks that are faster on many rows at once (a model, a service). When
         set, the reward manager sends all of a batch's rows of this domain to a reward worker in one
@@ -146,12 +152,35 @@ class RewardDomain:
     batch_fn: Callable[..., Sequence[float | RewardResult]] | None = None
 
     def __call__(
-        self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None
+        self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None, **params: Any
     ) -> RewardResult:
-        out = self.fn(prompt, response, ground_truth, dict(extra or {}))
+        """Score one row as training does; ``params`` are the domain's keyword parameters
+        (``reward.domain_kwargs.<name>``), passed to ``fn``."""
+        out = self.fn(prompt, response, ground_truth, dict(extra or {}), **params)
         if isinstance(out, RewardResult):
             return out
         return RewardResult(score=out)  # kept as returned: the reward manager refuses a str, where float() would not
+
+
+def ground_truth_check_problem(check: Any) -> str | None:
+    """Why ``check`` (a ``RewardDomain.validate_ground_truth``) cannot be called as ``check(ground_truth,
+    extra)``, or None when it can (or is None)."""
+    if check is None:
+        return None
+    name = getattr(check, "__qualname__", None) or repr(check)
+    expected = (
+        "it is called as validate_ground_truth(ground_truth, extra) (extra: the row's `extra` dict) and raises "
+        "ValueError for a ground truth the domain cannot score"
+    )
+    if not callable(check):
+        return f"validate_ground_truth is {type(check).__name__}, not a function; {expected}"
+    try:
+        inspect.signature(check).bind(None, {})
+    except TypeError as e:
+        return f"its validate_ground_truth {name} cannot take (ground_truth, extra) ({e}); {expected}"
+    except ValueError:  # a builtin without a signature: it is tried when the rows load
+        return None
+    return None
 
 
 @dataclass(frozen=True)

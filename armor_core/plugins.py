@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 import pluggy
 
 from armor_core import hookspecs
-from armor_core.interfaces import KINDS
+from armor_core.interfaces import KINDS, ground_truth_check_problem
 
 __all__ = [
     "DISABLE_ENV",
@@ -227,6 +227,12 @@ class PluginManager:
                         )
                     if (_kind, name) in self.disabled_entries:
                         return
+                    problem = ground_truth_check_problem(getattr(obj, "validate_ground_truth", None))
+                    if _kind == "reward_domain" and problem:
+                        raise PluginError(
+                            f"plugin {_plugin!r} ({_dist}) registered reward_domain {name!r}: {problem}. Fix it, or "
+                            f"block it with {DISABLE_ENV}={_plugin} (or reward_domain:{name})"
+                        )
                     existing = catalog[_kind].get(name)
                     if existing is not None:
                         raise DuplicatePluginError(

@@ -279,6 +279,46 @@ def bad_score(response: str, fn: Callable[..., Any] = _loud) -> Callable[[Lab], 
     return run
 
 
+def _refused_row(lab: Lab) -> Outcome:
+    """``armor reward --input`` with a row whose ground truth the domain's check refuses: that row is malformed."""
+    rows = lab.data("bad_gt.jsonl", b'{"response": "5", "ground_truth": "abc"}\n')
+    proc = lab.command("reward", "arithmetic", "--input", str(rows))
+    said = next((line for line in proc.stderr.splitlines() if "malformed row" in line), message(proc.stderr))
+    return Outcome(
+        f"exit {proc.returncode}: {shown(lab.relative(said))}",
+        proc.returncode == 1
+        and "Traceback" not in proc.stderr
+        and re.search(r"bad_gt.jsonl:1: malformed row: reward domain 'arithmetic' cannot read", said) is not None,
+    )
+
+
+def _integer_only(ground_truth: Any) -> None:  # a first try: the row's extra is passed too, as a second argument
+    int(ground_truth)
+
+
+def _one_argument_check(lab: Lab) -> Outcome:
+    """A reward domain whose ``validate_ground_truth`` takes only the ground truth, registered in-process."""
+    from armor_core import RewardDomain, hookimpl
+    from armor_core.plugins import PluginError, PluginManager
+
+    class Plugin:
+        @hookimpl
+        def armor_register_reward_domains(self, register):
+            register("num", RewardDomain(_loud, validate_ground_truth=_integer_only))
+
+    pm = PluginManager(load_entrypoints=False, disabled=())
+    pm.register(Plugin(), name="authors_pack")
+    try:
+        pm.names("reward_domain")
+        return Outcome("registered", False)
+    except PluginError as e:
+        said = str(e)
+        return Outcome(
+            f"PluginError: {shown(said)}",
+            "plugin 'authors_pack'" in said and "validate_ground_truth(ground_truth, extra)" in said,
+        )
+
+
 # -- training runs ---------------------------------------------------------------------------------
 
 
@@ -1027,6 +1067,24 @@ CASES: list[Case] = [
         "exit 0",
         _bigger_teacher_run,
         trains=True,
+    ),
+    # what a plugin author hit (issue 42, items 18-23)
+    refused_command(
+        "author: armor reward with a ground truth the domain refuses (arithmetic --ground-truth abc)",
+        lambda lab: ["reward", "arithmetic", "--response", "5", "--ground-truth", "abc"],
+        r"--ground-truth 'abc': reward domain 'arithmetic' cannot read this ground_truth",
+    ),
+    Case(
+        "author: reward file bad ground truth",
+        "`armor reward arithmetic --input` with a row whose ground truth the domain refuses",
+        "exit 1, the row named by its line as malformed, no traceback",
+        _refused_row,
+    ),
+    Case(
+        "author: one-argument ground-truth check",
+        "a plugin registering a reward domain whose validate_ground_truth takes one argument",
+        "PluginError at registration naming the plugin and validate_ground_truth(ground_truth, extra)",
+        _one_argument_check,
     ),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--output",
         "-o",
         default=None,
-        help="write one JSONL line per row: prompt, data_source, ground_truth, and per mode its responses and scores",
+        help="write one JSONL line per row: prompt, data_source, ground_truth, and per mode its responses and scores "
+        "(scored as in training: an environment's reward parts included) and, with multi-turn rollouts, each "
+        "episode's turns: role, text, tokens, and whether they were the policy's (sampled, trained on) or the "
+        "environment's",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
@@ -68,7 +72,8 @@ def evaluate(
     from armor_core.config.schema import load_config
     from armor_core.dataproto.protocol import DataProto
     from armor_core.loop.data import encode_dataset, load_rows, prompt_template_kwargs, task_rows
-    from armor_core.loop.validation import accuracy_by_source, at_n_metrics, main_scores
+    from armor_core.loop.step import Scorer
+    from armor_core.loop.validation import accuracy_by_source, at_n_metrics, generate_and_score, main_scores
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.rewards.manager import RewardManager
@@ -104,40 +109,52 @@ def evaluate(
                 prompts.non_tensors["ground_truth"],
             )
         ]
+        scorer = Scorer(rewards, tok)  # as training scores: response_length, reward_text, environment parts
+        multi_turn = cfg.rollout.multi_turn.enable
         for mode, greedy, k in (
             [("greedy", True, 1)]
             + ([("sampled", False, 1)] if sampled else [])
             + ([(f"@{n}", False, n)] if n > 1 else [])
         ):
             rows = prompts.repeat(k, interleave=True) if k > 1 else prompts
-            out = rollout.generate(rows, greedy=greedy)
-            texts = (
-                list(out.non_tensors["reward_text"])  # a multi-turn episode: its final turn (or transcript)
-                if "reward_text" in out.non_tensors
-                else [
-                    tok.decode(r[m.bool()].tolist(), skip_special_tokens=True)
-                    for r, m in zip(out["responses"], out["response_mask"])
-                ]
-            )
-            nt = rows.non_tensors
-            scored = rewards.score(
-                list(nt["raw_prompt"]), texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra"])
-            )
-            main = main_scores(scored.components)
+            generate = lambda batch, greedy: rollout.generate(batch, greedy=greedy)  # noqa: E731
+            full, scores, texts = generate_and_score(rows, generate, greedy, scorer, 1, multi_turn)
+            main = main_scores(full.non_tensors["reward_components"])
             if k == 1:
-                result.update(accuracy_by_source(scored.scores, nt["data_source"], mode, main=main))
+                result.update(accuracy_by_source(scores.numpy(), rows.non_tensors["data_source"], mode, main=main))
             else:
                 result.update(at_n_metrics(main >= 1.0 - 1e-6, texts, prompts.non_tensors["data_source"], k, prefix=""))
+            episodes = episode_turns(full, tok) if "episode" in full.non_tensors else None
             for i, row in enumerate(per_row):
                 row[mode] = {
                     "responses": texts[i * k : (i + 1) * k],
-                    "scores": [float(x) for x in scored.scores[i * k : (i + 1) * k]],
+                    "scores": [float(x) for x in scores[i * k : (i + 1) * k]],
+                    **({"episodes": episodes[i * k : (i + 1) * k]} if episodes is not None else {}),
                 }
         if output:
             _write_rows(output, per_row)
         return result
     finally:
         rewards.close()
+
+
+def episode_turns(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """Each multi-turn episode of ``batch`` turn by turn (its ``episode`` column): the role, the text exactly as
+    the policy read or wrote it (special tokens kept), the tokens, and whether they were the policy's (sampled,
+    in the loss: ``response_mask`` 1) or an observation's; and why it ended."""
+    out = []
+    for ids, episode in zip(batch["responses"].tolist(), batch.non_tensors["episode"]):
+        turns = [
+            {
+                "role": t["role"],
+                "policy": t["role"] == "assistant",
+                "tokens": t["end"] - t["start"],
+                "text": tokenizer.decode(ids[t["start"] : t["end"]], skip_special_tokens=False),
+            }
+            for t in episode["turns"]
+        ]
+        out.append({"end": episode["end"], "turns": turns})
+    return out
 
 
 def check_model_files(model_dir: str, trust_remote_code: bool) -> None:

@@ -69,8 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="write a new plugin package (guard, reward domain, advantage estimator or environment) from a template",
         description="Write DIR/armor-NAME/: a pip-installable plugin package with the entry point NAME in group "
         "`armor`, a working example whose docstring is the contract for its kind, a test using "
-        "armor_core.testing and a README. Then: cd DIR/armor-NAME && pip install -e . && python -m "
-        "pytest && armor plugins.",
+        "armor_core.testing and a README. Then: cd DIR/armor-NAME && pip install -e '.[test]' && "
+        "python -m pytest && armor plugins.",
     )
     p.add_argument(
         "kind",
@@ -262,6 +262,6 @@ def main(args: argparse.Namespace) -> int:
     kind = KINDS[args.kind].plugin_kind
     print(
         f"wrote {target}: pyproject.toml, armor_{args.name}/__init__.py, tests/test_{args.name}.py, README.md\n"
-        f"next: cd {target} && pip install -e . && python -m pytest && armor plugins --kind {kind}"
+        f"next: cd {target} && pip install -e '.[test]' && python -m pytest && armor plugins --kind {kind}"
     )
     return 0

@@ -8,10 +8,11 @@ Each input line is a JSON object ``{prompt, response, ground_truth, ...}`` (othe
 domain as ``extra``; verl's ``reward_model.ground_truth`` is accepted). One JSON line is written per
 input row, in order: ``{"line", "score", "sub_scores"}``, plus ``"error"`` when the domain failed
 on the row (it then has ``reward.failure_score``) or, without a score, when the row is malformed.
-A malformed row (not JSON, not UTF-8, no response) is also reported on stderr with its line
-number; the others are still scored.
-Scoring goes through the same RewardManager as training (same parameters, time limit, workers).
-Exit status: 0 if every row scored, 1 if some row was malformed or failed, 2 for a usage error.
+A malformed row (not JSON, not UTF-8, no response, a ground truth the domain's
+``validate_ground_truth`` refuses, as training refuses it when the data loads) is also reported on
+stderr with its line number; the others are still scored. With ``--response`` such a ground truth is
+a usage error. Scoring goes through the same RewardManager as training (same parameters, time limit,
+workers). Exit status: 0 if every row scored, 1 if some row was malformed or failed, 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import IO, Any, Iterator, TextIO
+from typing import IO, Any, Callable, Iterator, TextIO
 
 __all__ = ["add_parser", "main"]
 
@@ -116,9 +117,17 @@ def _prompt_text(prompt: Any) -> str:
     return "" if prompt is None else str(prompt)
 
 
-def _rows(stream: IO, requires_gt: bool) -> Iterator[tuple[int, dict | None, str | None]]:
+def _extra(row: dict) -> dict:
+    """What the domain gets as ``extra``: the row's other fields, as training gives them."""
+    return {k: v for k, v in row.items() if k not in ("prompt", "response", "ground_truth")}
+
+
+def _rows(
+    stream: IO, requires_gt: bool, refusal: Callable[[Any, dict], str | None]
+) -> Iterator[tuple[int, dict | None, str | None]]:
     """``(line number, row, None)`` or ``(line number, None, what is wrong)``; blank lines skipped.
-    ``stream`` yields bytes (decoded here, line by line, so a bad byte is reported on its line) or text."""
+    ``stream`` yields bytes (decoded here, line by line, so a bad byte is reported on its line) or text.
+    ``refusal(ground_truth, extra)``: why the domain refuses a row's ground truth, or None."""
     from armor_core.rewards.manager import ground_truth_of
 
     for n, line in enumerate(stream, 1):
@@ -146,6 +155,8 @@ def _rows(stream: IO, requires_gt: bool) -> Iterator[tuple[int, dict | None, str
             yield n, None, "no 'response' string"
         elif requires_gt and ground_truth_of(row) is None:
             yield n, None, "no 'ground_truth', which this domain requires"
+        elif ground_truth_of(row) is not None and (problem := refusal(ground_truth_of(row), _extra(row))):
+            yield n, None, problem
         else:
             yield n, row, None
 
@@ -170,7 +181,7 @@ class _Scorer:
         rows = [r for _, r, _ in self.pending if r is not None]
         batch = None
         if rows:
-            extras = [{k: v for k, v in r.items() if k not in ("prompt", "response", "ground_truth")} for r in rows]
+            extras = [_extra(r) for r in rows]
             batch = self.manager.score(
                 [_prompt_text(r.get("prompt")) for r in rows],
                 [r["response"] for r in rows],
@@ -214,11 +225,41 @@ def _open_output(path: str) -> TextIO:
         raise OSError(f"cannot write --output {path!r}: {e.strerror}") from None
 
 
+def _one_example(args: argparse.Namespace, manager: Any, extra: dict, requires_gt: bool) -> int:
+    """``--response``: score one example, printed as one JSON line; its exit status."""
+    from armor_core.rewards.manager import ground_truth_of
+
+    if requires_gt and ground_truth_of({"ground_truth": args.ground_truth}) is None:
+        given = "an empty one" if args.ground_truth is not None else "none"
+        print(
+            f"error: armor reward: domain {args.domain!r} requires --ground-truth (got {given}; training "
+            "refuses such a row too)",
+            file=sys.stderr,
+        )
+        return 2
+    problem = None if args.ground_truth is None else manager.ground_truth_problem(args.domain, args.ground_truth, extra)
+    if problem:  # one line, exit 2: training refuses such a row when the data loads
+        print(f"error: armor reward: --ground-truth {args.ground_truth!r}: {problem}", file=sys.stderr)
+        return 2
+    batch = manager.score([args.prompt], [args.response], [args.domain], [args.ground_truth], [extra])
+    prefix = f"{args.domain}/"
+    subs = {
+        k[len(prefix) :]: float(v[0])
+        for k, v in batch.sub_scores.items()
+        if k.startswith(prefix) and k != f"{prefix}score" and v[0] == v[0]
+    }
+    record: dict[str, Any] = {"score": float(batch.scores[0]), "sub_scores": subs}
+    if batch.errors[0]:
+        record["error"] = batch.errors[0]
+    print(json.dumps(record, ensure_ascii=False))
+    return 1 if batch.errors[0] else 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``armor reward``; returns the exit status."""
     from armor_core.config.schema import ConfigError
     from armor_core.plugins import PluginError, UnknownPluginError
-    from armor_core.rewards.manager import RewardManager, ground_truth_of
+    from armor_core.rewards.manager import RewardManager
 
     if (args.input is None) == (args.response is None):
         print(
@@ -232,6 +273,9 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--extra must be a JSON object, got {args.extra!r}")
         manager = RewardManager(_config(args))
         requires_gt = manager.domain(args.domain).requires_ground_truth
+
+        def refusal(ground_truth: Any, row_extra: dict) -> str | None:
+            return manager.ground_truth_problem(args.domain, ground_truth, row_extra)
     except json.JSONDecodeError as e:
         print(f"error: armor reward: --extra is not valid JSON: {e}", file=sys.stderr)
         return 2
@@ -240,26 +284,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     with manager:
         if args.response is not None:
-            if requires_gt and ground_truth_of({"ground_truth": args.ground_truth}) is None:
-                given = "an empty one" if args.ground_truth is not None else "none"
-                print(
-                    f"error: armor reward: domain {args.domain!r} requires --ground-truth (got {given}; training "
-                    "refuses such a row too)",
-                    file=sys.stderr,
-                )
-                return 2
-            batch = manager.score([args.prompt], [args.response], [args.domain], [args.ground_truth], [extra])
-            prefix = f"{args.domain}/"
-            subs = {
-                k[len(prefix) :]: float(v[0])
-                for k, v in batch.sub_scores.items()
-                if k.startswith(prefix) and k != f"{prefix}score" and v[0] == v[0]
-            }
-            record: dict[str, Any] = {"score": float(batch.scores[0]), "sub_scores": subs}
-            if batch.errors[0]:
-                record["error"] = batch.errors[0]
-            print(json.dumps(record, ensure_ascii=False))
-            return 1 if batch.errors[0] else 0
+            return _one_example(args, manager, extra, requires_gt)
         try:
             source = getattr(sys.stdin, "buffer", sys.stdin) if args.input == "-" else open(args.input, "rb")
         except OSError as e:
@@ -274,7 +299,7 @@ def main(args: argparse.Namespace) -> int:
             return 2
         try:
             scorer = _Scorer(manager, args.domain, out, "<stdin>" if args.input == "-" else args.input)
-            for n, row, problem in _rows(source, requires_gt):
+            for n, row, problem in _rows(source, requires_gt, refusal):
                 scorer.add(n, row, problem)
             scorer.flush()
         finally:

@@ -107,10 +107,17 @@ def _check_only(args: argparse.Namespace, cfg) -> int:
     _check_resume(args, cfg)
     if not args.resume:
         check_new_run(cfg.trainer.run_dir)
-    print("config and plugins are valid; this run would use:")
-    for key, impl in plan.items():
-        print(f"  {key}: {getattr(impl, '__name__', type(impl).__name__)}")
+    print_plan(plan)
     from armor_core.loop.data import prepare_data
 
     prepare_data(cfg)
     return 0
+
+
+def print_plan(plan: dict) -> None:
+    """``--dry-run``'s list of what the run would use: each config key and its implementation (a function kind's
+    function, a class kind's class)."""
+    print("config and plugins are valid; this run would use:")
+    for key, impl in plan.items():
+        shown = getattr(impl, "fn", impl)
+        print(f"  {key}: {getattr(shown, '__name__', type(shown).__name__)}")

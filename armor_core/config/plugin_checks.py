@@ -36,6 +36,8 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
         wanted.append(("actor.kl_loss_type", "kl_estimator", cfg.actor.kl_loss_type))
     if cfg.algorithm.use_kl_in_reward:
         wanted.append(("algorithm.kl_penalty", "kl_estimator", cfg.algorithm.kl_penalty))
+    if cfg.rollout.multi_turn.enable:
+        wanted.append(("rollout.multi_turn.environment", "environment", cfg.rollout.multi_turn.environment))
     if not cfg.data.train_files and cfg.data.task:
         wanted.append(("data.task", "task", cfg.data.task))
     if cfg.guard.enable:

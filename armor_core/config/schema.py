@@ -43,8 +43,11 @@ def f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None
 class ModelConfig:
     path: str = f(
         "builtin:arithmetic-tiny",
-        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR "
-        "(builtin:arithmetic-tiny, builtin:cross-domain-tiny). Nothing is downloaded.",
+        "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR: "
+        "builtin:arithmetic-tiny, builtin:code-ops-tiny and builtin:cross-domain-tiny have no chat template "
+        "(prompts are plain text; a multi-turn observation is its text between newlines); "
+        "builtin:tools-tiny has an append-only chat template (chat-message prompts, tool results as "
+        "<|tool|>...<|assistant|>), as recipe:tools uses it. Nothing is downloaded.",
     )
     tokenizer_path: str | None = f(None, "Tokenizer directory when it differs from model.path.")
     trust_remote_code: bool = f(
@@ -126,7 +129,12 @@ class MultiTurnConfig:
         ge=1,
     )
     max_observation_tokens: int = f(
-        64, "Longer observations are cut to this many tokens, with a visible '...[truncated]' marker.", ge=1
+        64,
+        "Longer observations are cut to this many tokens, with a visible '...[truncated]' marker. Counted as "
+        "appended: the chat template's role markers and wrapping around the content are included "
+        "(e.g. <|im_end|>, <|im_start|>user and <tool_response> tags, about 10 tokens with Qwen's template); "
+        "counted as env/observations_truncated.",
+        ge=1,
     )
     max_tool_calls_per_turn: int = f(
         4,

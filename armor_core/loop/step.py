@@ -338,13 +338,15 @@ def update_stats(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def batch_metrics(batch: Any, scores: torch.Tensor) -> dict[str, float]:
-    """Scores, rewards and lengths of the batch a step trained on."""
+    """Scores, rewards and lengths of the batch a step trained on. ``prompt_length/mean`` counts the prompt's
+    tokens only (the attention mask before the response), not the observations a multi-turn episode appended."""
     lengths = length_stats(batch)
+    prompt_width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
     return {
         "critic/score/mean": scores.mean().item(),
         "critic/score/max": scores.max().item(),
         "critic/score/min": scores.min().item(),
         "critic/rewards/mean": (batch["token_level_rewards"].sum(-1)).mean().item(),
         **lengths,
-        "prompt_length/mean": float(batch["attention_mask"].sum(-1).float().mean() - lengths["response_length/mean"]),
+        "prompt_length/mean": float(batch["attention_mask"][:, :prompt_width].sum(-1).float().mean()),
     }

@@ -131,6 +131,7 @@ class Trainer:
                 for tracker in self.trackers:
                     getattr(tracker, "resume", lambda step: None)(since)
                 self.guard.forget_after(since)
+            self.guard.open_events()  # there from the start, empty until a guard acts; a resume's is kept
             (self.run_dir / "config.json").write_text(config_json)
         except (
             BaseException

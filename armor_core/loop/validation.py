@@ -11,7 +11,10 @@ For each data source, over its prompts:
   to the answer seen first): exact for short-answer tasks; where responses carry reasoning before
   the answer, ``maj@n`` counts identical responses only.
 
-``val/acc_greedy`` and ``val/mean@n`` etc. without a source are over all prompts.
+``val/acc_greedy`` and ``val/mean@n`` etc. without a source are over all prompts. Rows are scored as in
+training (``step.Scorer``): ``score_*`` includes a multi-turn environment's reward parts, which are
+components of weight 1 (``env:<name>``) and so the main one where the row's domains weigh less.
+``armor eval`` scores through the same ``generate_and_score``.
 """
 
 from __future__ import annotations

@@ -305,7 +305,10 @@ class RewardManager:
                 n_missing += 1
                 if len(missing) < 5:
                     missing.append(f"{_locate(row, i, where)} (data_source {source!r} -> domain {domain!r})")
-            problem = _ground_truth_problem(gt_checks[source], gt, row) if gt is not None else None
+            try:
+                problem = _ground_truth_problem(gt_checks[source], gt, row.get("extra")) if gt is not None else None
+            except ConfigError as e:
+                raise ConfigError(f"{_locate(row, i, where)}: {e}") from None
             if problem is None:
                 kept.append(row)
             elif skip_invalid:
@@ -325,6 +328,15 @@ class RewardManager:
         if refused:
             rows[:] = kept  # type: ignore[index]
         return refused
+
+    def ground_truth_problem(self, data_source: str, ground_truth: Any, extra: Mapping[str, Any] | None) -> str | None:
+        """What the first of ``data_source``'s domains whose ``validate_ground_truth`` refuses ``ground_truth`` says
+        (the row's ``extra`` beside it), or None: the check ``check_rows`` makes on every row at load.
+
+        :raises ConfigError: a check raised something other than ``ValueError`` (its own bug), naming the domain.
+        """
+        checks = [(d, self._bound[d].check_ground_truth) for d in self.domains_for(data_source)]
+        return _ground_truth_problem([(d, c) for d, c in checks if c], ground_truth, extra)
 
     # -- scoring ------------------------------------------------------------------------------
 
@@ -522,13 +534,18 @@ def _shown(x: Any) -> str:
     return s if len(s) <= _SHOWN_CHARS else s[:_SHOWN_CHARS] + "...'"
 
 
-def _ground_truth_problem(checks: list[tuple[str, Any]], ground_truth: Any, row: Mapping[str, Any]) -> str | None:
+def _ground_truth_problem(checks: list[tuple[str, Any]], ground_truth: Any, extra: Any) -> str | None:
     """What the first domain check that refuses ``ground_truth`` says, or None."""
     for name, check in checks:
         try:
-            check(ground_truth, row.get("extra") or {})
+            check(ground_truth, extra or {})
         except ValueError as e:
             return f"reward domain {name!r} cannot read this ground_truth: {e}"
+        except Exception as e:  # not a refusal: the check itself is broken
+            raise ConfigError(
+                f"reward domain {name!r}: its validate_ground_truth raised {type(e).__name__}: {e} on the ground "
+                f"truth {_shown(ground_truth)}; a check raises ValueError for a ground truth the domain cannot score"
+            ) from None
     return None
 
 

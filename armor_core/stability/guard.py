@@ -286,6 +286,13 @@ class GuardRunner:
         with open(self.events_path, "a") as fh:
             fh.write(json.dumps(event) + "\n")
 
+    def open_events(self) -> None:
+        """Create ``guard_events.jsonl`` if it is missing, so every run directory has it (empty while no guard has
+        acted); an existing one, a resumed run's, is kept as it is (opened for appending, never truncated)."""
+        if self.events_path is not None:
+            self.events_path.parent.mkdir(parents=True, exist_ok=True)
+            open(self.events_path, "a").close()
+
     def forget_after(self, step: int) -> None:
         """Drop the events of steps after ``step`` from ``guard_events.jsonl`` (a resume from that step's checkpoint
         takes those steps, and their verdicts, again); a line that does not parse (a killed run's last) goes too."""

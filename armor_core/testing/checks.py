@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator, Mapping, get_args
+from typing import Any, Iterator, Mapping, Sequence, get_args
 
 import torch
 
@@ -19,6 +19,8 @@ from armor_core.interfaces import (
     Verdict,
     VerdictAction,
     call_with_params,
+    ground_truth_check_problem,
+    unknown_param,
 )
 from armor_core.testing.environments import check_environment
 
@@ -92,18 +94,54 @@ def check_policy_loss(loss: PolicyLoss, **params: Any) -> tuple[torch.Tensor, di
 
 
 def check_reward_domain(
-    domain: RewardDomain, cases: list[tuple[str, str, Any, float]], extra: dict | None = None
+    domain: RewardDomain,
+    cases: list[tuple[str, str, Any, float]],
+    extra: dict | None = None,
+    *,
+    refused: Sequence[Any] = (),
+    **params: Any,
 ) -> None:
-    """Score ``(prompt, response, ground_truth, expected_score)`` cases and compare (to 1e-6)."""
+    """Score ``(prompt, response, ground_truth, expected_score)`` cases as training does and compare (to 1e-6).
+
+    ``params`` are the domain's keyword parameters, as ``reward.domain_kwargs.<name>`` passes them (a key
+    ``fn`` does not take fails, as the config check would). Checks: the domain's ``validate_ground_truth``,
+    if it has one, can be called as ``(ground_truth, extra)`` and accepts every case's ground truth (a row
+    it refuses never reaches ``fn`` in training) and refuses, with ``ValueError``, each ground truth in
+    ``refused``; ``fn`` returns a number or a ``RewardResult``, not text; the score is the expected one.
+    """
+    name = getattr(domain.fn, "__name__", repr(domain.fn))
+    problem = unknown_param(domain.fn, params, 4, "reward.domain_kwargs")
+    assert problem is None, problem
+    check = domain.validate_ground_truth
+    problem = ground_truth_check_problem(check)
+    assert problem is None, f"{name}: {problem}"
+    for gt in refused:
+        try:
+            check(gt, extra or {})  # type: ignore[misc]
+        except ValueError:
+            continue
+        raise AssertionError(
+            f"{name}: validate_ground_truth accepted the ground truth {gt!r}, listed in refused"
+            if check is not None
+            else f"{name} has no validate_ground_truth, so nothing refuses the ground truths listed in refused"
+        )
     for prompt, response, gt, expected in cases:
-        out = domain(prompt, response, gt, extra or {})
+        if check is not None:
+            try:
+                check(gt, extra or {})
+            except ValueError as e:
+                raise AssertionError(
+                    f"{name}: validate_ground_truth refuses the ground truth {gt!r} ({e}); training would refuse "
+                    "such a row when the data loads, so it is no case to score"
+                ) from None
+        out = domain(prompt, response, gt, extra or {}, **params)
         assert isinstance(out, RewardResult)
         assert not isinstance(out.score, (str, bytes)), (
-            f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) returned the text {out.score!r}; return a number "
+            f"{name}({prompt!r}, {response!r}, {gt!r}) returned the text {out.score!r}; return a number "
             "(training fails such a row)"
         )
         assert abs(out.score - expected) < 1e-6, (
-            f"{domain.fn.__name__}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
+            f"{name}({prompt!r}, {response!r}, {gt!r}) = {out.score}, expected {expected}"
         )
 
 

@@ -24,8 +24,10 @@ token is the one the token was drawn with.
 
 The output adds to the backend's layout: ``reward_text`` (the final assistant turn, or the whole
 transcript with ``reward_on: transcript``) for the reward domains, ``env_reward_parts`` (summed
-``reward_parts``), and metrics ``env/turns``, ``env/observation_tokens``, ``env/masked_share`` and
-the environment's own, averaged over episodes.
+``reward_parts``), ``episode`` (``{turns: [{role, start, end}], end}``: each turn's role, ``assistant``
+for the policy's, and the response positions it holds; why the episode ended), and metrics
+``env/turns``, ``env/observation_tokens``, ``env/masked_share``, ``env/observations_truncated``,
+``env/env_errors`` and the environment's own, averaged over episodes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
-from armor_core.workers.observations import ObservationError, ObservationRenderer
+from armor_core.workers.observations import ObservationError, ObservationRenderer, as_messages
 
 __all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout"]
 
@@ -67,8 +69,12 @@ class Episode:
     env: Any = None
     turn: AssistantTurn | None = None  # the last assistant turn
     ended_with: str | None = None  # the text of the end-of-turn token it ended with, if it did
+    segments: list[dict[str, Any]] = field(default_factory=list)  # {role, start, end}: whose ids are where
 
-    def append(self, ids: list[int], log_probs: list[float] | None) -> None:
+    def append(self, ids: list[int], log_probs: list[float] | None, role: str = "assistant") -> None:
+        """Sampled ids (with their ``log_probs``) or an observation's (``log_probs`` None, ``role`` its messages')."""
+        if ids:
+            self.segments.append({"role": role, "start": len(self.ids), "end": len(self.ids) + len(ids)})
         self.ids += ids
         self.context += ids
         self.sampled += [1 if log_probs is not None else 0] * len(ids)
@@ -230,7 +236,7 @@ class MultiTurnRollout:
         if len(ep.ids) + len(ids) >= budget:  # no room left to answer it
             ep.end = "max_response_tokens"
             return
-        ep.append(ids, None)
+        ep.append(ids, None, role=",".join(dict.fromkeys(m["role"] for m in as_messages(observation))))
 
     # -- output ------------------------------------------------------------------------------------
 
@@ -270,6 +276,8 @@ class MultiTurnRollout:
                 for ep in episodes
             ],
             "env_reward_parts": [dict(ep.reward_parts) for ep in episodes],
+            # turn by turn: role, and the response positions [start, end) it holds (an assistant's are the policy's)
+            "episode": [{"turns": list(ep.segments), "end": ep.end} for ep in episodes],
         }
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={
             **dict(prompts.meta_info), "metrics": _metrics(episodes, response_mask, present)

@@ -286,3 +286,20 @@ def test_an_implementation_of_another_kind_is_refused(hook, obj, match):
     with isolated_plugin_manager() as pm, pytest.raises(PluginError, match=match):
         pm.register(plugin)
         pm.names("advantage_estimator")  # builds the catalog, which calls the hooks
+
+
+def _answer_is_a_number(ground_truth):  # a plugin author's first try: one argument, where two are passed
+    int(ground_truth)
+
+
+def test_a_ground_truth_check_that_cannot_take_the_row_is_refused_naming_the_plugin():
+    from armor_core import RewardDomain
+
+    domain = RewardDomain(lambda p, r, g, e: 1.0, validate_ground_truth=_answer_is_a_number)
+    plugin = types.SimpleNamespace(armor_register_reward_domains=hookimpl(lambda register: register("num", domain)))
+    with isolated_plugin_manager() as pm, pytest.raises(PluginError) as e:
+        pm.register(plugin, name="my_pack")
+        pm.names("reward_domain")
+    said = str(e.value)
+    assert "plugin 'my_pack'" in said and "reward_domain 'num'" in said and "_answer_is_a_number" in said
+    assert "validate_ground_truth(ground_truth, extra)" in said and "\n" not in said

@@ -215,3 +215,16 @@ def test_check_guard_catches_lost_state_and_unknown_coefficients():
         check_guard(_Counting, keep_state=False)
     with pytest.raises(AssertionError, match=r"adjusts \['temperature'\]"):
         check_guard(_Counting, adjust="temperature")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_printed_next_step_installs_pytest_with_the_package(tmp_path, capsys, kind):
+    import tomllib
+
+    assert main(["new", kind, "probe_next", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "&& pip install -e '.[test]' && python -m pytest &&" in printed  # `pip install -e .` has no pytest
+    package = tmp_path / "armor-probe-next"
+    extras = tomllib.loads((package / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("pytest") for req in extras["test"])
+    assert "pip install -e '.[test]'" in (package / "README.md").read_text()

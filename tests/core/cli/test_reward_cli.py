@@ -30,9 +30,17 @@ def fragile(prompt, response, ground_truth, extra):
     return 1.0
 
 
+def _integer(ground_truth, extra):
+    try:
+        int(str(ground_truth))
+    except ValueError:
+        raise ValueError(f"expected an integer, got {ground_truth!r}") from None
+
+
 class _Plugin:
     @hookimpl
     def armor_register_reward_domains(self, register):
+        register("integer", RewardDomain(exact, score_range=None, validate_ground_truth=_integer, inline=True))
         register(
             "exact", RewardDomain(exact, requires_ground_truth=True, score_range=None, inline=True)
         )  # bonus moves its scores
@@ -239,3 +247,24 @@ def test_a_reward_file_that_exits_at_import_is_a_usage_error_naming_it(tmp_path,
     assert run("leaves", "--config", str(config), "--response", "x", "--ground-truth", "1") == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{reward_file}:2: the file exits while it is read (SystemExit(0))" in err
+
+
+def test_a_ground_truth_the_domain_refuses_is_one_line_as_in_training(tmp_path, capsys):
+    # one example: a usage error, exit 2, one line, no traceback (training refuses the row when the data loads)
+    assert run("integer", "--response", "5", "--ground-truth", "five") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: armor reward: --ground-truth 'five': reward domain 'integer' cannot read")
+    assert "expected an integer" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # a file: that row is malformed, named by its line; the others are scored
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        json.dumps({"response": "5", "ground_truth": "5"})
+        + "\n"
+        + json.dumps({"response": "5", "ground_truth": "five"})
+        + "\n"
+    )
+    assert run("integer", "--input", str(rows)) == 1
+    out, err = capsys.readouterr()
+    assert [r.get("score") for r in lines(out)] == [1.0, None]
+    assert f"{rows}:2: malformed row: reward domain 'integer' cannot read this ground_truth" in err
+    assert "Traceback" not in err

@@ -62,6 +62,35 @@ def test_every_field_has_help_text():
     assert missing == []
 
 
+def test_the_model_help_names_every_built_in_model_and_which_has_a_chat_template():
+    import json
+    import re
+
+    from armor_core.models.loading import builtin_models, resolve_model_path
+
+    text = dict((key, help_text) for key, help_text, _ in help_for())["model.path"]
+    for name in builtin_models():
+        folder = resolve_model_path(f"builtin:{name}")
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        templated = (folder / "chat_template.jinja").exists() or bool(config.get("chat_template"))
+        said = re.search(rf"builtin:{name}\b[^;]*?(has an append-only chat template|have no chat template)", text)
+        assert said is not None, f"--help-config's model.path does not say whether builtin:{name} has a chat template"
+        assert said.group(1).startswith("has") == templated, name
+
+
+def test_the_dry_run_plan_names_the_environment_and_each_implementation(capsys):
+    from armor_core.cli.run import print_plan
+    from armor_core.config.plugin_checks import validate_plugins
+
+    cfg = load_config(None, ["rollout.multi_turn.enable=true"])
+    plan = validate_plugins(cfg)
+    assert plan["rollout.multi_turn.environment"].__name__ == "ToolsEnvironment"
+    print_plan(plan)
+    printed = capsys.readouterr().out
+    assert "  rollout.multi_turn.environment: ToolsEnvironment\n" in printed
+    assert "  algorithm.adv_estimator: compute_grpo_advantage\n" in printed  # the function, not its wrapper
+
+
 def test_print_round_trip(tmp_path):
     # what --print-config prints loads back as the same config (a saved run can be re-run from it)
     cfg = load_config(None, ["actor.lr=2e-5", "rollout.n=3", "trainer.loggers=[jsonl]"])

@@ -175,3 +175,55 @@ def test_armor_eval_runs_multi_turn_episodes():
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 2 and "unknown environment 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class _Mirror:
+    """An environment that answers the first turn with a tool result and pays its own reward part."""
+
+    def __init__(self, row, *, seed=0):
+        pass
+
+    def reset(self):
+        return None
+
+    def step(self, turn):
+        from armor_core.interfaces import EnvironmentStep
+
+        if turn.index == 0:
+            return EnvironmentStep(observation=[{"role": "tool", "content": "7"}])
+        return EnvironmentStep(done=True, reward_parts={"solved": 0.25})
+
+
+@pytest.mark.slow
+def test_armor_eval_scores_environment_parts_and_writes_each_episodes_turns(tmp_path):
+    """``armor eval`` scores as training does (an environment's reward parts are in the score), and ``-o`` shows
+    each episode turn by turn: the role, the text, and whether its tokens were the policy's."""
+    from armor_core import hookimpl
+    from armor_core.cli.eval import evaluate
+    from armor_core.models.loading import load_tokenizer
+    from armor_core.testing import registered
+
+    class Plugin:
+        @hookimpl
+        def armor_register_environments(self, register):
+            register("mirror", _Mirror)
+
+    rows = tmp_path / "rows.jsonl"
+    with registered(Plugin()):
+        result = evaluate(
+            "builtin:arithmetic-tiny", "task:arithmetic", size=4, output=str(rows),
+            overrides=["rollout.multi_turn.enable=true", "rollout.multi_turn.environment=mirror",
+                       "rollout.multi_turn.max_turns=2", "rollout.max_new_tokens=3"],
+        )  # fmt: skip
+    written = [json.loads(line) for line in rows.read_text().splitlines()]
+    eos = load_tokenizer("builtin:arithmetic-tiny").eos_token
+    scores = [s for r in written for s in r["greedy"]["scores"]]
+    assert all(s in (0.25, 1.25) for s in scores)  # arithmetic's 0 or 1, plus the environment's 0.25
+    assert result["arithmetic/score_greedy"] == pytest.approx(np.mean(scores))
+    for r in written:
+        (episode,) = r["greedy"]["episodes"]
+        turns = episode["turns"]
+        assert episode["end"] == "done" and [t["role"] for t in turns] == ["assistant", "tool", "assistant"]
+        assert [t["policy"] for t in turns] == [True, False, True] and "7" in turns[1]["text"]
+        # the final turn is what was scored; the text shows the end-of-turn token the policy sampled
+        assert turns[2]["text"].replace(eos, "").strip() == r["greedy"]["responses"][0].strip()

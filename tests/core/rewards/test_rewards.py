@@ -42,6 +42,11 @@ def _refuse_lists(ground_truth, extra):
         raise ValueError("a list is not an answer")
 
 
+def _needs_options(ground_truth, extra):
+    if ground_truth not in extra["options"]:  # a bug: a row without options raises KeyError, not ValueError
+        raise ValueError("not an option")
+
+
 def picky(prompt, response, ground_truth, extra):
     return 1.0
 
@@ -106,6 +111,10 @@ class _Plugin:
         register("reversed_range", RewardDomain(loud, requires_ground_truth=False, score_range=(1.0, 0.0), inline=True))
         register(
             "picky", RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_refuse_lists, inline=True)
+        )
+        register(
+            "options_check",
+            RewardDomain(picky, requires_ground_truth=True, validate_ground_truth=_needs_options, inline=True),
         )
         register("short", RewardDomain(short, requires_ground_truth=False, inline=True))
         register("flaky", RewardDomain(flaky, requires_ground_truth=False, inline=True))
@@ -437,6 +446,22 @@ def test_check_rows_refuses_a_ground_truth_its_domain_cannot_read(pm):
         r"\(set data.skip_invalid",
     ):
         rm.check_rows(rows, "t.jsonl")
+
+
+def test_a_ground_truth_check_that_breaks_is_an_error_naming_the_domain_and_row(pm):
+    rm = RewardManager(RewardConfig(), pm)
+    rows = [
+        {"data_source": "options_check", "ground_truth": "a", "extra": {"options": ["a"]}, "_where": "t.jsonl, line 1"}
+    ]
+    rm.check_rows(rows, "t.jsonl")
+    with pytest.raises(ConfigError, match=r"^t.jsonl, line 2: reward domain 'options_check': its validate_ground_truth "
+                       r"raised KeyError: 'options' on the ground truth 'a'; a check raises ValueError"):  # fmt: skip
+        rm.check_rows(
+            [*rows, {"data_source": "options_check", "ground_truth": "a", "_where": "t.jsonl, line 2"}], "t.jsonl"
+        )
+    assert rm.ground_truth_problem("options_check", "b", {"options": ["a"]}) == (
+        "reward domain 'options_check' cannot read this ground_truth: not an option"
+    )
 
 
 def test_check_rows_accepts_verl_layout_and_is_fast(pm):

@@ -302,3 +302,15 @@ def test_a_resume_drops_the_events_of_the_steps_it_takes_again(tmp_path):
     runner.forget_after(2)
     kept = [json.loads(x) for x in (tmp_path / "guard_events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in kept] == [1, 2]
+
+
+def test_the_events_file_is_there_from_the_start_and_a_resume_keeps_it(tmp_path):
+    runner = GuardRunner([{"name": "non_finite"}], run_dir=tmp_path / "run")
+    runner.open_events()  # a run's start: no guard acted yet, the file the README lists is there, empty
+    assert (tmp_path / "run" / "guard_events.jsonl").read_text() == ""
+    runner.observe("grad", {"grad_norm": float("nan")}, 1)
+    resumed = GuardRunner([{"name": "non_finite"}], run_dir=tmp_path / "run")
+    resumed.forget_after(1)
+    resumed.open_events()  # opening again never truncates what earlier steps wrote
+    assert [json.loads(x)["step"] for x in (tmp_path / "run" / "guard_events.jsonl").read_text().splitlines()] == [1]
+    GuardRunner([{"name": "non_finite"}]).open_events()  # no run directory: nothing to open

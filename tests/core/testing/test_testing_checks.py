@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from armor_core.interfaces import KINDS, KLEstimator, LossAggregation, Task
+from armor_core.interfaces import KINDS, KLEstimator, LossAggregation, RewardDomain, Task
 from armor_core.plugins import get_plugin_manager
 from armor_core.testing import (
     CHECKS,
     check_kl_estimator,
     check_loss_aggregation,
     check_metric_tracker,
+    check_reward_domain,
     check_rollout_backend,
     check_task,
 )
@@ -22,6 +23,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, 
 
 def test_every_plugin_kind_has_a_check():
     assert set(CHECKS) == set(KINDS)
+
+
+def test_every_check_is_documented_with_its_signature():
+    import inspect
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[3] / "docs" / "testing-plugins.md").read_text()
+    for kind, check in CHECKS.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{check.__name__}(")), None)
+        assert row is not None, f"docs/testing-plugins.md has no row for {check.__name__}"
+        assert f"| `{kind}` |" in row, f"{check.__name__}'s row does not name its kind {kind}"
+        written = re.match(rf"\| `{check.__name__}\((.*?)\)` \|", row).group(1)
+        names = [p.split("=")[0].strip(" *") for p in written.split(",")]
+        assert [n for n in names if n] == list(inspect.signature(check).parameters), check.__name__
 
 
 #: parameters a built-in needs to run at all
@@ -78,3 +94,35 @@ def test_the_checks_fail_on_broken_implementations():
     check_task(Task(fn=tables))  # new tables in test: new problems, although the question repeats
     with pytest.raises(AssertionError, match="train and test share prompts"):
         check_task(Task(fn=tables), same=True)  # the same tables in both splits: the answers leak
+
+
+def _last_word(prompt, response, ground_truth, extra, *, case_sensitive=True):
+    said = (response.split() or [""])[-1]
+    return float(said == ground_truth if case_sensitive else said.lower() == ground_truth.lower())
+
+
+def _one_word(ground_truth, extra):
+    if not isinstance(ground_truth, str) or len(ground_truth.split()) != 1:
+        raise ValueError(f"expected one word, got {ground_truth!r}")
+
+
+def test_a_registered_domain_takes_its_parameters_as_training_passes_them():
+    domain = RewardDomain(_last_word, validate_ground_truth=_one_word)
+    assert domain("q", "it is Paris", "paris", {}, case_sensitive=False).score == 1.0
+    assert domain("q", "it is Paris", "paris").score == 0.0
+    check_reward_domain(domain, [("q", "it is Paris", "paris", 1.0)], case_sensitive=False)
+    with pytest.raises(AssertionError, match="unknown parameter 'case_sensitiv'"):
+        check_reward_domain(domain, [("q", "it is Paris", "paris", 1.0)], case_sensitiv=False)
+
+
+def test_check_reward_domain_runs_the_ground_truth_check():
+    domain = RewardDomain(_last_word, validate_ground_truth=_one_word)
+    check_reward_domain(domain, [("q", "Paris", "Paris", 1.0)], refused=["two words", 7])
+    # a case whose ground truth the domain's own check refuses: training would refuse the row at load
+    with pytest.raises(AssertionError, match="validate_ground_truth refuses the ground truth 'New York'"):
+        check_reward_domain(domain, [("q", "New York", "New York", 0.0)])
+    with pytest.raises(AssertionError, match="accepted the ground truth 'Paris', listed in refused"):
+        check_reward_domain(domain, [("q", "Paris", "Paris", 1.0)], refused=["Paris"])
+    one_argument = RewardDomain(_last_word, validate_ground_truth=lambda ground_truth: None)
+    with pytest.raises(AssertionError, match=r"validate_ground_truth\(ground_truth, extra\)"):
+        check_reward_domain(one_argument, [("q", "Paris", "Paris", 1.0)])

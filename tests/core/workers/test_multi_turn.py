@@ -230,3 +230,24 @@ def test_the_episodes_of_one_group_share_an_environment_seed(model, tokenizer):
     prompts.non_tensors["uid"] = np.array([0, 0, 1, 1])
     rollout.generate(prompts)
     assert seen[0][1] == seen[1][1] and seen[2][1] == seen[3][1] and seen[0][1] != seen[2][1]
+
+
+def test_each_episode_lists_its_turns_and_which_tokens_were_the_policys(model, tokenizer):
+    class ToolAnswers(Scripted):
+        def step(self, turn):
+            done = turn.index + 1 >= self.turns
+            return EnvironmentStep(observation=None if done else [{"role": "tool", "content": "42"}], done=done)
+
+    torch.manual_seed(4)
+    rollout, _ = _rollout(model, tokenizer, ToolAnswers, max_turns=3, max_response_tokens=200)
+    out = rollout.generate(_prompts(tokenizer, ["ab", "abc"]))
+    width = out["responses"].shape[1]
+    for row, episode in enumerate(out.non_tensors["episode"]):
+        turns, mask = episode["turns"], out["response_mask"][row]
+        assert episode["end"] == "done"
+        assert [t["role"] for t in turns] == ["assistant", "tool", "assistant", "tool", "assistant"]
+        # the turns tile the episode's ids, and a turn is the policy's exactly where the response mask is 1
+        assert [t["start"] for t in turns] == [0] + [t["end"] for t in turns[:-1]]
+        assert turns[-1]["end"] == int(out["attention_mask"][row, -width:].sum())
+        for t in turns:
+            assert t["end"] > t["start"] and (mask[t["start"] : t["end"]] == (t["role"] == "assistant")).all()
