@@ -14,10 +14,14 @@ Each turn's text is parsed for tool calls (Hermes / Qwen ``<tool_call>{"name": .
 of one turn run concurrently (parallel calls), at most ``max_tool_calls_per_turn``; each result goes
 back as a ``{"role": "tool", "content": ...}`` message, rendered by the tokenizer's chat template.
 Whatever goes wrong becomes an error message the policy reads, never a crash: a malformed call, an
-unknown tool, arguments the function does not take, a tool that raises, one that runs past
-``timeout_s``, a result that is not text or JSON. A sync tool runs in a thread; one that hangs past
-its timeout keeps its thread until it returns (Python cannot kill a thread), so tools that may hang
-should be ``async`` or run code in a process of their own.
+unknown tool, arguments the function does not take, a tool that raises (``SystemExit`` too: argparse
+on bad arguments), one that runs past ``timeout_s``, a result that is not text or JSON. Every call,
+sync or async, runs on a daemon thread of its own (``armor_core.ops.calls.in_thread``; an async tool on
+an event loop of that thread's), so a tool that blocks or never returns costs its own call
+``timeout_s`` and nothing else: it holds no shared pool's thread, and neither the rollout's event
+loop nor the worker's exit waits for it. Its thread runs on until the tool returns (Python cannot
+kill a thread), so a tool that may hang holding memory or a child process should run its work in a
+process of its own.
 
 Per-row arguments the policy must not see or set (a row's table, its sandbox id) are a tool's
 keyword-only parameters (after ``*``): they are not in its schema, a call that names one is refused,
@@ -37,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from armor_core import hookimpl
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.ops.calls import describe, in_thread
 from armor_plugins.environments.parsers import PARSERS, ToolCall
 from armor_plugins.environments.schema import tool_schema
 
@@ -142,16 +147,16 @@ class ToolsEnvironment:
             inspect.signature(fn).bind(**args)
         except TypeError as e:
             return f"error: {call.name}: {e}", True
-        try:
-            if inspect.iscoroutinefunction(fn):
-                result = await asyncio.wait_for(fn(**args), self.timeout_s)
-            else:
-                result = await asyncio.wait_for(asyncio.to_thread(fn, **args), self.timeout_s)
-            return _as_text(result), False
+        try:  # every call, sync or async, on a daemon thread of its own: bounded whatever the tool does
+            outcome = await asyncio.wait_for(in_thread(fn, **args), self.timeout_s)
         except asyncio.TimeoutError:
             return f"error: {call.name} did not answer within {self.timeout_s:g} s", True
-        except Exception as e:  # a tool's own failure is the policy's observation, not the run's
-            return f"error: {call.name} raised {type(e).__name__}: {e}", True
+        if outcome.error is not None:  # a tool's own failure, sys.exit included, is the policy's observation
+            return f"error: {call.name} raised {describe(outcome.error)}", True
+        try:
+            return _as_text(outcome.value), False
+        except TypeError as e:
+            return f"error: {call.name}: {e}", True
 
 
 @hookimpl
