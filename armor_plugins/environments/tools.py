@@ -72,8 +72,10 @@ def _as_text(result: Any) -> str:
     else:
         try:
             text = json.dumps(result, ensure_ascii=False)
-        except (TypeError, ValueError):
-            raise TypeError(f"the tool returned a {type(result).__name__}, which is neither text nor JSON") from None
+        except (TypeError, ValueError, RecursionError) as e:  # not JSON; nested too deeply; an int of too many digits
+            raise TypeError(
+                f"the tool returned a {type(result).__name__}, which is neither text nor JSON ({type(e).__name__})"
+            ) from None
     return text if len(text) <= _MAX_RESULT_CHARS else text[:_MAX_RESULT_CHARS]
 
 

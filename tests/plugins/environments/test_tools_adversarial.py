@@ -60,12 +60,20 @@ async def blocks_the_loop(x: int) -> str:
     return "released"
 
 
+def deep_result(x: int) -> list:
+    """Return a list nested deeper than JSON can be written."""
+    out: list = []
+    for _ in range(100_000):
+        out = [out]
+    return out
+
+
 def fast(x: int) -> str:
     """Answer at once."""
     return f"fast {x}"
 
 
-TOOLS = [exits, exits_zero, interrupts, generator_exit, exits_async, hangs, blocks_the_loop, fast]
+TOOLS = [exits, exits_zero, interrupts, generator_exit, exits_async, hangs, blocks_the_loop, deep_result, fast]
 
 
 def _call(name, x=1):
@@ -88,9 +96,12 @@ def _step(env, text):
         ("interrupts", "interrupts raised KeyboardInterrupt"),
         ("generator_exit", "generator_exit raised GeneratorExit: closed"),
         ("exits_async", "exits_async raised SystemExit: 3"),
+        ("deep_result", "deep_result: the tool returned a list, which is neither text nor JSON (RecursionError)"),
     ],
 )
-def test_a_tool_that_exits_or_raises_a_base_exception_is_an_error_observation(tool, error):
+def test_a_tool_that_exits_raises_a_base_exception_or_returns_what_json_cannot_write_is_an_error_observation(
+    tool, error
+):
     step = asyncio.run(_step(_env(), _call(tool) + _call("fast", 7)))
     first, second = (m["content"] for m in step.observation)
     assert first == f"error: {error}" and second == "fast 7"  # the turn's other call still answers
@@ -140,3 +151,15 @@ def test_the_process_exits_while_a_tool_still_hangs():
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "error: hangs did not answer within 0.2 s"
+
+
+@pytest.mark.parametrize(
+    "arguments, error",
+    [("[" * 200_000 + "]" * 200_000, "nested too deeply"), ("9" * 100_000, "more than 4300 digits")],
+    ids=["deep", "huge int"],
+)
+def test_a_call_whose_json_cannot_be_read_is_an_error_observation_naming_why(arguments, error):
+    text = '<tool_call>{"name": "fast", "arguments": {"x": ' + arguments + "}}</tool_call>"
+    step = asyncio.run(_step(_env(), text))
+    assert step.observation[0]["content"].startswith("error: ") and error in step.observation[0]["content"]
+    assert step.metrics["tool_errors"] == 1 and not step.done
