@@ -46,7 +46,7 @@ from armor_core.interfaces import AssistantTurn, EnvironmentStep
 from armor_core.ops.calls import describe, guarded, in_thread
 from armor_core.workers.observations import ObservationError, ObservationRenderer
 
-__all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout", "numbers_problem"]
+__all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout", "environment_params", "numbers_problem"]
 
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
 MAX_THREADS = 256  # plain (sync) environment calls of one batch running at once, each on a thread of its own
@@ -121,19 +121,10 @@ class MultiTurnRollout:
         groups = [ep.row.get("uid", i // n) for i, ep in enumerate(episodes)]
         order = list(dict.fromkeys(_hashable(g) for g in groups))
         drawn = dict(zip(order, torch.randint(0, 2**31 - 1, (len(order),)).tolist()))
-        params = {**self._shared_params(), **dict(self.mt.environment_kwargs)}
+        params = environment_params(self.env_cls, self.mt)
         for ep, group in zip(episodes, groups):
             ep.env = self.env_cls(ep.row, seed=drawn[_hashable(group)], **params)
         return episodes
-
-    def _shared_params(self) -> dict[str, Any]:
-        """``rollout.multi_turn.parser`` and ``max_tool_calls_per_turn``, for an environment that takes them."""
-        try:
-            accepted = inspect.signature(self.env_cls).parameters
-        except (TypeError, ValueError):
-            return {}
-        shared = {"parser": self.mt.parser, "max_tool_calls_per_turn": self.mt.max_tool_calls_per_turn}
-        return {k: v for k, v in shared.items() if k in accepted}
 
     async def _run(self, episodes: list[Episode], per_turn: int, greedy: bool, overrides: dict) -> None:
         budget = self.mt.max_response_tokens
@@ -282,6 +273,17 @@ class MultiTurnRollout:
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={
             **dict(prompts.meta_info), "metrics": _metrics(episodes, response_mask, present)
         })  # fmt: skip
+
+
+def environment_params(env_cls: Callable[..., Any], mt: Any) -> dict[str, Any]:
+    """The keywords every episode's environment gets besides ``row`` and ``seed``: ``rollout.multi_turn.parser``
+    and ``max_tool_calls_per_turn`` when its signature takes them, under ``environment_kwargs``."""
+    try:
+        accepted = inspect.signature(env_cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    shared = {"parser": mt.parser, "max_tool_calls_per_turn": mt.max_tool_calls_per_turn}
+    return {**{k: v for k, v in shared.items() if k in accepted}, **dict(mt.environment_kwargs)}
 
 
 def numbers_problem(values: Any, what: str) -> str | None:

@@ -33,9 +33,11 @@ Metrics per episode: ``tool_calls``, ``tool_errors``, ``tool_seconds``.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import inspect
 import json
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -54,13 +56,19 @@ def load_tool(spec: str | Callable) -> Callable:
     """A tool from ``"module:function"`` (or a callable, returned as it is)."""
     if callable(spec):
         return spec
-    module, _, name = str(spec).partition(":")
-    if not module or not name:
+    module_name, _, name = str(spec).partition(":")
+    if not module_name or not name:
         raise ValueError(f"tool {spec!r}: write it as 'module:function', e.g. 'my_pkg.tools:lookup'")
     try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # not found, or its import failed
         raise ValueError(f"tool {spec!r}: cannot import it ({type(e).__name__}: {e})") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        close = difflib.get_close_matches(name, functions, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"tool {spec!r}: cannot import it (module {module_name!r} has no {name!r}).{hint}")
     if not callable(fn):
         raise ValueError(f"tool {spec!r} is a {type(fn).__name__}, not a function")
     return fn
@@ -92,18 +100,39 @@ class ToolsEnvironment:
         timeout_s: float = 10.0,
         max_tool_calls_per_turn: int = 4,
     ) -> None:
-        if not tools:
-            raise ValueError("environment 'tools': give environment_kwargs.tools, e.g. ['my_pkg.tools:lookup']")
-        if parser not in PARSERS:
-            raise ValueError(f"environment 'tools': unknown parser {parser!r}; parsers: {', '.join(PARSERS)}")
-        fns = [load_tool(t) for t in tools]
-        self.functions = {f.__name__: f for f in fns}
-        self.schemas = {f.__name__: tool_schema(f) for f in fns}
+        self.schemas = self.check_params(
+            tools=tools, parser=parser, timeout_s=timeout_s, max_tool_calls_per_turn=max_tool_calls_per_turn
+        )
+        self.functions = {f.__name__: f for f in map(load_tool, tools)}
         self.parse = PARSERS[parser]
         self.timeout_s = float(timeout_s)
         self.max_calls = int(max_tool_calls_per_turn)
         extra = row.get("extra") or {}
         self.hidden = dict(extra.get("tools_kwargs") or {}) if isinstance(extra, Mapping) else {}
+
+    @staticmethod
+    def check_params(
+        *,
+        tools: Sequence[str | Callable] = (),
+        parser: str = "hermes",
+        timeout_s: float = 10.0,
+        max_tool_calls_per_turn: int = 4,
+    ) -> dict[str, dict[str, Any]]:
+        """Each tool's schema by name; a ``ValueError`` naming what is wrong (a tool that does not import, with the
+        nearest name; an unknown parser; a limit out of range). Run in the driver before any worker starts."""
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise ValueError(f"tools must be a list of 'module:function' names, got {tools!r}")
+        if not tools:
+            raise ValueError("environment 'tools': give environment_kwargs.tools, e.g. ['my_pkg.tools:lookup']")
+        if parser not in PARSERS:
+            close = difflib.get_close_matches(str(parser), list(PARSERS), n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown parser {parser!r}.{hint} Parsers: {', '.join(PARSERS)}")
+        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s={timeout_s!r} must be a finite number > 0 (seconds a tool call may take)")
+        if not isinstance(max_tool_calls_per_turn, int) or max_tool_calls_per_turn < 1:
+            raise ValueError(f"max_tool_calls_per_turn={max_tool_calls_per_turn!r} must be an integer >= 1")
+        return {f.__name__: tool_schema(f) for f in map(load_tool, tools)}
 
     @staticmethod
     def prompt_kwargs(tools: Sequence[str | Callable] = (), **_: Any) -> dict[str, Any]:

@@ -310,3 +310,12 @@ def test_code_that_calls_sys_exit_during_a_command_is_one_line_and_exit_2(monkey
     assert main(["run", "--dry-run", "trainer.total_steps=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: armor run: code it ran raised SystemExit(0) at ")
+
+
+def test_a_multi_turn_typo_fails_the_dry_run_in_one_line(capsys):
+    # it passed --dry-run and failed with a traceback once the workers had started
+    tools = "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculator']}"
+    argv = ["run", "--dry-run", "rollout.multi_turn.enable=true", tools, "rollout.multi_turn.parser=hermez"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown parser 'hermez'. Did you mean 'hermes'?" in err[0]
