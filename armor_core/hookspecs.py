@@ -289,8 +289,9 @@ def armor_register_environments(register: RegisterEnvironment) -> None:
         turn (:class:`~armor_core.interfaces.AssistantTurn`) with an
         :class:`~armor_core.interfaces.EnvironmentStep`: the next observation (text or chat messages,
         appended as tokens masked out of every loss), whether the episode is done, and reward parts
-        that join the episode's reward components. ``reset`` and ``step`` may be ``async``.
-        ``armor_core.testing.check_environment`` checks one before a run.
+        that join the episode's reward components. ``reset`` and ``step`` may be ``async``. An optional
+        static ``check_params(**params)`` is run in the driver at start. Whatever it raises ends only
+        its own episode (counted). ``armor_core.testing.check_environment`` checks one before a run.
     """
 
 

@@ -543,8 +543,18 @@ class Environment(Protocol):
     slow tool does not serialise them (a plain ``def`` runs in a thread). Observation tokens are
     appended to the sampled ids, never re-tokenising them, and are masked out of every loss.
 
-    Optional: ``tools`` (a list of function schemas, rendered into the prompt by the chat template)
-    and ``close()``, called when the episode ends, also when it failed.
+    Optional: ``tools`` (a list of function schemas, rendered into the prompt by the chat template);
+    ``close()``, called when the episode ends, also when it failed; and a static
+    ``check_params(**params)``, called once in the driver before any worker starts with the ``params``
+    every episode will get, raising ``ValueError`` or ``TypeError`` naming a bad one (``armor run`` and
+    ``--dry-run`` print it as one line). A key of ``environment_kwargs`` the constructor does not take is
+    refused then too.
+
+    What an environment raises (``SystemExit`` included) or withholds ends its own episode, counted as
+    ``env_error`` or ``env_timeout``; a ``step`` returning ``reward_parts`` or ``metrics`` that are not
+    finite numbers under str names does too, none of that step kept. A plain ``def`` runs on a daemon
+    thread of its own, abandoned past ``rollout.multi_turn.step_timeout_s``; an ``async def`` runs on the
+    rollout's event loop and must not block it.
     """
 
     def reset(self) -> Observation | Awaitable[Observation]: ...

@@ -619,6 +619,57 @@ def _latin1_pairs(lab: Lab) -> Path:
     return lab.data("latin1_pairs.jsonl", good + good + b'{"prompt": "caf\xe9", "chosen": "2", "rejected": "3"}\n')
 
 
+# -- multi-turn tools ----------------------------------------------------------------------------
+
+_TOOLS_ON = [
+    "rollout.multi_turn.enable=true",
+    "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculator']}",
+]
+_HOSTILE_TOOL = '''
+import sys
+import threading
+
+
+def lookup(key: str, *, table: dict | None = None) -> str:
+    """Read the value stored under a key.
+
+    Args:
+        key: the key to read, e.g. "alpha".
+    """
+    if key[:1] < "m":
+        sys.exit(0)
+    threading.Event().wait()
+'''
+
+
+def hostile_tool(lab: Lab) -> Outcome:
+    """recipe:tools with its lookup replaced by one that calls sys.exit(0) on some keys and never returns on the
+    others: the run finishes, and every call the policy made is an error it read."""
+    (lab.root / "hostile_tools.py").write_text(_HOSTILE_TOOL)
+    run_dir = lab.root / "hostile_tool"
+    path = os.pathsep.join(p for p in (str(lab.root), os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "armor_core.cli.main", "run", "recipe:tools", *SMALL[:4], "rollout.n=2",
+         "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "trainer.total_steps=2", "trainer.val_freq=0",
+         "trainer.val_before_train=false", "trainer.loggers=[jsonl]", f"trainer.run_dir={run_dir}",
+         "rollout.multi_turn.environment_kwargs={tools: ['hostile_tools:lookup'], timeout_s: 1}"],
+        capture_output=True, text=True, timeout=900, cwd=lab.root,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path},
+    )  # fmt: skip
+    if proc.returncode != 0 or not (run_dir / "summary.json").exists():
+        return Outcome(f"exit {proc.returncode}, summary.json {'written' if (run_dir / 'summary.json').exists() else '**absent**'}: {shown(lab.relative(message(proc.stderr)))}", False)  # fmt: skip
+    steps = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "actor/pg_loss" in line
+    ]
+    calls = sum(r["env/tool_calls"] for r in steps)
+    errors = sum(r["env/tool_errors"] for r in steps)
+    return Outcome(
+        f"exit 0, summary.json written; training steps {[r['step'] for r in steps]}, tool calls per episode "
+        f"{calls / max(len(steps), 1):.2f}, all errors the policy read: {errors == calls}",
+        [r["step"] for r in steps] == [1, 2] and calls > 0 and errors == calls,
+    )
+
+
 CASES: list[Case] = [
     # config: every value is checked before anything starts
     refused(
@@ -1085,6 +1136,35 @@ CASES: list[Case] = [
         "a plugin registering a reward domain whose validate_ground_truth takes one argument",
         "PluginError at registration naming the plugin and validate_ground_truth(ground_truth, extra)",
         _one_argument_check,
+    ),
+    # multi-turn tools: typos refused at start, a tool that exits or hangs does not end or stall the run
+    refused(
+        "tools: rollout.multi_turn.parser=hermez (--dry-run)",
+        lambda lab: [*_TOOLS_ON, "rollout.multi_turn.parser=hermez", "--dry-run"],
+        r"unknown parser 'hermez'\. Did you mean 'hermes'\?",
+    ),
+    refused(
+        "tools: an unknown environment_kwargs key (timout_s)",
+        lambda lab: [
+            *_TOOLS_ON[:1],
+            "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculator'], timout_s: 3}",
+        ],
+        r"unknown parameter 'timout_s' for ToolsEnvironment\. Did you mean 'timeout_s'\?",
+    ),  # fmt: skip
+    refused(
+        "tools: a tool that does not import (builtin_tools:calculater)",
+        lambda lab: [
+            *_TOOLS_ON[:1],
+            "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculater']}",
+        ],
+        r"has no 'calculater'\)\. Did you mean 'calculator'\?",
+    ),  # fmt: skip
+    Case(
+        "tools: a tool that calls sys.exit(0) or never returns",
+        "recipe:tools with a lookup tool that calls sys.exit(0) on some keys and never returns on others (timeout_s 1)",
+        "exit 0 with summary.json; every call an error the policy reads",
+        hostile_tool,
+        trains=True,
     ),
 ]
 

@@ -19,7 +19,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from armor_core.errors import UserFacingError, one_line
+from armor_core.errors import UserFacingError, code_exit_error, one_line
 
 # subcommand modules that provide add_parser(subparsers); order is the order of `armor --help`
 _COMMAND_MODULES = [
@@ -74,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except user_errors() as e:
         print(one_line(e), file=sys.stderr)
+        return 2
+    except Exception:
+        raise
+    except BaseException as e:  # SystemExit from code a command ran (a plugin, a reward file): never a silent success
+        print(one_line(code_exit_error(e, f"armor {args.command}")), file=sys.stderr)
         return 2
 
 

@@ -27,7 +27,9 @@ pickle). Replies carry their request's number: one read while the driver gathers
 kept for its own ``result()``.
 
 Errors: an exception a method raises comes back and is raised in the driver as itself, with the
-worker's traceback as a note. A dead worker closes its socket; the group then asks Ray why it died
+worker's traceback as a note; a ``SystemExit`` (or another ``BaseException`` that is not an ``Exception``)
+comes back as a ``CodeExitError`` naming the line that raised it, so that it cannot end the driver with
+its exit code. A dead worker closes its socket; the group then asks Ray why it died
 (see ``WorkerGroup``).
 """
 
@@ -46,6 +48,8 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ray import cloudpickle
+
+from armor_core.errors import code_exit_error
 
 __all__ = ["connect", "encode", "listen_host", "open_channel", "recv", "send", "write"]
 
@@ -227,6 +231,8 @@ def _serve(worker: Any, server: socket.socket, authkey: bytes, device: int | Non
             try:
                 reply = (seq, True, getattr(worker, method)(*args, **kwargs))
             except BaseException as e:  # noqa: BLE001 - every failure goes back to the driver
+                if not isinstance(e, Exception):  # SystemExit from code the method ran: in the driver it would end
+                    e = code_exit_error(e, f"the worker's {method}")  # the run with its code, 0 for sys.exit()
                 reply = (seq, False, (_portable(e), traceback.format_exc()))
             try:
                 send(conn, reply)

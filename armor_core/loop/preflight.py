@@ -16,7 +16,9 @@ with ``model.lora_rank`` the LoRA targets and rank must fit the model's layers, 
 built on the meta device (no weights). A LoRA adapter's base must be the one it was trained on
 (``models/lora.py``'s base manifest). The guards are built once with
 their configured parameters, so a bad one is a ``ConfigError`` naming the guard, in ``--dry-run``
-too, not a traceback from the trainer.
+too, not a traceback from the trainer. With multi-turn rollouts (``check_multi_turn``) the environment's
+name, its ``environment_kwargs`` keys and its own ``check_params`` (the ``tools`` environment: the
+parser, each tool importable) are checked the same way.
 
 Not caught: a byte changed inside a tensor's data (only a checksum would show it, and a model
 directory carries none).
@@ -31,15 +33,19 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from armor_core.config.schema import ArmorConfig, ConfigError
+from armor_core.interfaces import unknown_param
 from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from armor_core.models.remote_code import check_remote_code
+from armor_core.plugins import get_plugin_manager
 from armor_core.stability.guard import build_guards, run_coefficients
+from armor_core.workers.multi_turn import environment_params
 
 __all__ = [
     "check_finite",
     "check_guards",
     "check_model",
     "check_model_dir",
+    "check_multi_turn",
     "check_run",
     "check_safetensors",
     "check_tokenizer",
@@ -76,6 +82,7 @@ def check_run(cfg: ArmorConfig, pm: Any = None) -> None:
     check_trainable(cfg)
     check_guards(cfg, pm)
     check_reward_models(cfg)
+    check_multi_turn(cfg, pm)
     from armor_core.loop.distill import check_teacher  # here: loop.distill imports this module
 
     check_teacher(cfg)
@@ -150,6 +157,28 @@ def check_guards(cfg: ArmorConfig, pm: Any = None) -> None:
     its constructor refuses is a ConfigError naming the guard, before any worker starts."""
     if cfg.guard.enable:
         build_guards(cfg.guard.guards, pm, run_coefficients(cfg.actor))
+
+
+def check_multi_turn(cfg: ArmorConfig, pm: Any = None) -> None:
+    """With ``rollout.multi_turn.enable``: the environment is registered, takes every key of
+    ``rollout.multi_turn.environment_kwargs``, and its own ``check_params`` (if it has one) accepts what every
+    episode will get; each problem a ConfigError (PluginError for the name) with the nearest name, before any
+    worker starts, where it failed once the workers had built their first episode."""
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return
+    pm = pm or get_plugin_manager()
+    env_cls = pm.get("environment", mt.environment, where="rollout.multi_turn.environment")
+    problem = unknown_param(env_cls, mt.environment_kwargs, 1, "rollout.multi_turn.environment_kwargs")
+    if problem:
+        raise ConfigError(problem)
+    check = getattr(env_cls, "check_params", None)
+    if check is None:
+        return
+    try:
+        check(**environment_params(env_cls, mt))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"rollout.multi_turn (environment {mt.environment!r}): {e}") from None
 
 
 def check_model(model_path: str, tokenizer_path: str | None = None, *, trust_remote_code: bool = False) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 from typing import Any, Mapping, Sequence
 
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.workers.multi_turn import numbers_problem
 from armor_core.workers.observations import as_messages
 
 __all__ = ["check_environment"]
@@ -30,12 +30,8 @@ def _check_observation(observation: Any, where: str) -> None:
 
 
 def _check_numbers(values: Any, what: str, where: str) -> None:
-    assert isinstance(values, Mapping), f"{where}: {what} must be a mapping of name -> number, got {type(values)}"
-    for name, value in values.items():
-        assert isinstance(name, str) and isinstance(value, (int, float)) and not isinstance(value, bool), (
-            f"{where}: {what}[{name!r}] = {value!r}; expected a number under a str name"
-        )
-        assert math.isfinite(float(value)), f"{where}: {what}[{name!r}] is not finite ({value})"
+    problem = numbers_problem(values, what)  # the rollout's own check: such a step ends its episode as env_error
+    assert problem is None, f"{where}: {problem}"
 
 
 def check_environment(

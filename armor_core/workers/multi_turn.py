@@ -9,16 +9,18 @@ row and sample (``n`` per prompt, interleaved as the backend's ``n``):
 2. each turn, the live episodes' contexts (the prompt's ids, then every id sampled and every
    observation id so far, never re-tokenised) go to the backend in one batch, with the episode's
    remaining token budget;
-3. every live environment gets its turn at once (``asyncio.gather``; a plain ``step`` runs in a
-   thread), so a slow tool does not serialise the batch;
+3. every live environment gets its turn at once (``asyncio.gather``; a plain ``step`` runs on a
+   daemon thread of its own), so a slow tool does not serialise the batch;
 4. observations become ids through the chat template (``observations.ObservationRenderer``) and
    are appended with ``response_mask`` 0 (never in a loss, the KL, the entropy or a length reward)
    and ``attention_mask`` 1 (the policy reads them).
 
 An episode ends when its environment says ``done``, after ``max_turns`` turns, when its
 ``max_response_tokens`` budget (sampled and observation tokens together) is spent, or when its
-environment fails (raises, returns something that is not an ``EnvironmentStep``, or takes longer
-than ``step_timeout_s``): each reason is counted (``env/ended_<reason>``). Sampled ids and
+environment fails (raises anything, ``SystemExit`` included; returns something that is not an
+``EnvironmentStep``, or one whose ``reward_parts`` or ``metrics`` are not finite numbers; or takes longer
+than ``step_timeout_s``, when a plain ``step`` is abandoned on its thread): each reason is counted
+(``env/ended_<reason>``). Sampled ids and
 log-probs are kept exactly as the backend returned them: the rollout's log-prob of every trained
 token is the one the token was drawn with.
 
@@ -33,9 +35,9 @@ for the policy's, and the response positions it holds; why the episode ended), a
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
-from concurrent.futures import ThreadPoolExecutor
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -43,12 +45,13 @@ import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.ops.calls import describe, guarded, in_thread
 from armor_core.workers.observations import ObservationError, ObservationRenderer, as_messages
 
-__all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout"]
+__all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout", "environment_params", "numbers_problem"]
 
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
-MAX_THREADS = 256  # threads for plain (sync) environments of one batch: one per episode up to this many
+MAX_THREADS = 256  # plain (sync) environment calls of one batch running at once, each on a thread of its own
 
 
 @dataclass
@@ -108,13 +111,7 @@ class MultiTurnRollout:
             prompts = prompts.repeat(n, interleave=True)
         per_turn = int(overrides.pop("max_new_tokens", self.config.max_new_tokens))
         episodes = self._start(prompts, n)
-        # a thread per episode for plain (sync) environments: asyncio's default pool has cores + 4 threads, which
-        # would make the 9th slow tool wait for the first
-        self._pool = ThreadPoolExecutor(max_workers=min(len(episodes), MAX_THREADS), thread_name_prefix="env")
-        try:
-            asyncio.run(self._run(episodes, per_turn, greedy, overrides))
-        finally:  # a step that timed out keeps its thread until it returns (threads cannot be killed); not waited for
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        asyncio.run(self._run(episodes, per_turn, greedy, overrides))
         return self._assemble(prompts, episodes)
 
     def _start(self, prompts: DataProto, n: int) -> list[Episode]:
@@ -130,22 +127,14 @@ class MultiTurnRollout:
         groups = [ep.row.get("uid", i // n) for i, ep in enumerate(episodes)]
         order = list(dict.fromkeys(_hashable(g) for g in groups))
         drawn = dict(zip(order, torch.randint(0, 2**31 - 1, (len(order),)).tolist()))
-        params = {**self._shared_params(), **dict(self.mt.environment_kwargs)}
+        params = environment_params(self.env_cls, self.mt)
         for ep, group in zip(episodes, groups):
             ep.env = self.env_cls(ep.row, seed=drawn[_hashable(group)], **params)
         return episodes
 
-    def _shared_params(self) -> dict[str, Any]:
-        """``rollout.multi_turn.parser`` and ``max_tool_calls_per_turn``, for an environment that takes them."""
-        try:
-            accepted = inspect.signature(self.env_cls).parameters
-        except (TypeError, ValueError):
-            return {}
-        shared = {"parser": self.mt.parser, "max_tool_calls_per_turn": self.mt.max_tool_calls_per_turn}
-        return {k: v for k, v in shared.items() if k in accepted}
-
     async def _run(self, episodes: list[Episode], per_turn: int, greedy: bool, overrides: dict) -> None:
         budget = self.mt.max_response_tokens
+        self._threads = asyncio.Semaphore(MAX_THREADS)
         for ep in episodes:  # a first observation (usually none)
             first = await self._call(ep, ep.env.reset)
             if isinstance(first, _Failed):
@@ -193,25 +182,35 @@ class MultiTurnRollout:
         return rows
 
     async def _call(self, ep: Episode, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)``, awaited if async and in a thread if not, within ``step_timeout_s``; a failure
-        comes back as ``_Failed`` (the episode ends, counted), never as an exception."""
+        """``fn(*args)`` within ``step_timeout_s``: awaited on this loop if async (an environment may keep state
+        bound to it), else on a daemon thread of its own (``ops.calls.in_thread``: one that never returns is
+        abandoned, and holds up neither the other episodes nor the worker's exit). A failure, ``SystemExit``
+        included, comes back as ``_Failed`` (the episode ends, counted), never as an exception."""
         try:
             if inspect.iscoroutinefunction(fn):
-                return await asyncio.wait_for(fn(*args), self.mt.step_timeout_s)
-            call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
-            return await asyncio.wait_for(call, self.mt.step_timeout_s)
+                outcome = await asyncio.wait_for(guarded(fn(*args)), self.mt.step_timeout_s)
+            else:
+                async with self._threads:
+                    outcome = await asyncio.wait_for(in_thread(fn, *args), self.mt.step_timeout_s)
         except asyncio.TimeoutError:
             return _Failed("env_timeout")
-        except Exception as e:  # the environment's failure ends its episode, the run goes on
-            ep.error = ep.error or f"{type(e).__name__}: {e}"
+        if outcome.error is not None:  # the environment's failure ends its episode, the run goes on
+            ep.error = ep.error or describe(outcome.error)
             return _Failed("env_error")
+        return outcome.value
 
     def _apply(self, ep: Episode, result: Any, budget: int, last_turn: bool) -> None:
         if isinstance(result, _Failed):
             ep.end = result.reason
             return
-        if not isinstance(result, EnvironmentStep):
+        problem = (
+            f"returned {type(result).__name__}, not an EnvironmentStep"
+            if not isinstance(result, EnvironmentStep)
+            else numbers_problem(result.reward_parts, "reward_parts") or numbers_problem(result.metrics, "metrics")
+        )
+        if problem:  # none of the step is kept: a text or NaN part would fail the batch's rewards
             ep.end = "env_error"
+            ep.error = ep.error or f"step {problem}"
             ep.metrics["env_errors"] = ep.metrics.get("env_errors", 0.0) + 1
             return
         for k, v in result.reward_parts.items():
@@ -282,6 +281,30 @@ class MultiTurnRollout:
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={
             **dict(prompts.meta_info), "metrics": _metrics(episodes, response_mask, present)
         })  # fmt: skip
+
+
+def environment_params(env_cls: Callable[..., Any], mt: Any) -> dict[str, Any]:
+    """The keywords every episode's environment gets besides ``row`` and ``seed``: ``rollout.multi_turn.parser``
+    and ``max_tool_calls_per_turn`` when its signature takes them, under ``environment_kwargs``."""
+    try:
+        accepted = inspect.signature(env_cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    shared = {"parser": mt.parser, "max_tool_calls_per_turn": mt.max_tool_calls_per_turn}
+    return {**{k: v for k, v in shared.items() if k in accepted}, **dict(mt.environment_kwargs)}
+
+
+def numbers_problem(values: Any, what: str) -> str | None:
+    """Why ``values`` (an ``EnvironmentStep``'s ``reward_parts`` or ``metrics``) is not a mapping of str names to
+    finite real numbers, or None when it is. ``bool`` is refused: a flag is not a score."""
+    if not isinstance(values, Mapping):
+        return f"{what} must be a mapping of name -> number, got {type(values).__name__}"
+    for name, value in values.items():
+        if not isinstance(name, str) or not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return f"{what}[{name!r}] = {value!r}; expected a number under a str name"
+        if not math.isfinite(float(value)):
+            return f"{what}[{name!r}] is not finite ({value})"
+    return None
 
 
 def _hashable(value: Any) -> Any:

@@ -8,7 +8,8 @@ emit)::
     </tool_call>
 
 Several blocks in one turn are parallel calls, in order. A block whose JSON does not parse, is not
-an object, lacks ``name`` or has ``arguments`` that are not an object becomes a ``ToolCall`` with
+an object, lacks ``name`` or has ``arguments`` that are not an object, or cannot be read at all (nested
+too deeply for the parser, or holding an integer of more digits than Python converts) becomes a ``ToolCall`` with
 ``error`` set (the environment answers it with an error observation rather than failing the
 episode); an opening tag without its closing tag is such an error too. ``arguments`` may also be a
 JSON string holding the object (some models double-encode it).
@@ -20,6 +21,7 @@ pattern.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,11 +38,23 @@ class ToolCall:
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
-def _read_block(block: str) -> ToolCall:
+def _loads(text: str) -> tuple[Any, str | None]:
+    """``json.loads(text)``, or why it cannot be read: invalid JSON, nested deeper than the parser's recursion
+    allows, or an integer past Python's limit on digits converted (``sys.get_int_max_str_digits``)."""
     try:
-        data = json.loads(block)
+        return json.loads(text), None
     except json.JSONDecodeError as e:
-        return ToolCall("", error=f"the tool call is not valid JSON ({e.msg} at character {e.pos})")
+        return None, f"is not valid JSON ({e.msg} at character {e.pos})"
+    except RecursionError:
+        return None, "is nested too deeply to read (arrays or objects inside each other)"
+    except ValueError:  # the one other ValueError json.loads raises: int() refused a number's digits
+        return None, f"holds a number of more than {sys.get_int_max_str_digits()} digits, too long to read"
+
+
+def _read_block(block: str) -> ToolCall:
+    data, problem = _loads(block)
+    if problem:
+        return ToolCall("", error=f"the tool call {problem}")
     if not isinstance(data, dict):
         return ToolCall(
             "", error=f"the tool call must be a JSON object with name and arguments, got {type(data).__name__}"
@@ -50,10 +64,9 @@ def _read_block(block: str) -> ToolCall:
         return ToolCall("", error='the tool call has no "name" string')
     args = data.get("arguments", {})
     if isinstance(args, str):  # double-encoded
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return ToolCall(name, error=f'the "arguments" string is not valid JSON ({e.msg})')
+        args, problem = _loads(args) if args.strip() else ({}, None)
+        if problem:
+            return ToolCall(name, error=f'the "arguments" string {problem}')
     if not isinstance(args, dict):
         return ToolCall(name, error=f'"arguments" must be a JSON object, got {type(args).__name__}')
     return ToolCall(name, args)

@@ -14,10 +14,14 @@ Each turn's text is parsed for tool calls (Hermes / Qwen ``<tool_call>{"name": .
 of one turn run concurrently (parallel calls), at most ``max_tool_calls_per_turn``; each result goes
 back as a ``{"role": "tool", "content": ...}`` message, rendered by the tokenizer's chat template.
 Whatever goes wrong becomes an error message the policy reads, never a crash: a malformed call, an
-unknown tool, arguments the function does not take, a tool that raises, one that runs past
-``timeout_s``, a result that is not text or JSON. A sync tool runs in a thread; one that hangs past
-its timeout keeps its thread until it returns (Python cannot kill a thread), so tools that may hang
-should be ``async`` or run code in a process of their own.
+unknown tool, arguments the function does not take, a tool that raises (``SystemExit`` too: argparse
+on bad arguments), one that runs past ``timeout_s``, a result that is not text or JSON. Every call,
+sync or async, runs on a daemon thread of its own (``armor_core.ops.calls.in_thread``; an async tool on
+an event loop of that thread's), so a tool that blocks or never returns costs its own call
+``timeout_s`` and nothing else: it holds no shared pool's thread, and neither the rollout's event
+loop nor the worker's exit waits for it. Its thread runs on until the tool returns (Python cannot
+kill a thread), so a tool that may hang holding memory or a child process should run its work in a
+process of its own.
 
 Per-row arguments the policy must not see or set (a row's table, its sandbox id) are a tool's
 keyword-only parameters (after ``*``): they are not in its schema, a call that names one is refused,
@@ -29,14 +33,17 @@ Metrics per episode: ``tool_calls``, ``tool_errors``, ``tool_seconds``.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import inspect
 import json
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 from armor_core import hookimpl
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.ops.calls import describe, in_thread
 from armor_plugins.environments.parsers import PARSERS, ToolCall
 from armor_plugins.environments.schema import tool_schema
 
@@ -49,13 +56,19 @@ def load_tool(spec: str | Callable) -> Callable:
     """A tool from ``"module:function"`` (or a callable, returned as it is)."""
     if callable(spec):
         return spec
-    module, _, name = str(spec).partition(":")
-    if not module or not name:
+    module_name, _, name = str(spec).partition(":")
+    if not module_name or not name:
         raise ValueError(f"tool {spec!r}: write it as 'module:function', e.g. 'my_pkg.tools:lookup'")
     try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # not found, or its import failed
         raise ValueError(f"tool {spec!r}: cannot import it ({type(e).__name__}: {e})") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        close = difflib.get_close_matches(name, functions, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"tool {spec!r}: cannot import it (module {module_name!r} has no {name!r}).{hint}")
     if not callable(fn):
         raise ValueError(f"tool {spec!r} is a {type(fn).__name__}, not a function")
     return fn
@@ -67,8 +80,10 @@ def _as_text(result: Any) -> str:
     else:
         try:
             text = json.dumps(result, ensure_ascii=False)
-        except (TypeError, ValueError):
-            raise TypeError(f"the tool returned a {type(result).__name__}, which is neither text nor JSON") from None
+        except (TypeError, ValueError, RecursionError) as e:  # not JSON; nested too deeply; an int of too many digits
+            raise TypeError(
+                f"the tool returned a {type(result).__name__}, which is neither text nor JSON ({type(e).__name__})"
+            ) from None
     return text if len(text) <= _MAX_RESULT_CHARS else text[:_MAX_RESULT_CHARS]
 
 
@@ -85,18 +100,39 @@ class ToolsEnvironment:
         timeout_s: float = 10.0,
         max_tool_calls_per_turn: int = 4,
     ) -> None:
-        if not tools:
-            raise ValueError("environment 'tools': give environment_kwargs.tools, e.g. ['my_pkg.tools:lookup']")
-        if parser not in PARSERS:
-            raise ValueError(f"environment 'tools': unknown parser {parser!r}; parsers: {', '.join(PARSERS)}")
-        fns = [load_tool(t) for t in tools]
-        self.functions = {f.__name__: f for f in fns}
-        self.schemas = {f.__name__: tool_schema(f) for f in fns}
+        self.schemas = self.check_params(
+            tools=tools, parser=parser, timeout_s=timeout_s, max_tool_calls_per_turn=max_tool_calls_per_turn
+        )
+        self.functions = {f.__name__: f for f in map(load_tool, tools)}
         self.parse = PARSERS[parser]
         self.timeout_s = float(timeout_s)
         self.max_calls = int(max_tool_calls_per_turn)
         extra = row.get("extra") or {}
         self.hidden = dict(extra.get("tools_kwargs") or {}) if isinstance(extra, Mapping) else {}
+
+    @staticmethod
+    def check_params(
+        *,
+        tools: Sequence[str | Callable] = (),
+        parser: str = "hermes",
+        timeout_s: float = 10.0,
+        max_tool_calls_per_turn: int = 4,
+    ) -> dict[str, dict[str, Any]]:
+        """Each tool's schema by name; a ``ValueError`` naming what is wrong (a tool that does not import, with the
+        nearest name; an unknown parser; a limit out of range). Run in the driver before any worker starts."""
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise ValueError(f"tools must be a list of 'module:function' names, got {tools!r}")
+        if not tools:
+            raise ValueError("environment 'tools': give environment_kwargs.tools, e.g. ['my_pkg.tools:lookup']")
+        if parser not in PARSERS:
+            close = difflib.get_close_matches(str(parser), list(PARSERS), n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown parser {parser!r}.{hint} Parsers: {', '.join(PARSERS)}")
+        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s={timeout_s!r} must be a finite number > 0 (seconds a tool call may take)")
+        if not isinstance(max_tool_calls_per_turn, int) or max_tool_calls_per_turn < 1:
+            raise ValueError(f"max_tool_calls_per_turn={max_tool_calls_per_turn!r} must be an integer >= 1")
+        return {f.__name__: tool_schema(f) for f in map(load_tool, tools)}
 
     @staticmethod
     def prompt_kwargs(tools: Sequence[str | Callable] = (), **_: Any) -> dict[str, Any]:
@@ -142,16 +178,16 @@ class ToolsEnvironment:
             inspect.signature(fn).bind(**args)
         except TypeError as e:
             return f"error: {call.name}: {e}", True
-        try:
-            if inspect.iscoroutinefunction(fn):
-                result = await asyncio.wait_for(fn(**args), self.timeout_s)
-            else:
-                result = await asyncio.wait_for(asyncio.to_thread(fn, **args), self.timeout_s)
-            return _as_text(result), False
+        try:  # every call, sync or async, on a daemon thread of its own: bounded whatever the tool does
+            outcome = await asyncio.wait_for(in_thread(fn, **args), self.timeout_s)
         except asyncio.TimeoutError:
             return f"error: {call.name} did not answer within {self.timeout_s:g} s", True
-        except Exception as e:  # a tool's own failure is the policy's observation, not the run's
-            return f"error: {call.name} raised {type(e).__name__}: {e}", True
+        if outcome.error is not None:  # a tool's own failure, sys.exit included, is the policy's observation
+            return f"error: {call.name} raised {describe(outcome.error)}", True
+        try:
+            return _as_text(outcome.value), False
+        except TypeError as e:
+            return f"error: {call.name}: {e}", True
 
 
 @hookimpl

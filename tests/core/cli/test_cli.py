@@ -297,3 +297,25 @@ def test_a_user_error_in_any_command_is_an_error_line_and_exit_code_2(tmp_path, 
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert out.returncode == 2 and "Traceback" not in out.stderr and len(errors) == 1, out.stderr[-3000:]
     assert re.search(pattern, errors[0]), errors[0]
+
+
+def test_code_that_calls_sys_exit_during_a_command_is_one_line_and_exit_2(monkeypatch, capsys):
+    # a plugin or reward file that calls sys.exit(0) while `armor run` runs must not end it as a success
+    import armor_core.loop.preflight as preflight
+
+    def exits(cfg, pm=None):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(preflight, "check_run", exits)
+    assert main(["run", "--dry-run", "trainer.total_steps=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: armor run: code it ran raised SystemExit(0) at ")
+
+
+def test_a_multi_turn_typo_fails_the_dry_run_in_one_line(capsys):
+    # it passed --dry-run and failed with a traceback once the workers had started
+    tools = "rollout.multi_turn.environment_kwargs={tools: ['armor_plugins.environments.builtin_tools:calculator']}"
+    argv = ["run", "--dry-run", "rollout.multi_turn.enable=true", tools, "rollout.multi_turn.parser=hermez"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown parser 'hermez'. Did you mean 'hermes'?" in err[0]

@@ -119,3 +119,33 @@ def test_the_channel_listens_on_loopback_on_a_one_machine_cluster(ray_cluster):
     from armor_core.engine.channel import listen_host
 
     assert listen_host() == "127.0.0.1"
+
+
+def test_a_worker_method_that_exits_comes_back_as_an_error_not_as_systemexit():
+    # raised in the driver as itself, a SystemExit(0) from a worker ended `armor run` with exit code 0
+    import socket
+    import threading
+
+    from armor_core.engine import channel
+    from armor_core.errors import CodeExitError
+
+    class Worker:
+        def generate(self):
+            raise SystemExit(0)  # a plugin's sys.exit(0)
+
+        def echo(self, x):
+            return x
+
+    key = b"k" * 32
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    threading.Thread(target=channel._serve, args=(Worker(), server, key, None), daemon=True).start()
+    conn = channel.connect(server.getsockname(), key)
+    channel.send(conn, (1, "generate", (), {}))
+    seq, ok, (err, trace) = channel.recv(conn)
+    assert (seq, ok) == (1, False) and isinstance(err, CodeExitError)
+    assert "the worker's generate: code it ran raised SystemExit(0) at" in str(err) and "in generate" in str(err)
+    channel.send(conn, (2, "echo", (5,), {}))
+    assert channel.recv(conn) == (2, True, 5)  # the worker still serves
+    conn.close()

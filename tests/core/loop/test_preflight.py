@@ -213,3 +213,50 @@ def test_lora_targets_and_rank_are_checked_against_the_model_before_any_worker(o
 def test_lora_settings_that_fit_pass_and_full_fine_tuning_builds_nothing():
     check_trainable(load_config(None, ["model.lora_rank=128", "model.lora_target_modules=[q_proj,down_proj]"]))
     check_trainable(load_config(None, ["model.lora_rank=0", "model.lora_target_modules=[nothing]"]))
+
+
+CALCULATOR = "armor_plugins.environments.builtin_tools:calculator"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["rollout.multi_turn.parser=hermez"],
+            r"^rollout.multi_turn \(environment 'tools'\): unknown parser 'hermez'\. Did you mean 'hermes'\?",
+        ),
+        (
+            [f"rollout.multi_turn.environment_kwargs={{tools: ['{CALCULATOR}'], timout_s: 3}}"],
+            r"^rollout.multi_turn.environment_kwargs: unknown parameter 'timout_s' for ToolsEnvironment\. "
+            r"Did you mean 'timeout_s'\?",
+        ),
+        (
+            [f"rollout.multi_turn.environment_kwargs={{tools: ['{CALCULATOR.replace('tor', 'ter')}']}}"],
+            r"tool 'armor_plugins.environments.builtin_tools:calculater': cannot import it .*"
+            r"Did you mean 'calculator'\?",
+        ),
+        (
+            ["rollout.multi_turn.environment_kwargs={tools: ['no_such_module_x:f']}"],
+            r"tool 'no_such_module_x:f': cannot import it \(ModuleNotFoundError",
+        ),
+        (
+            [f"rollout.multi_turn.environment_kwargs={{tools: '{CALCULATOR}'}}"],
+            r"tools must be a list of 'module:function' names",
+        ),
+        (
+            [f"rollout.multi_turn.environment_kwargs={{tools: ['{CALCULATOR}'], timeout_s: 0}}"],
+            r"timeout_s=0 must be a finite number > 0",
+        ),
+        (["rollout.multi_turn.environment=toolz"], r"unknown environment 'toolz'.*Did you mean 'tools'\?"),
+    ],
+    ids=["parser", "unknown kwarg", "misspelt tool", "missing module", "tools a string", "timeout 0", "environment"],
+)
+def test_multi_turn_typos_are_config_errors_before_any_worker(overrides, message):
+    from armor_core.loop.preflight import check_multi_turn
+    from armor_core.plugins import PluginError
+
+    on = ["rollout.multi_turn.enable=true", f"rollout.multi_turn.environment_kwargs={{tools: ['{CALCULATOR}']}}"]
+    with pytest.raises((ConfigError, PluginError), match=message):
+        check_multi_turn(load_config(None, [*on, *overrides]))
+    check_multi_turn(load_config(None, on))  # the same environment, spelt right, passes
+    check_multi_turn(load_config(None, overrides))  # multi-turn off: nothing is checked

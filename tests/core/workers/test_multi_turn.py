@@ -5,6 +5,7 @@ environments step concurrently, and every way an environment can fail ends its e
 without failing the batch."""
 
 import asyncio
+import sys
 import time
 
 import numpy as np
@@ -177,14 +178,41 @@ def test_environments_step_concurrently(model, tokenizer):
         ("not_text", "env_error"),
         ("hang", "env_timeout"),
         ("never_done", "max_turns"),
+        ("exit", "env_error"),
+        ("exit_zero", "env_error"),
+        ("exit_async", "env_error"),
+        ("hang_async", "env_timeout"),
+        ("reward_part_text", "env_error"),
+        ("reward_part_none", "env_error"),
+        ("reward_part_nan", "env_error"),
+        ("reward_part_inf", "env_error"),
+        ("reward_parts_list", "env_error"),
+        ("metric_list", "env_error"),
+        ("metric_text", "env_error"),
     ],
 )
 def test_a_failing_environment_ends_its_episode_not_the_batch(model, tokenizer, behaviour, reason):
+    bad_steps = {
+        "reward_part_text": EnvironmentStep(done=True, reward_parts={"r": "high"}),
+        "reward_part_none": EnvironmentStep(done=True, reward_parts={"r": None}),
+        "reward_part_nan": EnvironmentStep(done=True, reward_parts={"r": float("nan")}),
+        "reward_part_inf": EnvironmentStep(done=True, reward_parts={"r": float("inf")}),
+        "reward_parts_list": EnvironmentStep(done=True, reward_parts=[1.0]),
+        "metric_list": EnvironmentStep(done=True, metrics={"m": [1, 2]}),
+        "metric_text": EnvironmentStep(done=True, metrics={"m": "1"}),
+    }
+
     class Bad(Scripted):
         def step(self, turn):
             if self.row_index and behaviour != "never_done":  # only the second row's environment misbehaves
                 if behaviour == "raise":
                     raise RuntimeError("tool crashed")
+                if behaviour == "exit":
+                    sys.exit(2)  # argparse on bad arguments
+                if behaviour == "exit_zero":
+                    raise SystemExit(0)
+                if behaviour in bad_steps:
+                    return bad_steps[behaviour]
                 if behaviour == "not_a_step":
                     return {"observation": "x"}
                 if behaviour == "not_text":
@@ -198,7 +226,16 @@ def test_a_failing_environment_ends_its_episode_not_the_batch(model, tokenizer, 
             super().__init__(row)
             self.row_index = row["extra"]["k"]
 
-    rollout, _ = _rollout(model, tokenizer, Bad, max_turns=2, max_response_tokens=100, step_timeout_s=0.5)
+    class BadAsync(Bad):
+        async def step(self, turn):
+            if self.row_index:
+                if behaviour == "exit_async":
+                    sys.exit(2)  # asyncio lets SystemExit out of its loop
+                await asyncio.sleep(5)
+            return EnvironmentStep(done=True, reward_parts={"r": 1.0})
+
+    env_cls = BadAsync if behaviour.endswith("_async") else Bad
+    rollout, _ = _rollout(model, tokenizer, env_cls, max_turns=2, max_response_tokens=100, step_timeout_s=0.5)
     start = time.perf_counter()
     out = rollout.generate(_prompts(tokenizer, ["a", "b"]), n=1)
     assert time.perf_counter() - start < 4.0  # a hung environment does not hold the batch (it sleeps 5 s)
@@ -206,6 +243,8 @@ def test_a_failing_environment_ends_its_episode_not_the_batch(model, tokenizer, 
     share = 1.0 if behaviour == "never_done" else 0.5
     assert metrics[f"env/ended_{reason}"] == share
     assert len(out) == 2
+    # a step that failed adds none of its parts: the row's reward components stay finite numbers
+    assert all(isinstance(v, float) and np.isfinite(v) for p in out.non_tensors["env_reward_parts"] for v in p.values())
 
 
 def test_long_observations_are_cut_with_a_visible_marker(tokenizer):

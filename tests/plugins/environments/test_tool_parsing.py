@@ -85,6 +85,21 @@ def test_parse_parallel_calls_in_order():
         ('{"arguments": {}}', 'no "name"'),
         ('{"name": "t", "arguments": [1]}', '"arguments" must be a JSON object'),
         ('{"name": "t", "arguments": "{oops"}', '"arguments" string is not valid JSON'),
+        ('{"name": "t", "arguments": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}", "nested too deeply"),
+        ('{"name": "t", "arguments": {"x": ' + "9" * 5000 + "}}", "a number of more than 4300 digits"),
+        ('{"name": "t", "arguments": "{\\"x\\": ' + "9" * 5000 + '}"}', "a number of more than 4300 digits"),
+        ('{"name": "t", "arguments": "' + "[" * 100_000 + '"}', "nested too deeply"),
+    ],
+    ids=[
+        "not json",
+        "a list",
+        "no name",
+        "arguments a list",
+        "arguments bad json",
+        "deep",
+        "huge int",
+        "huge int, double-encoded",
+        "deep, double-encoded",
     ],
 )
 def test_malformed_calls_become_errors_not_exceptions(block, error):
