@@ -1165,8 +1165,38 @@ CASES: list[Case] = [
         "exit 0 with summary.json; every call an error the policy reads",
         hostile_tool,
         trains=True,
+
+
+    # code sandbox: a program looks for its expected output on the host (issue 42, item 4)
+    Case(
+        "code peek",
+        "`armor reward code --ground-truth ...`: the program reads the outputs from processes' command lines",
+        "score 0: the sandbox has its own /proc",
+        lambda lab: _code_peek(lab),  # defined below, with its program
     ),
 ]
+
+_PEEK = """import glob, re
+found = 'nothing'
+for p in glob.glob('/proc/[0-9]*/cmdline'):
+    try:
+        m = re.search(r'"outputs": \\["(\\w+)"', open(p, 'rb').read().decode('utf-8', 'replace'))
+    except OSError:
+        continue
+    found = m.group(1) if m else found
+print(found)
+"""
+
+
+def _code_peek(lab: Lab) -> Outcome:
+    """``armor reward code`` on a program that prints the expected output it finds on the host, if any."""
+    truth = json.dumps({"inputs": ["2\n"], "outputs": ["peeked" + os.urandom(4).hex()]})
+    proc = lab.command("reward", "code", "--response", _PEEK, "--ground-truth", truth, "-p", "whole_response=true")
+    try:
+        score = json.loads(proc.stdout.splitlines()[0])["score"]
+    except (IndexError, ValueError, KeyError):
+        return Outcome(f"exit {proc.returncode}: {shown(message(proc.stderr))}", False)
+    return Outcome(f"exit {proc.returncode}: score {score}", proc.returncode == 0 and score == 0.0)
 
 
 def run_cases(cases: list[Case], lab: Lab) -> list[tuple[Case, Outcome, float]]:

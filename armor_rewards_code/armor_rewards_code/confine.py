@@ -3,10 +3,11 @@
 - ``block_network``: a seccomp filter under which ``socket()`` makes only local sockets (``AF_UNIX``,
   ``AF_NETLINK``); every other family fails with ``EACCES``. ``io_uring_setup`` fails too (its socket
   operations would pass the filter by), and so does every system call of another ABI (x32, i386).
-- ``confine_writes``: a Landlock ruleset under which the process writes, creates, removes and renames only
-  beneath the directories it is given (and writes ``/dev/null``); reading stays as the uid allows. Where the
-  kernel's Landlock ABI has scopes (6+), the process may neither signal nor reach the abstract Unix
-  sockets of processes outside it.
+- ``confine_files``: a Landlock ruleset under which the process writes, creates, removes and renames only
+  beneath the directories it is given (and writes ``/dev/null``), and, given the paths it may read, reads
+  and executes nothing else: no other process's ``/proc``, no data file of the host. Where the kernel's
+  Landlock ABI has scopes (6+), the process may neither signal nor reach the abstract Unix sockets of
+  processes outside it.
 
 Both are inherited by every child and cannot be undone. Both are called in the sandbox's child between
 fork and exec; errors raise ``OSError`` there and the exec never happens.
@@ -19,7 +20,7 @@ import os
 import platform
 import struct
 
-__all__ = ["block_network", "confine_writes", "landlock_abi"]
+__all__ = ["block_network", "confine_files", "landlock_abi"]
 
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
@@ -35,8 +36,9 @@ _ARCH = {
 
 _LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446
 _RULE_PATH_BENEATH, _CREATE_RULESET_VERSION = 1, 1
-_WRITE_FILE, _TRUNCATE = 1 << 1, 1 << 14
-_WRITES_BY_ABI = {  # the write-side rights each ABI knows (reads and execution are left alone)
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR, _TRUNCATE = 1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 14
+_READS = _EXECUTE | _READ_FILE | _READ_DIR
+_WRITES_BY_ABI = {  # the write-side rights each ABI knows
     1: sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)),  # write, remove dir/file, make anything
     2: 1 << 13,  # REFER: link or rename into another directory
     3: _TRUNCATE,
@@ -103,14 +105,15 @@ def landlock_abi() -> int:
     return max(int(rc), 0)
 
 
-def confine_writes(directories: list[str]) -> None:
-    """Restrict the calling process (and its future children) to writing beneath ``directories`` and to
-    /dev/null."""
+def confine_files(writable: list[str], readable: list[str] | None = None) -> None:
+    """Restrict the calling process (and its future children) to writing beneath ``writable`` and to /dev/null;
+    with ``readable``, to reading and executing only beneath those paths and ``writable`` too."""
     libc = _libc()
     abi = landlock_abi()
     if abi < 1:
         raise OSError(_EPERM, "Landlock is not available on this kernel")
-    handled = sum(rights for version, rights in _WRITES_BY_ABI.items() if version <= abi)
+    writes = sum(rights for version, rights in _WRITES_BY_ABI.items() if version <= abi)
+    handled = writes | (_READS if readable is not None else 0)
     scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if abi >= 6 else 0
     # struct landlock_ruleset_attr: handled_access_fs, handled_access_net (ABI 4), scoped (ABI 6)
     attr = struct.pack("=QQQ", handled, 0, scoped) if abi >= 6 else struct.pack("=Q", handled)
@@ -118,11 +121,15 @@ def confine_writes(directories: list[str]) -> None:
         libc.syscall(_LANDLOCK_CREATE, ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0)),
         "landlock_create_ruleset",
     )
+    file_rights = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE  # all a rule on a file (not a directory) may hold
+    rules = [(path, handled) for path in writable] + [(os.devnull, handled & (_WRITE_FILE | _READ_FILE | _TRUNCATE))]
+    rules += [(path, handled & _READS) for path in readable or []]
     try:
-        rules = [(path, handled) for path in directories] + [(os.devnull, handled & (_WRITE_FILE | _TRUNCATE))]
         for path, rights in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
+                if not os.path.isdir(path):
+                    rights &= file_rights
                 rule = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr, packed
                 _check(
                     libc.syscall(_LANDLOCK_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.c_char_p(rule), 0),

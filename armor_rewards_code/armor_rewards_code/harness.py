@@ -151,10 +151,10 @@ def _stdio_child(code, argv):
 
 
 def _wait(pid, deadline):
-    """(exit status or None on timeout); the child's process group is killed either way."""
-    status = None
+    """(exit status or None on timeout, CPU seconds the child used); its process group is killed either way."""
+    status, usage = None, None
     while status is None and time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        done, status, usage = os.wait4(pid, os.WNOHANG)
         status = status if done else None
         if status is None:
             time.sleep(0.002)
@@ -164,14 +164,22 @@ def _wait(pid, deadline):
         pass
     if status is None:
         os.waitpid(pid, 0)
-    return status
+    return status, (usage.ru_utime + usage.ru_stime if status is not None else 0.0)
 
 
-def _outcome(status, timed_out, seconds):
+def _outcome(status, timed_out, seconds, cpu_s, used):
     if timed_out or status is None:
         return {"status": "timeout", "seconds": seconds}
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
-        return {"status": "timeout", "seconds": seconds}
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        # the CPU limit: SIGXCPU, then SIGKILL a second later; any other SIGKILL came from the program itself
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and used >= cpu_s):
+            return {"status": "timeout", "seconds": seconds}
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return {"status": "error", "exit_code": -sig, "error": f"killed by {name}", "seconds": seconds}
     code = os.waitstatus_to_exitcode(status)
     return {"status": "ok" if code == 0 else "error", "exit_code": code, "seconds": seconds}
 
@@ -202,10 +210,10 @@ def run_stdio(cfg, code, stdin_text, deadline):
             elif len(out[1]) < 2000:
                 out[1] += chunk
     timed_out = bool(open_fds) and not over
-    status = _wait(pid, deadline if not open_fds else time.monotonic())
+    status, used = _wait(pid, deadline if not open_fds else time.monotonic())
     os.close(out_r)
     os.close(err_r)
-    result = _outcome(status, timed_out, time.monotonic() - start)
+    result = _outcome(status, timed_out, time.monotonic() - start, cfg["cpu_s"], used)
     if over:
         result["status"] = "error"
         result["error"] = f"output over {cfg['max_output']} bytes"

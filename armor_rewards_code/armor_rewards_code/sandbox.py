@@ -1,29 +1,31 @@
-"""The local sandbox: runs ``harness.py`` in a fresh, limited, unprivileged process group.
+"""The local sandbox: runs ``harness.py`` in a fresh, limited, unprivileged process tree that sees nothing of the host.
 
-Each run gets a new session (its own process group), an empty temporary directory as its working
-directory (removed afterwards), a scrubbed environment, and, set in the child before ``exec``:
+Each run gets a new session, a scrubbed environment, and, set in its child before ``exec``:
 
-- resource limits: address space, processes, file size, open files, no core files, CPU time (the
-  harness sets each test case's CPU limit to its time limit);
-- a different user when started as root: a fresh unprivileged uid per run (so ``RLIMIT_NPROC``
-  counts only this run's processes and a program cannot signal another run's);
-- new user, network and mount namespaces where the kernel allows them (``unshare(CLONE_NEWUSER |
-  CLONE_NEWNET | CLONE_NEWNS)``): only a loopback interface that is down, so no connection leaves the
-  sandbox, and private tmpfs over the host's world-writable scratch directories;
-- on top, or instead where namespaces are refused (seccomp in a container, user namespaces off), the
-  unprivileged confinements of ``confine.py``: a seccomp filter that lets ``socket()`` make only local
-  sockets, and Landlock, under which the run writes only beneath its working directory (and may not
-  signal processes outside it). ``SandboxRun.isolated`` (the ``code`` domain's ``isolated`` sub-score)
-  is True when network and host writes are both shut, by either means; ``require_isolation`` makes its
-  absence an error instead. Each is probed once per sandbox; one that a run's child then fails to enter
-  (the kernel's answer changed: seen in a process that had run for twenty minutes) is dropped for that
-  run and the next, with a warning naming the error, and the run starts again without it;
-- the parent-death signal, so a reward worker killed for ``reward.timeout_s`` takes its sandbox along.
+- a supervisor (``jail.supervise``): the child forks once more; the process that stays is a child subreaper
+  that ends every process of the run when the harness ends, when the run's deadline passes, or when the
+  reward worker dies (its parent-death signal), whatever the program did to leave its group;
+- its own mount, PID, network and IPC namespaces where the kernel allows them (as root, or in a user
+  namespace as an ordinary user; ``jail.py``): a read-only root holding only what Python needs, a ``/proc``
+  of its own processes, a private size-limited tmpfs at ``/tmp`` (its working directory), and only a
+  loopback that is down. The harness is the PID namespace's init, so its end kills every process of the run;
+- a different user when started as root: a fresh unprivileged uid per run (so ``RLIMIT_NPROC`` counts only
+  this run's processes and a program cannot signal another run's);
+- on top, or instead where namespaces are refused, the unprivileged confinements of ``confine.py``: a
+  seccomp filter that lets ``socket()`` make only local sockets, and Landlock, under which the run writes
+  only beneath its working directory and, without namespaces, reads only the system directories Python
+  needs (``jail.system_tree``) and that directory. ``SandboxRun.isolated`` (the ``code`` domain's ``isolated``
+  sub-score) is True when network, host writes and host reads are all shut, by either means;
+  ``require_isolation`` makes its absence an error instead. Each is probed once per sandbox; one that a
+  run's child then fails to enter (the kernel's answer changed: seen in a process that had run for twenty
+  minutes) is dropped for that run and the next, with a warning naming the error, and the run starts again
+  without it;
+- resource limits: address space, processes, file size, open files, no core files, CPU time (the harness
+  sets each test case's CPU limit to its time limit). Without namespaces the parent watches the scratch
+  directory's size and stops a run past ``Limits.scratch_mb``.
 
-The parent kills the whole process group at the run's end or deadline and, when it started as root, every
-process of the run's uid (a program that left its group with ``setsid`` too). Not stopped (see the pack's
-README): without root, such an escapee lives on until its CPU limit; files stay readable where the run's
-user may read them.
+The parent also kills the session at the end and, when it started as root without namespaces, every
+process of the run's uid. Not stopped (see the pack's README): memory is limited per process.
 """
 
 from __future__ import annotations
@@ -40,19 +42,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from armor_rewards_code.confine import block_network, confine_writes
+from armor_rewards_code.confine import block_network, confine_files
+from armor_rewards_code.jail import Tree, enter_root, supervise, system_tree, trial, unshare_run
 
 __all__ = ["Confinement", "Limits", "LocalSandbox", "SandboxRun", "probe_confinement"]
 
 HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
-_CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
-_NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWNS
-_MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x4000, 1 << 18, 2, 4
-_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable on the host: each gets a private tmpfs
-_PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_WATCH_S = 0.05  # how often a scratch directory on the host's disk is measured
 logger = logging.getLogger(__name__)
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
 
@@ -71,31 +72,39 @@ class Limits:
 
 @dataclass(frozen=True)
 class SandboxRun:
-    """What the harness reported (None when it reported nothing), and how the run was confined."""
+    """What the harness reported (None when it reported nothing), and how the run was confined and ended:
+    ``killed`` at its deadline, or stopped for the ``error`` the sandbox names (its scratch cap); else the
+    harness ended by itself, as ``ended`` says ("exit status 1", "killed by SIGKILL"), after ``seconds``."""
 
     report: dict | None
     isolated: bool
     killed: bool
     stderr: str
+    seconds: float = 0.0
+    ended: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class Confinement:
     """Which of the sandbox's confinements this kernel grants (each tried once, in a throwaway child).
 
-    ``namespaces``: new user, network and mount namespaces; ``network``: the seccomp filter on
-    ``socket()``; ``writes``: Landlock, writes only beneath the run's working directory. ``why`` names
-    each one refused, and the error the kernel gave."""
+    ``namespaces``: own mount, PID, network and IPC namespaces (``jail.py``), entered as root, or through a
+    user namespace (``userns``: an ordinary user's way, and root's where the kernel refuses root the other);
+    ``network``: the seccomp filter on ``socket()``; ``files``: Landlock, writes only beneath the run's
+    working directory and reads only of the system directories and that one. ``why`` names each one
+    refused, and the error the kernel gave."""
 
     namespaces: bool
     network: bool
-    writes: bool
+    files: bool
     why: str = ""
+    userns: bool = False
 
     @property
     def isolated(self) -> bool:
-        """No connection leaves the run and it writes nothing on the host but its own scratch directory."""
-        return (self.namespaces or self.network) and (self.namespaces or self.writes)
+        """No connection leaves the run, and it reads and writes nothing of the host but what Python needs."""
+        return (self.namespaces or self.network) and (self.namespaces or self.files)
 
 
 def _granted(attempt) -> str:
@@ -117,25 +126,33 @@ def _granted(attempt) -> str:
     return "" if code == 0 else message or f"exit status {code}"
 
 
-def _unshare() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_NAMESPACES) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS)")
+def _become(uid: int) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def _fresh_uid() -> int:
+    return 1_000_000 + secrets.randbelow(1_000_000)
 
 
 def probe_confinement() -> Confinement:
     """What this process's children may use; the sandbox's runs are such children."""
+    tree = system_tree(sandbox_python())
+    root = os.geteuid() == 0
     scratch = tempfile.mkdtemp(prefix="armor-code-probe-")
     try:
+        as_root = _granted(lambda: trial(tree, user=False)) if root else "not root"
+        as_user = _granted(lambda: (_become(_fresh_uid()) if root else None, trial(tree, user=True))) if as_root else ""
         errors = {
-            "namespaces": _granted(_unshare),
+            "namespaces": as_user and (f"as root: {as_root}; in a user namespace: {as_user}" if root else as_user),
             "network": _granted(block_network),
-            "writes": _granted(lambda: confine_writes([scratch])),
+            "files": _granted(lambda: confine_files([scratch], tree.readable)),
         }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     why = "; ".join(f"{name}: {error}" for name, error in errors.items() if error)
-    return Confinement(**{name: not error for name, error in errors.items()}, why=why)
+    return Confinement(**{name: not error for name, error in errors.items()}, why=why, userns=bool(as_root))
 
 
 class LocalSandbox:
@@ -153,6 +170,7 @@ class LocalSandbox:
                 "the remote backend"
             )
         self.python = sandbox_python()
+        self.tree: Tree = system_tree(self.python)
 
     def _preexec(self, uid: int | None, workdir: str, others: int, error_fd: int) -> None:
         """In the child between fork and exec. An error aborts the exec, and its confinement and message go to
@@ -166,22 +184,30 @@ class LocalSandbox:
 
     def _confine(self, uid: int | None, workdir: str, others: int, stage: list[str]) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
-        lim = self.limits
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
-        writable = [workdir]
-        if self.confinement.namespaces:
+        lim, conf = self.limits, self.confinement
+        # root makes the namespaces itself, then drops to the run's uid; otherwise a user namespace does
+        as_root = conf.namespaces and uid is not None and not conf.userns
+        if uid is not None and not as_root:
+            _become(uid)
+        if conf.namespaces:
             stage[0] = "namespaces"
-            _enter_namespaces(libc, lim.scratch_mb)
-            workdir = "/tmp"
-            writable = [path for path in _SCRATCH if os.path.isdir(path)]  # the private tmpfs, all three
-        if self.confinement.writes:
-            stage[0] = "writes"
-            confine_writes(writable)
-        if self.confinement.network:
+            unshare_run(user=not as_root)
+        stage[0] = "supervisor"
+        supervise()  # from here on, in the supervisor's child: the run's first process
+        readable: list[str] | None = self.tree.readable
+        if conf.namespaces:
+            stage[0] = "namespaces"
+            enter_root(self.tree, lim.scratch_mb)
+            workdir, readable = "/tmp", None  # the root holds nothing else to read
+        if as_root:
+            stage[0] = "privileges"
+            _become(uid)  # type: ignore[arg-type]
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the uid change cleared the one ``supervise`` set
+        libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no set-uid program gives root back
+        if conf.files:
+            stage[0] = "files"
+            confine_files([workdir], readable)
+        if conf.network:
             stage[0] = "network"
             block_network()
         stage[0] = "limits"
@@ -193,8 +219,9 @@ class LocalSandbox:
             (resource.RLIMIT_CORE, 0),
         ):
             resource.setrlimit(rlim, (value, value))
-        # the kernel counts the uid's tasks; outside a fresh uid or user namespace the user's others count too
-        processes = lim.processes + (0 if uid is not None or self.confinement.namespaces else others)
+        # the kernel counts the uid's tasks; outside a fresh uid or user namespace the user's others (and the
+        # supervisor) count too
+        processes = lim.processes + (0 if uid is not None or conf.namespaces else others + 1)
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
         os.chdir(workdir)
 
@@ -202,7 +229,7 @@ class LocalSandbox:
         """Run the harness on ``config`` (and ``secret``, sent after it) for at most ``deadline_s`` seconds."""
         from armor_rewards_code.harness import frame
 
-        uid = 1_000_000 + secrets.randbelow(1_000_000) if os.geteuid() == 0 else None
+        uid = _fresh_uid() if os.geteuid() == 0 else None
         # runs in namespaces work in their private tmpfs; only the others need a host directory
         workdir = None if self.confinement.namespaces else tempfile.mkdtemp(prefix="armor-code-")
         try:
@@ -223,7 +250,7 @@ class LocalSandbox:
         kernel granted it when probed, and refuses it now. Anything else, or a refusal that leaves
         ``require_isolation`` unmet, is an error naming it."""
         stage = refused.split(":", 1)[0]
-        if stage not in ("namespaces", "writes", "network") or not getattr(self.confinement, stage):
+        if stage not in ("namespaces", "files", "network") or not getattr(self.confinement, stage):
             raise RuntimeError(f"code sandbox: a run could not start: {refused}")
         why = "; ".join(x for x in (self.confinement.why, f"refused at a run: {refused}") if x)
         self.confinement = dataclasses.replace(self.confinement, **{stage: False}, why=why)
@@ -233,6 +260,7 @@ class LocalSandbox:
             raise RuntimeError(f"code sandbox: {refused}; require_isolation is set and the runs are no longer isolated")
 
     def _launch(self, payload: bytes, uid: int | None, workdir: str | None, deadline_s: float) -> SandboxRun:
+        start = time.monotonic()
         others = _tasks_of(os.getuid()) if uid is None and not self.confinement.namespaces else 0
         error_r, error_w = os.pipe()
         try:
@@ -252,41 +280,46 @@ class LocalSandbox:
                 raise _Refused(f.read().decode("utf-8", "replace") or "the sandbox's child failed to start") from None
         os.close(error_r)
         os.close(error_w)
-        killed = False
         try:
-            out, err = proc.communicate(payload, timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            killed = True
-            _kill_group(proc.pid)
-            try:
-                out, err = proc.communicate(timeout=2.0)
-            except subprocess.TimeoutExpired:  # an escaped process holds the pipes: give up on them
-                out, err = b"", b""
-                proc.kill()
+            out, err, stopped = self._communicate(proc, payload, workdir, start + deadline_s)
         finally:
-            _kill_group(proc.pid)
-            if uid is not None:
-                _kill_user(uid)
-        return SandboxRun(_parse(out), self.isolated, killed, err.decode("utf-8", "replace")[-2000:])
+            _kill_group(proc.pid)  # the supervisor ended the rest; this covers a supervisor that died first
+            if uid is not None and not self.confinement.namespaces:
+                _kill_user(uid)  # and this a setsid escapee that outlived both
+        seconds = time.monotonic() - start
+        code = proc.returncode  # the supervisor's: the harness's exit status, or 128 + the signal that killed it
+        ended = "" if code is None else f"killed by {_signal_name(code - 128)}" if code > 128 else f"exit status {code}"
+        report = None if stopped and stopped != "deadline" else _parse(out)
+        error = "" if stopped == "deadline" else stopped
+        return SandboxRun(
+            report, self.isolated, stopped == "deadline", err.decode("utf-8", "replace")[-2000:], seconds, ended, error
+        )
 
-
-def _enter_namespaces(libc: ctypes.CDLL, scratch_mb: int) -> None:
-    """New user, network and mount namespaces; the run's own uid mapped to itself (a tmpfs needs its files'
-    owner mapped); private, size-limited tmpfs over the host's world-writable directories."""
-    uid, gid = os.getuid(), os.getgid()
-    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: a uid change cleared it, and /proc/self/uid_map needs it
-    if libc.unshare(_NAMESPACES) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-    for path in _SCRATCH:
-        if os.path.isdir(path):
-            options = f"size={scratch_mb}m,mode=1777".encode()
-            if libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
-                raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+    def _communicate(self, proc: subprocess.Popen, payload: bytes, workdir: str | None, deadline: float):
+        """(stdout, stderr, why the run was stopped: "deadline", its scratch cap, or "" when it ended by itself).
+        A scratch directory on the host's disk (no namespaces) is measured every ``_WATCH_S``."""
+        data: bytes | None = payload
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                out, err = proc.communicate(data, timeout=max(0.0, min(left, _WATCH_S) if workdir else left))
+                return out, err, ""
+            except subprocess.TimeoutExpired:
+                data = None
+            if time.monotonic() >= deadline:
+                stopped = "deadline"
+            elif workdir is not None and _disk_usage(workdir) > self.limits.scratch_mb << 20:
+                stopped = f"the program's files passed the scratch cap of {self.limits.scratch_mb} MB"
+            else:
+                continue
+            try:
+                os.kill(proc.pid, signal.SIGTERM)  # the supervisor kills every process of the run, then exits
+                out, err = proc.communicate(timeout=2.0)
+            except subprocess.TimeoutExpired:  # a supervisor that does not answer: its group, then give up
+                _kill_group(proc.pid)
+                proc.kill()
+                out, err = b"", b""
+            return out, err, stopped
 
 
 def sandbox_python() -> str:
@@ -334,6 +367,25 @@ def _kill_user(uid: int) -> None:
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
+
+
+def _disk_usage(directory: str) -> int:
+    """Bytes the files beneath ``directory`` hold on disk (a sparse file counts what it holds)."""
+    total = 0
+    for parent, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _kill_group(pgid: int) -> None:

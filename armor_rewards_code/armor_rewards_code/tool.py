@@ -64,8 +64,13 @@ def python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 256, require_i
     }
     run = _sandbox(int(memory_mb), bool(require_isolation)).run(config, None, float(timeout_s) + 1.0)
     report = run.report
-    if report is None:
-        return f"error: the program was stopped after {timeout_s:g} s and left no result"
+    if report is None:  # say what happened: a deadline, a cap, or a harness the program killed
+        if run.killed:
+            return f"error: the program ran past its {timeout_s:g} s limit and was stopped"
+        if run.error:
+            return f"error: {run.error}; it was stopped after {run.seconds:.2f} s"
+        how = f"was {run.ended}" if run.ended.startswith("killed") else f"ended with {run.ended or 'no status'}"
+        return f"error: the sandbox's harness {how} after {run.seconds:.2f} s and left no result"
     if not report.get("compiled"):
         return f"error: {report.get('error', 'the program does not compile')}"
     case = (report.get("cases") or [{}])[0]

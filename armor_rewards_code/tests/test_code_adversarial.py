@@ -3,7 +3,11 @@ ends within its time limit plus 1 s, and leaves no process and no file behind. L
 (1 s a case, 256 MiB) so that a failure of the sandbox cannot run away with the machine."""
 
 import dataclasses
+import json
 import os
+import secrets
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,64 +73,12 @@ ATTACKS = {
 }
 
 
-def _leftover_processes():
-    """Live processes of the sandbox's users (fresh uids from 1,000,000 when run as root); a killed orphan
-    is a zombie until this machine's init reaps it, and holds nothing."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            status = (entry / "status").read_text()
-            uid = int(status.split("\nUid:")[1].split()[0])
-        except (OSError, IndexError, ValueError):
-            continue
-        if uid >= 1_000_000 and "\nState:\tZ" not in status:
-            found.append(entry.name)
-    return found
-
-
-def _modes(granted):
-    """Each way the sandbox confines a run: (whether this kernel grants what it needs now, the confinement)."""
-    return {
-        "namespaces": (granted.namespaces, granted),
-        "seccomp and landlock": (
-            granted.network and granted.writes,
-            dataclasses.replace(granted, namespaces=False),  # a kernel that refuses user namespaces
-        ),
-        "unconfined": (True, sandbox.Confinement(False, False, False, why="refused")),  # one that refuses all three
-    }
-
-
-MODES = list(_modes(sandbox.Confinement(True, True, True)))
 # what only the confinements stop; unconfined, the isolated sub-score of 0 says so
 NEEDS_CONFINEMENT = {"socket connect", "write outside the temporary directory"}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_sandboxes():
-    """The domain keeps its sandboxes; a test that confines them its own way leaves none behind."""
-    domain._sandbox.cache_clear()
-    yield
-    domain._sandbox.cache_clear()
-
-
-def _confine(monkeypatch, confinement):
-    """Make the code domain's sandboxes confine their runs as ``confinement`` says."""
-    monkeypatch.setattr(sandbox, "probe_confinement", lambda: confinement)
-    domain._sandbox.cache_clear()
-
-
-@pytest.fixture(params=MODES)
-def mode(request, monkeypatch):
-    now = sandbox.probe_confinement()  # probed when the test runs: a long process may lose what it had at start
-    granted, confinement = _modes(now)[request.param]
-    if not granted:
-        pytest.skip(f"this kernel refuses what {request.param} needs: {now.why}")
-    _confine(monkeypatch, confinement)
-    return request.param
-
-
 @pytest.mark.parametrize("name", ATTACKS)
-def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, mode, monkeypatch):
+def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, mode, monkeypatch, processes):
     if mode == "unconfined" and name in NEEDS_CONFINEMENT:
         pytest.skip("only namespaces, or seccomp and Landlock, stop this; unconfined runs are reported as not isolated")
     monkeypatch.setenv("ARMOR_SECRET", SECRET)
@@ -138,12 +90,74 @@ def test_attack_scores_zero_and_leaves_the_host_as_it_was(name, mode, monkeypatc
     assert result.score == 0.0 and result.sub_scores["passed"] == 0.0, result
     assert result.sub_scores["isolated"] == float(mode != "unconfined")
     assert not CANARY.exists()
-    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+    # other jobs of a shared machine write to /tmp too: what the sandbox or these programs would leave
+    left = set(os.listdir(tempfile.gettempdir())) - before
+    assert {n for n in left if n.startswith("armor-code") or n in ("left-behind", "big")} == set()
     if os.geteuid() == 0:  # without root a setsid escapee lives on until its CPU limit (README)
         deadline = time.monotonic() + 2.0  # SIGKILL is sent; init reaps the orphans a moment later
-        while _leftover_processes() and time.monotonic() < deadline:
+        while processes.leftover() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _leftover_processes() == []
+        assert processes.leftover() == []
+
+
+# Two programs that look for a row's expected output where a careless host leaves it (issue 42, item 4). Each
+# prints the output it finds (a word no program can compute: it is random) or "nothing"; both only read.
+LEAKS = {
+    "read other processes' command lines and environments": (
+        "import glob, re\nfound = b'nothing'\n"
+        "for p in glob.glob('/proc/[0-9]*/cmdline') + glob.glob('/proc/[0-9]*/environ'):\n"
+        "    try:\n        m = re.search(rb'\"outputs\": \\[\"(leak\\w+)\"', open(p, 'rb').read(1 << 16))\n"
+        "    except OSError:\n        continue\n"
+        "    found = m.group(1) if m else found\n"
+        "print(found.decode())"
+    ),
+    "open data files found on the host": (  # named on a command line, or where data sits: cwd, home, tmp
+        "import glob, os, re\npaths = {{{data!r}}}\n"
+        "for p in glob.glob('/proc/[0-9]*/cmdline'):\n"
+        "    try:\n        args = open(p, 'rb').read(1 << 16).decode('utf-8', 'replace').split('\\0')\n"
+        "    except OSError:\n        continue\n"
+        "    paths.update(a.split('=')[-1] for a in args if a.endswith('.jsonl'))\n"
+        "for d in ('.', os.path.expanduser('~'), '/tmp', '/tmp/*', '/root', '/work/*'):\n"
+        "    paths.update(glob.glob(d + '/*.jsonl'))\n"
+        "found = 'nothing'\n"
+        "for p in sorted(paths):\n"
+        '    try:\n        m = re.search(r\'"outputs": \\["(leak\\w+)"\', open(p).read(1 << 20))\n'
+        "    except (OSError, ValueError):\n        continue\n"
+        "    found = m.group(1) if m else found\n"
+        "print(found)"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def host_truth():
+    """A row's expected output on another process's command line and in its environment (as in ``armor reward
+    code --ground-truth ...``), and in a world-readable data file that command line names."""
+    truth = {"inputs": ["2\n"], "outputs": ["leak" + secrets.token_hex(6)]}
+    data = Path(__file__).parent / f"armor-code-host-{secrets.token_hex(4)}.jsonl"  # beside the code, as data sits
+    data.write_text(json.dumps({"prompt": "", "data_source": "code", "ground_truth": truth}) + "\n")
+    data.chmod(0o644)
+    argv = [sys.executable, "-c", "import time; time.sleep(300)", "--ground-truth", json.dumps(truth), f"data={data}"]
+    decoy = subprocess.Popen(argv, env={"ARMOR_GROUND_TRUTH": json.dumps(truth)})
+    try:
+        yield truth, str(data)
+    finally:
+        decoy.kill()
+        decoy.wait()
+        data.unlink()
+
+
+@pytest.mark.parametrize("name", LEAKS)
+def test_a_program_cannot_read_the_expected_output_from_the_host(name, mode, host_truth):
+    truth, data = host_truth
+    result = code_reward("", f"```python\n{LEAKS[name].format(data=data)}\n```", truth, {}, **LIMITS)
+    if (
+        mode == "unconfined"
+    ):  # the program finds it (where the file's directories let others in): not isolated, says the run
+        reachable = all(p.stat().st_mode & 0o001 for p in Path(data).parents)
+        assert result.score == float(reachable or "command lines" in name) and result.sub_scores["isolated"] == 0.0
+    else:
+        assert result.score == 0.0 and result.sub_scores["isolated"] == 1.0, result
 
 
 def test_an_honest_program_passes_under_the_same_limits(mode):
@@ -176,8 +190,8 @@ def test_no_network_interface_but_a_loopback(mode):
     assert _score(*NETWORK) == 1.0  # the host has more interfaces; the sandbox's namespace has only lo
 
 
-def test_without_any_confinement_the_run_says_so_and_require_isolation_refuses(monkeypatch):
-    _confine(monkeypatch, sandbox.Confinement(False, False, False, why="namespaces: refused"))
+def test_without_any_confinement_the_run_says_so_and_require_isolation_refuses(confine):
+    confine(sandbox.Confinement(False, False, False, why="namespaces: refused"))
     result = code_reward("", "```python\nprint(int(input()) ** 2)\n```", STDIO, {}, **LIMITS)
     assert result.score == 1.0 and result.sub_scores["isolated"] == 0.0
     with pytest.raises(RuntimeError, match=r"refuses the confinements a run needs \(namespaces: refused\)"):
@@ -191,9 +205,10 @@ def test_landlock_or_seccomp_alone_is_not_isolation():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an ordinary user")
-def test_an_ordinary_user_gets_the_same_sandbox(mode):
-    # most users are not root: no uid to drop to, the namespaces (or seccomp and Landlock) confine the program
+def test_an_ordinary_user_gets_the_same_sandbox(mode, host_truth):
+    # most users are not root: no uid to drop to, a user namespace (or seccomp and Landlock) confines the program
     assert _score("print(int(input()) ** 2)", STDIO) == 1.0  # the sandbox is made here: its Python lies under /root
+    truth, data = host_truth
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -207,24 +222,27 @@ def test_an_ordinary_user_gets_the_same_sandbox(mode):
             ]
             network = mode == "unconfined" or _score(*ATTACKS["socket connect"]) == 0.0
             network = network and (mode != "namespaces" or _score(*NETWORK) == 1.0)
-            code = 0 if honest and network and attacks == [0.0, 0.0, 0.0] else 3
+            leaks = [0.0, 0.0] if mode == "unconfined" else [_score(p.format(data=data), truth) for p in LEAKS.values()]
+            checks = (honest, attacks == [0.0, 0.0, 0.0], network, leaks == [0.0, 0.0])
+            code = next((3 + i for i, ok in enumerate(checks) if not ok), 0)
         finally:
             os._exit(code)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    failed = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    assert failed == 0, {3: "honest", 4: "attacks", 5: "network", 6: "host's processes or files"}.get(failed, failed)
 
 
 def test_a_confinement_refused_after_the_probe_is_dropped_for_the_next_runs_and_said(monkeypatch):
     # the kernel granted namespaces when the sandbox was made, then refuses them in a run's child
     granted = sandbox.probe_confinement()
-    if not (granted.network and granted.writes):
+    if not (granted.network and granted.files):
         pytest.skip(f"needs seccomp and Landlock to fall back on: {granted.why}")
     box = sandbox.LocalSandbox()
     box.confinement = dataclasses.replace(granted, namespaces=True)
 
-    def refused(libc, scratch_mb):
+    def refused(user):
         raise PermissionError(1, "Operation not permitted", "unshare")
 
-    monkeypatch.setattr(sandbox, "_enter_namespaces", refused)  # the forked child runs this module's code
+    monkeypatch.setattr(sandbox, "unshare_run", refused)  # the forked child runs this module's code
     result = code_reward_with(box, "print(int(input()) ** 2)")
     assert result.score == 1.0 and result.sub_scores["isolated"] == 1.0  # seccomp and Landlock carry on
     assert not box.confinement.namespaces and "namespaces: PermissionError" in box.confinement.why

@@ -108,3 +108,12 @@ def test_the_tools_environment_runs_a_python_call_and_keeps_the_limits_hidden():
     assert "takes no argument 'timeout_s'" in forged.observation[0]["content"]
     assert forged.metrics["tool_errors"] == 1
     assert _turn(env, "The sum is 45.").done  # no call: the final answer
+
+
+def test_a_program_that_kills_its_harness_is_told_what_happened_not_a_time_limit(mode):
+    # in its own PID namespace the harness is the namespace's init, which the program cannot kill; elsewhere it can
+    start = time.monotonic()
+    answer = python("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.killpg(0, signal.SIGKILL)", **LIMITS)
+    assert time.monotonic() - start < 1.0
+    assert "limit" not in answer and "stopped after" not in answer, answer
+    assert answer.startswith("error: ") and "SIGKILL" in answer, answer

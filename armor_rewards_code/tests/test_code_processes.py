@@ -1,0 +1,93 @@
+"""What a run leaves on the host: every process a program started dies with its row (when the row ends,
+and when the reward worker running it is killed), as root and as an ordinary user; and its files stay
+within the scratch cap, with or without namespaces."""
+
+import os
+import secrets
+import signal
+import time
+
+import pytest
+from armor_rewards_code.domain import code_reward
+
+from armor_rewards_code import domain, sandbox
+
+LIMITS = {"timeout_s": 1.0, "total_timeout_s": 2.0, "memory_mb": 256, "max_processes": 16}
+# a daemon: forks twice, leaves the program's session, and sleeps a short while with a marker on its command line
+DAEMON = (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(8)', {marker!r}])\n"
+    "    os._exit(0)\n"
+    "time.sleep({sleep})\n"
+    "print(5)\n"
+)
+STDIO = {"inputs": ["2\n"], "outputs": ["4\n"]}
+
+
+def _row(program, **limits):
+    return code_reward("", f"```python\n{program}\n```", STDIO, {}, **{**LIMITS, **limits})
+
+
+def test_every_process_a_program_started_dies_with_its_row(mode, processes):
+    marker = f"armor-daemon-{secrets.token_hex(4)}"
+    assert _row(DAEMON.format(marker=marker, sleep=0.3)).score == 0.0
+    assert processes.gone(marker) == []
+
+
+def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, processes):
+    # a reward worker that overruns reward.timeout_s is killed: what its row started goes with it
+    marker = f"armor-daemon-{secrets.token_hex(4)}"
+    worker = os.fork()
+    if worker == 0:
+        try:
+            _row(DAEMON.format(marker=marker, sleep=6), timeout_s=6.0, total_timeout_s=7.0)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 5.0
+        while not processes.marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert processes.marked(marker), "the daemon never started"
+    finally:
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
+    assert processes.gone(marker) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an ordinary user")
+def test_an_ordinary_users_rows_leave_no_process_either(processes):
+    # no uid of its own to kill: the run's namespace, or its reaper, ends what the program started
+    marker = f"armor-daemon-{secrets.token_hex(4)}"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            domain._sandbox.cache_clear()  # made, and probed, as this user
+            _row(DAEMON.format(marker=marker, sleep=0.3))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert processes.gone(marker) == []
+
+
+FILL = (  # 1 MiB files, each under the per-file limit, past an 8 MiB scratch cap; prints 'done' if never stopped
+    "import time\nfor i in range(40):\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * (1 << 20))\n"
+    "    time.sleep(0.01)\nprint('done')"
+)
+
+
+def test_the_scratch_directory_has_a_total_cap(mode):
+    box = sandbox.LocalSandbox(sandbox.Limits(memory_mb=256, file_size_mb=4, scratch_mb=8))
+    config = {"mode": "stdio", "source": FILL, "argv": None, "filename": "main.py", "n_cases": 1, "inputs": [""]}
+    run = box.run({**config, "fn_name": "", "timeout_s": 3.0, "total_s": 3.0, "cpu_s": 3}, None, 4.0)
+    case = ((run.report or {}).get("cases") or [{}])[0]
+    assert case.get("status") != "ok" and "done" not in case.get("stdout", ""), run
+    if mode == "namespaces":  # a size-limited tmpfs: the program's write fails
+        assert "No space left on device" in case.get("error", ""), run
+    else:  # the host's disk: the run is stopped, and says why
+        assert run.report is None and "scratch cap of 8 MB" in run.error, run
