@@ -1165,8 +1165,7 @@ CASES: list[Case] = [
         "exit 0 with summary.json; every call an error the policy reads",
         hostile_tool,
         trains=True,
-
-
+    ),
     # code sandbox: a program looks for its expected output on the host (issue 42, item 4)
     Case(
         "code peek",
