@@ -7,6 +7,7 @@ import secrets
 import signal
 import time
 
+import pytest
 from armor_rewards_code.domain import code_reward
 
 from armor_rewards_code import domain, sandbox
@@ -36,6 +37,7 @@ def test_every_process_a_program_started_dies_with_its_row(mode, processes):
     assert processes.gone(marker) == []
 
 
+@pytest.mark.slow
 def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, processes):
     # a reward worker that overruns reward.timeout_s is killed: what its row started goes with it
     marker = f"armor-daemon-{secrets.token_hex(4)}"
