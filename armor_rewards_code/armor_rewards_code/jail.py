@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -189,8 +190,9 @@ def trial(tree: Tree, user: bool) -> None:
         os._exit(1)
 
 
-def supervise() -> None:
-    """Fork: the child returns (the run), the parent supervises it as described above and never returns."""
+def supervise(scratch: str | None = None) -> None:
+    """Fork: the child returns (the run), the parent supervises it as described above and never returns; at
+    the end it removes ``scratch`` too (a directory on the host's disk), which a killed worker cannot."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # the reward worker died: end the run, then go
@@ -208,6 +210,8 @@ def supervise() -> None:
         code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
         _end_all()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     finally:
         os._exit(code)
 

@@ -209,7 +209,7 @@ class LocalSandbox:
             stage[0] = "namespaces"
             unshare_run(user=not as_root)
         stage[0] = "supervisor"
-        supervise()  # from here on, in the supervisor's child: the run's first process
+        supervise(None if conf.namespaces else workdir)  # from here on, in its child: the run's first process
         readable: list[str] | None = self.tree.readable
         if conf.namespaces:
             stage[0] = "namespaces"

@@ -5,6 +5,7 @@ within the scratch cap, with or without namespaces."""
 import os
 import secrets
 import signal
+import tempfile
 import time
 
 import pytest
@@ -41,6 +42,7 @@ def test_every_process_a_program_started_dies_with_its_row(mode, processes):
 def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, processes):
     # a reward worker that overruns reward.timeout_s is killed: what its row started goes with it
     marker = f"armor-daemon-{secrets.token_hex(4)}"
+    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("armor-code")}
     worker = os.fork()
     if worker == 0:
         try:
@@ -56,6 +58,8 @@ def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, proc
         os.kill(worker, signal.SIGKILL)
         os.waitpid(worker, 0)
     assert processes.gone(marker) == []
+    left = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("armor-code")} - before
+    assert left == set()  # nor its scratch directory
 
 
 def test_an_ordinary_users_rows_leave_no_process_either(processes, as_nobody):
