@@ -4,7 +4,7 @@
 The score is the fraction of cases passed (``partial=True``) or 1 only when every case passes.
 Sub-scores: ``compiled`` (the program compiled), ``passed`` (fraction of cases passed), ``timeouts``
 and ``runtime_errors`` (fractions of cases), ``no_code`` (no program found: score 0), ``isolated``
-(1 when the run had its own user and network namespace, 0 in the weaker mode; see ``sandbox.py``).
+(1 when the run could reach neither the network nor the host's files and processes; see ``sandbox.py``).
 Not inline: it runs in the reward pool's worker processes, and bounds its own time with
 ``total_timeout_s`` (keep it under ``reward.timeout_s``).
 """

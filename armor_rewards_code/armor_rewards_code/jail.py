@@ -16,7 +16,9 @@ Called in the sandbox's child between fork and exec (``sandbox.py``), in this or
   of the new PID namespace, and a size-limited tmpfs at ``/tmp`` (also ``/dev/shm``), the working directory.
   No home, no data, no other process: the host's root is detached by ``pivot_root``.
 
-Without namespaces, ``system_tree`` is what Landlock lets a run read (``confine.confine_files``).
+Without namespaces, ``system_tree`` is what Landlock lets a run read (``confine.confine_files``), and the
+parent ends a run its own ways too: ``kill_user`` (root: every process of the run's uid), ``disk_usage`` (of
+a scratch directory on the host's disk, which no tmpfs caps).
 """
 
 from __future__ import annotations
@@ -24,12 +26,23 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import shutil
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Tree", "enter_root", "supervise", "system_tree", "trial", "unshare_run"]
+__all__ = [
+    "Tree",
+    "disk_usage",
+    "enter_root",
+    "kill_group",
+    "kill_user",
+    "supervise",
+    "system_tree",
+    "trial",
+    "unshare_run",
+]
 
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET, _CLONE_NEWIPC = 0x00020000, 0x20000000, 0x40000000, 0x08000000
 _CLONE_NEWUSER = 0x10000000
@@ -177,8 +190,9 @@ def trial(tree: Tree, user: bool) -> None:
         os._exit(1)
 
 
-def supervise() -> None:
-    """Fork: the child returns (the run), the parent supervises it as described above and never returns."""
+def supervise(scratch: str | None = None) -> None:
+    """Fork: the child returns (the run), the parent supervises it as described above and never returns; at
+    the end it removes ``scratch`` too (a directory on the host's disk), which a killed worker cannot."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # the reward worker died: end the run, then go
@@ -196,6 +210,8 @@ def supervise() -> None:
         code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
         _end_all()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     finally:
         os._exit(code)
 
@@ -248,3 +264,35 @@ def _descendants(root: int) -> list[int]:
             found.append(pid)
             todo.append(pid)
     return found
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_user(uid: int) -> None:
+    """Kill every process of the run's own uid, those that left its process group (``setsid``) too: a child
+    that becomes that uid and signals -1 (all it may signal: that uid's processes)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def disk_usage(directory: str) -> int:
+    """Bytes the files beneath ``directory`` hold on disk (a sparse file counts what it holds)."""
+    total = 0
+    for parent, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total

@@ -47,7 +47,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from armor_rewards_code.confine import block_network, confine_files
-from armor_rewards_code.jail import Tree, enter_root, supervise, system_tree, trial, unshare_run
+from armor_rewards_code.jail import (
+    Tree,
+    disk_usage,
+    enter_root,
+    kill_group,
+    kill_user,
+    supervise,
+    system_tree,
+    trial,
+    unshare_run,
+)
 
 __all__ = ["Confinement", "Limits", "LocalSandbox", "SandboxRun", "probe_confinement"]
 
@@ -136,6 +146,12 @@ def _fresh_uid() -> int:
     return 1_000_000 + secrets.randbelow(1_000_000)
 
 
+def _user_trial(tree: Tree, root: bool) -> None:
+    if root:
+        _become(_fresh_uid())  # a run's way when root's own is refused: its uid first, then a user namespace
+    trial(tree, user=True)
+
+
 def probe_confinement() -> Confinement:
     """What this process's children may use; the sandbox's runs are such children."""
     tree = system_tree(sandbox_python())
@@ -143,7 +159,7 @@ def probe_confinement() -> Confinement:
     scratch = tempfile.mkdtemp(prefix="armor-code-probe-")
     try:
         as_root = _granted(lambda: trial(tree, user=False)) if root else "not root"
-        as_user = _granted(lambda: (_become(_fresh_uid()) if root else None, trial(tree, user=True))) if as_root else ""
+        as_user = _granted(lambda: _user_trial(tree, root)) if as_root else ""  # needed only where root's way fails
         errors = {
             "namespaces": as_user and (f"as root: {as_root}; in a user namespace: {as_user}" if root else as_user),
             "network": _granted(block_network),
@@ -193,7 +209,7 @@ class LocalSandbox:
             stage[0] = "namespaces"
             unshare_run(user=not as_root)
         stage[0] = "supervisor"
-        supervise()  # from here on, in the supervisor's child: the run's first process
+        supervise(None if conf.namespaces else workdir)  # from here on, in its child: the run's first process
         readable: list[str] | None = self.tree.readable
         if conf.namespaces:
             stage[0] = "namespaces"
@@ -283,9 +299,9 @@ class LocalSandbox:
         try:
             out, err, stopped = self._communicate(proc, payload, workdir, start + deadline_s)
         finally:
-            _kill_group(proc.pid)  # the supervisor ended the rest; this covers a supervisor that died first
+            kill_group(proc.pid)  # the supervisor ended the rest; this covers a supervisor that died first
             if uid is not None and not self.confinement.namespaces:
-                _kill_user(uid)  # and this a setsid escapee that outlived both
+                kill_user(uid)  # and this a setsid escapee that outlived both
         seconds = time.monotonic() - start
         code = proc.returncode  # the supervisor's: the harness's exit status, or 128 + the signal that killed it
         ended = "" if code is None else f"killed by {_signal_name(code - 128)}" if code > 128 else f"exit status {code}"
@@ -308,7 +324,7 @@ class LocalSandbox:
                 data = None
             if time.monotonic() >= deadline:
                 stopped = "deadline"
-            elif workdir is not None and _disk_usage(workdir) > self.limits.scratch_mb << 20:
+            elif workdir is not None and disk_usage(workdir) > self.limits.scratch_mb << 20:
                 stopped = f"the program's files passed the scratch cap of {self.limits.scratch_mb} MB"
             else:
                 continue
@@ -316,8 +332,9 @@ class LocalSandbox:
                 os.kill(proc.pid, signal.SIGTERM)  # the supervisor kills every process of the run, then exits
                 out, err = proc.communicate(timeout=2.0)
             except subprocess.TimeoutExpired:  # a supervisor that does not answer: its group, then give up
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.kill()
+                proc.wait()
                 out, err = b"", b""
             return out, err, stopped
 
@@ -356,43 +373,11 @@ def _tasks_of(uid: int) -> int:
     return count
 
 
-def _kill_user(uid: int) -> None:
-    """Kill every process of the run's own uid, those that left its process group (``setsid``) too: a child
-    that becomes that uid and signals -1 (all it may signal: that uid's processes)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setresuid(uid, uid, uid)
-            os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-
-
-def _disk_usage(directory: str) -> int:
-    """Bytes the files beneath ``directory`` hold on disk (a sparse file counts what it holds)."""
-    total = 0
-    for parent, dirs, files in os.walk(directory):
-        for name in dirs + files:
-            try:
-                total += os.lstat(os.path.join(parent, name)).st_blocks * 512
-            except OSError:
-                continue
-    return total
-
-
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _parse(out: bytes) -> dict | None:

@@ -9,9 +9,10 @@
 
 A call ``{"name": "python", "arguments": {"code": "print(2**10)"}}`` runs the code as a program in the
 same local sandbox as the ``code`` reward domain (``sandbox.py``: its own session, scrubbed environment,
-limits on time, memory, processes, files and output, network and host writes shut where the kernel
-allows), with an empty stdin, and answers with what it printed: stdout, then stderr, each cut to
-``MAX_CHARS``; or an error text (a syntax error, the time limit, a non-zero exit status). It never
+limits on time, memory, processes, files and output, network and the host's files and processes shut
+where the kernel allows), with an empty stdin, and answers with what it printed: stdout, then stderr, each
+cut to ``MAX_CHARS``; or an error text (a syntax error, the time limit, a non-zero exit status, the scratch
+cap, a harness the program killed: what really ended it). It never
 raises for anything the code does, so the policy reads every failure as an observation.
 
 The limits are keyword-only, so the policy can neither see nor set them; a row's

@@ -112,3 +112,32 @@ class Processes:
 @pytest.fixture
 def processes() -> Processes:
     return Processes()
+
+
+@pytest.fixture
+def as_nobody():
+    """``as_nobody(fn)``: ``fn()`` run in a child as uid 65534, an ordinary user; returns the text it returned."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become an ordinary user")
+
+    def run(fn) -> str:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read)
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+                os.write(write, str(fn()).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the ordinary user's child failed"
+        return said
+
+    return run
