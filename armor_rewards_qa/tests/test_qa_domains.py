@@ -166,11 +166,15 @@ def test_the_single_example_cli_check(pm, monkeypatch, capsys):
 
     monkeypatch.setattr("armor_core.plugins._default", pm)
 
-    def run(*argv):
+    def call(*argv):
         parser = argparse.ArgumentParser(prog="armor")
         add_parser(parser.add_subparsers())
         args = parser.parse_args(["reward", *argv])
-        return args.func(args), json.loads(capsys.readouterr().out)
+        return args.func(args), capsys.readouterr()
+
+    def run(*argv):
+        rc, captured = call(*argv)
+        return rc, json.loads(captured.out)
 
     rc, out = run("multiple_choice", "--prompt", PROMPT, "--response", "The answer is (B).", "--ground-truth", "B")
     assert rc == 0 and out["score"] == 1.0 and out["sub_scores"]["anchored"] == 1.0
@@ -190,7 +194,8 @@ def test_the_single_example_cli_check(pm, monkeypatch, capsys):
     assert rc == 0 and out["score"] == 1.0
     rc, out = run("short_answer", "--response", "Answer: Paris, France", "--ground-truth", '["Paris", "Paris, France"]')
     assert rc == 0 and out["score"] == 1.0
-    rc, out = run(
+    # a ground truth the domain refuses is a usage error, one line on stderr, as training refuses the row
+    rc, (out, err) = call(
         "multiple_choice", "--response", "Answer: E", "--ground-truth", "E", "--extra", '{"options": ["x", "y"]}'
     )
-    assert rc == 1 and "not among the options A, B" in out["error"]
+    assert rc == 2 and out == "" and "not among the options A, B" in err and len(err.strip().splitlines()) == 1

@@ -4,14 +4,13 @@ ranks."""
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
+import functools
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from armor_core.testing import run_ranks
 from armor_plugins.losses.aggregation import AGGREGATIONS, count_tokens_and_seqs
 
 MODES = sorted(AGGREGATIONS)
@@ -170,50 +169,39 @@ def test_averaging_local_means_would_not_be_exact():
 # -- a real 2-process gloo DDP run ----------------------------------------------------------------
 
 
-def _ddp_worker(rank, world, port, x, mask, theta, out_dir):
-    os.environ["OMP_NUM_THREADS"] = "1"
+def _ddp_worker(rank, world, x, mask, theta):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        model = torch.nn.Linear(3, 1, bias=False).double()
-        with torch.no_grad():
-            model.weight.copy_(theta.unsqueeze(0))
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        shard = [slice(0, 3), slice(3, 10)][rank]
-        micro = [[2, 1], [3, 3, 1]][rank]
-        xs, ms = x[shard], mask[shard]
-        counts = torch.stack(count_tokens_and_seqs(ms))
-        dist.all_reduce(counts)  # SUM over ranks: the global counts of the mini-batch
-        results = {}
-        for mode in MODES:
-            model.zero_grad()
-            slices = split_rows(xs.shape[0], micro)
-            for i, sl in enumerate(slices):
-                last = i == len(slices) - 1
-                # accumulate locally; all-reduce once, on the last micro-batch (forward included, as DDP requires)
-                with contextlib.nullcontext() if last else ddp.no_sync():
-                    z = ddp(xs[sl]).squeeze(-1)
-                    loss_mat = torch.tanh(z) ** 2 + 0.1 * z
-                    loss = world * call(mode, loss_mat, ms[sl], global_num_tokens=counts[0], global_num_seqs=counts[1])
-                    loss.backward()
-            results[mode] = model.weight.grad.detach().clone().squeeze(0)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(theta.unsqueeze(0))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    shard = [slice(0, 3), slice(3, 10)][rank]
+    micro = [[2, 1], [3, 3, 1]][rank]
+    xs, ms = x[shard], mask[shard]
+    counts = torch.stack(count_tokens_and_seqs(ms))
+    dist.all_reduce(counts)  # SUM over ranks: the global counts of the mini-batch
+    results = {}
+    for mode in MODES:
+        model.zero_grad()
+        slices = split_rows(xs.shape[0], micro)
+        for i, sl in enumerate(slices):
+            last = i == len(slices) - 1
+            # accumulate locally; all-reduce once, on the last micro-batch (forward included, as DDP requires)
+            with contextlib.nullcontext() if last else ddp.no_sync():
+                z = ddp(xs[sl]).squeeze(-1)
+                loss_mat = torch.tanh(z) ** 2 + 0.1 * z
+                loss = world * call(mode, loss_mat, ms[sl], global_num_tokens=counts[0], global_num_seqs=counts[1])
+                loss.backward()
+        results[mode] = model.weight.grad.detach().clone().squeeze(0)
+    return results
 
 
 @pytest.mark.slow
 def test_real_gloo_ddp_gradients_match_the_whole_batch(tmp_path):
     x, mask, theta = make_batch()
-    mp.spawn(_ddp_worker, args=(2, _free_port(), x, mask, theta, str(tmp_path)), nprocs=2, join=True)
-    for rank in range(2):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    # run_ranks: one gloo group of 2 processes whose ranks leave together (a rank exiting right after the
+    # last collective can abort its peer)
+    for rank, got in enumerate(run_ranks(functools.partial(_ddp_worker, x=x, mask=mask, theta=theta), 2, tmp_path)):
         for mode in MODES:
             _, want_grad = full_batch(mode, x, mask, theta)
             torch.testing.assert_close(
