@@ -47,21 +47,8 @@ ATTACKS = {
 }
 
 
-def _live_sandbox_processes():
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            status = (entry / "status").read_text()
-            uid = int(status.split("\nUid:")[1].split()[0])
-        except (OSError, IndexError, ValueError):
-            continue
-        if uid >= 1_000_000 and "\nState:\tZ" not in status:  # the sandbox's fresh uids when run as root
-            found.append(entry.name)
-    return found
-
-
 @pytest.mark.parametrize("name", ATTACKS)
-def test_a_policys_code_cannot_escape_through_the_tool(name, monkeypatch):
+def test_a_policys_code_cannot_escape_through_the_tool(name, monkeypatch, processes):
     from armor_rewards_code import tool
 
     if name in ("socket connect", "write outside") and not tool._sandbox(256, False).isolated:
@@ -80,9 +67,9 @@ def test_a_policys_code_cannot_escape_through_the_tool(name, monkeypatch):
     assert left == set()
     if os.geteuid() == 0:  # without root a setsid escapee lives on until its CPU limit (the pack's README)
         deadline = time.monotonic() + 2.0
-        while _live_sandbox_processes() and time.monotonic() < deadline:
+        while processes.leftover() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _live_sandbox_processes() == []
+        assert processes.leftover() == []
 
 
 def _turn(env, text):

@@ -209,14 +209,22 @@ def test_output_into_a_missing_directory_is_a_usage_error(tmp_path, capsys):
     assert not target.parent.exists()
 
 
-def test_a_run_configs_file_reward_is_scored_by_name(tmp_path, capsys):
-    reward_file = tmp_path / "shout.py"
-    reward_file.write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return {'score': float(solution_str.isupper()), 'chars': len(solution_str)}\n"
-    )
+def file_reward_config(tmp_path, name: str, source: str, entry: str = ", requires_ground_truth: false") -> tuple:
+    """``(reward file, run config naming it under reward.custom)``: the file ``<name>.py`` holds ``source``."""
+    reward_file = tmp_path / f"{name}.py"
+    reward_file.write_text(source)
     config = tmp_path / "run.yaml"
-    config.write_text(f"reward:\n  custom:\n    - {{path: {reward_file}, requires_ground_truth: false}}\n")
+    config.write_text(f"reward:\n  custom:\n    - {{path: {reward_file}{entry}}}\n")
+    return reward_file, config
+
+
+def test_a_run_configs_file_reward_is_scored_by_name(tmp_path, capsys):
+    _, config = file_reward_config(
+        tmp_path,
+        "shout",
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(solution_str.isupper()), 'chars': len(solution_str)}\n",
+    )
     assert run("shout", "--config", str(config), "--response", "HEY") == 0
     assert json.loads(capsys.readouterr().out) == {"score": 1.0, "sub_scores": {"chars": 3.0}}
 
@@ -227,23 +235,19 @@ def _strict(text: str) -> dict:
 
 
 def test_a_file_reward_beyond_float32_fails_its_row_and_prints_valid_json(tmp_path, capsys):
-    reward_file = tmp_path / "huge.py"
-    reward_file.write_text(
+    _, config = file_reward_config(
+        tmp_path,
+        "huge",
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return {'score': float(solution_str), 'part': float(solution_str)}\n"
+        "    return {'score': float(solution_str), 'part': float(solution_str)}\n",
     )
-    config = tmp_path / "run.yaml"
-    config.write_text(f"reward:\n  custom:\n    - {{path: {reward_file}, requires_ground_truth: false}}\n")
     assert run("huge", "--config", str(config), "--response=-1e39") == 1
     record = _strict(capsys.readouterr().out)
     assert record["score"] == 0.0 and record["sub_scores"] == {} and "outside the float32 range" in record["error"]
 
 
 def test_a_reward_file_that_exits_at_import_is_a_usage_error_naming_it(tmp_path, capsys):
-    reward_file = tmp_path / "leaves.py"
-    reward_file.write_text("import sys\nsys.exit(0)\n")
-    config = tmp_path / "run.yaml"
-    config.write_text(f"reward:\n  custom:\n    - {{path: {reward_file}}}\n")
+    reward_file, config = file_reward_config(tmp_path, "leaves", "import sys\nsys.exit(0)\n", entry="")
     assert run("leaves", "--config", str(config), "--response", "x", "--ground-truth", "1") == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{reward_file}:2: the file exits while it is read (SystemExit(0))" in err
