@@ -195,6 +195,7 @@ def supervise(scratch: str | None = None) -> None:
     the end it removes ``scratch`` too (a directory on the host's disk), which a killed worker cannot."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    worker = os.getppid()
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # the reward worker died: end the run, then go
     supervisor = os.getpid()
     child = os.fork()
@@ -206,7 +207,7 @@ def supervise(scratch: str | None = None) -> None:
     code = 1
     try:
         os.closerange(0, os.sysconf("SC_OPEN_MAX"))  # the pipes and the exec error pipe are the run's alone
-        status = _wait(child)
+        status = _wait(child, worker)
         code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
         _end_all()
@@ -216,17 +217,21 @@ def supervise(scratch: str | None = None) -> None:
         os._exit(code)
 
 
-def _wait(child: int) -> int | None:
-    """The child's wait status, reaping the run's orphans meanwhile; None when SIGTERM came first."""
+def _wait(child: int, worker: int) -> int | None:
+    """The child's wait status, reaping the run's orphans meanwhile; None when SIGTERM came first, or the
+    reward worker is gone (the parent-death signal is the fast way to learn it, not the only one: a worker
+    that died before it was set, or a signal the kernel did not send, would leave the run going)."""
     watched = {signal.SIGCHLD, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     while True:
+        if os.getppid() != worker:
+            return None
         pid, status = os.waitpid(-1, os.WNOHANG)
         while pid and pid != child:
             pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == child:
             return status
-        info = signal.sigtimedwait(watched, 1.0)
+        info = signal.sigtimedwait(watched, 0.1)
         if info is not None and info.si_signo == signal.SIGTERM:
             return None
 
