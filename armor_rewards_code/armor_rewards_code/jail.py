@@ -8,8 +8,9 @@ Called in the sandbox's child between fork and exec (``sandbox.py``), in this or
   the run becomes its child, whatever ``setsid`` or double fork it tried) that waits for its one child, then
   kills every process left beneath it and exits with the child's status (128 + the signal when one killed
   it). ``SIGTERM`` (the sandbox's deadline, or the parent-death signal of a killed reward worker) makes it
-  kill them all at once, as does finding its parent gone (it looks every 0.1 s). The child returns, to become the harness; in a new PID namespace it is that
-  namespace's init, whose end kills every process of the namespace, and which its programs cannot signal.
+  kill them all at once, as does finding its parent gone (it looks every 0.1 s). The child returns, to become
+  the harness; in a new PID namespace it is that namespace's init, whose end kills every process of the
+  namespace, and which its programs cannot signal.
 - ``enter_root(tree, scratch_mb)``: in that child, a root of its own: a small read-only tmpfs holding the
   host's system directories (``system_tree``: ``/usr`` and the library directories, bound read-only, and the
   interpreter's prefix where it lies elsewhere), ``/dev/null`` and the random devices, a fresh ``/proc``
