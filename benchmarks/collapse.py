@@ -12,6 +12,14 @@ from what is there. ``guard off`` is ``guard.enable=false``; ``default`` sets no
 Judged on held-out greedy accuracy after the run: *finite* (the run ended, weights finite) and *within
 5 points* of the clean mean of the row's recipe (the clean row's guard-off runs, every seed saved). A seed
 *intervened* when any guard acted (any line in ``guard_events.jsonl``).
+
+The last column says which bar a row is held to, and whether the default guards clear it. A *collapse
+row* is one where some unguarded seed dies or ends below ``COLLAPSED`` (0.2): the default guards must keep
+every seed finite and at least 9 in 10 within 5 points of the clean mean. The other rows learn slowly
+without any instability to catch (flipped rewards, a tiny batch, stale rollouts): no guard can give them
+the clean run's signal, so the bar there is *no harm*: every seed finite and at least 9 in 10 ending no
+more than 5 points below the lower of the clean mean and the same seed's unguarded run. A clean row's bar
+is the issue's: the default mean within 1 point of the unguarded one and at most 1 seed in 10 acted on.
 Accuracy does not depend on the machine's load; only ``--cost`` is timed (run it on a quiet machine).
 """
 
@@ -28,6 +36,8 @@ from pathlib import Path
 
 GUARDS = {"off": ["guard.enable=false"], "default": []}
 WITHIN = 0.05  # points of accuracy (as a fraction) below the clean mean still counted as a healthy run
+COLLAPSED = 0.2  # an unguarded seed ending below this accuracy (or dead) makes its row a collapse row
+SHARE = 0.9  # the share of seeds that must clear a row's bar
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,31 @@ def healthy(r: dict, clean_mean: float | None) -> bool | None:
     return None if clean_mean is None else r["acc"] >= clean_mean - WITHIN
 
 
+def _acc(r: dict) -> float:
+    return r["acc"] if r["finite"] and r["acc"] is not None else 0.0
+
+
+def verdict(row: str, off: list[dict], on: list[dict], ref: float | None) -> str:
+    """The bar the row is held to (see the module docstring) and whether the default guards' seeds clear it."""
+    if not on or not off or ref is None:
+        return "-"
+    if row == clean_row(row):
+        gap = statistics.mean(map(_acc, on)) - statistics.mean(map(_acc, off))
+        acted = sum(bool(x["actions"]) for x in on)
+        met = abs(gap) <= 0.01 and acted <= max(1, len(on) // 10)
+        return f"clean: {100 * gap:+.1f} pts, {acted} acted: {'met' if met else 'NOT met'}"
+    finite = all(r["finite"] and r["acc"] is not None for r in on)
+    if any(_acc(r) < COLLAPSED for r in off):
+        good = sum(healthy(r, ref) is True for r in on)
+        kind = "collapse"
+    else:
+        by_seed = {r["seed"]: _acc(r) for r in off}
+        good = sum(_acc(r) >= min(ref, by_seed.get(r["seed"], ref)) - WITHIN for r in on)
+        kind = "no harm"
+    met = finite and good >= SHARE * len(on)
+    return f"{kind}: {good}/{len(on)}: {'met' if met else 'NOT met'}"
+
+
 def table(out: Path) -> str:
     found = load_results(out)
 
@@ -150,13 +185,12 @@ def table(out: Path) -> str:
         finite = sum(r["finite"] for r in runs)
         ok = [healthy(r, ref) for r in runs]
         within = "-" if None in ok else f"{sum(ok)}/{n}"
-        accs = [r["acc"] if r["finite"] and r["acc"] is not None else 0.0 for r in runs]
-        return f"| {finite}/{n} | {within} | {statistics.mean(accs):.3f} "
+        return f"| {finite}/{n} | {within} | {statistics.mean(map(_acc, runs)):.3f} "
 
     lines = [
         "| row | what | clean mean | guard off: finite | within 5 pts | mean | default: finite | within 5 pts | mean "
-        "| seeds the guard acted on |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| seeds the guard acted on | bar: seeds clearing it |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row, r in ROWS.items():
         off, on = found.get((row, "off"), []), found.get((row, "default"), [])
@@ -165,7 +199,8 @@ def table(out: Path) -> str:
         ref = clean_mean(row)
         acted = f"{sum(bool(x['actions']) for x in on)}/{len(on)}" if on else "-"
         ref_s = "-" if ref is None else f"{ref:.3f}"
-        lines.append(f"| {row} | {r.what} | {ref_s} {cell(off, ref)}{cell(on, ref)}| {acted} |")
+        bar = verdict(row, off, on, ref)
+        lines.append(f"| {row} | {r.what} | {ref_s} {cell(off, ref)}{cell(on, ref)}| {acted} | {bar} |")
     seeds = sorted({x["seed"] for runs in found.values() for x in runs})
     lines.append(f"\nseeds saved: {' '.join(map(str, seeds))}; a mean counts a run that died as 0")
     return "\n".join(lines)
