@@ -238,16 +238,16 @@ OPTIONAL_STATS: dict[str, str] = {
 class GuardStage(NamedTuple):
     """One stage of a step shown to the guards.
 
-    :param where: where and when it runs.
-    :param keys: the statistics it always carries.
-    :param optional: ``{key: when}``, statistics it carries only in some runs.
-    :param families: ``{prefix: what}``, statistics named ``<prefix>...`` whose names depend on the configured
+    :ivar where: where and when it runs.
+    :ivar keys: the statistics it always carries.
+    :ivar optional: ``{key: when}``, statistics it carries only in some runs.
+    :ivar families: ``{prefix: what}``, statistics named ``<prefix>...`` whose names depend on the configured
         plugins or data (a policy loss's own metrics, one accuracy per data source); ``keys`` names the ones
         always there.
-    :param honours: ``{action: what it does here}``, the verdict actions this stage carries out (``proceed``
+    :ivar honours: ``{action: what it does here}``, the verdict actions this stage carries out (``proceed``
         everywhere, so it is not listed). A guard whose ``actions`` declare another is refused when it is built,
         and a verdict with another is an error (``stability.guard``), never logged as if it had been done.
-    :param typical: ordinary values of its keys, what ``armor_core.testing.check_guard`` feeds a guard before
+    :ivar typical: ordinary values of its keys, what ``armor_core.testing.check_guard`` feeds a guard before
         the odd values.
     """
 

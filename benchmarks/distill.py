@@ -13,7 +13,7 @@ validation) every ``--eval-every`` steps.
 
 Printed per variant and seed: final accuracy, its share of the teacher's held-out accuracy, the first
 evaluated step at which accuracy reached ``--target`` (GRPO's final accuracy in the default recipe after
-250 steps, the README's figure), and ``distill/reverse_kl`` (mean per token) of the first and last steps;
+250 steps, the figure in docs/getting-started.md), and ``distill/reverse_kl`` (mean per token) of the first and last steps;
 then the mean over seeds. Accuracy does not depend on the machine's load; nothing is timed.
 """
 
@@ -31,7 +31,7 @@ TEACHER_COMMAND = [
     "armor", "sft", "--model", "builtin:arithmetic-tiny", "--out", "{out}", "--steps", "1000",
     "--eval-every", "50", "--seed", "1", "--threads", "1",
 ]  # fmt: skip
-GRPO_FINAL = 0.742  # the default recipe's held-out accuracy after 250 steps (README, "The first command")
+GRPO_FINAL = 0.742  # the default recipe's held-out accuracy after 250 steps (docs/getting-started.md)
 GRPO_STEPS = 250
 
 RECIPE = "recipe:distill"

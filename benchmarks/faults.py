@@ -1,5 +1,5 @@
 """Reliability: the faults a hostile but fair user can cause, each tried on the real thing, and what
-ARMOR does, printed as a markdown table (the README's "Reliability" table is this script's output).
+ARMOR does, printed as a markdown table (the table in docs/reliability.md is this script's output).
 
     python benchmarks/faults.py                  # every case: 3 short training runs and ~60 quick ones
     python benchmarks/faults.py --only model     # the cases whose name contains "model"

@@ -11,7 +11,9 @@ from armor_core.interfaces import KINDS
 
 HOOKS = [name for name, obj in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("armor_")]
 TESTS = Path(__file__).parent
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+PLUGIN_GUIDE = ROOT / "docs" / "plugins.md"  # the hook table a plugin author reads first
 
 
 def test_hook_list_is_what_the_catalog_knows():
@@ -36,10 +38,27 @@ def test_each_kind_has_its_own_registrar():
     assert len(set(annotations)) == len(HOOKS)
 
 
-def test_every_hook_is_named_in_the_readme():
-    text = README.read_text()
-    missing = [name for name in HOOKS if name not in text]
-    assert missing == [], f"README.md does not document {missing}"
+def test_every_hook_is_in_the_plugin_guide():
+    text = PLUGIN_GUIDE.read_text(encoding="utf-8")
+    missing = [name for name in HOOKS if f"| `{name}` |" not in text]
+    assert missing == [], f"docs/plugins.md's hook table lacks {missing}"
+
+
+def test_the_readme_links_resolve():
+    # the README is the first two minutes and points into docs/: a page moved or renamed must not leave it dangling
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    local = [t for t in targets if "://" not in t]
+    assert local, "README.md links to no page"
+    dangling = [t for t in local if not (ROOT / t).exists()]
+    assert dangling == [], f"README.md links to missing files: {dangling}"
+
+
+def test_the_getting_started_page_gives_the_readme_commands():
+    # the two commands live in the README (CI runs the second); the docs site repeats them, and must not drift
+    commands = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("python3.11 ")]
+    assert len(commands) == 2
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8").splitlines()
+    assert [c for c in commands if c not in page] == []
 
 
 def test_every_hook_has_a_test():

@@ -6,7 +6,7 @@
 ``armor sft ...``                         small supervised fine-tuning (how the built-in warm start was made)
 ``armor reward DOMAIN ...``               score rows with a reward domain, to check it before a long run
 ``armor report RUN_DIR [RUN_DIR ...]``    plots and an HTML page of one or more runs, overlaid
-``armor new {guard,reward,estimator} NAME`` a plugin package to start from: example, contract, test, README
+``armor new {guard,reward,estimator,environment} NAME`` a plugin package: example, contract, test, README
 
 Each subcommand module exposes ``add_parser(subparsers)``; heavy imports (torch, ray) happen inside
 the command, so ``armor --help`` answers at once.

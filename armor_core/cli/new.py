@@ -1,4 +1,4 @@
-"""``armor new {guard,reward,estimator} NAME [--out DIR]``: start a plugin from a working template.
+"""``armor new {guard,reward,estimator,environment} NAME [--out DIR]``: start a plugin from a working template.
 
 Writes ``DIR/armor-NAME/``, a pip-installable package: ``pyproject.toml`` with the entry point
 ``NAME`` in group ``armor``, the plugin module ``armor_NAME/__init__.py`` (a small working example

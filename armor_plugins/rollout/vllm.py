@@ -51,7 +51,7 @@ Choices, and why:
   up to one vLLM accepts), writes the adapter in peft's format to a directory of the backend's own
   and generates with a ``LoRARequest`` whose id goes up with every update (``max_loras=1``: the
   previous adapter is evicted). ``benchmarks/rollout.py --lora-rank R`` times both; on the CPU
-  models measured there ``merged`` is the faster (README, "LoRA"): the adapter's extra kernels
+  models measured there ``merged`` is the faster (docs/lora.md): the adapter's extra kernels
   cost more per generated token than the merge saves per update.
 
 ``rollout.backend_kwargs`` go to ``vllm.LLM`` as they are (``gpu_memory_utilization``,

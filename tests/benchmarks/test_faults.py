@@ -1,5 +1,5 @@
-"""benchmarks/faults.py: its cases still run and judge what they see, and the README's Reliability
-table has a row for each. Only cases that start no worker run here; the training ones are the
+"""benchmarks/faults.py: its cases still run and judge what they see, and the Reliability table
+(docs/reliability.md) has a row for each. Only cases that start no worker run here; the training ones are the
 script's (minutes)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from bench_loader import load_benchmark
 
 faults = load_benchmark("faults")
-README = Path(__file__).resolve().parents[2] / "README.md"
+RELIABILITY = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 CHEAP = [
     "config: rollout.temperature=nan",
     "model: truncated model.safetensors",
@@ -20,13 +20,13 @@ CHEAP = [
 ]
 
 
-def test_cases_are_named_once_and_the_readme_table_has_a_row_for_each():
+def test_cases_are_named_once_and_the_reliability_table_has_a_row_for_each():
     names = [c.name for c in faults.CASES]
     assert len(names) == len(set(names))
-    readme = README.read_text(encoding="utf-8")
-    missing = [c.fault for c in faults.CASES if f"| {c.fault} |" not in readme]
+    page = RELIABILITY.read_text(encoding="utf-8")
+    missing = [c.fault for c in faults.CASES if f"| {c.fault} |" not in page]
     assert not missing, (
-        f"README's Reliability table lacks rows for {missing}; run python benchmarks/faults.py and paste its table"
+        f"docs/reliability.md's table lacks rows for {missing}; run python benchmarks/faults.py and paste its table"
     )
 
 

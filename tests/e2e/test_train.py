@@ -105,7 +105,7 @@ def test_each_estimator_trains_and_checkpoints(ray_cluster, tmp_path, overrides)
 
 def test_the_guard_events_file_is_there_when_no_guard_acted(ray_cluster, tmp_path):
     run(tmp_path, "trainer.total_steps=1", "trainer.val_before_train=false", "guard.guards=[{name: non_finite}]")
-    assert (tmp_path / "run" / "guard_events.jsonl").read_text() == ""  # as README lists it in every run directory
+    assert (tmp_path / "run" / "guard_events.jsonl").read_text() == ""  # as the docs list it in every run directory
 
 
 def test_resume_continues_from_the_latest_checkpoint(ray_cluster, tmp_path):

@@ -306,7 +306,7 @@ def test_a_resume_drops_the_events_of_the_steps_it_takes_again(tmp_path):
 
 def test_the_events_file_is_there_from_the_start_and_a_resume_keeps_it(tmp_path):
     runner = GuardRunner([{"name": "non_finite"}], run_dir=tmp_path / "run")
-    runner.open_events()  # a run's start: no guard acted yet, the file the README lists is there, empty
+    runner.open_events()  # a run's start: no guard acted yet, the file the docs list is there, empty
     assert (tmp_path / "run" / "guard_events.jsonl").read_text() == ""
     runner.observe("grad", {"grad_norm": float("nan")}, 1)
     resumed = GuardRunner([{"name": "non_finite"}], run_dir=tmp_path / "run")
