@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,52 +22,55 @@ from armor_core.testing import check_guard, registered
 GENERATED = {"guard": "spike_cap", "reward": "last_word", "estimator": "group_centered", "environment": "number_guess"}
 
 
-def _run(*args: str, cwd=None, timeout: int = 300) -> str:
-    out = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(*args: str, cwd=None, timeout: int = 300, path: str | None = None) -> str:
+    env = (
+        None
+        if path is None
+        else {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+    )
+    out = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, f"{' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out.stdout
 
 
 @pytest.mark.slow
 def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(tmp_path):
+    """The packages are installed into a folder of their own, on the path of this test's commands only: a test
+    must not change the environment it runs in (another process using it would find plugins come and go)."""
     assert [main(["new", kind, name, "--out", str(tmp_path)]) for kind, name in GENERATED.items()] == [0] * 4
     dirs = [tmp_path / f"armor-{name.replace('_', '-')}" for name in GENERATED.values()]
     assert all((d / "pyproject.toml").is_file() and (d / "README.md").is_file() for d in dirs)
-    installs = [arg for d in dirs for arg in ("-e", str(d))]
-    try:
-        _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *installs)
-        report = _run(
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *(str(d / "tests") for d in dirs),
-            cwd=tmp_path,
-        )
-        assert "9 passed" in report
-        listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
-        ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
-        assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}
-        # the generated environment, installed and untouched, drives a training run's episodes
-        run_dir = tmp_path / "env-run"
-        _run(sys.executable, "-m", "armor_core.cli.main", "run", "trainer.total_steps=2", "data.train_size=32",
-             "data.val_size=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
-             "rollout.max_new_tokens=4", "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=number_guess",
-             "rollout.multi_turn.max_turns=3", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1",
-             f"trainer.run_dir={run_dir}", timeout=600)  # fmt: skip
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        steps = [r for r in rows if "actor/pg_loss" in r]
-        assert [r["step"] for r in steps] == [1, 2] and all(1.0 <= r["env/turns"] <= 3.0 for r in steps)
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "uninstall", "-q", "-y", *(d.name for d in dirs)],
-            capture_output=True,
-            timeout=300,
-        )
+    site = tmp_path / "site-packages"
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(site),
+        *map(str, dirs),
+    )
+    report = _run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(str(d / "tests") for d in dirs),
+                  cwd=tmp_path, path=str(site))  # fmt: skip
+    assert "9 passed" in report
+    listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json", path=str(site)))
+    ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
+    assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}
+    # the generated environment, installed and untouched, drives a training run's episodes
+    run_dir = tmp_path / "env-run"
+    _run(sys.executable, "-m", "armor_core.cli.main", "run", "trainer.total_steps=2", "data.train_size=32",
+         "data.val_size=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+         "rollout.max_new_tokens=4", "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=number_guess",
+         "rollout.multi_turn.max_turns=3", "trainer.loggers=[jsonl]", "engine.cpus_per_worker=1",
+         f"trainer.run_dir={run_dir}", timeout=600, path=str(site))  # fmt: skip
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(1.0 <= r["env/turns"] <= 3.0 for r in steps)
     listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
-    assert not [e for e in listed if e["name"] in GENERATED.values()]
+    assert not [e for e in listed if e["name"] in GENERATED.values()]  # the environment itself never saw them
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
