@@ -10,8 +10,8 @@ import pytest
 
 from armor_core import RewardDomain, hookimpl
 from armor_core.cli.sft import add_parser
-from armor_core.cli.sft_reward import reward_passed
 from armor_core.plugins import PluginManager
+from armor_core.train.sft_reward import reward_passed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

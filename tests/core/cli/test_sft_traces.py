@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from armor_core.cli.sft import add_parser
-from armor_core.cli.sft_traces import build_chat_char_tokenizer, encode_traces, load_traces, trace_accuracy
 from armor_core.models.loading import load_tokenizer
+from armor_core.train.sft_traces import build_chat_char_tokenizer, encode_traces, load_traces, trace_accuracy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

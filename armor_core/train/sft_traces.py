@@ -26,7 +26,7 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from armor_core.cli.jsonl import json_lines
+from armor_core.train.jsonl import json_lines
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
