@@ -1,6 +1,7 @@
 """The KL loss the actor adds to the policy loss (``actor.use_kl_loss``, GRPO style), and how a KL
 estimator is named: ``kl_estimator_fn`` is shared with the driver's in-reward penalty
-(``loop/kl_penalty.py``). The estimators themselves are ``kl_estimator`` plugins.
+(``loop/kl_penalty.py``). The estimators are ``kl_estimator`` plugins; the built-in ones and ``masked_kl``,
+how both apply one, are ``armor_core.ops.kl``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from armor_core.ops.kl import masked_kl
 from armor_core.ops.masked import masked_mean
 
 __all__ = ["compute_kl_loss", "kl_estimator_fn"]
@@ -43,15 +45,13 @@ def compute_kl_loss(
     calls it with ``kl_coef=1`` and weighs the aggregated term by ``actor.kl_loss_coef``.
 
     Unaggregated, so the caller aggregates it as it does the policy loss
-    (``actor.loss_agg_mode``). Padded positions are zeroed before the estimator: ``exp()`` of
-    whatever a model leaves there must not put NaN in the gradient.
+    (``actor.loss_agg_mode``). Padded positions are zeroed before the estimator (``masked_kl``).
 
     :param log_prob: (bs, T) differentiable; :param ref_log_prob: (bs, T) reference, no gradient.
     :param estimator: a name (``actor.kl_loss_type``), a ``KLEstimator`` or a function.
     :returns: ``(loss_mat (bs, T), {"kl_loss": mean KL over valid tokens (detached)})``.
     """
     m = response_mask.bool()
-    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    kl = kl_estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
+    kl = masked_kl(kl_estimator_fn(estimator), log_prob, ref_log_prob, m)
     loss_mat = torch.where(m, kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
     return loss_mat, {"kl_loss": masked_mean(kl.detach(), m)}

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from armor_core import AdvantageEstimator, get_plugin
+from armor_core.ops.kl import kl_abs_plus
 from armor_core.testing import check_advantage_estimator, check_kl_estimator, check_loss_aggregation
 from armor_plugins.advantages.grpo_passk import compute_grpo_passk_advantage
 from armor_plugins.losses.aggregation import agg_token_sum
-from armor_plugins.losses.kl import kl_abs_plus
 
 LN2 = math.log(2)
 
