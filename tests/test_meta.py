@@ -90,10 +90,10 @@ def test_each_worker_class_implements_its_protocol_with_the_same_parameters():
     """``armor_core.workers.api`` is the one declaration of what the driver calls; a worker method
     whose parameters drift from it would take a call the reader of the protocol does not expect."""
     from armor_core.engine import declared_methods
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
     from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
-    from armor_core.workers.critic import CriticWorker
-    from armor_core.workers.rollout import RolloutWorker
+    from armor_core.workers.critic.worker import CriticWorker
+    from armor_core.workers.rollout.worker import RolloutWorker
     from armor_core.workers.teacher import TeacherWorker
 
     pairs = (

@@ -77,7 +77,7 @@ def evaluate(
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.rewards.manager import RewardManager
-    from armor_core.workers.multi_turn import build_rollout
+    from armor_core.workers.rollout.backend import build_rollout
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
     if max_new_tokens is not None:

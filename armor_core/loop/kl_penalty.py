@@ -1,5 +1,5 @@
 """The in-reward KL penalty (``algorithm.use_kl_in_reward``) and the penalty coefficient's controllers,
-on the driver. (The KL loss the actor adds, ``actor.use_kl_loss``, is ``workers/kl_loss.py``.)
+on the driver. (The KL loss the actor adds, ``actor.use_kl_loss``, is ``workers/losses/kl_loss.py``.)
 
 PPO/RLHF style (Ziegler et al. 2019): the token-level reward becomes ``score - kl_coef * kl``, with
 ``kl`` from the estimator ``algorithm.kl_penalty`` names (a ``kl_estimator`` plugin; the built-in ones are
@@ -17,7 +17,7 @@ import torch
 
 from armor_core.ops.kl import masked_kl
 from armor_core.ops.masked import masked_mean
-from armor_core.workers.kl_loss import kl_estimator_fn
+from armor_core.workers.losses.kl_loss import kl_estimator_fn
 
 __all__ = [
     "KL_CONTROLLERS",

@@ -46,7 +46,7 @@ from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, 
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
-from armor_core.workers.rollout_correction import nothing_kept
+from armor_core.workers.losses.rollout_correction import nothing_kept
 
 __all__ = ["Trainer", "run_training"]
 
@@ -149,8 +149,8 @@ class Trainer:
         from armor_core.engine import WorkerGroup, init_ray, wait_policy
         from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
         from armor_core.rewards.placement import worker_scorers
-        from armor_core.workers.actor import ActorWorker
-        from armor_core.workers.critic import CriticWorker
+        from armor_core.workers.actor.worker import ActorWorker
+        from armor_core.workers.critic.worker import CriticWorker
         from armor_core.workers.reward_model import start_reward_workers
 
         e, a = self.cfg.engine, self.cfg.actor
@@ -239,7 +239,7 @@ class Trainer:
         self.async_rollout = None
         if asynchronous:
             from armor_core.loop.async_rollout import AsyncRollout
-            from armor_core.workers.rollout import RolloutWorker
+            from armor_core.workers.rollout.worker import RolloutWorker
 
             # channel=False: Ray runs a rollout worker's calls in the order sent, weight pushes between generations
             group = WorkerGroup(

@@ -1,6 +1,6 @@
 """KL(pi || pi_ref) estimators: the one home of the KL math. The built-in ``kl_estimator`` plugins
 (``armor_plugins/losses/kl.py``) register these functions; the actor's KL loss
-(``armor_core/workers/kl_loss.py``) and the driver's in-reward penalty (``armor_core/loop/kl_penalty.py``)
+(``armor_core/workers/losses/kl_loss.py``) and the driver's in-reward penalty (``armor_core/loop/kl_penalty.py``)
 apply the estimator a run names through ``masked_kl``; the ``kl`` guard only reads their statistics.
 
 Samples come from pi, so with ``x = log pi(y) - log pi_ref(y)`` per token (Schulman,

@@ -217,7 +217,7 @@ def train_rank(rank: int, args: argparse.Namespace) -> None:
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        from armor_core.workers.collectives import init_distributed
+        from armor_core.workers.parallel.collectives import init_distributed
 
         init_distributed(torch.device("cpu"), rank, world)
         wrapped = DistributedDataParallel(model)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from armor_core.train.jsonl import json_lines
 from armor_core.train.sft_traces import build_chat_char_tokenizer, encode_traces, trace_accuracy
-from armor_core.workers.schedule import lr_factor
+from armor_core.workers.actor.schedule import lr_factor
 
 if TYPE_CHECKING:
     import torch

@@ -3,7 +3,7 @@
 A trace row of ``--data`` is ``{"messages": [...], "tools": [schema, ...], "ground_truth": ...}``:
 a prompt (user or system messages), then assistant turns, each but the last followed by the
 environment's ``tool`` (or ``user``) messages. It is tokenised the way a multi-turn rollout builds
-the episode (``armor_core.workers.multi_turn``), so the warm start learns exactly the ids RL will
+the episode (``armor_core.workers.rollout.multi_turn``), so the warm start learns exactly the ids RL will
 sample: the prompt through the chat template with ``tools`` and a generation prompt; each
 assistant turn as its content's ids and EOS (targets, loss 1); each observation as the delta the
 chat template appends after a turn that ended with EOS (``ObservationRenderer``; loss 0, the
@@ -109,7 +109,7 @@ def load_traces(path: str | Path) -> list[dict[str, Any]]:
 
 def encode_traces(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
     """Each trace as (ids, loss mask), built as a multi-turn rollout builds its episode."""
-    from armor_core.workers.observations import ObservationRenderer
+    from armor_core.workers.rollout.observations import ObservationRenderer
 
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("trace rows need a tokenizer with a chat template (--init tiny-qwen2 builds one)")

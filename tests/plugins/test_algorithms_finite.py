@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from armor_core.loop.kl_penalty import apply_kl_penalty
 from armor_core.ops.kl import KL_ESTIMATORS
-from armor_core.workers.kl_loss import compute_kl_loss
+from armor_core.workers.losses.kl_loss import compute_kl_loss
 from armor_plugins.advantages.gae import compute_gae_advantage
 from armor_plugins.advantages.grpo import compute_dr_grpo_advantage, compute_grpo_advantage
 from armor_plugins.advantages.opo import compute_opo_advantage

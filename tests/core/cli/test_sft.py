@@ -15,7 +15,7 @@ from armor_core.errors import UserFacingError
 from armor_core.models.loading import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from armor_core.testing import registered
 from armor_core.train.sft import evaluate_greedy, load_pairs, response_only_loss, run_sft
-from armor_core.workers.schedule import lr_factor as _lr_factor
+from armor_core.workers.actor.schedule import lr_factor as _lr_factor
 from armor_plugins.tasks.arithmetic import generate_arithmetic
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one torch thread

@@ -13,7 +13,7 @@ from armor_core import KLEstimator
 from armor_core.loop.kl_penalty import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
 from armor_core.ops.kl import KL_ESTIMATORS
 from armor_core.plugins import PluginManager
-from armor_core.workers.kl_loss import compute_kl_loss
+from armor_core.workers.losses.kl_loss import compute_kl_loss
 from armor_plugins.losses.aggregation import agg_token_mean
 
 LN2 = math.log(2)

@@ -46,9 +46,9 @@ import torch
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
 from armor_core.ops.calls import describe, guarded, in_thread
-from armor_core.workers.observations import ObservationError, ObservationRenderer, as_messages
+from armor_core.workers.rollout.observations import ObservationError, ObservationRenderer, as_messages
 
-__all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "build_rollout", "environment_params", "numbers_problem"]
+__all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "environment_params", "numbers_problem"]
 
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
 MAX_THREADS = 256  # plain (sync) environment calls of one batch running at once, each on a thread of its own
@@ -328,16 +328,3 @@ def _metrics(episodes: list[Episode], response_mask: torch.Tensor, present: torc
     for key in sorted({k for ep in episodes for k in ep.metrics}):
         out[f"env/{key}"] = sum(ep.metrics.get(key, 0.0) for ep in episodes) / n
     return out
-
-
-def build_rollout(backend_cls: Any, model: Any, tokenizer: Any, config: Any) -> Any:
-    """The configured rollout: ``backend_cls(model, tokenizer, config)``, wrapped in ``MultiTurnRollout``
-    when ``config.multi_turn.enable``."""
-    backend = backend_cls(model, tokenizer, config)
-    mt = getattr(config, "multi_turn", None)
-    if mt is None or not mt.enable:
-        return backend
-    from armor_core.plugins import get_plugin_manager
-
-    env_cls = get_plugin_manager().get("environment", mt.environment, where="rollout.multi_turn.environment")
-    return MultiTurnRollout(backend, tokenizer, config, env_cls)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from armor_core.workers.lm_head import HeadRequest, response_head_request
-from armor_core.workers.prompt_groups import group_by_prompt, segment_attention
+from armor_core.workers.forward.lm_head import HeadRequest, response_head_request
+from armor_core.workers.forward.prompt_groups import group_by_prompt, segment_attention
 
 __all__ = [
     "ATTENTION_PENALTY",

@@ -17,8 +17,8 @@ from typing import Any, Callable
 import torch
 
 from armor_core.dataproto.protocol import DataProto
-from armor_core.workers.layouts import LayoutStats, PackedRows
-from armor_core.workers.logprobs import LayoutChoice
+from armor_core.workers.forward.layouts import LayoutStats, PackedRows
+from armor_core.workers.forward.logprobs import LayoutChoice
 
 __all__ = ["ResponseValues", "ValueModel"]
 

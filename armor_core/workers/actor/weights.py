@@ -1,7 +1,7 @@
 """The actor's weights leaving its process and coming back: to the colocated rollout engine
 (``sync_weights``), to rollout workers of their own (``policy_state``, ``rollout.mode=async``), into
 a checkpoint and out of one, into a rollback point in memory and out of it (``workers/rollback_point.py``).
-``ActorWorker`` (``workers/actor.py``) takes these methods from ``ActorWeights``; they read the worker's
+``ActorWorker`` (``workers/actor/worker.py``) takes these methods from ``ActorWeights``; they read the worker's
 model, optimizer, scheduler, tokenizer, guard and rollback points.
 """
 
@@ -50,7 +50,7 @@ class ActorWeights:
         """Hand the new policy to the rollout engine; ``{"perf/worker_s": seconds it took}``."""
         t0 = time.perf_counter()
         if self.needs_weight_sync():
-            from armor_core.workers.parallel import full_model_state
+            from armor_core.workers.parallel.strategy import full_model_state
 
             # under FSDP2 gathering the full weights is a collective: every rank syncs together
             if not self.lora:
@@ -75,7 +75,7 @@ class ActorWeights:
         model's plain state dict on CPU (a LoRA policy merged), on rank 0. Done at the end of every
         call that changes the weights, by every rank (under FSDP2 gathering is a collective), so
         ``policy_state`` only hands out a copy that nothing changes any more."""
-        from armor_core.workers.parallel import full_model_state
+        from armor_core.workers.parallel.strategy import full_model_state
 
         if self.lora:
             if self.sharded:
@@ -98,7 +98,7 @@ class ActorWeights:
         from the shards under FSDP2, so every rank takes part); each rank writes its RNG state. The
         states are safetensors + JSON (``armor_core/storage/state_io.py``): no pickle.
         """
-        from armor_core.workers.parallel import full_model_state, full_optimizer_state
+        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
 
         p = Path(path)
         optim = full_optimizer_state(self.model, self.optimizer)
@@ -131,7 +131,7 @@ class ActorWeights:
         (``rollback_point.rates_kept``), as they do when a rollback point in memory is restored."""
         from safetensors.torch import load_file
 
-        from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
+        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state
 
         p = Path(path)
         check_resume(p / ADAPTER_DIR, self.cfg.model, self.model if self.lora else None, p)

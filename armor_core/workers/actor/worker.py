@@ -6,13 +6,13 @@ branched on: the policy loss, the loss aggregation, the KL estimator and the gua
 
 Data parallelism: with ``world_size > 1`` the worker joins a torch.distributed group (gloo on CPU,
 NCCL on GPU) and wraps the model in DDP or shards it with FSDP2 (``actor.strategy``, see
-``workers/parallel.py``); the loss aggregation contract (sum of micro-batch losses
+``workers/parallel/strategy.py``); the loss aggregation contract (sum of micro-batch losses
 over ranks = full-batch loss, see ``hookspecs.armor_register_loss_aggregations``) is what makes
 N workers equal one worker on the same global batch.
 
 Two concerns live in bases of ``ActorWorker``: the weights leaving and returning (``ActorWeights``,
-``workers/actor_weights.py``) and the optimizer step under the guards (``GuardedStep``,
-``workers/guarded_step.py``). Here: set-up, generation, log-probs and the loss (``_accumulate``).
+``workers/actor/weights.py``) and the optimizer step under the guards (``GuardedStep``,
+``workers/actor/guarded_step.py``). Here: set-up, generation, log-probs and the loss (``_accumulate``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import call_with_params
 from armor_core.models.lora import MergedView, adapters_off, apply_lora
-from armor_core.workers.actor_weights import ActorWeights
-from armor_core.workers.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
+from armor_core.workers.actor.guarded_step import GuardedStep
+from armor_core.workers.actor.optim import adamw, zero_advantage_is_inert
+from armor_core.workers.actor.policy_shift import PROBE_ROWS, PolicyShiftProbe
+from armor_core.workers.actor.schedule import lr_factor
+from armor_core.workers.actor.weights import ActorWeights
 from armor_core.workers.common import (
     add_metric,
     build_on_one_thread,
@@ -41,18 +44,15 @@ from armor_core.workers.common import (
     scalar,
     seed_everything,
 )
-from armor_core.workers.distill_loss import DistillLoss
-from armor_core.workers.guarded_step import GuardedStep
-from armor_core.workers.kl_loss import compute_kl_loss
-from armor_core.workers.lm_head import install_response_head
-from armor_core.workers.logprobs import ResponseLogProbs
-from armor_core.workers.multi_turn import build_rollout
-from armor_core.workers.optim import adamw, zero_advantage_is_inert
-from armor_core.workers.policy_shift import PROBE_ROWS, PolicyShiftProbe
-from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.forward.lm_head import install_response_head
+from armor_core.workers.forward.logprobs import ResponseLogProbs
+from armor_core.workers.losses.distill_loss import DistillLoss
+from armor_core.workers.losses.kl_loss import compute_kl_loss
+from armor_core.workers.losses.rollout_correction import correction_weights
+from armor_core.workers.parallel.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
+from armor_core.workers.parallel.precision import autocast, compute_dtype
 from armor_core.workers.rollback_point import RollbackPoints
-from armor_core.workers.rollout_correction import correction_weights
-from armor_core.workers.schedule import lr_factor
+from armor_core.workers.rollout.backend import build_rollout
 
 __all__ = ["ActorWorker"]
 
@@ -174,11 +174,11 @@ class ActorWorker(ActorWeights, GuardedStep):
 
     def _build_training(self, cfg: ArmorConfig) -> None:
         """The data-parallel wrapper (DDP / FSDP2), the optimizer and the learning-rate schedule."""
-        from armor_core.workers.parallel import wrap
+        from armor_core.workers.parallel.strategy import wrap
 
         a = cfg.actor
         # FSDP2 shards self.model in place and a sharded forward is a collective, so the rollout
-        # engine generates from a full copy, refreshed by sync_weights (see workers/parallel.py)
+        # engine generates from a full copy, refreshed by sync_weights (see workers/parallel/strategy.py)
         self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
         self.train_module: torch.nn.Module = wrap(

@@ -18,8 +18,8 @@ import torch
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.common import build_on_one_thread, isolate, quiet_transformers, seed_everything
-from armor_core.workers.multi_turn import build_rollout
-from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.parallel.precision import autocast, compute_dtype
+from armor_core.workers.rollout.backend import build_rollout
 
 __all__ = ["RolloutWorker"]
 

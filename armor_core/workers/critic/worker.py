@@ -7,7 +7,7 @@ layouts (``values.ResponseValues``: packed rows, shared prompts once; ``critic/p
 The head starts at zero so the first advantages are the plain returns rather than noise from a
 random head. ``model.gradient_checkpointing`` applies to the critic's backbone too.
 
-Data parallelism follows the actor (``workers/parallel.py``): ``critic.num_workers`` ranks, DDP or
+Data parallelism follows the actor (``workers/parallel/strategy.py``): ``critic.num_workers`` ranks, DDP or
 FSDP2 as ``actor.strategy`` says, value-loss token/sequence counts summed over ranks and the loss
 scaled by the world size, so N ranks take the same step as one on the same batch.
 """
@@ -24,7 +24,6 @@ from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.ops.masked import masked_mean
 from armor_core.storage.state_io import load_checkpoint_state, save_state
-from armor_core.workers.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
 from armor_core.workers.common import (
     build_on_one_thread,
     isolate,
@@ -33,9 +32,10 @@ from armor_core.workers.common import (
     scalar,
     seed_everything,
 )
-from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.critic.values import ResponseValues, ValueModel
+from armor_core.workers.parallel.collectives import agreed_norm, equal_micro_batches, global_counts, init_distributed
+from armor_core.workers.parallel.precision import autocast, compute_dtype
 from armor_core.workers.rollback_point import RollbackPoints, point_bytes
-from armor_core.workers.values import ResponseValues, ValueModel
 
 __all__ = ["CriticWorker", "ValueModel", "value_loss"]
 
@@ -85,7 +85,7 @@ class CriticWorker:
         from armor_core.models.loading import resolve_model_path
         from armor_core.models.remote_code import check_remote_code
         from armor_core.plugins import get_plugin_manager
-        from armor_core.workers.parallel import wrap
+        from armor_core.workers.parallel.strategy import wrap
 
         self.cfg: ArmorConfig = from_dict(config)
         cfg = self.cfg
@@ -199,7 +199,7 @@ class CriticWorker:
         """Rank 0 writes the full value model and optimizer state (by parameter name); any world size resumes them."""
         from safetensors.torch import save_file
 
-        from armor_core.workers.parallel import full_model_state, full_optimizer_state
+        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
 
         p = Path(path)
         model, optim = full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
@@ -212,7 +212,7 @@ class CriticWorker:
         learning rate, and the critic runs no guards)."""
         from safetensors.torch import load_file
 
-        from armor_core.workers.parallel import load_full_model_state, load_full_optimizer_state
+        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state
 
         p = Path(path)
         missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from armor_core.workers.collectives import global_sums
+from armor_core.workers.parallel.collectives import global_sums
 
 __all__ = ["PROBE_ROWS", "PolicyShiftProbe", "k3_kl"]
 

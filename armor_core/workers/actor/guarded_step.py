@@ -7,7 +7,7 @@ The two share only the gradients on the parameters and the metric sums, so the s
 apart from the loss. ``apply_adjustments`` is here too: a guard's ``adjust`` verdict sets the
 coefficients, whether it comes from these stages or from the driver (``ActorAPI.apply_adjustments``).
 
-``ActorWorker`` (``workers/actor.py``) takes these methods from ``GuardedStep``; they read the
+``ActorWorker`` (``workers/actor/worker.py``) takes these methods from ``GuardedStep``; they read the
 worker's config, model, optimizer, scheduler, guard runner and faults.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS
-from armor_core.workers.collectives import agreed_norm, global_sums
+from armor_core.workers.actor.optim import local_params, update_stats
+from armor_core.workers.actor.policy_shift import PolicyShiftProbe
 from armor_core.workers.common import add_metric, scalar
-from armor_core.workers.optim import local_params, update_stats
-from armor_core.workers.policy_shift import PolicyShiftProbe
+from armor_core.workers.parallel.collectives import agreed_norm, global_sums
 
 __all__ = ["GuardedStep"]
 

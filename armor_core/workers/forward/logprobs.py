@@ -16,8 +16,7 @@ from typing import Any, Callable
 import torch
 
 from armor_core.dataproto.protocol import DataProto
-from armor_core.workers.collectives import equal_micro_batches
-from armor_core.workers.layouts import (
+from armor_core.workers.forward.layouts import (
     LAYOUTS,
     LayoutStats,
     PackedRows,
@@ -26,6 +25,7 @@ from armor_core.workers.layouts import (
     grouped_mask_supported,
     layout_rows,
 )
+from armor_core.workers.parallel.collectives import equal_micro_batches
 
 __all__ = ["LayoutChoice", "ResponseLogProbs"]
 
