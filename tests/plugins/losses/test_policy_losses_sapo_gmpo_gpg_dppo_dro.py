@@ -1,5 +1,5 @@
-"""Policy losses SAPO, GMPO (``geo_mean``), GPG, DPPO (``dppo_tv``, ``dppo_kl``) and DRO (the shared checks): hand-computed
-values and gradients, masking, parity with verl 0.9.1, and registration."""
+"""Policy losses SAPO, GMPO (``geo_mean``), GPG, DPPO (``dppo_tv``, ``dppo_kl``) and DRO (the shared checks):
+hand-computed values and gradients, masking, parity with verl 0.9.1, and registration."""
 
 from __future__ import annotations
 
