@@ -4,6 +4,8 @@ RL on a verifiable reward needs a policy that already succeeds sometimes: ``armo
 on (prompt, response) pairs or multi-turn traces, with held-out greedy accuracy as it goes, and writes a Hugging
 Face directory that ``armor run model.path=DIR`` and vLLM load as is. ``--stop-at-accuracy`` is how
 ``builtin:arithmetic-tiny`` was deliberately made *half* trained; the exact command is in that model's README.md.
+
+Long function: ``add_parser``, the command's options declared one after another, which is how argparse reads.
 """
 
 from __future__ import annotations

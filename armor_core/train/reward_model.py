@@ -97,8 +97,6 @@ def train_reward_model(
     import torch
     import torch.nn.functional as F
 
-    from armor_core.rewards.model import score_texts
-
     inner = getattr(model, "module", model)  # DDP keeps the model in .module; evaluation needs no gradient sync
     params = [q for q in model.parameters() if q.requires_grad]
     gen = torch.Generator().manual_seed(seed)
@@ -129,11 +127,7 @@ def train_reward_model(
     inner.eval()
     if rank != 0:
         return {}
-    with torch.no_grad():
-        texts = [r["prompt"] + r[side] for r in train for side in ("chosen", "rejected")]
-        all_scores = score_texts(inner, tokenizer, texts, 64, max_length)
-    mean = sum(all_scores) / len(all_scores)
-    std = math.sqrt(sum((s - mean) ** 2 for s in all_scores) / len(all_scores)) or 1.0
+    mean, std = _score_moments(inner, tokenizer, train, max_length)
     return {
         "val_accuracy": history[-1]["val_accuracy"],
         "history": history,
@@ -141,6 +135,20 @@ def train_reward_model(
         "score_std": std,
         "seconds": time.monotonic() - start,
     }
+
+
+def _score_moments(model: Any, tokenizer: Any, pairs: list[dict[str, str]], max_length: int) -> tuple[float, float]:
+    """The mean and standard deviation (1 where it is 0) of the scores of every side of ``pairs``: what
+    ``reward.model``'s ``normalize: true`` divides by."""
+    import torch
+
+    from armor_core.rewards.model import score_texts
+
+    with torch.no_grad():
+        texts = [r["prompt"] + r[side] for r in pairs for side in ("chosen", "rejected")]
+        all_scores = score_texts(model, tokenizer, texts, 64, max_length)
+    mean = sum(all_scores) / len(all_scores)
+    return mean, math.sqrt(sum((s - mean) ** 2 for s in all_scores) / len(all_scores)) or 1.0
 
 
 def _mean_over_ranks(value: Any, world_size: int) -> float:
@@ -179,6 +187,19 @@ def add_lora(model: Any, rank: int, alpha: float, targets: str, seed: int) -> An
     return peft_model
 
 
+def _train_and_held_out(args: argparse.Namespace) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The training pairs and the held-out ones: ``--val-pairs``, or the first ``--val-fraction`` of a seeded
+    shuffle of ``--pairs``."""
+    import torch
+
+    pairs = load_preferences(args.pairs)
+    if args.val_pairs:
+        return pairs, load_preferences(args.val_pairs)
+    perm = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    n_val = max(1, int(len(pairs) * args.val_fraction))
+    return [pairs[i] for i in perm[n_val:]], [pairs[i] for i in perm[:n_val]]
+
+
 def train_rank(rank: int, args: argparse.Namespace) -> None:
     """One process of ``armor rm train`` (``args``: its parsed arguments, checked by ``armor_core.cli.rm``): rank
     ``rank`` of ``args.nproc``; rank 0 writes the directory."""
@@ -192,13 +213,7 @@ def train_rank(rank: int, args: argparse.Namespace) -> None:
     world = args.nproc
     torch.set_num_threads(args.threads or max(1, len(detect_available_cpus()) // world))
     torch.manual_seed(args.seed)  # the fresh score head: the same on every rank
-    pairs = load_preferences(args.pairs)
-    if args.val_pairs:
-        train, val = pairs, load_preferences(args.val_pairs)
-    else:
-        perm = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()
-        n_val = max(1, int(len(pairs) * args.val_fraction))
-        train, val = [pairs[i] for i in perm[n_val:]], [pairs[i] for i in perm[:n_val]]
+    train, val = _train_and_held_out(args)
     directory = resolve_model_path(args.model)
     tokenizer = load_tokenizer(args.model)
     tokenizer.truncation_side = "left"

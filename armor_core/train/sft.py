@@ -226,13 +226,7 @@ def run_sft(
     """
     import torch
 
-    if not train_rows:
-        raise ValueError("no training rows")
-    if not val_rows:
-        raise ValueError(
-            "no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is "
-            "held out)"
-        )
+    _check_rows(train_rows, val_rows)
     encoded = _encode_pairs(tokenizer, train_rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = _batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
@@ -262,6 +256,16 @@ def run_sft(
                 break
     model.eval()
     return {"steps": step, "val_accuracy": acc, "history": history, "seconds": time.perf_counter() - t0}
+
+
+def _check_rows(train_rows: list[dict[str, Any]], val_rows: list[dict[str, Any]]) -> None:
+    if not train_rows:
+        raise ValueError("no training rows")
+    if not val_rows:
+        raise ValueError(
+            "no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is "
+            "held out)"
+        )
 
 
 def _batch_indices(n_rows: int, batch_size: int, gen: torch.Generator) -> Iterator[list[int]]:

@@ -10,9 +10,10 @@ NCCL on GPU) and wraps the model in DDP or shards it with FSDP2 (``actor.strateg
 over ranks = full-batch loss, see ``hookspecs.armor_register_loss_aggregations``) is what makes
 N workers equal one worker on the same global batch.
 
-Two concerns live in bases of ``ActorWorker``: the weights leaving and returning (``ActorWeights``,
-``workers/actor/weights.py``) and the optimizer step under the guards (``GuardedStep``,
-``workers/actor/guarded_step.py``). Here: set-up, generation, log-probs and the loss (``_accumulate``).
+Three concerns live in bases of ``ActorWorker``: the weights leaving and returning (``ActorWeights``,
+``workers/actor/weights.py``), the loss (``ActorLoss``, ``workers/actor/loss.py``: ``_accumulate``) and the
+optimizer step under the guards (``GuardedStep``, ``workers/actor/guarded_step.py``). Here: set-up, generation,
+log-probs and the update's loop over epochs and mini-batches (``update_actor``).
 """
 
 from __future__ import annotations
@@ -25,31 +26,26 @@ import torch
 
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
-from armor_core.interfaces import call_with_params
 from armor_core.models.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.actor.guarded_step import GuardedStep
+from armor_core.workers.actor.loss import ActorLoss
 from armor_core.workers.actor.optim import adamw, zero_advantage_is_inert
 from armor_core.workers.actor.policy_shift import PROBE_ROWS, PolicyShiftProbe
 from armor_core.workers.actor.schedule import lr_factor
 from armor_core.workers.actor.weights import ActorWeights
 from armor_core.workers.common import (
-    add_metric,
     build_on_one_thread,
     isolate,
     iter_micro_batches,
     memory_metrics,
-    micro_batches,
     quiet_transformers,
     reset_memory_peaks,
-    scalar,
     seed_everything,
 )
 from armor_core.workers.forward.lm_head import install_response_head
 from armor_core.workers.forward.logprobs import ResponseLogProbs
 from armor_core.workers.losses.distill_loss import DistillLoss
-from armor_core.workers.losses.kl_loss import compute_kl_loss
-from armor_core.workers.losses.rollout_correction import correction_weights
-from armor_core.workers.parallel.collectives import equal_micro_batches, global_counts, init_distributed, mismatch_stats
+from armor_core.workers.parallel.collectives import init_distributed
 from armor_core.workers.parallel.precision import autocast, compute_dtype
 from armor_core.workers.rollback_point import RollbackPoints
 from armor_core.workers.rollout.backend import build_rollout
@@ -57,7 +53,7 @@ from armor_core.workers.rollout.backend import build_rollout
 __all__ = ["ActorWorker"]
 
 
-class ActorWorker(ActorWeights, GuardedStep):
+class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
     def __init__(
         self,
         config: dict,
@@ -67,7 +63,6 @@ class ActorWorker(ActorWeights, GuardedStep):
         assignment: dict | None = None,
     ) -> None:
         from armor_core.plugins import get_plugin_manager
-        from armor_core.stability.guard import GuardRunner, run_coefficients
 
         self.cfg: ArmorConfig = from_dict(config)
         self.rank, self.world_size = rank, world_size
@@ -82,25 +77,7 @@ class ActorWorker(ActorWeights, GuardedStep):
             init_distributed(self.device, self.rank, self.world_size)
 
         pm = get_plugin_manager()
-        self.policy_loss = pm.get("policy_loss", cfg.actor.policy_loss, where="actor.policy_loss")
-        self.loss_agg = pm.get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
-        self.kl_loss = (
-            pm.get("kl_estimator", cfg.actor.kl_loss_type, where="actor.kl_loss_type")
-            if cfg.actor.use_kl_loss
-            else None
-        )
-        self.guard = GuardRunner(  # verdicts are collective: one record
-            cfg.guard.guards,
-            pm,
-            run_dir if rank == 0 else None,
-            enable=cfg.guard.enable,
-            run_values=run_coefficients(cfg.actor),
-        )
-        self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
-        # the policy's change per step costs a forward of a few rows: measured only for a guard that needs it
-        self.probe = PolicyShiftProbe(PROBE_ROWS if self.guard.wants("policy_kl") else 0)
-        self._judged_lr = 0.0  # the rate of the last step stage ``step`` judged (``GuardedStep._judges``)
-
+        self._build_plugins(cfg, pm, run_dir)
         self._load_policy(cfg)
         self.distill_loss = DistillLoss.from_config(cfg)  # None unless distillation adds a loss
         self._build_training(cfg)
@@ -133,6 +110,30 @@ class ActorWorker(ActorWeights, GuardedStep):
         if cfg.rollout.mode == "async":
             self._publish_policy()
         built()
+
+    def _build_plugins(self, cfg: ArmorConfig, pm: Any, run_dir: str | None) -> None:
+        """The policy loss, the loss aggregation, the KL estimator of the KL loss, the guards (rank 0 keeps their
+        events) and the probe of the policy's change a guard may need."""
+        from armor_core.stability.guard import GuardRunner, run_coefficients
+
+        self.policy_loss = pm.get("policy_loss", cfg.actor.policy_loss, where="actor.policy_loss")
+        self.loss_agg = pm.get("loss_aggregation", cfg.actor.loss_agg_mode, where="actor.loss_agg_mode")
+        self.kl_loss = (
+            pm.get("kl_estimator", cfg.actor.kl_loss_type, where="actor.kl_loss_type")
+            if cfg.actor.use_kl_loss
+            else None
+        )
+        self.guard = GuardRunner(  # verdicts are collective: one record
+            cfg.guard.guards,
+            pm,
+            run_dir if self.rank == 0 else None,
+            enable=cfg.guard.enable,
+            run_values=run_coefficients(cfg.actor),
+        )
+        self.watch_step = self.guard.watches("step")  # the stage costs a copy of the parameters per update
+        # the policy's change per step costs a forward of a few rows: measured only for a guard that needs it
+        self.probe = PolicyShiftProbe(PROBE_ROWS if self.guard.wants("policy_kl") else 0)
+        self._judged_lr = 0.0  # the rate of the last step stage ``step`` judged (``GuardedStep._judges``)
 
     def _load_policy(self, cfg: ArmorConfig) -> None:
         """The policy in float32 master weights (LoRA adapters on it), its tokenizer, the chunked
@@ -269,37 +270,6 @@ class ActorWorker(ActorWeights, GuardedStep):
 
     # -- update ---------------------------------------------------------------------------------
 
-    def _agg(self, mat: torch.Tensor, mask: torch.Tensor, n_tok: float, n_seq: float) -> torch.Tensor:
-        a = self.cfg.actor
-        norm = a.loss_norm_constant if a.loss_norm_constant is not None else float(self.cfg.rollout.max_new_tokens)
-        return self.loss_agg.fn(mat, mask, global_num_tokens=n_tok, global_num_seqs=n_seq, norm_constant=norm)
-
-    def _rows_with_gradient(self, mini: DataProto, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(rows to forward, rows left out or None). A row whose every advantage is 0 adds exactly
-        nothing to the gradient when no other loss term reads it (``actor.skip_zero_advantage``); its
-        tokens still count in the aggregation's global denominators, so the update is unchanged."""
-        a = self.cfg.actor
-        everything = torch.arange(len(mini))
-        if not (
-            a.skip_zero_advantage
-            and self.zero_adv_inert
-            and a.entropy_coeff == 0
-            and self.kl_loss is None
-            and self.distill_loss is None
-            and "rollout_log_probs" in mini
-        ):
-            return everything, None
-        live = ((mini["advantages"].to(self.device) != 0) & mask.bool()).any(-1).cpu()
-        return everything[live], everything[~live]
-
-    def _split(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
-        """Row positions of each micro-batch: ``actor.micro_batch_size`` rows, or by real tokens
-        (``actor.max_tokens_per_micro_batch``)."""
-        a = self.cfg.actor
-        return micro_batches(
-            attention_mask.sum(-1), a.micro_batch_size, a.max_tokens_per_micro_batch, "actor.max_tokens_per_micro_batch"
-        )
-
     def update_actor(self, data: DataProto, step: int) -> dict[str, float]:
         """PPO-style update on this rank's share of the batch; returns metrics (means over
         mini-batches). Each mini-batch: ``_accumulate`` (forward/backward over micro-batches), then
@@ -335,6 +305,12 @@ class ActorWorker(ActorWeights, GuardedStep):
                 self._guarded_step(parts, step, first, sums)
                 first = False
         self.global_step = step
+        return self._update_metrics(sums, t_call)
+
+    def _update_metrics(self, sums: dict[str, list[float]], t_call: float) -> dict[str, float]:
+        """``update_actor``'s metrics from the sums over its mini-batches, with the guard's, the layouts', memory and
+        the seconds spent (the policy published for async rollout first)."""
+        cfg = self.cfg
         # extremes stay extremes: averaging a max over micro-batches would hide the spike a guard watches
         reduce = {"max": max, "min": min}
         metrics = {
@@ -361,109 +337,6 @@ class ActorWorker(ActorWeights, GuardedStep):
             }
         )
         return metrics
-
-    def _accumulate(
-        self, mini: DataProto, on_policy: bool, first: bool, sums: dict[str, list[float]]
-    ) -> dict[str, float]:
-        """Forward and backward over ``mini``'s micro-batches; the gradients are left on the
-        parameters. Returns this rank's parts of the mini-batch's loss terms (summed over ranks by
-        ``_guarded_step``)."""
-        cfg, a = self.cfg, self.cfg.actor
-        mask_all = mini["response_mask"].to(self.device).float()
-        n_tok, n_seq = global_counts(mask_all, self.world_size)
-        self.optimizer.zero_grad(set_to_none=True)
-        # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
-        # mini-batch's value is the sum over micro-batches and ranks, not a mean
-        parts = dict.fromkeys(
-            (
-                "actor/pg_loss",
-                "actor/entropy",
-                *(("actor/kl_loss",) if self.kl_loss is not None else ()),
-                *(("actor/distill_loss",) if self.distill_loss is not None else ()),
-            ),
-            0.0,
-        )
-        rows, skipped = self._rows_with_gradient(mini, mask_all)
-        if skipped is not None:  # their entropy, estimated: E[-log p(sampled token)] is the entropy
-            parts["actor/entropy"] += scalar(
-                self._agg(-mini["rollout_log_probs"][skipped].to(self.device), mask_all[skipped], n_tok, n_seq)
-            )
-            add_metric(sums, "actor/zero_adv_rows", len(skipped) / max(len(mini), 1))
-        t0 = time.perf_counter()
-        micro = equal_micro_batches(
-            [(rows[i], 1.0) for i in self._split(mini["attention_mask"][rows])], self.world_size
-        )
-        loss_params = {
-            "clip_ratio_low": a.clip_ratio_low,
-            "clip_ratio_high": a.clip_ratio_high,
-            "clip_ratio_c": a.clip_ratio_c,
-        }
-        correction = cfg.algorithm.rollout_correction
-        for idx, weight in micro:
-            mask = mask_all[idx]
-            extra = self.distill_loss.extra_ids(mini, idx) if self.distill_loss is not None else None
-            log_prob, entropy = self.logp.forward(self.train_module, mini, idx, with_entropy=True, extra_ids=extra)
-            at_ids = None
-            if extra is not None:  # the student's log-probs at the teacher's top-k ids, from the same forward
-                log_prob, at_ids = log_prob[..., 0], log_prob[..., 1:]
-            # exactly on-policy (one update per batch): the old policy *is* this forward, so the
-            # ratio is 1 with the right gradient and the extra forward pass is skipped
-            old = log_prob.detach() if on_policy else mini["old_log_probs"][idx].to(self.device)
-            self.probe.keep(mini, idx, log_prob, mask, weight)
-            if first and "rollout_log_probs" in mini:  # the rollout/train mismatch, measured for free
-                for k, v in mismatch_stats(
-                    log_prob.detach(), mini["rollout_log_probs"][idx].to(self.device), mask * weight, self.world_size
-                ).items():
-                    add_metric(sums, k, v)
-            adv = mini["advantages"][idx].to(self.device)
-            loss_mat, pm_metrics = call_with_params(
-                self.policy_loss.fn,
-                log_prob,
-                old,
-                adv,
-                mask,
-                available=loss_params,
-                extra=a.policy_loss_kwargs,
-                where="actor.policy_loss_kwargs",
-            )
-            if correction != "none" and "rollout_log_probs" in mini:  # the rows came from another policy than `old`
-                w, cm = correction_weights(
-                    old,
-                    mini["rollout_log_probs"][idx].to(self.device),
-                    mask,
-                    correction,
-                    cfg.algorithm.rollout_correction_cap,
-                )
-                loss_mat = loss_mat * w
-                pm_metrics = {**pm_metrics, **cm}
-            pg_loss = self._agg(loss_mat, mask, n_tok, n_seq)
-            ent_loss = self._agg(entropy, mask, n_tok, n_seq)
-            loss = pg_loss - a.entropy_coeff * ent_loss
-            if self.kl_loss is not None:
-                kl_mat, _ = compute_kl_loss(
-                    log_prob, mini["ref_log_prob"][idx].to(self.device), mask, 1.0, self.kl_loss
-                )
-                kl = self._agg(kl_mat, mask, n_tok, n_seq)
-                loss = loss + a.kl_loss_coef * kl
-                parts["actor/kl_loss"] += weight * scalar(kl)
-            if self.distill_loss is not None:
-                d_mat, _ = self.distill_loss(mini, idx, log_prob, mask, at_ids)
-                distill = self._agg(d_mat, mask, n_tok, n_seq)
-                loss = loss + self.distill_loss.coef * distill
-                parts["actor/distill_loss"] += weight * scalar(distill)
-            # DDP and FSDP2 average gradients over ranks; the aggregation already divides by global counts
-            (loss * (self.world_size * weight)).backward()
-            if not weight:  # a stand-in that keeps this rank in step with the others' collectives
-                continue
-            parts["actor/pg_loss"] += scalar(pg_loss)
-            parts["actor/entropy"] += scalar(ent_loss)
-            for k, v in pm_metrics.items():
-                add_metric(sums, k if k.startswith("rollout_correction/") else f"actor/{k}", v)
-        if not micro:  # no row (on any rank) had a gradient: it is 0, and Adam's step still moves the weights
-            for p in self.model.parameters():
-                p.grad = torch.zeros_like(p)
-        self._seconds["fwd_bwd"] += time.perf_counter() - t0
-        return parts
 
     def update_then_generate(
         self, data: DataProto, prompts: DataProto, step: int, stale: bool = False
