@@ -1,7 +1,8 @@
 """The Ray engine: a local cluster (or an existing one), worker groups, and DataProto dispatch.
 
 - ``cluster.py``: ``init_ray`` (join ``engine.address`` or start a local cluster), ``wait_policy`` /
-  ``busy_cores`` (the workers' OpenMP wait policy), and the cluster checks made at start;
+  ``busy_cores`` (the workers' OpenMP wait policy), the cluster checks made at start, and ``free_port`` (a
+  rendezvous port);
 - ``group.py``: ``WorkerGroup``, N Ray actors of one worker class acting as data-parallel ranks, called through
   a protocol's methods (``declared_methods``);
 - ``dispatch.py``: how a batch is split over the ranks (``balanced_split``) and the results merged (``Pending``);
@@ -14,10 +15,10 @@ This module only re-exports the names the rest of ARMOR uses.
 
 from __future__ import annotations
 
-from armor_core.engine.cluster import busy_cores, init_ray, wait_policy
+from armor_core.engine.cluster import busy_cores, free_port, init_ray, wait_policy
 from armor_core.engine.dispatch import Pending, balanced_split
 from armor_core.engine.errors import ChannelError, PlacementError, WorkerDiedError, death_cause
-from armor_core.engine.group import WorkerGroup, declared_methods, free_port
+from armor_core.engine.group import WorkerGroup, declared_methods
 
 __all__ = [
     "ChannelError",

@@ -27,9 +27,11 @@ from armor_core.errors import UserFacingError
 
 __all__ = [
     "ClusterError",
+    "address_here",
     "busy_cores",
     "check_address",
     "check_capacity",
+    "free_port",
     "init_ray",
     "reap_orphaned_agents",
     "wait_policy",
@@ -243,3 +245,19 @@ def wait_policy(setting: str, busy: Callable[[], float] = busy_cores) -> str:
     if setting != "auto":
         return setting
     return "passive" if busy() >= 0.5 else "active"
+
+
+def address_here() -> tuple[str, int]:
+    """This node's IP and a port free on it: a group's rendezvous, asked on the node of its rank 0."""
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this machine now (for a rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))  # free on every interface: peers on other nodes connect to it
+        return s.getsockname()[1]

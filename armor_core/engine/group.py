@@ -40,10 +40,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from armor_core.engine.cluster import address_here
 from armor_core.engine.dispatch import Pending, shares
 from armor_core.engine.errors import ChannelError, PlacementError, WorkerDiedError, death_cause
 
-__all__ = ["WorkerGroup", "declared_methods", "free_port"]
+__all__ = ["WorkerGroup", "declared_methods"]
 
 # how long the other ranks get to finish after one rank raised: a healthy group returns in
 # milliseconds, a group stuck in a collective with the failed rank never does
@@ -69,10 +70,6 @@ class WorkerGroup:
     ) -> None:
         """``api``: the protocol the driver calls the workers through (``armor_core.workers.api``);
         None: the worker class itself (tests, benchmarks)."""
-        import ray
-        from ray.util.placement_group import placement_group, placement_group_table
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         self.api = api or worker_cls
         missing = [m for m in declared_methods(self.api) if not callable(getattr(worker_cls, m, None))]
         if missing:
@@ -84,6 +81,20 @@ class WorkerGroup:
         self.conns: list[Any] = []  # the direct channel to each rank, once open
         self._seq = 0  # number of the last call sent over the channel
         self._early: dict[int, dict[int, tuple[bool, Any]]] = {}  # replies read before their call was gathered
+        self._place(cpus_per_worker, gpus_per_worker, placement_timeout_s)
+        self._spawn(worker_cls, init_kwargs, rank_kwargs, cpus_per_worker, gpus_per_worker, placement_timeout_s)
+        # surface construction errors (bad model path, ...) now, naming the worker
+        for rec, info in zip(self.placement, self.call(self.api.ping)):
+            rec["pid"] = info.get("pid") if isinstance(info, dict) else None
+        if channel:
+            self._open_channels(placement_timeout_s)
+
+    def _place(self, cpus_per_worker: float, gpus_per_worker: float, placement_timeout_s: float) -> None:
+        """The placement group, one bundle per rank (PACK), and where each rank landed (``placement``)."""
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        n, name = self.n, self.name
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         self.pg = placement_group([bundle] * n, strategy="PACK")
         ready, _ = ray.wait([self.pg.ready()], timeout=placement_timeout_s)
@@ -103,10 +114,26 @@ class WorkerGroup:
             {"group": name, "rank": r, "node_id": node_of_bundle[r], "node_ip": ips.get(node_of_bundle[r], "?")}
             for r in range(n)
         ]
+
+    def _spawn(
+        self,
+        worker_cls: type,
+        init_kwargs: dict[str, Any],
+        rank_kwargs: list[dict[str, Any]] | None,
+        cpus_per_worker: float,
+        gpus_per_worker: float,
+        placement_timeout_s: float,
+    ) -> None:
+        """One Ray actor per rank in its bundle; with several ranks, the rendezvous address is rank 0's node and a
+        port free there."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        n, name = self.n, self.name
         env = {}
         if n > 1:
             # rank 0's node and a port free there: 127.0.0.1 would not reach it from another machine
-            probe = ray.remote(num_cpus=0)(_address_here).options(
+            probe = ray.remote(num_cpus=0)(address_here).options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0)
             )
             addr, port = ray.get(probe.remote(), timeout=placement_timeout_s)
@@ -122,11 +149,6 @@ class WorkerGroup:
             )
             per_rank = rank_kwargs[rank] if rank_kwargs else {}
             self.workers.append(remote_cls.options(**opts).remote(**init_kwargs, **per_rank, rank=rank, world_size=n))
-        # surface construction errors (bad model path, ...) now, naming the worker
-        for rec, info in zip(self.placement, self.call(self.api.ping)):
-            rec["pid"] = info.get("pid") if isinstance(info, dict) else None
-        if channel:
-            self._open_channels(placement_timeout_s)
 
     def _open_channels(self, timeout_s: float) -> None:
         import ray
@@ -366,18 +388,3 @@ def declared_methods(api: type) -> list[str]:
 def _answer(worker: Any) -> bool:
     """Run in a worker through Ray: it answers if its process is alive."""
     return True
-
-
-def _address_here() -> tuple[str, int]:
-    import ray
-
-    return ray.util.get_node_ip_address(), free_port()
-
-
-def free_port() -> int:
-    """A TCP port free on every interface of this machine now (for a rendezvous)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))  # free on every interface: peers on other nodes connect to it
-        return s.getsockname()[1]
