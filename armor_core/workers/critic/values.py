@@ -17,8 +17,9 @@ from typing import Any, Callable
 import torch
 
 from armor_core.dataproto.protocol import DataProto
-from armor_core.workers.forward.layouts import LayoutStats, PackedRows
+from armor_core.workers.forward.layouts import LayoutStats
 from armor_core.workers.forward.logprobs import LayoutChoice
+from armor_core.workers.forward.packing import PackedRows
 
 __all__ = ["ResponseValues", "ValueModel"]
 

@@ -19,12 +19,12 @@ from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.forward.layouts import (
     LAYOUTS,
     LayoutStats,
-    PackedRows,
     attention_weight_of,
     forward_response_log_probs,
     grouped_mask_supported,
     layout_rows,
 )
+from armor_core.workers.forward.packing import PackedRows
 from armor_core.workers.parallel.collectives import equal_micro_batches
 
 __all__ = ["LayoutChoice", "ResponseLogProbs"]

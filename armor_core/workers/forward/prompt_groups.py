@@ -1,4 +1,4 @@
-"""Rows that share a prompt, for ``layouts.pack_groups``: finding the groups, and the attention mask
+"""Rows that share a prompt, for ``packing.pack_groups``: finding the groups, and the attention mask
 of a packed row of shared-prompt segments (the prompt once, then each row's response).
 
 Pure tensor functions: ``layouts.py`` decides whether the grouped layout pays and where each

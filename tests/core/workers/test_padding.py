@@ -1,4 +1,4 @@
-"""Padding removal in the actor's forward (``armor_core.workers.forward.layouts.pack_rows``) and the step
+"""Padding removal in the actor's forward (``armor_core.workers.forward.packing.pack_rows``) and the step
 timing that makes the engine's overhead visible.
 
 Packing must be exact: the same log-probs, entropies and gradients as the padded batch, to float
@@ -17,10 +17,9 @@ from armor_core.workers.forward.layouts import (
     forward_response_log_probs,
     forward_response_logits,
     layout_rows,
-    pack_groups,
-    pack_rows,
     response_log_probs,
 )
+from armor_core.workers.forward.packing import pack_groups, pack_rows
 
 PAD = 0  # rollout_batch's pad id
 
