@@ -129,12 +129,13 @@ class WorkerGroup:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        n, name = self.n, self.name
+        n, name, pg = self.n, self.name, self.pg
+        assert pg is not None  # _place made it
         env = {}
         if n > 1:
             # rank 0's node and a port free there: 127.0.0.1 would not reach it from another machine
             probe = ray.remote(num_cpus=0)(address_here).options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0)
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
             )
             addr, port = ray.get(probe.remote(), timeout=placement_timeout_s)
             env = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
@@ -144,7 +145,7 @@ class WorkerGroup:
                 num_cpus=cpus_per_worker,
                 num_gpus=gpus_per_worker,
                 name=f"armor-{name}-{rank}-{os.getpid()}-{id(self)}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(max(1, int(cpus_per_worker)))}},
             )
             per_rank = rank_kwargs[rank] if rank_kwargs else {}

@@ -23,7 +23,7 @@ class Launch:
 
     cfg: ArmorConfig
     groups: dict[str, int]
-    cpus: int
+    cpus: float
     plan: dict[str, list[dict]] = field(default_factory=dict)
     isolator: Any = None
     conf: dict[str, Any] = field(default_factory=dict)  # the config the workers are built from, set by start_cluster

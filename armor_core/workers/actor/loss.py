@@ -16,6 +16,7 @@ import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import call_with_params
+from armor_core.workers.actor.policy_shift import PolicyShiftProbe
 from armor_core.workers.common import add_metric, micro_batches, scalar
 from armor_core.workers.losses.kl_loss import compute_kl_loss
 from armor_core.workers.losses.rollout_correction import correction_weights
@@ -35,10 +36,10 @@ class ActorLoss:
     kl_loss: Any
     distill_loss: Any
     logp: Any
-    probe: Any
-    optimizer: torch.optim.Optimizer
+    probe: PolicyShiftProbe
     model: torch.nn.Module
     train_module: torch.nn.Module
+    zero_adv_inert: bool
     _seconds: dict[str, float]
 
     def _agg(self, mat: torch.Tensor, mask: torch.Tensor, n_tok: float, n_seq: float) -> torch.Tensor:
@@ -75,15 +76,14 @@ class ActorLoss:
     def _accumulate(
         self, mini: DataProto, on_policy: bool, first: bool, sums: dict[str, list[float]]
     ) -> dict[str, float]:
-        """Forward and backward over ``mini``'s micro-batches; the gradients are left on the
-        parameters. Returns this rank's parts of the mini-batch's loss terms (summed over ranks by
+        """Forward and backward over ``mini``'s micro-batches (the caller zeroed the gradients); the gradients are
+        left on the parameters. Returns this rank's parts of the mini-batch's loss terms (summed over ranks by
         ``_guarded_step``)."""
         mask_all = mini["response_mask"].to(self.device).float()
         counts = global_counts(mask_all, self.world_size)
-        self.optimizer.zero_grad(set_to_none=True)
         # each micro-batch's loss is its share of the mini-batch loss (global counts), so the
         # mini-batch's value is the sum over micro-batches and ranks, not a mean
-        parts = dict.fromkeys(
+        parts: dict[str, float] = dict.fromkeys(
             (
                 "actor/pg_loss",
                 "actor/entropy",

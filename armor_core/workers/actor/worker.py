@@ -301,6 +301,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             )
             for mini_sl in iter_micro_batches(n_rows, rows_per_mini):
                 mini = data[order[mini_sl]]
+                self.optimizer.zero_grad(set_to_none=True)
                 parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
                 self._guarded_step(parts, step, first, sums)
                 first = False
