@@ -78,7 +78,7 @@ def memory_case(lora_rank: int, hidden: int, layers: int) -> dict:
     from armor_core.config.schema import load_config, to_dict
     from armor_core.dataproto.protocol import DataProto
     from armor_core.models.loading import build_tiny_model, load_tokenizer, resolve_model_path
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     tmp = Path(tempfile.mkdtemp(prefix="armor-lora-mem-"))
     try:

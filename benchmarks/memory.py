@@ -61,8 +61,8 @@ def run_case(
 
     from armor_core.models.loading import build_tiny_model
     from armor_core.workers.common import quiet_transformers
-    from armor_core.workers.layouts import forward_response_log_probs
-    from armor_core.workers.lm_head import install_response_head
+    from armor_core.workers.forward.layouts import forward_response_log_probs
+    from armor_core.workers.forward.lm_head import install_response_head
 
     quiet_transformers()
     torch.set_num_threads(threads)

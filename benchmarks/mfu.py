@@ -45,7 +45,7 @@ def build_worker(tmp: Path, hidden: int, layers: int, heads: int, max_new: int):
     """An ActorWorker (in this process, no Ray) on a fresh ~10M-parameter Qwen2 saved under ``tmp``."""
     from armor_core.config.schema import load_config, to_dict
     from armor_core.models.loading import build_tiny_model, load_tokenizer, resolve_model_path
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
     from armor_core.workers.common import quiet_transformers
 
     quiet_transformers()

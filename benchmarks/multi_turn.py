@@ -24,7 +24,7 @@ from armor_core.config.schema import MultiTurnConfig, RolloutConfig
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import EnvironmentStep
 from armor_core.models.loading import encode_prompts, load_model, load_tokenizer
-from armor_core.workers.multi_turn import MultiTurnRollout
+from armor_core.workers.rollout.multi_turn import MultiTurnRollout
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.tasks.arithmetic import generate_arithmetic
 

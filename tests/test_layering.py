@@ -44,8 +44,9 @@ PUBLIC = (
 #: the sub-packages of ``armor_core``, lowest first; ``contract`` is the top-level modules (``hookspecs``,
 #: ``interfaces``, ``plugins``, ``errors``, ``__init__``). A module may import from its own sub-package and
 #: from any lower layer, never from its own layer's other members or from above. Read the real graph
-#: this way: the ``cli`` drives the ``loop`` (and ``testing`` builds on it for plugin authors); the loop
-#: drives the ``workers``, which run on the ``engine`` and keep their state through ``storage``; the
+#: this way: the ``cli`` parses arguments and drives the ``loop`` and the supervised trainers of ``train``
+#: (``armor sft``, ``armor rm train``), which sit beside the loop (``testing`` builds on the loop for plugin
+#: authors); the loop drives the ``workers``, which run on the ``engine`` and keep their state through ``storage``; the
 #: driver scores with ``rewards``; all of them read ``config``; the guard runner and fault injection
 #: (``stability``) serve both the driver and the actor ranks and know only the contract.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -55,7 +56,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "models", "report"),
     ("rewards", "storage", "engine"),
     ("workers",),
-    ("loop",),
+    ("loop", "train"),
     ("testing",),
     ("cli",),
 )

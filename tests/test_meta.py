@@ -108,11 +108,11 @@ def test_the_guard_stage_table_names_every_stage_the_code_shows_a_guard():
 def test_each_worker_class_implements_its_protocol_with_the_same_parameters():
     """``armor_core.workers.api`` is the one declaration of what the driver calls; a worker method
     whose parameters drift from it would take a call the reader of the protocol does not expect."""
-    from armor_core.engine import _declared
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.engine import declared_methods
+    from armor_core.workers.actor.worker import ActorWorker
     from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
-    from armor_core.workers.critic import CriticWorker
-    from armor_core.workers.rollout import RolloutWorker
+    from armor_core.workers.critic.worker import CriticWorker
+    from armor_core.workers.rollout.worker import RolloutWorker
     from armor_core.workers.teacher import TeacherWorker
 
     pairs = (
@@ -122,7 +122,7 @@ def test_each_worker_class_implements_its_protocol_with_the_same_parameters():
         (TeacherWorker, TeacherAPI),
     )
     for worker, api in pairs:
-        for name in _declared(api):
+        for name in declared_methods(api):
             declared = list(inspect.signature(getattr(api, name)).parameters)
             # ray.remote(cls) in this process (an earlier test) adds its tracing parameter to the class's methods
             implemented = [p for p in inspect.signature(getattr(worker, name)).parameters if p != "_ray_trace_ctx"]

@@ -70,14 +70,11 @@ def evaluate(
     import torch
 
     from armor_core.config.schema import load_config
-    from armor_core.dataproto.protocol import DataProto
-    from armor_core.loop.data import encode_dataset, load_rows, prompt_template_kwargs, task_rows
     from armor_core.loop.step import Scorer
-    from armor_core.loop.validation import accuracy_by_source, at_n_metrics, generate_and_score, main_scores
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
     from armor_core.rewards.manager import RewardManager
-    from armor_core.workers.multi_turn import build_rollout
+    from armor_core.workers.rollout.backend import build_rollout
 
     cfg = load_config(None, list(overrides) + [f"model.path={model_dir}"])
     if max_new_tokens is not None:
@@ -89,16 +86,10 @@ def evaluate(
     tok = load_tokenizer(path, trust_remote_code=trust)
     rewards = RewardManager(cfg.reward, pm)
     try:
-        if data.startswith("task:"):
-            ds = task_rows(pm, data[5:], "test", size, cfg.trainer.seed, cfg.data.task_kwargs)
-        else:
-            ds = load_rows([data], skip_invalid=cfg.data.skip_invalid)
-        rewards.check_rows(ds.rows, ds.source, skip_invalid=cfg.data.skip_invalid)
-        enc = encode_dataset(ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, prompt_template_kwargs(cfg, pm))
+        prompts = _prompts(cfg, pm, tok, rewards, data, size)
         model = load_model(path, cfg.model.dtype, trust_remote_code=trust)
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         rollout = build_rollout(backend_cls, model, tok, cfg.rollout)  # episodes with environments if multi-turn
-        prompts = DataProto.from_dict(tensors=enc["tensors"], non_tensors=enc["non_tensors"])
         torch.manual_seed(cfg.trainer.seed)
         result: dict[str, float] = {"rows": float(len(prompts))}
         per_row: list[dict] = [
@@ -110,32 +101,57 @@ def evaluate(
             )
         ]
         scorer = Scorer(rewards, tok)  # as training scores: response_length, reward_text, environment parts
-        multi_turn = cfg.rollout.multi_turn.enable
         for mode, greedy, k in (
             [("greedy", True, 1)]
             + ([("sampled", False, 1)] if sampled else [])
             + ([(f"@{n}", False, n)] if n > 1 else [])
         ):
-            rows = prompts.repeat(k, interleave=True) if k > 1 else prompts
             generate = lambda batch, greedy: rollout.generate(batch, greedy=greedy)  # noqa: E731
-            full, scores, texts = generate_and_score(rows, generate, greedy, scorer, 1, multi_turn)
-            main = main_scores(full.non_tensors["reward_components"])
-            if k == 1:
-                result.update(accuracy_by_source(scores.numpy(), rows.non_tensors["data_source"], mode, main=main))
-            else:
-                result.update(at_n_metrics(main >= 1.0 - 1e-6, texts, prompts.non_tensors["data_source"], k, prefix=""))
-            episodes = episode_turns(full, tok) if "episode" in full.non_tensors else None
-            for i, row in enumerate(per_row):
-                row[mode] = {
-                    "responses": texts[i * k : (i + 1) * k],
-                    "scores": [float(x) for x in scores[i * k : (i + 1) * k]],
-                    **({"episodes": episodes[i * k : (i + 1) * k]} if episodes is not None else {}),
-                }
+            result.update(_score_mode(prompts, generate, mode, greedy, k, scorer, cfg, tok, per_row))
         if output:
             _write_rows(output, per_row)
         return result
     finally:
         rewards.close()
+
+
+def _prompts(cfg: Any, pm: Any, tok: Any, rewards: Any, data: str, size: int) -> Any:
+    """The rows of ``data`` (a file, or ``task:NAME``'s test split), checked against their reward domains and
+    encoded as the prompts of a DataProto."""
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.data import encode_dataset, load_rows, prompt_template_kwargs, task_rows
+
+    if data.startswith("task:"):
+        ds = task_rows(pm, data[5:], "test", size, cfg.trainer.seed, cfg.data.task_kwargs)
+    else:
+        ds = load_rows([data], skip_invalid=cfg.data.skip_invalid)
+    rewards.check_rows(ds.rows, ds.source, skip_invalid=cfg.data.skip_invalid)
+    enc = encode_dataset(ds, tok, cfg.data.max_prompt_length, cfg.data.truncation, prompt_template_kwargs(cfg, pm))
+    return DataProto.from_dict(tensors=enc["tensors"], non_tensors=enc["non_tensors"])
+
+
+def _score_mode(
+    prompts: Any, generate: Any, mode: str, greedy: bool, k: int, scorer: Any, cfg: Any, tok: Any, per_row: list[dict]
+) -> dict[str, float]:
+    """One mode of ``armor eval`` (greedy, sampled, or ``k`` samples per prompt): generate, score, the metrics;
+    each row's responses and scores are added to ``per_row``."""
+    from armor_core.loop.validation import accuracy_by_source, at_n_metrics, generate_and_score, main_scores
+
+    rows = prompts.repeat(k, interleave=True) if k > 1 else prompts
+    full, scores, texts = generate_and_score(rows, generate, greedy, scorer, 1, cfg.rollout.multi_turn.enable)
+    main = main_scores(full.non_tensors["reward_components"])
+    if k == 1:
+        metrics = accuracy_by_source(scores.numpy(), rows.non_tensors["data_source"], mode, main=main)
+    else:
+        metrics = at_n_metrics(main >= 1.0 - 1e-6, texts, prompts.non_tensors["data_source"], k, prefix="")
+    episodes = episode_turns(full, tok) if "episode" in full.non_tensors else None
+    for i, row in enumerate(per_row):
+        row[mode] = {
+            "responses": texts[i * k : (i + 1) * k],
+            "scores": [float(x) for x in scores[i * k : (i + 1) * k]],
+            **({"episodes": episodes[i * k : (i + 1) * k]} if episodes is not None else {}),
+        }
+    return metrics
 
 
 def episode_turns(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:

@@ -1,51 +1,25 @@
-"""``armor sft``: small supervised fine-tuning, the way the built-in warm start was made.
+"""``armor sft``: the command's arguments; the training is ``armor_core.train.sft``.
 
-RL on a verifiable reward needs a policy that already succeeds sometimes: with zero successes in
-a group every GRPO advantage is zero and nothing is learned. ``armor sft`` gives a model that
-start. It trains a causal LM on (prompt, response) pairs with the loss on response tokens only
-(prompt tokens are context, not targets), evaluates greedy exact-match accuracy on held-out
-prompts as it goes, and writes a Hugging Face directory (safetensors + tokenizer) that
-``armor run model.path=DIR`` and vLLM load as is.
+RL on a verifiable reward needs a policy that already succeeds sometimes: ``armor sft`` fine-tunes a causal LM
+on (prompt, response) pairs or multi-turn traces, with held-out greedy accuracy as it goes, and writes a Hugging
+Face directory that ``armor run model.path=DIR`` and vLLM load as is. ``--stop-at-accuracy`` is how
+``builtin:arithmetic-tiny`` was deliberately made *half* trained; the exact command is in that model's README.md.
 
-``--stop-at-accuracy`` ends training at the first evaluation that reaches the given held-out
-accuracy. That is how ``builtin:arithmetic-tiny`` is deliberately made *half* trained (about 50%):
-an RL recipe then has room to show what it adds. The exact command is in that model's README.md.
-
-Simplifications, on purpose: one process, no gradient accumulation, AdamW with linear warm-up then
-a constant learning rate, full-batch padding to the longest row of each batch.
+Long function: ``add_parser``, the command's options declared one after another, which is how argparse reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any
 
-from armor_core.cli.jsonl import json_lines
-from armor_core.cli.sft_reward import parse_kwargs, reward_passed
-from armor_core.cli.sft_traces import (
-    build_chat_char_tokenizer,
-    encode_traces,
-    is_trace_file,
-    load_traces,
-    trace_accuracy,
-)
-from armor_core.workers.schedule import lr_factor
+from armor_core.train.sft import fresh_char_model, load_pairs, run_sft, task_pairs
+from armor_core.train.sft_reward import parse_kwargs, reward_passed
+from armor_core.train.sft_traces import is_trace_file, load_traces
 
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-__all__ = ["add_parser", "evaluate_greedy", "load_pairs", "main", "response_only_loss", "run_sft"]
-
-#: characters always in a fresh char-level vocabulary, so a model made for ``+`` problems still
-#: tokenises ``-`` and ``*`` prompts (as known, untrained tokens) instead of mapping them to <unk>
-BASE_CHARS = "0123456789+-*= "
-#: ``--init tiny-qwen2``: hidden 128, 4 layers of 4 heads (head_dim 32), MLP 512 -> ~1.05M parameters
-TINY_QWEN2 = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512)
+__all__ = ["add_parser", "main"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -83,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--data",
         help="JSONL of {prompt, response} or {prompt, ground_truth} rows, or of multi-turn traces {messages, tools} "
-        "(loss on the assistant turns only; see armor_core.cli.sft_traces), instead of --task",
+        "(loss on the assistant turns only; see armor_core.train.sft_traces), instead of --task",
     )
     p.add_argument(
         "--val-data", help="held-out JSONL (default: the task's test split, or the last rows of a shuffled --data)"
@@ -129,246 +103,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-# -- data -----------------------------------------------------------------------------------------
-
-
-def load_pairs(path: str | Path) -> list[dict[str, str]]:
-    """Rows ``{"prompt", "response", "ground_truth"}`` from a JSONL file of {prompt, response|ground_truth}.
-
-    ``response`` is the training target: the row's ``response``, or else ``str(ground_truth)``.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--data file {str(p)!r} is a directory; give a JSONL file")
-    if not p.is_file():
-        raise ValueError(f"--data file {str(p)!r} does not exist")
-    rows = []
-    for lineno, raw in json_lines(p):
-        if not isinstance(raw, dict) or not isinstance(raw.get("prompt"), str):
-            raise ValueError(f"{p}, line {lineno}: expected an object with a text field 'prompt'")
-        target = raw.get("response", raw.get("ground_truth"))
-        if target is None:
-            raise ValueError(f"{p}, line {lineno}: needs a 'response' (the target text) or a 'ground_truth'")
-        gt = raw.get("ground_truth", target)
-        rows.append({"prompt": raw["prompt"], "response": str(target), "ground_truth": str(gt)})
-    if not rows:
-        raise ValueError(f"{p}: no rows")
-    return rows
-
-
-def _task_pairs(task: str, split: str, size: int, seed: int, params: dict[str, Any]) -> list[dict[str, str]]:
-    from armor_core.plugins import get_plugin_manager
-
-    fn = get_plugin_manager().get("task", task, where="--task").fn
-    # a row's own ``response`` is the target where the ground truth is not one (code: tests, not a program)
-    return [
-        {
-            "prompt": r["prompt"],
-            "response": str(r.get("response", r["ground_truth"])),
-            "ground_truth": str(r["ground_truth"]),
-        }
-        for r in fn(split, size, seed, **params)
-    ]
-
-
-# -- training -------------------------------------------------------------------------------------
-
-
-def response_only_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over response tokens.
-
-    :param logits: (bs, T, vocab) from the model on ``input_ids``.
-    :param input_ids: (bs, T) prompt + response + EOS, right-padded.
-    :param loss_mask: (bs, T) 1 on tokens that are targets (response and its EOS), 0 on prompt and padding.
-    :returns: 0-d tensor: sum over masked targets of -log p(token | prefix) / number of targets.
-    """
-    import torch.nn.functional as F
-
-    # position t predicts token t+1
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    nll = -logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = loss_mask[:, 1:].to(nll.dtype)
-    return (nll * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, Any]]) -> list[tuple[list[int], Any]]:
-    """Each row as (prompt ids + response ids + EOS, number of prompt tokens), or a trace as (ids, loss mask)."""
-    if rows and "messages" in rows[0]:
-        return encode_traces(tokenizer, rows)
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("the tokenizer has no EOS token; the model must learn to stop")
-    out = []
-    for r in rows:
-        p = tokenizer(r["prompt"])["input_ids"]
-        resp = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
-        out.append((list(p) + list(resp) + [eos], len(p)))
-    return out
-
-
-def _collate(encoded: list[tuple[list[int], Any]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, loss_mask), each (bs, T), right-padded."""
-    import torch
-
-    width = max(len(ids) for ids, _ in encoded)
-    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(encoded), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for i, (ids, targets) in enumerate(encoded):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
-        if isinstance(targets, int):  # a pair: everything after the prompt's tokens
-            loss_mask[i, targets : len(ids)] = 1
-        else:  # a trace: its own mask
-            loss_mask[i, : len(ids)] = torch.tensor(targets)
-    return input_ids, attention, loss_mask
-
-
-def evaluate_greedy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: list[dict[str, str]],
-    *,
-    max_new_tokens: int = 8,
-    batch_size: int = 256,
-    passed: Any = None,
-) -> float:
-    """Greedy exact-match accuracy: the decoded response, stripped, equals ``row["ground_truth"]``; for
-    traces, the teacher-forced share reproduced token for token (``sft_traces.trace_accuracy``)."""
-    import torch
-
-    if rows and "messages" in rows[0]:
-        return trace_accuracy(model, tokenizer, rows, batch_size)
-
-    from armor_core.models.loading import encode_prompts
-
-    was_training = model.training
-    model.eval()
-    correct = 0
-    try:
-        with torch.no_grad():
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                ids, mask, _, kept = encode_prompts(
-                    tokenizer, [r["prompt"] for r in chunk], max_length=10**9, truncation="left"
-                )
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    do_sample=False,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                )
-                texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-                if passed is not None:  # e.g. a reward domain's verdict (sft_reward.reward_passed)
-                    correct += sum(passed([chunk[k] for k in kept], list(texts)))
-                    continue
-                correct += sum(t.strip() == chunk[k]["ground_truth"].strip() for k, t in zip(kept, texts))
-    finally:
-        model.train(was_training)
-    return correct / max(len(rows), 1)
-
-
-def run_sft(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    train_rows: list[dict[str, str]],
-    val_rows: list[dict[str, str]],
-    *,
-    steps: int,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    warmup_steps: int = 20,
-    lr_schedule: str = "constant",
-    weight_decay: float = 0.0,
-    eval_every: int = 50,
-    stop_at_accuracy: float | None = None,
-    max_new_tokens: int = 8,
-    seed: int = 1,
-    log: Any = print,
-    passed: Any = None,
-) -> dict[str, Any]:
-    """Train ``model`` in place; returns ``{"steps", "val_accuracy", "history": [(step, loss, acc)], "seconds"}``.
-
-    Batches are drawn without replacement from a seeded permutation of ``train_rows``, reshuffled
-    each epoch. Evaluation runs every ``eval_every`` steps and after the last step.
-    """
-    import torch
-
-    if not train_rows:
-        raise ValueError("no training rows")
-    if not val_rows:
-        raise ValueError(
-            "no held-out rows to measure accuracy on: give --val-data, or at least 10 rows in --data (a tenth is "
-            "held out)"
-        )
-    encoded = _encode_pairs(tokenizer, train_rows)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batches = _batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, lr_schedule, steps))
-    history: list[tuple[int, float, float | None]] = []
-    acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens, passed=passed)
-    log(f"step 0: held-out greedy accuracy {acc:.3f} on {len(val_rows)} rows")
-    t0 = time.perf_counter()
-    model.train()
-    step, loss_sum, loss_n = 0, 0.0, 0
-    while step < steps:
-        loss = _train_step(model, opt, sched, _collate([encoded[i] for i in next(batches)], pad_id), step + 1)
-        step += 1
-        loss_sum, loss_n = loss_sum + loss, loss_n + 1
-        if step % eval_every == 0 or step == steps:
-            acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens, passed=passed)
-            mean_loss = loss_sum / loss_n
-            history.append((step, mean_loss, acc))
-            log(
-                f"step {step}/{steps}: loss {mean_loss:.4f}  held-out greedy accuracy {acc:.3f}  lr "
-                f"{sched.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:.1f}s"
-            )
-            loss_sum, loss_n = 0.0, 0
-            if stop_at_accuracy is not None and acc >= stop_at_accuracy:
-                log(f"held-out accuracy {acc:.3f} >= --stop-at-accuracy {stop_at_accuracy}: stopping at step {step}")
-                break
-    model.eval()
-    return {"steps": step, "val_accuracy": acc, "history": history, "seconds": time.perf_counter() - t0}
-
-
-def _batch_indices(n_rows: int, batch_size: int, gen: torch.Generator) -> Iterator[list[int]]:
-    """Endless batches of row indices, without replacement from permutations drawn from ``gen`` as
-    they run out (a batch larger than the data takes one whole permutation)."""
-    import torch
-
-    order: list[int] = []
-    while True:
-        if len(order) < batch_size:
-            order += torch.randperm(n_rows, generator=gen).tolist()
-        batch, order = order[:batch_size], order[batch_size:]
-        yield batch
-
-
-def _train_step(
-    model: PreTrainedModel, opt: torch.optim.Optimizer, sched: Any, batch: tuple[torch.Tensor, ...], step: int
-) -> float:
-    """One optimizer step on a collated ``batch`` (gradient norm clipped to 1); returns its loss.
-
-    :raises FloatingPointError: the loss is not finite, naming ``step`` (1-based).
-    """
-    import torch
-
-    input_ids, attention, loss_mask = batch
-    logits = model(input_ids=input_ids, attention_mask=attention).logits
-    loss = response_only_loss(logits, input_ids, loss_mask)
-    if not math.isfinite(loss.item()):
-        raise FloatingPointError(f"armor sft: loss is {loss.item()} at step {step}; lower --lr")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    sched.step()
-    return loss.item()
-
-
 # -- the command ----------------------------------------------------------------------------------
 
 
@@ -397,10 +131,32 @@ def _check_paths(args: argparse.Namespace) -> None:
         check_model(args.model, trust_remote_code=args.trust_remote_code)
 
 
+def _rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """The train rows, the held-out rows and where they came from, as the arguments say."""
+    import torch
+
+    if args.data:
+        load = load_traces if is_trace_file(args.data) else load_pairs
+        train_rows = load(args.data)
+        if args.val_data:
+            return train_rows, load(args.val_data), args.data
+        # hold out the last rows of a seeded shuffle
+        perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed)).tolist()
+        n_val = min(args.val_size, len(train_rows) // 10)
+        val_rows = [train_rows[i] for i in perm[len(perm) - n_val :]]
+        return [train_rows[i] for i in perm[: len(perm) - n_val]], val_rows, args.data
+    params = parse_kwargs(args.task_kwarg, "--task-kwarg", "digits=3")
+    train_rows = task_pairs(args.task, "train", args.train_size, args.seed, params)
+    val_rows = (
+        load_pairs(args.val_data) if args.val_data else task_pairs(args.task, "test", args.val_size, args.seed, params)
+    )
+    return train_rows, val_rows, f"task {args.task} {params or ''}".strip()
+
+
 def _main(args: argparse.Namespace) -> int:
     import torch
 
-    from armor_core.models.loading import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+    from armor_core.models.loading import load_model, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -409,33 +165,9 @@ def _main(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     _check_paths(args)
-    if args.data:
-        load = load_traces if is_trace_file(args.data) else load_pairs
-        train_rows = load(args.data)
-        if args.val_data:
-            val_rows = load(args.val_data)
-        else:  # hold out the last rows of a seeded shuffle
-            perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed)).tolist()
-            n_val = min(args.val_size, len(train_rows) // 10)
-            val_rows = [train_rows[i] for i in perm[len(perm) - n_val :]]
-            train_rows = [train_rows[i] for i in perm[: len(perm) - n_val]]
-        source = args.data
-    else:
-        params = parse_kwargs(args.task_kwarg, "--task-kwarg", "digits=3")
-        train_rows = _task_pairs(args.task, "train", args.train_size, args.seed, params)
-        val_rows = (
-            load_pairs(args.val_data)
-            if args.val_data
-            else _task_pairs(args.task, "test", args.val_size, args.seed, params)
-        )
-        source = f"task {args.task} {params or ''}".strip()
-    if args.init and "messages" in train_rows[0]:  # traces: a chat template, roles and tool-call tags
-        tokenizer = build_chat_char_tokenizer(m["content"] for r in train_rows + val_rows for m in r["messages"])
-        model = build_tiny_model("qwen2", len(tokenizer), seed=args.seed, **TINY_QWEN2)
-    elif args.init:
-        chars = set(BASE_CHARS).union(*(set(r["prompt"]) | set(r["response"]) for r in train_rows + val_rows))
-        tokenizer = build_char_tokenizer(chars)
-        model = build_tiny_model("qwen2", len(tokenizer), seed=args.seed, **TINY_QWEN2)
+    train_rows, val_rows, source = _rows(args)
+    if args.init:
+        model, tokenizer = fresh_char_model(train_rows + val_rows, args.seed)
     else:
         tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
         model = load_model(args.model, trust_remote_code=args.trust_remote_code)
@@ -444,38 +176,18 @@ def _main(args: argparse.Namespace) -> int:
         f"armor sft: {args.init or args.model} ({n_params / 1e6:.2f}M parameters), {len(train_rows)} train / "
         f"{len(val_rows)} held-out rows from {source}"
     )
+    options = ("steps", "batch_size", "lr", "warmup_steps", "lr_schedule", "weight_decay", "eval_every")
+    options += ("stop_at_accuracy", "max_new_tokens", "seed")
     with reward_passed(args.val_reward, args.val_reward_kwarg) as passed:  # None without --val-reward
         result = run_sft(
-            model,
-            tokenizer,
-            train_rows,
-            val_rows,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            warmup_steps=args.warmup_steps,
-            lr_schedule=args.lr_schedule,
-            weight_decay=args.weight_decay,
-            eval_every=args.eval_every,
-            stop_at_accuracy=args.stop_at_accuracy,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            passed=passed,
+            model, tokenizer, train_rows, val_rows, passed=passed, **{k: getattr(args, k) for k in options}
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    record = {
-        k: v for k, v in vars(args).items() if k not in ("func", "command", "version")
-    }  # this command's own options
-    summary = {
-        "args": record,
-        "parameters": n_params,
-        "steps": result["steps"],
-        "val_accuracy": result["val_accuracy"],
-        "history": result["history"],
-    }
+    record = {k: v for k, v in vars(args).items() if k not in ("func", "command", "version")}  # this command's own
+    summary = {"args": record, "parameters": n_params, **{k: result[k] for k in ("steps", "val_accuracy", "history")}}
     (out / "armor_sft.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(
         f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy "

@@ -26,6 +26,19 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
     from armor_core.plugins import UnknownPluginError, get_plugin_manager
 
     pm = pm or get_plugin_manager()
+    wanted = _wanted(cfg, pm)
+    resolved = {}
+    for key, kind, name in wanted:
+        try:
+            resolved[key] = pm.get(kind, name, where=key)
+        except UnknownPluginError as e:
+            raise ConfigError((kind == "reward_domain" and missing_pack(name, key)) or str(e)) from None
+    _check_resolved(cfg, pm, resolved, wanted)
+    return resolved
+
+
+def _wanted(cfg: ArmorConfig, pm: Any) -> list[tuple[str, str, str]]:
+    """``(config key, plugin kind, name)`` for every plugin the config names and this run will use."""
     wanted: list[tuple[str, str, str]] = [
         ("algorithm.adv_estimator", "advantage_estimator", cfg.algorithm.adv_estimator),
         ("actor.policy_loss", "policy_loss", cfg.actor.policy_loss),
@@ -53,12 +66,11 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
             # the RewardManager, which reads those, resolves it, or names the key and the nearest domain
             if d in installed or missing_pack(d, ""):
                 wanted.append((f"reward.domain_map.{source}", "reward_domain", d))
-    resolved = {}
-    for key, kind, name in wanted:
-        try:
-            resolved[key] = pm.get(kind, name, where=key)
-        except UnknownPluginError as e:
-            raise ConfigError((kind == "reward_domain" and missing_pack(name, key)) or str(e)) from None
+    return wanted
+
+
+def _check_resolved(cfg: ArmorConfig, pm: Any, resolved: dict[str, Any], wanted: list[tuple[str, str, str]]) -> None:
+    """The checks that need the plugins themselves: groups, parameters, async support, optional libraries."""
     if cfg.algorithm.filter_groups and not resolved["algorithm.adv_estimator"].grouped:
         raise ConfigError(
             "algorithm.filter_groups=true drops groups whose scores agree, but "
@@ -94,4 +106,3 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
                 check()
             except ImportError as e:
                 raise ConfigError(f"{key}={name!r}: {e}") from None
-    return resolved

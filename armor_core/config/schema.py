@@ -8,6 +8,9 @@ or item type, and plugin names no installed plugin provides (with the available 
 
 Field names follow verl where verl has one (``algorithm.adv_estimator``, ``actor.clip_ratio_low``,
 ``rollout.n``), so its users read an ARMOR config without a glossary.
+
+Long module: the sections' dataclasses are the config's one declaration, with help text on every field (what
+``armor run --help-config`` and the docs print); split, the fields of one run would be read across files.
 """
 
 from __future__ import annotations
@@ -606,34 +609,7 @@ def _check_ranges(cfg: ArmorConfig) -> None:
 
 def _check_semantics(cfg: ArmorConfig) -> None:
     """Checks that involve more than one field."""
-    if cfg.actor.ppo_mini_batch_size > cfg.data.train_batch_size:
-        raise ConfigError(
-            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds "
-            f"data.train_batch_size={cfg.data.train_batch_size}"
-        )
-    if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
-        raise ConfigError(
-            f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of "
-            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
-        )
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    for key, budget in (
-        ("actor.max_tokens_per_micro_batch", cfg.actor.max_tokens_per_micro_batch),
-        ("critic.max_tokens_per_micro_batch", cfg.critic.max_tokens_per_micro_batch),
-    ):
-        if budget is not None and budget < longest:
-            raise ConfigError(
-                f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + "
-                f"rollout.max_new_tokens = {cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} "
-                f"tokens; set it to at least {longest}"
-            )
-    if cfg.actor.offload and (cfg.trainer.device != "cuda" or cfg.actor.strategy != "fsdp2"):
-        raise ConfigError(
-            f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and "
-            f"{cfg.actor.strategy!r}): it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU "
-            "run they are in CPU memory already, and gloo cannot reduce-scatter the offloaded gradients. Set "
-            "actor.offload=false"
-        )
+    _check_sizes(cfg)
     if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
         raise ConfigError(
             f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree "
@@ -683,6 +659,38 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         extra = set(g) - {"name", "params"}
         if extra:
             raise ConfigError(f"guard.guards[{i}] has unknown keys {sorted(extra)}; allowed: name, params")
+
+
+def _check_sizes(cfg: ArmorConfig) -> None:
+    """Batch sizes that must divide, token budgets that must hold a row, and where offload can run."""
+    if cfg.actor.ppo_mini_batch_size > cfg.data.train_batch_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} exceeds "
+            f"data.train_batch_size={cfg.data.train_batch_size}"
+        )
+    if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
+        raise ConfigError(
+            f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of "
+            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
+        )
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    for key, budget in (
+        ("actor.max_tokens_per_micro_batch", cfg.actor.max_tokens_per_micro_batch),
+        ("critic.max_tokens_per_micro_batch", cfg.critic.max_tokens_per_micro_batch),
+    ):
+        if budget is not None and budget < longest:
+            raise ConfigError(
+                f"{key}={budget} cannot hold one row: a row can have up to data.max_prompt_length + "
+                f"rollout.max_new_tokens = {cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} "
+                f"tokens; set it to at least {longest}"
+            )
+    if cfg.actor.offload and (cfg.trainer.device != "cuda" or cfg.actor.strategy != "fsdp2"):
+        raise ConfigError(
+            f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and "
+            f"{cfg.actor.strategy!r}): it keeps FSDP2's shards in CPU memory between their uses on a GPU; on a CPU "
+            "run they are in CPU memory already, and gloo cannot reduce-scatter the offloaded gradients. Set "
+            "actor.offload=false"
+        )
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ArmorConfig:

@@ -30,6 +30,9 @@ Semantics, chosen to match torch and numpy where they have an answer:
 Files and pickling live in ``armor_core.dataproto.io``: ``save``/``load`` use safetensors and
 JSON, never pickle, so loading a file cannot run code; pickling (what Ray does between processes)
 ships each tensor's own bytes as one out-of-band buffer and unpickles onto the CPU.
+
+Long module: ``DataProto`` is one class whose surface is verl's (``select``, ``pop``, ``union``, ``chunk``, ``concat``,
+``repeat``, ...); its row item, rules and files are modules of their own (``item``, ``rules``, ``io``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Checks on the Ray cluster that turn a wait without end into a one-line error at start.
+"""The Ray cluster: joining one or starting a local one (``init_ray``, its workers' OpenMP wait policy from
+``wait_policy``), and the checks that turn a wait without end into a one-line error at start.
 
 - ``check_address``: ``engine.address`` names a host and port where a gRPC server (Ray's GCS, or
   its client server for ``ray://``) answers, within ``engine.connect_timeout_s``. Ray's own client
@@ -14,13 +15,27 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
 
 from armor_core.errors import UserFacingError
 
-__all__ = ["ClusterError", "check_address", "check_capacity", "reap_orphaned_agents"]
+__all__ = [
+    "ClusterError",
+    "address_here",
+    "busy_cores",
+    "check_address",
+    "check_capacity",
+    "free_port",
+    "init_ray",
+    "reap_orphaned_agents",
+    "wait_policy",
+]
 
 _RETRY_S = 0.5  # between connection attempts: a head node that is starting answers within seconds
 # the HTTP/2 client preface and an empty SETTINGS frame (length 0, type 4, flags 0, stream 0)
@@ -153,3 +168,96 @@ def reap_orphaned_agents() -> int:
             continue
     psutil.wait_procs(stopped, timeout=5)
     return len(stopped)
+
+
+def init_ray(
+    address: str | None,
+    num_cpus: int | None,
+    needed_cpus: float,
+    connect_timeout_s: float = 30.0,
+    omp_wait_policy: str = "active",
+) -> None:
+    """Join ``address`` (``ClusterError`` if nothing answers there within ``connect_timeout_s``) or
+    start a local cluster with enough logical CPUs for every worker, whose OpenMP threads wait
+    ``omp_wait_policy`` (``active`` or ``passive``; see ``wait_policy``)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {
+        "env_vars": {
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONWARNINGS": "ignore",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_WAIT_POLICY": omp_wait_policy.upper(),
+        }
+    }
+    if address:
+        check_address(address, connect_timeout_s)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
+        except ConnectionError as e:  # 'auto' with no cluster on this machine, or not a Ray head at that port
+            raise ClusterError(f"engine.address={address}: {' '.join(str(e).split())}") from None
+        return
+    reaped = reap_orphaned_agents()
+    if reaped:
+        print(f"stopped {reaped} Ray agent process(es) left by an earlier run that was killed")
+    cpus = num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed_cpus)))
+    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, log_to_driver=True, configure_logging=False)
+
+
+def _proc_stat() -> str:
+    return Path("/proc/stat").read_text()
+
+
+def busy_cores(
+    seconds: float = 0.3,
+    *,
+    read_stat: Callable[[], str] = _proc_stat,
+    sleep: Callable[[float], None] = time.sleep,
+    cpus: int | None = None,
+) -> float:
+    """Cores kept busy by other processes over ``seconds``, from ``/proc/stat`` (0.0 where it cannot be read).
+    ``read_stat``, ``sleep`` and ``cpus`` (default ``os.cpu_count()``) are the machine's; a test passes its own."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in read_stat().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    elapsed = max(total1 - total0, 1)
+    return (elapsed - (idle1 - idle0)) / elapsed * (cpus or os.cpu_count() or 1)
+
+
+def wait_policy(setting: str, busy: Callable[[], float] = busy_cores) -> str:
+    """``engine.omp_wait_policy`` resolved: ``auto`` is ``passive`` when other processes keep half a core or more
+    busy as the run starts. Spinning threads that share a core with another busy process slow a step by tens of
+    times, sleeping ones by under 2x, at a cost when the cores are free (``benchmarks/contention.py``)."""
+    if setting != "auto":
+        return setting
+    return "passive" if busy() >= 0.5 else "active"
+
+
+def address_here() -> tuple[str, int]:
+    """This node's IP and a port free on it: a group's rendezvous, asked on the node of its rank 0."""
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this machine now (for a rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))  # free on every interface: peers on other nodes connect to it
+        return s.getsockname()[1]

@@ -14,7 +14,7 @@ import numpy as np
 from armor_core.dataproto.metrics import merge_metrics
 
 if TYPE_CHECKING:
-    from armor_core.engine import WorkerGroup
+    from armor_core.engine.group import WorkerGroup
 
 __all__ = ["Pending", "balanced_split", "shares"]
 
@@ -60,10 +60,7 @@ class Pending:
     def result(self) -> Any:
         """``call``'s list; ``dispatch``'s merge (DataProtos concatenated in the original row order,
         metric dicts averaged over ranks); ``submit_pair``'s pair of merges."""
-        if isinstance(self.refs, int):
-            outs = self.group._gather_channel(self.refs, self.method)
-        else:
-            outs = self.group._gather(self.refs, self.method)
+        outs = self.group.gather(self.refs, self.method)
         if self.parts is None:
             return outs
         if len(self.parts) == 1:

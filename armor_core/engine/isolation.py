@@ -225,19 +225,7 @@ def apply_assignment(a: Assignment, seed: int, *, hide_gpus_when_none: bool = Tr
             "can no longer take effect; call it before anything touches torch.cuda"
         )
     if a.cpus:
-        if hasattr(os, "sched_setaffinity"):
-            try:
-                os.sched_setaffinity(0, a.cpus)
-            except OSError as e:
-                raise IsolationError(
-                    f"{a.name}: cannot pin to cores {list(a.cpus)}: {e}; this process may use {detect_available_cpus()}"
-                ) from e
-            got = sorted(os.sched_getaffinity(0))
-            if got != sorted(a.cpus):
-                raise IsolationError(f"{a.name}: asked for cores {sorted(a.cpus)}, the kernel gave {got}")
-        torch.set_num_threads(len(a.cpus))
-        for var in THREAD_ENV:
-            os.environ[var] = str(len(a.cpus))
+        _pin_cores(a)
     if set_gpus:
         os.environ[ENV_GPUS] = ",".join(a.gpus)
     s = int(seed) + a.rank
@@ -256,6 +244,26 @@ def apply_assignment(a: Assignment, seed: int, *, hide_gpus_when_none: bool = Tr
         "threads": torch.get_num_threads(),
         "seed": s,
     }
+
+
+def _pin_cores(a: Assignment) -> None:
+    """This process on ``a.cpus`` only (checked against what the kernel gave), with as many torch and library
+    threads as cores."""
+    import torch
+
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, a.cpus)
+        except OSError as e:
+            raise IsolationError(
+                f"{a.name}: cannot pin to cores {list(a.cpus)}: {e}; this process may use {detect_available_cpus()}"
+            ) from e
+        got = sorted(os.sched_getaffinity(0))
+        if got != sorted(a.cpus):
+            raise IsolationError(f"{a.name}: asked for cores {sorted(a.cpus)}, the kernel gave {got}")
+    torch.set_num_threads(len(a.cpus))
+    for var in THREAD_ENV:
+        os.environ[var] = str(len(a.cpus))
 
 
 # -- GPU health (readings in gpu_health.py) -------------------------------------------------

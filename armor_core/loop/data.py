@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["DataError", "Dataset", "PromptLoader", "load_rows", "normalize_row", "prepare_data"]
+__all__ = ["DataError", "Dataset", "PromptLoader", "load_data", "load_rows", "normalize_row", "prepare_data"]
 
 
 class DataError(ValueError):
@@ -341,3 +341,18 @@ def prepare_data(
         if own_rewards:
             rewards.close()
     return train, val
+
+
+def load_data(cfg: Any, pm: Any, tokenizer: Any, rewards: Any) -> tuple[Dataset, Dataset | None, PromptLoader]:
+    """A run's train and validation rows (``prepare_data``, each dataset's dropped and skipped rows reported) and
+    the ``PromptLoader`` over the train rows."""
+    train_ds, val_ds = prepare_data(cfg, pm, tokenizer, rewards)
+    for ds in (train_ds, val_ds):
+        if ds is not None and (ds.dropped_too_long or ds.skipped):
+            print(
+                f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped "
+                f"as longer than data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as "
+                "invalid"
+            )
+    loader = PromptLoader(train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    return train_ds, val_ds, loader

@@ -12,7 +12,7 @@ check at start.
   ``via=reward`` it adds ``-coef * (log p_S - log p_T)`` to each token's reward; with
   ``with_rewards=false`` the domains' scores are dropped first, so the advantage comes from the
   distillation signal alone. The loss forms (``via=loss``, ``topk_forward_kl``) are the actor's
-  (``workers/distill_loss.py``): the teacher's tensors travel in the update batch.
+  (``workers/losses/distill_loss.py``): the teacher's tensors travel in the update batch.
 
 ``check_teacher`` (called by ``preflight.check_run``): the teacher directory is a loadable model (an error
 names ``algorithm.distill.teacher``), its tokenizer is the student's, token for token (a mismatch names both
@@ -27,7 +27,7 @@ import torch
 
 from armor_core.config.schema import ArmorConfig, ConfigError
 from armor_core.workers.api import TeacherAPI
-from armor_core.workers.distill_loss import compute_distill_reverse_kl
+from armor_core.workers.losses.distill_loss import compute_distill_reverse_kl
 from armor_core.workers.teacher import vocab_size
 
 __all__ = ["TEACHER_KEYS", "Distillation", "check_teacher"]

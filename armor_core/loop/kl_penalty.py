@@ -1,11 +1,11 @@
 """The in-reward KL penalty (``algorithm.use_kl_in_reward``) and the penalty coefficient's controllers,
-on the driver. (The KL loss the actor adds, ``actor.use_kl_loss``, is ``workers/kl_loss.py``.)
+on the driver. (The KL loss the actor adds, ``actor.use_kl_loss``, is ``workers/losses/kl_loss.py``.)
 
 PPO/RLHF style (Ziegler et al. 2019): the token-level reward becomes ``score - kl_coef * kl``, with
-``kl`` from the estimator ``algorithm.kl_penalty`` names (a ``kl_estimator`` plugin, see
-``armor_plugins/losses/kl.py``) and ``kl_coef`` from a controller (``algorithm.kl_ctrl_type``):
-``fixed``, or ``adaptive``, which steers the observed KL towards ``algorithm.kl_target``. The
-trainer owns this machinery; the estimators are plugins.
+``kl`` from the estimator ``algorithm.kl_penalty`` names (a ``kl_estimator`` plugin; the built-in ones are
+``armor_core/ops/kl.py``, applied through ``masked_kl`` as the KL loss applies them) and ``kl_coef`` from a
+controller (``algorithm.kl_ctrl_type``): ``fixed``, or ``adaptive``, which steers the observed KL towards
+``algorithm.kl_target``. The trainer owns this machinery; the estimators are plugins.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from armor_core.ops.kl import masked_kl
 from armor_core.ops.masked import masked_mean
-from armor_core.workers.kl_loss import kl_estimator_fn
+from armor_core.workers.losses.kl_loss import kl_estimator_fn
 
 __all__ = [
     "KL_CONTROLLERS",
@@ -51,8 +52,7 @@ def apply_kl_penalty(
     """
     m = response_mask.bool()
     with torch.no_grad():
-        zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-        kl = kl_estimator_fn(estimator)(torch.where(m, log_prob, zero), torch.where(m, ref_log_prob, zero))
+        kl = masked_kl(kl_estimator_fn(estimator), log_prob, ref_log_prob, m)
         scores = torch.where(
             m, token_level_scores, torch.zeros((), dtype=token_level_scores.dtype, device=token_level_scores.device)
         )

@@ -38,7 +38,7 @@ from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_mo
 from armor_core.models.remote_code import check_remote_code
 from armor_core.plugins import get_plugin_manager
 from armor_core.stability.guard import build_guards, run_coefficients
-from armor_core.workers.multi_turn import environment_params
+from armor_core.workers.rollout.multi_turn import environment_params
 
 __all__ = [
     "check_finite",

@@ -20,6 +20,10 @@ The driver holds no model (only a tokenizer, to decode responses for the reward)
 which algorithm it runs: the estimator, losses, KL estimators, guards and rollout backend are
 plugins looked up by their config names, and their metadata (``requires_critic``, ``greedy_baseline``) decides what
 gets built.
+
+Long module: ``Trainer`` owns the run's state (step, histories, checkpoints, rollback, validation, trackers); its
+collaborators (``startup``, ``step``, ``rollout_source``, ``rollback``, ``data``) are modules of their own, and what
+is left reads that state in every method.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from armor_core.config.written import for_trackers
 from armor_core.engine import WorkerDiedError
 from armor_core.errors import NonFiniteError
 from armor_core.loop.baseline import GreedyBaseline
-from armor_core.loop.data import PromptLoader, prepare_data
+from armor_core.loop.data import load_data
 from armor_core.loop.resume import check_lora_base, nothing_left
 from armor_core.loop.rollback import RollbackPoints, Trainables, rollback_target
 from armor_core.loop.rollout_source import RolloutSource
@@ -46,7 +50,7 @@ from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, 
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
-from armor_core.workers.rollout_correction import nothing_kept
+from armor_core.workers.losses.rollout_correction import nothing_kept
 
 __all__ = ["Trainer", "run_training"]
 
@@ -82,17 +86,7 @@ class Trainer:
             cfg.reward, self.pm, watch_failures=True
         )  # a domain failing on most rows stops the run
         self.scorer = Scorer(self.rewards, self.tokenizer)
-        self.train_ds, self.val_ds = prepare_data(cfg, self.pm, self.tokenizer, self.rewards)
-        for ds in (self.train_ds, self.val_ds):
-            if ds is not None and (ds.dropped_too_long or ds.skipped):
-                print(
-                    f"{ds.source}: {len(ds.encoded['non_tensors']['uid'])} rows used; {ds.dropped_too_long} dropped "
-                    f"as longer than data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as "
-                    "invalid"
-                )
-        self.loader = PromptLoader(
-            self.train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed
-        )
+        self.train_ds, self.val_ds, self.loader = load_data(cfg, self.pm, self.tokenizer, self.rewards)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # written once every check passed, the workers' included: a refused --resume leaves the run's config as it was
@@ -119,9 +113,17 @@ class Trainer:
         # cores. Set back by close(), or here if starting fails.
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(cfg.engine.driver_threads)
+        self._start(resume, config_json)
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _start(self, resume: bool, config_json: str) -> None:
+        """Start the workers and the rollback points, load the checkpoint on ``--resume``, open the guard's events and
+        write ``config.json``; on any failure, stop what started (a checkpoint that does not fit this config: free
+        the workers' cores before saying why)."""
         try:
             self._start_workers()
-            g = cfg.guard
+            g = self.cfg.guard
             self.points = RollbackPoints(
                 self.trainables, self.run_dir, g.rollback_every if self.guard.rolls_back() else 0, g.rollback_store
             )
@@ -143,133 +145,50 @@ class Trainer:
             torch.set_num_threads(self._threads_before)
             raise
 
-    # -- setup ----------------------------------------------------------------------------------
-
     def _start_workers(self) -> None:
-        from armor_core.engine import WorkerGroup, init_ray, wait_policy
-        from armor_core.engine.isolation import ProcessIsolator, detect_available_cpus
+        from armor_core.loop.startup import plan_launch
         from armor_core.rewards.placement import worker_scorers
-        from armor_core.workers.actor import ActorWorker
-        from armor_core.workers.critic import CriticWorker
+        from armor_core.workers.actor.worker import ActorWorker
+        from armor_core.workers.critic.worker import CriticWorker
         from armor_core.workers.reward_model import start_reward_workers
 
-        e, a = self.cfg.engine, self.cfg.actor
-        asynchronous = self.cfg.rollout.mode == "async"
-        groups = {
-            "actor": a.num_workers,
-            **({"critic": self.cfg.critic.num_workers or a.num_workers} if self.estimator.requires_critic else {}),
-            **({"rollout": self.cfg.rollout.num_workers} if asynchronous else {}),
-            **({"teacher": self.cfg.algorithm.distill.num_workers} if self.cfg.algorithm.distill.teacher else {}),
-        }
         reward_models = worker_scorers(self.rewards.config_domains)  # reward.model/judge entries placed on workers
-        groups.update({name: 1 for name in reward_models})
-        n_workers = sum(groups.values())
-        cpus = e.cpus_per_worker or max(1, len(detect_available_cpus()) // n_workers)
-        self.cfg.engine.cpus_per_worker = cpus  # workers read their thread count from it
-        # isolate before any worker starts: a plan with two workers on one core is an error now, not a slow run later
-        isolator, plan = None, {}
-        if e.isolate and not e.address:
-            isolator = ProcessIsolator(cpus, e.gpus_per_worker, self.cfg.trainer.seed)
-            for asg in isolator.plan(groups):
-                plan.setdefault(asg.group, []).append(
-                    {
-                        "assignment": {
-                            "group": asg.group,
-                            "rank": asg.rank,
-                            "cpus": list(asg.cpus),
-                            "gpus": list(asg.gpus),
-                            "node": asg.node,
-                        }
-                    }
-                )
+        launch = plan_launch(self.cfg, self.estimator.requires_critic, reward_models)
+        self.startup_s = {"ray_init": launch.start_cluster()}
         t0 = time.perf_counter()
-        policy = wait_policy(e.omp_wait_policy)
-        if policy == "passive" and e.omp_wait_policy == "auto":
-            print("other processes keep this machine's cores busy: the workers' OpenMP threads sleep while they wait")
-        init_ray(e.address, e.num_cpus, n_workers * cpus, e.connect_timeout_s, policy)
-        import ray
-
-        from armor_core.engine.cluster import check_capacity
-
-        check_capacity([nd["Resources"] for nd in ray.nodes() if nd.get("Alive")], groups, cpus, e.gpus_per_worker)
-        self.startup_s = {"ray_init": time.perf_counter() - t0}
-        conf = to_dict(self.cfg)
-        t0 = time.perf_counter()
-        self.actor = WorkerGroup(
-            ActorWorker,
-            a.num_workers,
-            cpus_per_worker=cpus,
-            gpus_per_worker=e.gpus_per_worker,
-            name="actor",
-            api=ActorAPI,
-            init_kwargs={"config": conf, "run_dir": str(self.run_dir)},
-            rank_kwargs=plan.get("actor"),
-            channel=e.direct_channel,
-        )
-        self.critic = None
-        if "critic" in groups:
-            self.critic = WorkerGroup(
-                CriticWorker,
-                groups["critic"],
-                cpus_per_worker=cpus,
-                gpus_per_worker=e.gpus_per_worker,
-                name="critic",
-                api=CriticAPI,
-                init_kwargs={"config": conf},
-                rank_kwargs=plan.get("critic"),
-                channel=e.direct_channel,
-            )
+        self.actor = launch.group(ActorWorker, "actor", ActorAPI, {"config": launch.conf, "run_dir": str(self.run_dir)})
+        self.critic = launch.group(CriticWorker, "critic", CriticAPI) if "critic" in launch.groups else None
         self.distill = None
-        if "teacher" in groups:
+        if "teacher" in launch.groups:
             from armor_core.loop.distill import Distillation
             from armor_core.workers.teacher import TeacherWorker
 
-            teacher = WorkerGroup(
-                TeacherWorker,
-                groups["teacher"],
-                cpus_per_worker=cpus,
-                gpus_per_worker=e.gpus_per_worker,
-                name="teacher",
-                api=TeacherAPI,
-                init_kwargs={"config": conf},
-                rank_kwargs=plan.get("teacher"),
-                channel=e.direct_channel,
-            )
-            self.distill = Distillation(self.cfg, teacher)
+            self.distill = Distillation(self.cfg, launch.group(TeacherWorker, "teacher", TeacherAPI))
         self.async_rollout = None
-        if asynchronous:
+        if "rollout" in launch.groups:
             from armor_core.loop.async_rollout import AsyncRollout
-            from armor_core.workers.rollout import RolloutWorker
+            from armor_core.workers.rollout.worker import RolloutWorker
 
             # channel=False: Ray runs a rollout worker's calls in the order sent, weight pushes between generations
-            group = WorkerGroup(
-                RolloutWorker,
-                groups["rollout"],
-                cpus_per_worker=cpus,
-                gpus_per_worker=e.gpus_per_worker,
-                name="rollout",
-                api=RolloutAPI,
-                init_kwargs={"config": conf},
-                rank_kwargs=plan.get("rollout"),
-                channel=False,
-            )
+            group = launch.group(RolloutWorker, "rollout", RolloutAPI, channel=False)
+            r = self.cfg.rollout
             self.async_rollout = AsyncRollout(
-                group,
-                self.actor,
-                self.loader,
-                self.cfg.rollout.n,
-                self.cfg.rollout.max_staleness,
-                multi_turn=self.cfg.rollout.multi_turn.enable,
+                group, self.actor, self.loader, r.n, r.max_staleness, multi_turn=r.multi_turn.enable
             )
         self.reward_workers = start_reward_workers(
             reward_models,
-            plan,
-            cpus=cpus,
-            gpus=e.gpus_per_worker,
-            config=conf,
+            launch.plan,
+            cpus=launch.cpus,
+            gpus=self.cfg.engine.gpus_per_worker,
+            config=launch.conf,
             timeout_s=self.cfg.reward.timeout_s,
         )
         self.startup_s["workers"] = time.perf_counter() - t0
+        self._build_step()
+        launch.record_isolation(self._groups(), self.run_dir)
+
+    def _build_step(self) -> None:
+        """The driver's collaborators over the started groups: what checkpoints hold, where rows come from, the step."""
         self.trainables = Trainables(self.actor, self.critic)  # what checkpoints and rollback points hold
         # a colocated engine that does not share the actor's module (vllm, FSDP2's full copy) needs its weights sent
         self.rollout = RolloutSource(
@@ -296,21 +215,6 @@ class Trainer:
             if self.estimator.greedy_baseline
             else None,
         )
-        # isolation.json: what each worker applied, and where Ray placed it (node id and IP, pid)
-        records = [
-            {**place, **rec} for g in self._groups() for place, rec in zip(g.placement, g.call(g.api.isolation_record))
-        ]
-        if isolator is not None:
-            isolator.report(records, self.run_dir)  # printed, and saved as isolation.json
-        else:
-            from armor_core.engine.isolation import write_assignment
-
-            # on a joined cluster the driver cannot know which cores another node's raylet (or the other
-            # raylets on one machine) hands out, so nothing is pinned; workers still run cpus_per_worker threads
-            reason = (
-                "joined Ray cluster (engine.address): cores are not pinned" if e.address else "engine.isolate=false"
-            )
-            write_assignment(self.run_dir, [{**r, "isolated": False, "reason": reason} for r in records])
 
     def _groups(self) -> list[Any]:
         return [

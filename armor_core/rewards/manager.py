@@ -40,6 +40,10 @@ is then inline, bounded by ``reward.timeout_s``); an entry's ``rule`` domain sco
 and ``reward/model_minus_rule`` is the mean gap. ``reward.judge`` adds generative judges
 (``armor_core.rewards.judge``): a local model in the pool's workers, or an OpenAI-compatible endpoint scored
 inline.
+
+Long module: ``RewardManager`` is one object whose routing, row checks, scoring and failure accounting share its
+domain table; what stands apart is already in modules of its own (``pool``, ``checks``, ``entries``, ``custom``,
+``remote``, ``model``, ``judge``, ``placement``).
 """
 
 from __future__ import annotations
@@ -440,6 +444,23 @@ class RewardManager:
             column(f"{d}/score")[i] = value
             components[i][d] = (float(np.float32(value)), weight)  # float32, as the sub-score column holds it
             scores[i] += weight * value
+        metrics = self._metrics(scores, subs, failures, timeouts, checks, data_sources)
+        if self._watch is not None:
+            self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
+        return RewardBatch(scores.astype(np.float32), subs, metrics, errors, components)
+
+    def _metrics(
+        self,
+        scores: np.ndarray,
+        subs: dict[str, np.ndarray],
+        failures: Counter[str],
+        timeouts: int,
+        checks: list[tuple[int, str, float]],
+        data_sources: Sequence[str],
+    ) -> dict[str, float]:
+        """A scored batch's ``reward/*`` metrics: failures and timeouts, the mean score, each sub-score's mean over
+        the rows that have it, each domain's failures, the model-minus-rule gap, each data source's mean."""
+        n = len(scores)
         metrics: dict[str, float] = {
             "reward/failures": float(sum(failures.values())),
             "reward/timeouts": float(timeouts),
@@ -464,9 +485,7 @@ class RewardManager:
         sources = np.asarray(data_sources, dtype=object)
         for source in set(data_sources):
             metrics[f"reward/source/{source}/score"] = float(scores[sources == source].mean())
-        if self._watch is not None:
-            self._watch.observe(Counter(d for _, d, _ in checks), failures, first_error)
-        return RewardBatch(scores.astype(np.float32), subs, metrics, errors, components)
+        return metrics
 
     def _checked(self, n: int, checks: list[tuple[int, str, float]], outcomes: list[Outcome]) -> list[Outcome]:
         """``outcomes`` with a score outside its domain's ``score_range`` failed, and every domain of a row whose

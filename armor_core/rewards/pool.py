@@ -216,19 +216,7 @@ class Pool:
         queue, remaining = deque(range(len(jobs))), len(jobs)
         while remaining:
             now = time.monotonic()
-            for w in list(self._workers):
-                if w.ready and w.job is None and queue:
-                    job = queue.popleft()
-                    try:
-                        w.conn.send((job, *jobs[job]))
-                    except (BrokenPipeError, ConnectionResetError):  # died while idle: retry the row on its replacement
-                        queue.appendleft(job)
-                        self._replace(w)
-                        continue
-                    w.job, w.spec = job, jobs[job][0]
-                    w.deadline = now + (self.timeout_s if w.spec in w.loaded else max(_LOAD_TIMEOUT_S, self.timeout_s))
-                elif not w.ready and now - w.started > _START_TIMEOUT_S:
-                    raise RuntimeError(f"a reward worker process did not start within {_START_TIMEOUT_S:.0f} s")
+            self._hand_out(queue, jobs, now)
             waiting = [w for w in self._workers if w.job is not None or not w.ready]
             deadline = min([w.deadline for w in waiting if w.job is not None] + [now + 1.0])
             by_conn = {w.conn: w for w in waiting}
@@ -271,6 +259,23 @@ class Pool:
                 remaining -= 1
                 self._replace(w)
         return results  # type: ignore[return-value]
+
+    def _hand_out(self, queue: deque, jobs: Sequence[tuple[bytes, tuple, bool]], now: float) -> None:
+        """The next jobs of ``queue`` to the idle workers that are ready, each with its deadline (longer while its
+        domain has not been loaded in that worker yet)."""
+        for w in list(self._workers):
+            if w.ready and w.job is None and queue:
+                job = queue.popleft()
+                try:
+                    w.conn.send((job, *jobs[job]))
+                except (BrokenPipeError, ConnectionResetError):  # died while idle: retry the row on its replacement
+                    queue.appendleft(job)
+                    self._replace(w)
+                    continue
+                w.job, w.spec = job, jobs[job][0]
+                w.deadline = now + (self.timeout_s if w.spec in w.loaded else max(_LOAD_TIMEOUT_S, self.timeout_s))
+            elif not w.ready and now - w.started > _START_TIMEOUT_S:
+                raise RuntimeError(f"a reward worker process did not start within {_START_TIMEOUT_S:.0f} s")
 
     def close(self) -> None:
         self._finalizer()

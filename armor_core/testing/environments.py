@@ -7,8 +7,8 @@ import inspect
 from typing import Any, Mapping, Sequence
 
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
-from armor_core.workers.multi_turn import numbers_problem
-from armor_core.workers.observations import as_messages
+from armor_core.workers.rollout.multi_turn import numbers_problem
+from armor_core.workers.rollout.observations import as_messages
 
 __all__ = ["check_environment"]
 

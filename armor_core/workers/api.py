@@ -64,7 +64,7 @@ class TrainableAPI(WorkerAPI, Protocol):
 
 
 class ActorAPI(TrainableAPI, Protocol):
-    """The actor (policy, reference, colocated rollout engine): ``armor_core.workers.actor.ActorWorker``."""
+    """The actor (policy, reference, colocated rollout engine): ``armor_core.workers.actor.worker.ActorWorker``."""
 
     def generate(self, prompts: DataProto, greedy: bool = False, stale: bool = False) -> DataProto:
         """Responses for ``prompts`` (rows already repeated ``rollout.n`` times); ``stale``: a fault
@@ -98,7 +98,7 @@ class ActorAPI(TrainableAPI, Protocol):
 
 
 class CriticAPI(TrainableAPI, Protocol):
-    """The value model (PPO-GAE): ``armor_core.workers.critic.CriticWorker``."""
+    """The value model (PPO-GAE): ``armor_core.workers.critic.worker.CriticWorker``."""
 
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` per response token."""
@@ -116,7 +116,7 @@ class TeacherAPI(WorkerAPI, Protocol):
 
 
 class RolloutAPI(WorkerAPI, Protocol):
-    """A separate rollout worker (``rollout.mode=async``): ``armor_core.workers.rollout.RolloutWorker``."""
+    """A separate rollout worker (``rollout.mode=async``): ``armor_core.workers.rollout.worker.RolloutWorker``."""
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
         """Load the policy after ``version`` updates; ``{"perf/weights_load_s": seconds}``."""

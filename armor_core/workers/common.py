@@ -1,5 +1,5 @@
 """Pieces shared by the worker processes: isolation and seeding at start-up, micro-batches, metrics.
-(The forward layouts and response log-probs are ``workers/layouts.py``.)
+(The forward layouts and response log-probs are ``workers/forward/layouts.py``.)
 """
 
 from __future__ import annotations

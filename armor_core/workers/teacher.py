@@ -29,9 +29,9 @@ import torch
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, seed_everything
-from armor_core.workers.lm_head import install_response_head
-from armor_core.workers.logprobs import ResponseLogProbs
-from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.forward.lm_head import install_response_head
+from armor_core.workers.forward.logprobs import ResponseLogProbs
+from armor_core.workers.parallel.precision import autocast, compute_dtype
 
 __all__ = ["TeacherWorker", "keep_rows", "teacher_top_k", "vocab_size"]
 

@@ -19,6 +19,8 @@ penalty, PPO style). Three regimes, relative to ``target``:
 
 The multiplicative raise is the discrete form of the adaptive KL controller of Ziegler et al.
 (2019, "Fine-Tuning Language Models from Human Preferences", sec. 2.2), acting only outside the band.
+
+Long function: ``KLGuard.observe``, the three regimes above in one place, in the order they are stated.
 """
 
 from __future__ import annotations

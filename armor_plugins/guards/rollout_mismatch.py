@@ -14,7 +14,7 @@ at stage ``grad`` on the update's first (and, on-policy, only) mini-batch otherw
 when the mismatch is severe: a mean gap of 0.2 nats means the sampler and the trainer disagree by
 ~20 % per token, typically a stale or broken weight sync rather than numerics. No coefficient fixes
 that, so there is no ``adjust``. Mild mismatch proceeds and is corrected per token by importance
-weights on the loss: ``algorithm.rollout_correction`` (``armor_core/workers/rollout_correction.py``).
+weights on the loss: ``algorithm.rollout_correction`` (``armor_core/workers/losses/rollout_correction.py``).
 """
 
 from __future__ import annotations

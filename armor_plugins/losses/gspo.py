@@ -18,6 +18,8 @@ a per-sequence advantage, the token form is *exactly* GSPO: the value is
 sequence (every token of a sequence shares ``s_i``), so the clip fractions below are fractions
 of tokens in clipped sequences. The paper's clip range is far narrower than PPO's (they report
 eps_low=3e-4, eps_high=4e-4): set ``actor.clip_ratio_low/high`` accordingly.
+
+Long function: ``compute_policy_loss_gspo``, a third of it the docstring (shapes, metrics); the rest is one formula.
 """
 
 from __future__ import annotations

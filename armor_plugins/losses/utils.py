@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from armor_core.ops.kl import LOG_RATIO_CLAMP
 from armor_core.ops.masked import as_bool_mask, masked_max, masked_mean, masked_min, upcast
 
 __all__ = ["LOG_RATIO_CLAMP", "clamped_ratio", "entropy_from_logits", "policy_ratio_metrics"]
 
-#: Log-ratios are clamped to +-20 before ``exp``: exp(20) ~ 4.9e8 is far outside any clip range,
-#: so no clipping decision changes, while exp overflows float32 past ~88.7 (and float16 past ~11).
-LOG_RATIO_CLAMP = 20.0
+# LOG_RATIO_CLAMP (+-20 before ``exp``) is defined with the KL estimators, which clamp the same way
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ for each token is exactly the one of the distribution it was drawn from, and tha
 
 Log-probs: ``rollout_log_probs`` is ``log_softmax(logits / T)`` of the sampled token, *before*
 top-k / top-p truncation, with ``T`` the sampling temperature (1 when it is 0). That is the
-distribution the actor recomputes (``armor_core.workers.layouts.response_log_probs`` divides by
+distribution the actor recomputes (``armor_core.workers.forward.layouts.response_log_probs`` divides by
 the same temperature), so on-policy the PPO ratio starts at 1 up to float noise. With top-k or
 top-p < 1 the tokens were actually drawn from the renormalised truncated distribution; the
 untruncated log-prob is what vLLM reports too. Greedy decoding records the same quantity for the

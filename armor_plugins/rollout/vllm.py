@@ -242,7 +242,12 @@ class VLLMRollout:
             self._asleep = {"weights", "kv_cache"}
             self._weights_lost = self.sleep_level == 2
 
-        b = len(rows)
+        responses, response_mask, log_probs = self._responses(outputs, max_new)
+        return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
+
+    def _responses(self, outputs: Any, max_new: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """vLLM's outputs as ``(responses, response_mask, rollout_log_probs)``, each (bs, max_new), right-padded."""
+        b = len(outputs)
         responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long)
         response_mask = torch.zeros((b, max_new), dtype=torch.long)
         log_probs = torch.zeros((b, max_new), dtype=torch.float32)
@@ -254,7 +259,7 @@ class VLLMRollout:
             log_probs[i, : len(tokens)] = torch.tensor(
                 [step[tok].logprob for step, tok in zip(completion.logprobs, tokens)], dtype=torch.float32
             )
-        return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
+        return responses, response_mask, log_probs
 
     def _set_temperature(self, t: float) -> None:
         if t != self._scale_temperature:

@@ -191,6 +191,25 @@ def _choices(value: Sequence[str] | str, allowed: Sequence[str], name: str) -> l
     return list(dict.fromkeys(items))
 
 
+def _checked_split(split: str, size: int, choice_answer: str, unknown: dict[str, Any]) -> str:
+    """``split`` as ``train`` or ``test``, once the parameters of ``generate_facts`` are known to be valid."""
+    if unknown:
+        raise TypeError(
+            f"facts task: unknown parameter(s) {sorted(unknown)}; accepted: entities, kb_seed, languages, forms, "
+            "choice_answer (set them in data.task_kwargs)"
+        )
+    split_key = {"val": "test", "validation": "test"}.get(split, split)
+    if split_key not in _SPLITS:
+        raise ValueError(f"facts task: split {split!r} is not one of 'train', 'test'")
+    if size < 0:
+        raise ValueError(f"facts task: size={size} must be >= 0")
+    if choice_answer not in ("text", "letter"):
+        raise ValueError(
+            f"facts task: choice_answer={choice_answer!r} must be 'text' (the right option's text) or 'letter'"
+        )
+    return split_key
+
+
 def generate_facts(
     split: str,
     size: int,
@@ -216,21 +235,8 @@ def generate_facts(
     :param choice_answer: the ground truth of a multiple-choice row: the right option's ``text``
         or its ``letter``.
     """
-    if unknown:
-        raise TypeError(
-            f"facts task: unknown parameter(s) {sorted(unknown)}; accepted: entities, kb_seed, languages, forms, "
-            "choice_answer (set them in data.task_kwargs)"
-        )
-    split_key = {"val": "test", "validation": "test"}.get(split, split)
-    if split_key not in _SPLITS:
-        raise ValueError(f"facts task: split {split!r} is not one of 'train', 'test'")
-    if size < 0:
-        raise ValueError(f"facts task: size={size} must be >= 0")
+    split_key = _checked_split(split, size, choice_answer, unknown)
     kb = knowledge_base(entities, kb_seed)
-    if choice_answer not in ("text", "letter"):
-        raise ValueError(
-            f"facts task: choice_answer={choice_answer!r} must be 'text' (the right option's text) or 'letter'"
-        )
     cells = [
         (lang, form, p)
         for lang in _choices(languages, LANGUAGES, "languages")

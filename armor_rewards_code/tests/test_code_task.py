@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import time
 
-from armor_core.cli.sft import _task_pairs
-from armor_core.cli.sft_reward import reward_passed
+from armor_core.train.sft import task_pairs
+from armor_core.train.sft_reward import reward_passed
 from armor_plugins.tasks.code_ops import generate_code_ops, problems
 
 WHOLE = ["whole_response=true", "timeout_s=1", "total_timeout_s=3"]
@@ -40,7 +40,7 @@ def test_a_hanging_program_fails_its_row_in_bounded_time():
 
 
 def test_sft_trains_on_the_reference_program_and_keeps_the_tests_as_ground_truth():
-    pairs = _task_pairs("code_ops", "train", 5, 0, {})
+    pairs = task_pairs("code_ops", "train", 5, 0, {})
     rows = generate_code_ops("train", 5, 0)
     assert [p["response"] for p in pairs] == [r["response"] for r in rows]
     assert [p["ground_truth"] for p in pairs] == [r["ground_truth"] for r in rows]

@@ -28,6 +28,8 @@ lecture at least half the content when the response opens with it, twice the con
 then it is a refusal too.
 
 This is the first layer of ``refusal.classify_refusal``; ``whole.py`` is the second.
+
+Long function: ``judge_clauses``, one pass over the clauses whose running flags the final label reads.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ def test_the_recipe_resolves_and_validates():
 
 @pytest.mark.slow
 def test_a_short_run_validates_the_warm_starts_pass_rate(ray_cluster, tmp_path, one_thread):
-    from armor_core.cli.sft import evaluate_greedy
-    from armor_core.cli.sft_reward import reward_passed
     from armor_core.models.loading import load_model, load_tokenizer, resolve_model_path
+    from armor_core.train.sft import evaluate_greedy
+    from armor_core.train.sft_reward import reward_passed
     from armor_plugins.tasks.code_ops import generate_code_ops
 
     run_dir = tmp_path / "code"

@@ -75,7 +75,7 @@ def test_a_rank_that_raises_while_its_peers_wait_stops_the_group(ray_cluster, mo
             raise ValueError("bad shard")
         time.sleep(600)
 
-    monkeypatch.setattr("armor_core.engine.FAILURE_GRACE_S", 1.0)
+    monkeypatch.setattr("armor_core.engine.group.FAILURE_GRACE_S", 1.0)
     group = _group(ray_cluster, _raise_or_wait, channel)
     t0 = time.monotonic()
     with pytest.raises(

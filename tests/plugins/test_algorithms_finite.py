@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from armor_core.loop.kl_penalty import apply_kl_penalty
-from armor_core.workers.kl_loss import compute_kl_loss
+from armor_core.ops.kl import KL_ESTIMATORS
+from armor_core.workers.losses.kl_loss import compute_kl_loss
 from armor_plugins.advantages.gae import compute_gae_advantage
 from armor_plugins.advantages.grpo import compute_dr_grpo_advantage, compute_grpo_advantage
 from armor_plugins.advantages.opo import compute_opo_advantage
@@ -25,7 +26,6 @@ from armor_plugins.advantages.rloo import compute_rloo_advantage
 from armor_plugins.losses.aggregation import AGGREGATIONS
 from armor_plugins.losses.cispo import compute_policy_loss_cispo
 from armor_plugins.losses.gspo import compute_policy_loss_gspo
-from armor_plugins.losses.kl import KL_ESTIMATORS
 from armor_plugins.losses.ppo_clip import compute_policy_loss_ppo_clip
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)

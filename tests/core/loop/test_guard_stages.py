@@ -96,7 +96,7 @@ def _step(cfg) -> tuple[Step, _Group]:
     from armor_core.config.schema import to_dict
     from armor_core.plugins import get_plugin_manager
     from armor_core.stability.guard import run_coefficients
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     pm = get_plugin_manager()
     actor = _Group(ActorWorker(to_dict(cfg), rank=0, world_size=1))

@@ -15,7 +15,7 @@ P, R, ROWS = 4, 5, 6
 
 
 def worker(tmp_path, *overrides: str):
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     cfg = load_config(
         None,
@@ -61,7 +61,7 @@ def batch(seed: int = 0):
 
 def base_log_probs(data):
     from armor_core.models.loading import load_model
-    from armor_core.workers.layouts import forward_response_logits, response_log_probs
+    from armor_core.workers.forward.layouts import forward_response_logits, response_log_probs
 
     base = load_model("builtin:arithmetic-tiny")
     with torch.no_grad():
@@ -226,7 +226,7 @@ def test_targets_that_match_nothing_or_cannot_be_wrapped_are_named(tmp_path):
 
 def test_every_rank_builds_the_same_adapters(tmp_path):
     """The adapters' initialisation depends on trainer.seed only, not on the rank's own RNG stream."""
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     cfg = to_dict(load_config(None, ["model.lora_rank=4", "trainer.loggers=[]", f"trainer.run_dir={tmp_path}"]))
     a = ActorWorker(cfg, rank=0, world_size=1)

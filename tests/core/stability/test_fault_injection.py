@@ -70,7 +70,7 @@ def test_an_lr_scale_fault_shows_in_actor_lr_as_the_rate_the_update_used():
     from armor_core.config.schema import load_config, to_dict
     from armor_core.dataproto.protocol import DataProto
     from armor_core.testing.batches import rollout_batch
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     cfg = load_config(
         None,

@@ -201,14 +201,14 @@ _OVERRIDES = [
 
 def _actor(*overrides):
     from armor_core.config.schema import load_config, to_dict
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     return ActorWorker(to_dict(load_config(None, [*_OVERRIDES, *overrides])), rank=0, world_size=1)
 
 
 def _critic(*overrides):
     from armor_core.config.schema import load_config, to_dict
-    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.critic.worker import CriticWorker
 
     cfg = load_config(None, [*_OVERRIDES, "algorithm.adv_estimator=gae", *overrides])
     return CriticWorker(to_dict(cfg), rank=0, world_size=1)

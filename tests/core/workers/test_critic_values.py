@@ -1,4 +1,4 @@
-"""The critic's values in the actor's layouts (``workers/values.py``): packed and grouped forwards
+"""The critic's values in the actor's layouts (``workers/critic/values.py``): packed and grouped forwards
 give the padded forward's values and the same update, with the padding counted; a layout that
 changes the result is dropped with a warning; gradient checkpointing reaches the critic."""
 
@@ -9,7 +9,7 @@ import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.testing.batches import rollout_batch, shared_prompt_batch
-from armor_core.workers.logprobs import LayoutChoice, valid_response_positions
+from armor_core.workers.forward.logprobs import LayoutChoice, valid_response_positions
 
 _OVERRIDES = [
     "data.train_batch_size=4",
@@ -26,7 +26,7 @@ _OVERRIDES = [
 
 def _critic(*overrides: str):
     from armor_core.config.schema import load_config, to_dict
-    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.critic.worker import CriticWorker
 
     return CriticWorker(to_dict(load_config(None, [*_OVERRIDES, *overrides])), rank=0, world_size=1)
 

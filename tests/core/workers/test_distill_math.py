@@ -1,4 +1,4 @@
-"""On-policy distillation's math (``workers/distill_loss.py``, ``workers/teacher.py``): the sampled
+"""On-policy distillation's math (``workers/losses/distill_loss.py``, ``workers/teacher.py``): the sampled
 reverse-KL estimate agrees with the exact KL, the top-k forward KL on a hand-computed case, and the
 student's and teacher's top-k log-probs through the chunked head equal the full logits'."""
 
@@ -12,13 +12,13 @@ import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.models.loading import build_tiny_model
-from armor_core.workers.distill_loss import (
+from armor_core.workers.forward.layouts import forward_response_log_probs
+from armor_core.workers.forward.lm_head import install_response_head
+from armor_core.workers.losses.distill_loss import (
     DistillLoss,
     compute_distill_reverse_kl,
     compute_distill_topk_forward_kl,
 )
-from armor_core.workers.layouts import forward_response_log_probs
-from armor_core.workers.lm_head import install_response_head
 from armor_core.workers.teacher import teacher_top_k
 
 V, R = 6, 3  # a vocabulary small enough to enumerate every response: 6^3 = 216

@@ -62,8 +62,8 @@ def make_batch():
 
 
 def _four_steps(rank: int, world: int) -> list[dict]:
-    from armor_core.workers.actor import ActorWorker
-    from armor_core.workers.parallel import full_model_state
+    from armor_core.workers.actor.worker import ActorWorker
+    from armor_core.workers.parallel.strategy import full_model_state
 
     mine = make_batch()[[rank, rank + 2]]
     w = ActorWorker(make_config("ddp"), rank=rank, world_size=world)

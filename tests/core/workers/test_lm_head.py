@@ -1,4 +1,4 @@
-"""The chunked LM head (``armor_core.workers.lm_head``): log-probs, entropies and gradients equal
+"""The chunked LM head (``armor_core.workers.forward.lm_head``): log-probs, entropies and gradients equal
 the full-logits computation, in every layout, tied or untied, at any temperature, without ever
 holding a (tokens, vocabulary) tensor."""
 
@@ -9,8 +9,8 @@ import torch
 
 from armor_core.models.loading import build_tiny_model
 from armor_core.testing import rollout_batch, shared_prompt_batch
-from armor_core.workers.layouts import forward_response_log_probs, layout_rows
-from armor_core.workers.lm_head import ResponseHead, chunked_log_probs, install_response_head, response_head_of
+from armor_core.workers.forward.layouts import forward_response_log_probs, layout_rows
+from armor_core.workers.forward.lm_head import ResponseHead, chunked_log_probs, install_response_head, response_head_of
 
 MIXED = ([6, 3, 1, 5, 2, 6, 4], [5, 1, 3, 0, 5, 2, 4])  # prompt and response lengths, one response empty
 

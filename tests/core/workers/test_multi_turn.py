@@ -16,9 +16,9 @@ from armor_core.config.schema import MultiTurnConfig, RolloutConfig
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import EnvironmentStep
 from armor_core.models.loading import build_char_tokenizer, build_tiny_model
-from armor_core.workers.layouts import forward_response_logits, response_log_probs
-from armor_core.workers.multi_turn import MultiTurnRollout
-from armor_core.workers.observations import TRUNCATED, ObservationRenderer
+from armor_core.workers.forward.layouts import forward_response_logits, response_log_probs
+from armor_core.workers.rollout.multi_turn import MultiTurnRollout
+from armor_core.workers.rollout.observations import TRUNCATED, ObservationRenderer
 from armor_plugins.rollout.hf import HFRollout
 
 QWEN_STYLE = (

@@ -1,4 +1,4 @@
-"""Padding removal in the actor's forward (``armor_core.workers.layouts.pack_rows``) and the step
+"""Padding removal in the actor's forward (``armor_core.workers.forward.packing.pack_rows``) and the step
 timing that makes the engine's overhead visible.
 
 Packing must be exact: the same log-probs, entropies and gradients as the padded batch, to float
@@ -13,14 +13,13 @@ import torch
 from armor_core.models.loading import build_tiny_model
 from armor_core.testing import rollout_batch as _batch
 from armor_core.testing import shared_prompt_batch as _grouped_batch
-from armor_core.workers.layouts import (
+from armor_core.workers.forward.layouts import (
     forward_response_log_probs,
     forward_response_logits,
     layout_rows,
-    pack_groups,
-    pack_rows,
     response_log_probs,
 )
+from armor_core.workers.forward.packing import pack_groups, pack_rows
 
 PAD = 0  # rollout_batch's pad id
 
@@ -208,7 +207,7 @@ def _worker_and_batch(tmp_path, overrides=()):
     from armor_core.config.schema import load_config, to_dict
     from armor_core.dataproto.protocol import DataProto
     from armor_core.loop.data import prepare_data
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     cfg = load_config(
         None,
@@ -238,7 +237,7 @@ def test_actor_update_is_the_same_in_every_layout_and_reports_padding_waste(tmp_
     """ActorWorker in this process (no Ray): one update on grouped or packed rows has the gradient of
     the same update on padded rows, and the metrics say what the training forward computed."""
     from armor_core.config.schema import to_dict
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     cfg, worker, batch = _worker_and_batch(tmp_path)
     results = {}
@@ -268,7 +267,7 @@ def test_rows_with_zero_advantage_are_not_forwarded_and_the_update_is_unchanged(
     """GRPO groups that all scored the same have advantage 0: skipping their forward leaves the
     gradient, the loss and (over two steps, one with nothing to learn) Adam's updates as they were."""
     from armor_core.config.schema import to_dict
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     cfg, _, batch = _worker_and_batch(tmp_path)
     adv = batch["advantages"].clone()

@@ -115,7 +115,7 @@ def shares(batch, world: int):
 
 
 def full_state(model) -> dict[str, torch.Tensor]:
-    from armor_core.workers.parallel import full_model_state
+    from armor_core.workers.parallel.strategy import full_model_state
 
     return {k: v.clone() for k, v in full_model_state(model).items()}
 
@@ -133,8 +133,8 @@ def full_grads(model) -> dict[str, torch.Tensor]:
 def _all_cases(rank: int, world: int, out_dir: str) -> dict:
     import torch.distributed as dist
 
-    from armor_core.workers.actor import ActorWorker
-    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.actor.worker import ActorWorker
+    from armor_core.workers.critic.worker import CriticWorker
 
     batch = make_batch()
     mine = shares(batch, world)[rank]
@@ -228,7 +228,7 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
                 "losses": (m["actor/pg_loss"], m["actor/entropy"]),
             }
             # the reported loss is the batch's, not a mean of micro-batch shares (4 micro-batches here)
-            from armor_core.workers.layouts import forward_response_logits
+            from armor_core.workers.forward.layouts import forward_response_logits
 
             ref_model = ActorWorker(make_config(mode, "ddp"), rank=0, world_size=1).model
             with torch.no_grad():  # in float64: the truth both ways of computing the entropy are rounded from
@@ -292,7 +292,7 @@ def _all_cases(rank: int, world: int, out_dir: str) -> dict:
 
 
 def _trained_state(w) -> dict:
-    from armor_core.workers.parallel import full_optimizer_state
+    from armor_core.workers.parallel.strategy import full_optimizer_state
 
     return {"params": full_state(w.model), "optim": full_optimizer_state(w.model, w.optimizer)}
 
@@ -302,7 +302,7 @@ def _save_on_two_load_on_one(cfg: dict, directory: str, mine, rank: int, world: 
     Returns (saved, loaded) states on rank 0, None on the others."""
     import torch.distributed as dist
 
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     w2 = ActorWorker(cfg, rank=rank, world_size=world)
     w2.update_actor(mine, step=1)

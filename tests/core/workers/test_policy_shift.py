@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from armor_core.testing import rollout_batch, run_ranks
-from armor_core.workers.policy_shift import PolicyShiftProbe, k3_kl
+from armor_core.workers.actor.policy_shift import PolicyShiftProbe, k3_kl
 
 ROWS, R = 4, 3
 
@@ -94,8 +94,8 @@ def next_token_log_probs(model, batch, length: int) -> torch.Tensor:
 
 @pytest.mark.slow
 def test_policy_kl_matches_the_exact_kl_and_is_zero_for_a_step_that_changes_nothing():
-    from armor_core.workers.actor import ActorWorker
-    from armor_core.workers.policy_shift import PROBE_ROWS
+    from armor_core.workers.actor.policy_shift import PROBE_ROWS
+    from armor_core.workers.actor.worker import ActorWorker
 
     rows, length = PROBE_ROWS, 6  # the probe is the whole batch: the exact KL is over the same rows
     need = "guard.guards=[{name: trust_region, params: {target_kl: 1.0e9}}]"
@@ -133,7 +133,7 @@ def random_batch():
 
 
 def _one_step(rank: int, world: int) -> float:
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     batch = random_batch()
     mine = batch if world == 1 else batch[[rank, rank + 2]]
@@ -155,8 +155,8 @@ def test_two_ranks_agree_on_the_policy_kl_of_the_whole_batch(tmp_path):
 
 
 def _undone_under_fsdp2(rank: int, world: int) -> tuple[float, bool]:
-    from armor_core.workers.actor import ActorWorker
-    from armor_core.workers.optim import local_params
+    from armor_core.workers.actor.optim import local_params
+    from armor_core.workers.actor.worker import ActorWorker
 
     batch = random_batch()
     need = "guard.guards=[{name: trust_region, params: {target_kl: 1.0e-9, skip_factor: 1.0}}]"

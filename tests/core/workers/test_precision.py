@@ -1,4 +1,4 @@
-"""Mixed precision and offload set-up (``armor_core.workers.precision``, ``parallel.wrap``).
+"""Mixed precision and offload set-up (``armor_core.workers.parallel.precision``, ``parallel.strategy.wrap``).
 
 The training side (float32 state, bf16 steps equal to float32 ones within bf16 rounding, on one
 rank, DDP and FSDP2) is in ``test_parallel.py``; the bf16 run's accuracy in ``tests/e2e/test_train.py``.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from armor_core.workers import parallel
-from armor_core.workers.precision import autocast, compute_dtype
+from armor_core.workers.parallel import strategy as parallel
+from armor_core.workers.parallel.precision import autocast, compute_dtype
 
 
 def test_compute_dtype_checks_the_device_can_run_it(monkeypatch):

@@ -80,7 +80,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_an_actor_point_gives_back_its_moment_exactly_and_keeps_the_rate_a_guard_set_since(one_thread):
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     w, batch = ActorWorker(_config(), rank=0, world_size=1), _batch()
     w.update_actor(batch, step=1)
@@ -107,7 +107,7 @@ def test_an_actor_point_gives_back_its_moment_exactly_and_keeps_the_rate_a_guard
 
 def test_a_point_kept_before_the_first_step_restores_a_fresh_start(one_thread):
     """No optimizer state yet: the restore drops the state training made, and the next update is a first one."""
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     w, batch = ActorWorker(_config(), rank=0, world_size=1), _batch()
     w.keep_rollback_point(0, [])
@@ -129,7 +129,7 @@ def test_a_point_kept_before_the_first_step_restores_a_fresh_start(one_thread):
 
 
 def test_a_critic_point_gives_back_its_weights_and_optimizer_state(one_thread):
-    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.critic.worker import CriticWorker
 
     batch = _batch()
     batch.tensors.update({"values": torch.zeros(4, 3), "returns": torch.rand(4, 3) * batch["response_mask"]})
@@ -144,7 +144,7 @@ def test_a_critic_point_gives_back_its_weights_and_optimizer_state(one_thread):
 
 
 def _two_ranks(rank: int, world: int, strategy: str) -> dict:
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     w = ActorWorker(_config(f"actor.strategy={strategy}"), rank=rank, world_size=world)
     mine = _batch()[[rank, rank + 2]]

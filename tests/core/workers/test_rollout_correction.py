@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armor_core.workers.rollout_correction import MODES, correction_weights, nothing_kept
+from armor_core.workers.losses.rollout_correction import MODES, correction_weights, nothing_kept
 
 LN = math.log
 
@@ -147,7 +147,7 @@ def test_a_cap_below_the_optimum_ratio_truncates_towards_the_stale_policy():
 
 def _worker(correction: str):
     from armor_core.config.schema import load_config, to_dict
-    from armor_core.workers.actor import ActorWorker
+    from armor_core.workers.actor.worker import ActorWorker
 
     overrides = [
         "data.train_batch_size=4",

@@ -59,8 +59,8 @@ def _batch(rank: int):
 
 
 def _forwards(rank: int, world: int) -> dict:
-    from armor_core.workers.actor import ActorWorker
-    from armor_core.workers.critic import CriticWorker
+    from armor_core.workers.actor.worker import ActorWorker
+    from armor_core.workers.critic.worker import CriticWorker
 
     strategy = "fsdp2" if world > 1 else "ddp"
     actor, critic, data = (
@@ -90,8 +90,8 @@ def test_sharded_forwards_match_across_unequal_micro_batch_counts(tmp_path):
         all(r["ref_elements"][0] < 0.6 * total for r in sharded) and sum(r["ref_elements"][0] for r in sharded) >= total
     )
     for rank, got in enumerate(sharded):
-        from armor_core.workers.actor import ActorWorker
-        from armor_core.workers.critic import CriticWorker
+        from armor_core.workers.actor.worker import ActorWorker
+        from armor_core.workers.critic.worker import CriticWorker
 
         data = _batch(rank)
         actor, critic = (

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from armor_core import KLEstimator
 from armor_core.loop.kl_penalty import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
+from armor_core.ops.kl import KL_ESTIMATORS
 from armor_core.plugins import PluginManager
-from armor_core.workers.kl_loss import compute_kl_loss
+from armor_core.workers.losses.kl_loss import compute_kl_loss
 from armor_plugins.losses.aggregation import agg_token_mean
-from armor_plugins.losses.kl import KL_ESTIMATORS
 
 LN2 = math.log(2)
 
@@ -60,7 +60,7 @@ def test_k3_is_non_negative_and_finite_for_extreme_log_ratios():
 def test_k3_is_bounded_and_exact_inside_the_bound(x):
     """At log-ratios up to +-30 k3 (and k3+'s value) stays in [0, 10] with finite gradients, and
     equals exp(-x) - 1 + x wherever that is below the bound."""
-    from armor_plugins.losses.kl import KL_BOUND
+    from armor_core.ops.kl import KL_BOUND
 
     log_prob = torch.tensor([[x]], dtype=torch.float64, requires_grad=True)
     ref = torch.zeros(1, 1, dtype=torch.float64)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from armor_core.workers.critic import value_loss as compute_value_loss
+from armor_core.workers.critic.worker import value_loss as compute_value_loss
 from armor_plugins.losses.utils import clamped_ratio, entropy_from_logits
 
 NAN = float("nan")

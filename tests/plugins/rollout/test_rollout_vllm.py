@@ -469,7 +469,7 @@ def engine():
 
 
 def _actor_log_probs(model, out, temperature):
-    from armor_core.workers.layouts import forward_response_logits, response_log_probs
+    from armor_core.workers.forward.layouts import forward_response_logits, response_log_probs
 
     with torch.no_grad():
         logits = forward_response_logits(
@@ -526,7 +526,7 @@ def test_seeded_sampling_repeats(engine):
 def test_multi_turn_episodes_over_vllm_are_token_exact(engine):
     from armor_core.config.schema import MultiTurnConfig
     from armor_core.interfaces import EnvironmentStep
-    from armor_core.workers.multi_turn import MultiTurnRollout
+    from armor_core.workers.rollout.multi_turn import MultiTurnRollout
 
     class ThreeTurns:  # answers each turn with a fixed text, ends after the third
         def __init__(self, row, seed=0):

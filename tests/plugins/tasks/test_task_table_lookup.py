@@ -13,15 +13,15 @@ import pytest
 import torch
 
 import armor_plugins.tasks.table_lookup as task_module
-from armor_core.cli.sft_traces import encode_traces
 from armor_core.config.schema import MultiTurnConfig, RolloutConfig
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn
 from armor_core.loop.data import normalize_row
 from armor_core.models.loading import encode_prompts, load_tokenizer
 from armor_core.testing import registered
-from armor_core.workers.multi_turn import MultiTurnRollout
-from armor_core.workers.observations import TRUNCATED, ObservationRenderer
+from armor_core.train.sft_traces import encode_traces
+from armor_core.workers.rollout.multi_turn import MultiTurnRollout
+from armor_core.workers.rollout.observations import TRUNCATED, ObservationRenderer
 from armor_plugins.environments.builtin_tools import lookup
 from armor_plugins.environments.parsers import parse_hermes
 from armor_plugins.environments.schema import tool_schema

@@ -1,0 +1,176 @@
+"""The actor's weights leaving its process and coming back: to the colocated rollout engine
+(``sync_weights``), to rollout workers of their own (``policy_state``, ``rollout.mode=async``), into
+a checkpoint and out of one, into a rollback point in memory and out of it (``workers/rollback_point.py``).
+``ActorWorker`` (``workers/actor/worker.py``) takes these methods from ``ActorWeights``; they read the worker's
+model, optimizer, scheduler, tokenizer, guard and rollback points.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from armor_core.models.lora import (
+    ADAPTER_DIR,
+    MergedView,
+    check_resume,
+    load_adapter_state,
+    merged_weights,
+    save_adapter,
+    write_base_manifest,
+)
+from armor_core.storage.state_io import load_checkpoint_state, save_state
+from armor_core.workers.rollback_point import RollbackPoints, point_bytes, rates_kept
+
+__all__ = ["ActorWeights"]
+
+
+class ActorWeights:
+    """Weight hand-off and checkpoints of ``ActorWorker``."""
+
+    model: torch.nn.Module
+    gen_model: torch.nn.Module
+    rollout: Any
+    lora: bool
+    sharded: bool
+    rank: int
+    points: RollbackPoints
+
+    def needs_weight_sync(self) -> bool:
+        """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async):
+        sync_weights has nothing to send."""
+        return self.rollout is not None and getattr(self.rollout, "model", None) is not self.model
+
+    def sync_weights(self) -> dict[str, float]:
+        """Hand the new policy to the rollout engine; ``{"perf/worker_s": seconds it took}``."""
+        t0 = time.perf_counter()
+        if self.needs_weight_sync():
+            from armor_core.workers.parallel.strategy import full_model_state
+
+            # under FSDP2 gathering the full weights is a collective: every rank syncs together
+            if not self.lora:
+                self.rollout.update_weights(
+                    full_model_state(self.model).items() if self.sharded else self.model.state_dict().items()
+                )
+            else:
+                if self.sharded:
+                    self.gen_model.load_state_dict(
+                        full_model_state(self.model)
+                    )  # the full copy an hf rollout generates from
+                if getattr(self.rollout, "serves_lora", False):
+                    self.rollout.update_lora(self.gen_model)
+                elif (
+                    getattr(self.rollout, "model", None) is not self.gen_model
+                ):  # an engine with its own weights: only the adapted layers, merged
+                    self.rollout.update_weights(merged_weights(self.gen_model).items())
+        return {"perf/worker_s": time.perf_counter() - t0}
+
+    def _publish_policy(self) -> None:
+        """Copy the policy for rollout workers of their own (``rollout.mode=async``): the base
+        model's plain state dict on CPU (a LoRA policy merged), on rank 0. Done at the end of every
+        call that changes the weights, by every rank (under FSDP2 gathering is a collective), so
+        ``policy_state`` only hands out a copy that nothing changes any more."""
+        from armor_core.workers.parallel.strategy import full_model_state
+
+        if self.lora:
+            if self.sharded:
+                self.gen_model.load_state_dict(full_model_state(self.model))
+            state = MergedView(self.gen_model).state_dict() if self.rank == 0 else None
+        else:
+            state = full_model_state(self.model)
+        self._published = {k: v.detach().to("cpu", copy=True) for k, v in state.items()} if self.rank == 0 else None
+
+    def policy_state(self) -> dict[str, torch.Tensor] | None:
+        """The policy as of the last update (``_publish_policy``); None on ranks other than 0.
+        Called through Ray while the worker may already be in its next update: it reads nothing
+        that update writes."""
+        return self._published
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model (as a HF directory), optimizer, scheduler, RNG; resumable on any number of ranks.
+
+        Rank 0 writes the full model and the full optimizer state keyed by parameter name (gathered
+        from the shards under FSDP2, so every rank takes part); each rank writes its RNG state. The
+        states are safetensors + JSON (``armor_core/storage/state_io.py``): no pickle.
+        """
+        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
+
+        p = Path(path)
+        optim = full_optimizer_state(self.model, self.optimizer)
+        if self.sharded:
+            self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
+        if self.rank == 0:
+            out = p / (ADAPTER_DIR if self.lora else "model")  # with LoRA the adapter alone, in peft's format
+            if self.lora:
+                from armor_core.models.loading import resolve_model_path
+
+                save_adapter(self.gen_model, out)
+                write_base_manifest(out, resolve_model_path(self.cfg.model.path))  # checked on eval and resume
+            else:
+                self.gen_model.save_pretrained(out, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
+            save_state(
+                {
+                    "optimizer": optim,
+                    "scheduler": self.scheduler.state_dict(),
+                    "global_step": self.global_step,
+                    "world_size": self.world_size,
+                },
+                p / "actor_state",
+            )
+            (p / "guard_worker.json").write_text(json.dumps(self.guard.state_dict()))
+        save_state({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}")
+
+    def load_checkpoint(self, path: str, rollback: bool = False) -> None:
+        """Every rank loads the full state; on a ``rollback`` the learning rate in force and the guards' state stay
+        (``rollback_point.rates_kept``), as they do when a rollback point in memory is restored."""
+        from safetensors.torch import load_file
+
+        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state
+
+        p = Path(path)
+        check_resume(p / ADAPTER_DIR, self.cfg.model, self.model if self.lora else None, p)
+        if self.lora:
+            missing, unexpected = load_full_model_state(self.model, load_adapter_state(p / ADAPTER_DIR))
+            missing = [k for k in missing if ".lora_" in k]  # the frozen base comes from model.path, not the checkpoint
+        else:
+            missing, unexpected = load_full_model_state(self.model, load_file(str(p / "model" / "model.safetensors")))
+            missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
+        if unexpected or missing:
+            raise RuntimeError(
+                f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        legacy = self.cfg.trainer.allow_legacy_pt_state  # an older checkpoint's actor_state.pt
+        st = load_checkpoint_state(p / "actor_state", allow_legacy_pt=legacy)
+        with rates_kept(self.optimizer, self.scheduler) if rollback else nullcontext():
+            load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
+            self.scheduler.load_state_dict(st["scheduler"])
+        rng = load_checkpoint_state(p / f"actor_rng_rank{self.rank}", missing_ok=True, allow_legacy_pt=legacy)
+        if rng is not None:  # None: resumed on more ranks than saved; the new ranks keep their seeded generator
+            torch.set_rng_state(rng["torch_rng"])
+        self.global_step = int(st["global_step"])
+        guard_file = p / "guard_worker.json"
+        if guard_file.exists() and not rollback:
+            self.guard.load_state_dict(json.loads(guard_file.read_text()))
+        self._weights_changed()
+
+    def _weights_changed(self) -> None:
+        """After the weights were loaded or restored: the engines that hold a copy of them get it."""
+        self.sync_weights()  # under FSDP2 this also refreshes the full copy the rollout generates from
+        if self.cfg.rollout.mode == "async":
+            self._publish_policy()
+
+    def rollback_point_bytes(self) -> int:
+        return point_bytes(self.optimizer)
+
+    def keep_rollback_point(self, step: int, keep: list[int]) -> dict[str, float]:
+        return self.points.keep(step, keep, self.optimizer, self.scheduler, self.global_step)
+
+    def restore_rollback_point(self, step: int) -> None:
+        self.global_step = self.points.restore(step, self.optimizer, self.scheduler)
+        self._weights_changed()

@@ -1,0 +1,210 @@
+"""Response log-probs as the actor computes them: without the padding, each shared prompt once.
+
+``ResponseLogProbs`` chooses a layout for each micro-batch (``layouts.layout_rows``: ``packed``
+rows, ``grouped`` prompts, or the padded batch), checks once per layout that it gives this model's
+padded log-probs (a model that ignores position-based sequence boundaries or a custom 4D mask would
+let sequences attend to each other; such a layout is dropped with a warning), and counts what it
+computed for ``perf/padding_waste`` and ``perf/prompt_sharing``. ``LayoutChoice`` is that choice
+and count without the log-probs; the critic's values (``values.py``) use it too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from armor_core.dataproto.protocol import DataProto
+from armor_core.workers.forward.layouts import (
+    LAYOUTS,
+    LayoutStats,
+    attention_weight_of,
+    forward_response_log_probs,
+    grouped_mask_supported,
+    layout_rows,
+)
+from armor_core.workers.forward.packing import PackedRows
+from armor_core.workers.parallel.collectives import equal_micro_batches
+
+__all__ = ["LayoutChoice", "ResponseLogProbs"]
+
+
+class LayoutChoice:
+    """The layouts a model may use: each kind is compared once with the padded forward (the mean
+    absolute difference on valid response positions) and dropped, with a warning naming ``who``,
+    when it changes the result beyond rounding.
+
+    :param model: the module whose layouts are offered (``grouped`` needs a 4D-mask-capable model).
+    :param check_module: the module a layout is checked on: one whose forward is no collective (not
+        a DDP wrapper, not FSDP2 shards), since only this rank runs the check.
+    :param autocast: ``autocast()`` context for the compute dtype.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        check_module: torch.nn.Module,
+        compute_dtype: torch.dtype,
+        autocast: Callable[..., Any],
+        who: str,
+        quantity: str,
+    ) -> None:
+        self.check_module, self.autocast, self.who, self.quantity = check_module, autocast, who, quantity
+        self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(model))
+        self.checked: set[str] = set()
+        self.attention_weight = attention_weight_of(model)  # for choosing between layouts by cost
+        self.tolerance = 1e-4 if compute_dtype == torch.float32 else 2e-2  # rounding of other matmul shapes
+        self.positions = [0, 0, 0]  # positions computed, tokens needed, batch tokens: see padding_metrics
+
+    def choose(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        pos: torch.Tensor,
+        response_length: int,
+        run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor],
+    ) -> PackedRows | None:
+        """The layout of one micro-batch, or None for the padded forward. ``run(module, layout)``
+        computes the (bs, R) result in a layout (None: padded), to compare a new layout with."""
+        packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
+        while packed is not None and packed.kind not in self.checked:
+            diff = self._difference(run, packed, attn, response_length)
+            if diff <= self.tolerance:
+                self.checked.add(packed.kind)
+                break
+            warnings.warn(
+                f"{self.who}: the {packed.kind} layout changes this model's {self.quantity} (mean |diff| {diff:.2e} > "
+                f"{self.tolerance:.0e}); not using it",
+                stacklevel=3,
+            )
+            self.layouts = tuple(k for k in self.layouts if k != packed.kind)
+            packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
+        return packed
+
+    @torch.no_grad()
+    def _difference(
+        self,
+        run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor],
+        packed: PackedRows,
+        attn: torch.Tensor,
+        R: int,
+    ) -> float:
+        """Mean |result in ``packed`` - padded result| on valid response positions, the check module in eval mode."""
+        module = self.check_module
+        was_training = module.training
+        module.eval()
+        try:
+            with self.autocast():
+                diff = (run(module, packed) - run(module, None)).float()
+        finally:
+            module.train(was_training)
+        valid = valid_response_positions(attn, R)
+        return float(diff[valid].abs().mean()) if valid.any() else 0.0
+
+    def count(self, stats: LayoutStats) -> None:
+        for i, n in enumerate((stats.computed, stats.needed, stats.batch)):
+            self.positions[i] += n
+
+    def padding_metrics(self, prefix: str = "perf/") -> dict[str, float]:
+        """``perf/padding_waste``: padded positions computed per needed token since the last call;
+        ``perf/prompt_sharing``: the share of the batch's tokens not recomputed thanks to shared prompts."""
+        computed, needed, batch = self.positions
+        self.positions = [0, 0, 0]
+        return {
+            f"{prefix}padding_waste": (computed - needed) / max(needed, 1),
+            f"{prefix}prompt_sharing": 1.0 - needed / max(batch, 1),
+        }
+
+
+def valid_response_positions(attn: torch.Tensor, response_length: int) -> torch.Tensor:
+    """(bs, R) bool: response tokens that are real and follow a real token (the positions every layout computes)."""
+    R = response_length
+    return (attn[:, -R:] * attn[:, -R - 1 : -1]).bool()
+
+
+class ResponseLogProbs(LayoutChoice):
+    """:param model: the module whose layouts are offered (``grouped`` needs a 4D-mask-capable model).
+    :param autocast: ``autocast(enabled=default)`` context for the compute dtype.
+    :param split: row positions of each micro-batch, from an attention mask."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        check_module: torch.nn.Module,
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        temperature: float,
+        chunk_tokens: int,
+        autocast: Callable[..., Any],
+        split: Callable[[torch.Tensor], list[torch.Tensor]],
+        rank: int = 0,
+    ) -> None:
+        super().__init__(model, check_module, compute_dtype, autocast, f"actor rank {rank}", "log-probs")
+        self.device, self.compute_dtype, self.temperature, self.chunk_tokens = (
+            device,
+            compute_dtype,
+            temperature,
+            chunk_tokens,
+        )
+        self.split, self.rank = split, rank
+
+    def forward(
+        self,
+        module: torch.nn.Module,
+        batch: DataProto,
+        sl: slice | torch.Tensor,
+        with_entropy: bool,
+        extra_ids: torch.Tensor | None = None,
+        count: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
+        when ``module`` is in training mode and grad is enabled. ``extra_ids`` (rows, R, k): also the
+        log-probs of these tokens at each response position, from the same forward (one forward per
+        micro-batch, as DDP and FSDP2 need); the log-probs are then (rows, R, 1 + k), column 0 the
+        sampled tokens'. ``count=False`` leaves it out of ``perf/padding_waste`` and ``perf/prompt_sharing``
+        (a measurement, not the training forward those describe)."""
+        ids, attn, pos, resp = (
+            batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses")
+        )
+        targets = resp if extra_ids is None else torch.cat([resp[..., None], extra_ids.to(self.device).long()], -1)
+        packed = self.choose(
+            ids,
+            attn,
+            pos,
+            resp.shape[1],
+            lambda m, p: forward_response_log_probs(
+                m, ids, attn, pos, resp, self.temperature, False, p, self.chunk_tokens
+            )[0],
+        )
+        with self.autocast():
+            lp, ent, stats = forward_response_log_probs(
+                module, ids, attn, pos, targets, self.temperature, with_entropy, packed, self.chunk_tokens
+            )
+        if count:
+            self.count(stats)
+        return lp, ent
+
+    @torch.no_grad()
+    def all_rows(
+        self, model: torch.nn.Module, data: DataProto, with_entropy: bool, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward`` over every micro-batch of ``data`` in eval mode, on CPU.
+
+        :param world_size: > 1 when ``model``'s forward is a collective (FSDP2 shards): every rank
+            then runs as many forwards as the rank with the most micro-batches (stand-ins, discarded).
+        """
+        was_training = model.training
+        model.eval()
+        lps, ents = [], []
+        for rows, weight in equal_micro_batches(
+            [(rows, 1.0) for rows in self.split(data["attention_mask"])], world_size
+        ):
+            lp, ent = self.forward(model, data, rows, with_entropy)
+            if not weight:  # a stand-in
+                continue
+            lps.append(lp.cpu())
+            if ent is not None:
+                ents.append(ent.cpu())
+        model.train(was_training)
+        return torch.cat(lps), (torch.cat(ents) if ents else None)

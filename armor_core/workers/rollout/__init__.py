@@ -1,0 +1,2 @@
+"""Generation in the workers: ``build_rollout`` (``backend``), the async ``RolloutWorker`` (``worker``), multi-turn
+episodes (``multi_turn``) and how an observation is appended (``observations``)."""
