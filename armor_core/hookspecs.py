@@ -13,9 +13,10 @@ wrapped with default metadata.
 A plugin module needs only::
 
     from armor_core import hookimpl
+    from armor_core.hookspecs import RegisterAdvantageEstimator
 
     @hookimpl
-    def armor_register_advantage_estimators(register):
+    def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
         register("my_estimator", compute_my_advantage)
 
 and an entry point in group ``armor`` in its distribution's ``pyproject.toml``.

@@ -36,6 +36,24 @@ def test_each_kind_has_its_own_registrar():
     assert len(set(annotations)) == len(HOOKS)
 
 
+def test_every_shipped_hookimpl_annotates_its_registrar():
+    """Every ``@hookimpl`` of the built-in plugins, the reward packs and the ``armor new`` templates types its
+    ``register`` with the hook's own registrar and returns None, so that pyright (CI) checks what it registers."""
+    root = TESTS.parent
+    files = [*root.glob("armor_plugins/**/*.py"), *root.glob("armor_rewards_*/armor_rewards_*/**/*.py")]
+    files += list(root.glob("armor_core/cli/templates/*/plugin.py.tmpl"))
+    seen, wrong = 0, []
+    for path in files:
+        for match in re.finditer(r"@hookimpl\s+def (armor_\w+)\(([^)]*)\)( -> None)?:", path.read_text()):
+            hook, params, returns = match.groups()
+            seen += 1
+            expected = inspect.signature(getattr(hookspecs, hook)).parameters["register"].annotation
+            if params != f"register: {expected}" or not returns:
+                wrong.append(f"{path.relative_to(root)}: def {hook}({params}){returns or ''}")
+    assert seen >= 40, f"found only {seen} hookimpls: the pattern no longer matches the plugins"
+    assert wrong == [], "hookimpls without their typed registrar:\n" + "\n".join(wrong)
+
+
 def test_every_hook_is_named_in_the_readme():
     text = README.read_text()
     missing = [name for name in HOOKS if name not in text]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
+from armor_core.hookspecs import RegisterStabilityGuard
 from armor_plugins.guards._common import RunningMoments, check_param, finite_stat
 
 __all__ = ["GradSpikeGuard"]
@@ -109,5 +110,5 @@ class GradSpikeGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, GradSpikeGuard)

@@ -57,6 +57,7 @@ import math
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
+from armor_core.hookspecs import RegisterStabilityGuard
 from armor_plugins.guards._common import check_param, finite_stat
 
 __all__ = ["TrustRegionGuard"]
@@ -209,5 +210,5 @@ class TrustRegionGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, TrustRegionGuard)

@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 
 from armor_core import KLEstimator, hookimpl
+from armor_core.hookspecs import RegisterKLEstimator
 from armor_plugins.losses.utils import LOG_RATIO_CLAMP
 
 #: the k3 estimator's value (and k3+'s) is bounded to [0, KL_BOUND] per token
@@ -122,6 +123,6 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 
 
 @hookimpl
-def armor_register_kl_estimators(register) -> None:
+def armor_register_kl_estimators(register: RegisterKLEstimator) -> None:
     for name, fn in KL_ESTIMATORS.items():
         register(name, KLEstimator(fn=fn, description=(fn.__doc__ or "").split("\n")[0]))

@@ -36,6 +36,7 @@ import re
 from typing import Any, Callable, Mapping
 
 from armor_core import RewardDomain, RewardResult, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 
 __all__ = ["PRESETS", "boxed_parts", "check_config", "format_reward", "pattern_parts", "think_answer_parts"]
 
@@ -163,7 +164,7 @@ def _score_range(params: Mapping[str, Any]) -> tuple[float, float]:
 
 
 @hookimpl
-def armor_register_reward_domains(register) -> None:
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "format",
         RewardDomain(

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
+from armor_core.hookspecs import RegisterRolloutBackend
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["HFRollout", "sample_next_token"]
@@ -298,5 +299,5 @@ class HFRollout:
 
 
 @hookimpl
-def armor_register_rollout_backends(register) -> None:
+def armor_register_rollout_backends(register: RegisterRolloutBackend) -> None:
     register("hf", HFRollout)

@@ -78,6 +78,7 @@ from typing import Any, Iterable
 import torch
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.lora import MergedView, merged_weights, save_adapter
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
@@ -331,5 +332,5 @@ class VLLMRollout:
 
 
 @hookimpl
-def armor_register_rollout_backends(register) -> None:
+def armor_register_rollout_backends(register: RegisterRolloutBackend) -> None:
     register("vllm", VLLMRollout)

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterTask
 from armor_plugins.tasks.arithmetic import split_of
 
 __all__ = ["OPERATIONS", "generate_code_ops", "problems"]
@@ -113,5 +114,5 @@ def generate_code_ops(split: str, size: int, seed: int, *, cases: int = 3, **unk
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register("code_ops", generate_code_ops)

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from armor_core import Task, hookimpl
+from armor_core.hookspecs import RegisterTask
 
 __all__ = ["ATTRIBUTES", "CELLS", "PHRASINGS", "Fact", "generate_facts", "knowledge_base", "question"]
 
@@ -261,7 +262,7 @@ def generate_facts(
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register(
         "facts",
         Task(

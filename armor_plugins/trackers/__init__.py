@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterMetricTracker
 from armor_plugins.trackers.mlflow_tracker import MlflowTracker
 from armor_plugins.trackers.wandb_tracker import WandbTracker
 
@@ -180,7 +181,7 @@ class ConsoleTracker:
 
 
 @hookimpl
-def armor_register_metric_trackers(register):
+def armor_register_metric_trackers(register: RegisterMetricTracker) -> None:
     register("jsonl", JsonlTracker)
     register("tensorboard", TensorBoardTracker)
     register("console", ConsoleTracker)
