@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
 from armor_core.hookspecs import RegisterStabilityGuard
-from armor_plugins.guards._common import Knob, check_param, commit, finite_stat, format_changes
+from armor_core.stability.helpers import Knob, check_param, commit, finite_stat, format_changes
 
 __all__ = ["KLGuard"]
 

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
 from armor_core.hookspecs import RegisterStabilityGuard
-from armor_plugins.guards._common import check_param, finite_stat
+from armor_core.stability.helpers import check_param, finite_stat
 
 __all__ = ["RewardCollapseGuard"]
 

@@ -1,7 +1,7 @@
 """Stability guards: hand-computed sequences showing exactly when each guard acts and what it returns.
 
 Every expected value below is worked out by hand in the comment next to it (the running-moment
-formulas are in ``armor_plugins/guards/_common.py``).
+formulas are in ``armor_core/stability/helpers.py``).
 """
 
 from __future__ import annotations
