@@ -6,6 +6,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from armor_core import hookspecs
 from armor_core.interfaces import KINDS
 
@@ -52,6 +54,33 @@ def test_every_shipped_hookimpl_annotates_its_registrar():
                 wrong.append(f"{path.relative_to(root)}: def {hook}({params}){returns or ''}")
     assert seen >= 40, f"found only {seen} hookimpls: the pattern no longer matches the plugins"
     assert wrong == [], "hookimpls without their typed registrar:\n" + "\n".join(wrong)
+
+
+def test_optional_plugin_capabilities_are_declared_and_read_through_one_helper():
+    """Every optional attribute the core reads from a plugin is documented in ``interfaces.CAPABILITIES``, and no
+    module reads one with ``getattr``/``hasattr`` by its name: only ``interfaces.capability`` does."""
+    from armor_core.interfaces import CAPABILITIES, capability
+
+    assert set(CAPABILITIES) == set(KINDS)
+    names = {name for caps in CAPABILITIES.values() for name in caps}
+    assert all(cap.doc for caps in CAPABILITIES.values() for cap in caps.values())
+    pattern = re.compile(r"(?:getattr|hasattr)\([^,()]+, [\"'](" + "|".join(sorted(names)) + r")[\"']")
+    core = TESTS.parent / "armor_core"
+    ad_hoc = [
+        f"{path.relative_to(core)}:{i}: {line.strip()}"
+        for path in core.rglob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and "CAPABILITIES[kind][name].default" not in line
+    ]
+    assert ad_hoc == [], "optional capabilities read ad hoc (use interfaces.capability):\n" + "\n".join(ad_hoc)
+
+    class Fn:
+        wants_data_source = True
+
+    assert capability("reward_domain", Fn(), "wants_data_source") is True
+    assert capability("reward_domain", lambda *a: 0.0, "wants_data_source") is False
+    with pytest.raises(KeyError):
+        capability("reward_domain", Fn(), "wants_everything")
 
 
 def test_every_hook_is_named_in_the_readme():

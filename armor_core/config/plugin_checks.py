@@ -9,7 +9,7 @@ from typing import Any
 
 from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ArmorConfig, ConfigError
-from armor_core.interfaces import unknown_param
+from armor_core.interfaces import CAPABILITIES, capability, unknown_param
 
 __all__ = ["validate_plugins"]
 
@@ -79,7 +79,9 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
         problem = unknown_param(fn, params, n_positional, key)
         if problem:
             raise ConfigError(problem)
-    if cfg.rollout.mode == "async" and not getattr(resolved["rollout.backend"], "separate_worker", False):
+    if cfg.rollout.mode == "async" and not capability(
+        "rollout_backend", resolved["rollout.backend"], "separate_worker"
+    ):
         raise ConfigError(
             "rollout.mode=async runs the rollout backend in workers of its own, but "
             f"rollout.backend={cfg.rollout.backend!r} does not declare it can (separate_worker = True on its class: "
@@ -87,8 +89,8 @@ def validate_plugins(cfg: ArmorConfig, pm: Any = None) -> dict[str, Any]:
             "without the actor); use rollout.mode=sync"
         )
     # a plugin whose library is an optional install (vllm, wandb, mlflow) says how to install it now, not in a worker
-    for key, _kind, name in wanted:
-        check = getattr(resolved[key], "check_available", None)
+    for key, kind, name in wanted:
+        check = capability(kind, resolved[key], "check_available") if "check_available" in CAPABILITIES[kind] else None
         if callable(check):
             try:
                 check()

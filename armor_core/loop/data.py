@@ -288,8 +288,10 @@ def prompt_template_kwargs(cfg: Any, pm: Any) -> dict[str, Any]:
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return kwargs
+    from armor_core.interfaces import capability
+
     env_cls = pm.get("environment", mt.environment, where="rollout.multi_turn.environment")
-    hook = getattr(env_cls, "prompt_kwargs", None)
+    hook = capability("environment", env_cls, "prompt_kwargs")
     return {**(hook(**dict(mt.environment_kwargs)) if hook is not None else {}), **kwargs}
 
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ConfigError, RewardConfig
-from armor_core.interfaces import RewardDomain
+from armor_core.interfaces import RewardDomain, capability
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
 from armor_core.rewards.custom import SOURCE_KEY, load_custom
 from armor_core.rewards.judge import load_judges
@@ -210,7 +210,7 @@ class RewardManager:
             bound_domain,
             inline,
             batch=domain.batch_fn is not None,
-            wants_source=bool(getattr(domain.fn, "wants_data_source", False)),
+            wants_source=bool(capability("reward_domain", domain.fn, "wants_data_source")),
             spec=spec,
             score_range=score_range,
             check_ground_truth=domain.validate_ground_truth,

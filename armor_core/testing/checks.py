@@ -19,6 +19,7 @@ from armor_core.interfaces import (
     Verdict,
     VerdictAction,
     call_with_params,
+    capability,
     ground_truth_check_problem,
     unknown_param,
 )
@@ -189,9 +190,8 @@ def check_guard(
     problem = declaration_problem(guard)
     assert problem is None, problem
     stages = [s for s in GUARD_STAGES if sees(guard, s)]
-    assert stages, (
-        f"{guard_cls.__name__}.stages = {getattr(guard, 'stages', None)!r} names no stage of {list(GUARD_STAGES)}"
-    )
+    declared = capability("stability_guard", guard, "stages")
+    assert stages, f"{guard_cls.__name__}.stages = {declared!r} names no stage of {list(GUARD_STAGES)}"
     rounds = list(_guard_rounds(stages, steps, stats or {}))
     verdicts, restored = [], None
     for i, (stage, stat, step) in enumerate(rounds):
@@ -343,11 +343,11 @@ def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) ->
     tracker = tracker_cls(run_dir, config if config is not None else load_config(None, []))
     for step, value in ((1, 0.5), (2, math.nan), (3, math.inf)):
         tracker.log({"critic/score/mean": value, "timing_s/step": 0.1 * step}, step)
-    if hasattr(tracker, "resume"):
-        tracker.resume(2)
+    if (resume := capability("metric_tracker", tracker, "resume")) is not None:
+        resume(2)
         tracker.log({"critic/score/mean": 0.75}, 3)
-    if hasattr(tracker, "summary"):
-        tracker.summary({"steps": 3})
+    if (summary := capability("metric_tracker", tracker, "summary")) is not None:
+        summary({"steps": 3})
     tracker.close()
     return tracker
 

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 from typing import Any, Mapping, Sequence
 
-from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
 from armor_core.workers.multi_turn import numbers_problem
 from armor_core.workers.observations import as_messages
 
@@ -48,7 +48,7 @@ def check_environment(
     """
     row = dict(row or {"prompt": "What is 2 + 3?", "data_source": "check", "ground_truth": "5", "extra": {}})
     name = getattr(env_cls, "__name__", type(env_cls).__name__)
-    hook = getattr(env_cls, "prompt_kwargs", None)
+    hook = capability("environment", env_cls, "prompt_kwargs")
     if hook is not None:
         kwargs = hook(**params)
         assert isinstance(kwargs, dict), f"{name}.prompt_kwargs returned {type(kwargs).__name__}, not a dict"
@@ -65,7 +65,7 @@ def check_environment(
             _check_numbers(step.metrics, "metrics", where)
             steps.append(step)
         finally:
-            close = getattr(env, "close", None)
+            close = capability("environment", env, "close")
             if close is not None:
                 _resolve(close())
     return steps
