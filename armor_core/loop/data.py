@@ -35,6 +35,7 @@ class Dataset:
     skipped: int = 0
     dropped_too_long: int = 0
     problems: list[str] = field(default_factory=list)
+    encoded: dict[str, Any] = field(default_factory=dict)  # the rows tokenized (``prepare_data``), empty before
 
 
 def _read_file(path: Path) -> Iterable[tuple[str, Any]]:

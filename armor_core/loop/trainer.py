@@ -393,6 +393,7 @@ class Trainer:
         if res.batch is not None:
             after = [self.guard.observe("update", update_stats(metrics), self.step)] if res.updated else []
             self._act_on([*res.verdicts, *after], metrics)
+            assert res.scores is not None  # the step scored what it trained on
             metrics.update(batch_metrics(res.batch, res.scores))
             a = self.cfg.algorithm
             if warning := nothing_kept(metrics, self.step, a.rollout_correction, a.rollout_correction_cap):

@@ -261,6 +261,7 @@ def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
     doubled = aggregation.fn(2 * loss_mat.detach(), mask, **counts)
     assert torch.allclose(doubled, 2 * loss.detach(), rtol=1e-5), "aggregation is not linear in the loss"
     loss.backward()
+    assert loss_mat.grad is not None, "the aggregated loss does not reach loss_mat"
     assert (loss_mat.grad[mask == 0] == 0).all(), "gradient reaches positions outside the response mask"
     return loss.detach()
 

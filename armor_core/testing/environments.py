@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Mapping, Sequence
 
 from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
 from armor_core.workers.multi_turn import numbers_problem
@@ -16,8 +16,12 @@ __all__ = ["check_environment"]
 AWKWARD_TURNS = ("The answer is 5.", "", '<tool_call>{"name": 1, "arguments": [</tool_call>', "x" * 20_000)
 
 
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
+
+
 def _resolve(value: Any) -> Any:
-    return asyncio.run(value) if inspect.isawaitable(value) else value
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
 
 
 def _check_observation(observation: Any, where: str) -> None:

@@ -60,8 +60,9 @@ def think_answer_parts(response: str) -> dict[str, bool]:
     """The parts of the ``think_answer`` preset (see the module docstring)."""
     think, answer = _block(response, "think"), _block(response, "answer")
     order = think is not None and answer is not None and think[1] <= answer[0]
-    # type: ignore[index]
-    clean = order and not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()
+    clean = False
+    if think is not None and answer is not None and order:  # nothing outside the two blocks
+        clean = not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()
     return {"think": think is not None, "answer": answer is not None, "order": order, "clean": clean}
 
 

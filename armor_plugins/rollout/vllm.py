@@ -73,6 +73,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -326,7 +327,7 @@ class VLLMRollout:
             return
         from vllm.lora.request import LoRARequest
 
-        save_adapter(module, self._adapter_dir)
+        save_adapter(module, Path(self._adapter_dir))
         n = self._lora_request.lora_int_id + 1 if self._lora_request is not None else 1
         self._lora_request = LoRARequest(f"armor-policy-{n}", n, self._adapter_dir)
 
