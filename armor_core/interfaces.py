@@ -29,7 +29,10 @@ from typing import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from armor_core.dataproto.protocol import DataProto
 
@@ -493,6 +496,8 @@ class RolloutBackend(Protocol):
     ``CAPABILITIES["rollout_backend"]``.
     """
 
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None: ...
+
     def generate(self, prompts: DataProto, *, greedy: bool = False, **sampling_overrides: Any) -> DataProto: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
@@ -510,6 +515,8 @@ class MetricTracker(Protocol):
     failed. A classmethod ``check_available()`` raising ``ImportError`` (saying what to install)
     is called when the config is checked, before anything starts.
     """
+
+    def __init__(self, run_dir: str | Path, config: Any) -> None: ...
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -571,6 +578,8 @@ class Environment(Protocol):
     thread of its own, abandoned past ``rollout.multi_turn.step_timeout_s``; an ``async def`` runs on the
     rollout's event loop and must not block it.
     """
+
+    def __init__(self, row: Mapping[str, Any], *, seed: int) -> None: ...
 
     def reset(self) -> Observation | Awaitable[Observation]: ...
 

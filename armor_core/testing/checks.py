@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator, Mapping, Sequence, get_args
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, get_args
 
 import torch
 
@@ -13,9 +13,15 @@ from armor_core.interfaces import (
     ADJUSTABLE_COEFFICIENTS,
     GUARD_STAGES,
     AdvantageEstimator,
+    KLEstimator,
+    LossAggregation,
+    MetricTracker,
     PolicyLoss,
     RewardDomain,
     RewardResult,
+    RolloutBackend,
+    StabilityGuard,
+    Task,
     Verdict,
     VerdictAction,
     call_with_params,
@@ -24,6 +30,13 @@ from armor_core.interfaces import (
     unknown_param,
 )
 from armor_core.testing.environments import check_environment
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.dataproto.protocol import DataProto
 
 
 def _toy_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -170,7 +183,10 @@ def _guard_rounds(
 
 
 def check_guard(
-    guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None = None, steps: int = 20, **params: Any
+    guard_cls: type[StabilityGuard],
+    stats: Mapping[str, Mapping[str, float]] | None = None,
+    steps: int = 20,
+    **params: Any,
 ) -> list[tuple[str, int, Verdict]]:
     """Build ``guard_cls(**params)`` and check the contract the trainer relies on.
 
@@ -221,7 +237,7 @@ def check_guard(
     return verdicts
 
 
-def check_kl_estimator(estimator: Any) -> torch.Tensor:
+def check_kl_estimator(estimator: KLEstimator) -> torch.Tensor:
     """Run a ``KLEstimator`` on log-ratios up to +-30 and on equal log-probs. Checks: the input's
     shape, finite values and a finite gradient (the trainer bounds nothing after it), and 0 where
     the two policies agree. Returns the per-token KL of the extreme case."""
@@ -242,7 +258,7 @@ def check_kl_estimator(estimator: Any) -> torch.Tensor:
     return kl.detach()
 
 
-def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
+def check_loss_aggregation(aggregation: LossAggregation) -> torch.Tensor:
     """Aggregate a per-token loss with a fully masked row. Checks: a finite scalar, 0 for a zero
     loss, linear in the loss (the trainer sums micro-batch shares), and no gradient reaching the
     positions outside the mask. Returns the aggregated toy loss."""
@@ -275,7 +291,7 @@ def _posed(rows: list[dict[str, Any]]) -> set[str]:
     return out
 
 
-def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]:
+def check_task(task: Task, size: int = 16, **params: Any) -> list[dict[str, Any]]:
     """Ask a ``Task`` for ``size`` train and test rows. Checks: ``size`` rows, each with a prompt (a
     string or a list of chat messages), a string ``data_source`` and a ``ground_truth`` key; the same
     seed gives the same rows; train and test pose no common problem: no prompt, or for a row whose tools
@@ -302,8 +318,12 @@ def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]
 
 
 def check_rollout_backend(
-    backend_cls: type, model: Any, tokenizer: Any, prompts: list[str] | None = None, **rollout: Any
-) -> Any:
+    backend_cls: type[RolloutBackend],
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str] | None = None,
+    **rollout: Any,
+) -> DataProto:
     """Build ``backend_cls(model, tokenizer, RolloutConfig(**rollout))`` and generate for a few
     prompts. Checks: ``responses``, ``response_mask`` and ``rollout_log_probs`` of one shape, the
     mask 0/1 and right-padded, log-probs finite and <= 0 on the response, 0 after it; greedy
@@ -334,7 +354,7 @@ def check_rollout_backend(
     return out
 
 
-def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) -> Any:
+def check_metric_tracker(tracker_cls: type[MetricTracker], run_dir: str | Path, config: Any = None) -> MetricTracker:
     """Build ``tracker_cls(run_dir, config)`` (the default config unless given) and log a few steps, NaN and inf
     included (a tracker
     must never end a run over a value), call ``resume`` and ``summary`` when it has them, then

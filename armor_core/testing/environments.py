@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Awaitable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
+from armor_core.interfaces import AssistantTurn, Environment, EnvironmentStep, capability
 from armor_core.workers.multi_turn import numbers_problem
 from armor_core.workers.observations import as_messages
 
@@ -39,7 +39,7 @@ def _check_numbers(values: Any, what: str, where: str) -> None:
 
 
 def check_environment(
-    env_cls: Any,
+    env_cls: type[Environment] | Callable[..., Environment],
     row: Mapping[str, Any] | None = None,
     turns: Sequence[str] = AWKWARD_TURNS,
     **params: Any,
