@@ -53,7 +53,7 @@ import pickle
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -66,6 +66,9 @@ from armor_core.rewards.judge import load_judges
 from armor_core.rewards.model import load_models
 from armor_core.rewards.pool import FLOAT32_MAX, Outcome, Pool, evaluate, evaluate_batch
 from armor_core.rewards.remote import load_remote
+
+if TYPE_CHECKING:
+    from armor_core.plugins import PluginManager
 
 __all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
 
@@ -131,7 +134,7 @@ class RewardManager:
         weight is not a number, or a parameter is not accepted by its domain.
     """
 
-    def __init__(self, cfg: RewardConfig, pm: Any = None, *, watch_failures: bool = False) -> None:
+    def __init__(self, cfg: RewardConfig, pm: PluginManager | None = None, *, watch_failures: bool = False) -> None:
         if pm is None:
             from armor_core.plugins import get_plugin_manager
 

@@ -22,10 +22,20 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from armor_core.errors import ConfigError, GuardVerdictError
-from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, OPTIONAL_STATS, Verdict, capability
+from armor_core.interfaces import (
+    ADJUSTABLE_COEFFICIENTS,
+    GUARD_STAGES,
+    OPTIONAL_STATS,
+    StabilityGuard,
+    Verdict,
+    capability,
+)
+
+if TYPE_CHECKING:
+    from armor_core.plugins import PluginManager
 
 __all__ = [
     "GuardRunner",
@@ -55,19 +65,19 @@ _CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_
 assert set(_CAUTIOUS) == set(ADJUSTABLE_COEFFICIENTS), "every adjustable coefficient needs a cautious merge rule"
 
 
-def sees(guard: Any, stage: str) -> bool:
+def sees(guard: StabilityGuard, stage: str) -> bool:
     """Whether ``guard`` is shown ``stage``: those in its ``stages``, else every stage but the opt-in ones."""
     stages = capability("stability_guard", guard, "stages")
     return stage in stages if stages is not None else stage not in OPT_IN_STAGES
 
 
-def _wants_step(guard: Any, step: int) -> bool:
+def _wants_step(guard: StabilityGuard, step: int) -> bool:
     """Whether ``guard`` wants its costly stages at ``step``: its ``needs_at(step)``, else always."""
     needs_at = capability("stability_guard", guard, "needs_at")
     return needs_at is None or bool(needs_at(step))
 
 
-def may_roll_back(guard: Any) -> bool:
+def may_roll_back(guard: StabilityGuard) -> bool:
     """Whether ``guard`` may ask for a rollback the driver carries out: its ``actions`` list ``rollback`` at a
     ``RESTORING_STAGES`` stage it sees, or it declares no ``actions`` (it may return anything) and sees one."""
     actions = capability("stability_guard", guard, "actions")
@@ -85,7 +95,7 @@ def _honoured_at(stage: str) -> str:
     return ", ".join(["proceed", *GUARD_STAGES[stage].honours])
 
 
-def declaration_problem(guard: Any) -> str | None:
+def declaration_problem(guard: StabilityGuard) -> str | None:
     """What is wrong with ``guard``'s ``needs`` or ``actions`` (``{stage: (action, ...)}``), or None: every statistic
     it needs must be one a stage it sees measures (``OPTIONAL_STATS``); every stage in ``actions`` one it sees, every
     action one that stage honours (``GUARD_STAGES[stage].honours``)."""
@@ -117,7 +127,7 @@ def declaration_problem(guard: Any) -> str | None:
     return None
 
 
-def verdict_problem(name: str, guard: Any, stage: str, verdict: Verdict) -> str | None:
+def verdict_problem(name: str, guard: StabilityGuard, stage: str, verdict: Verdict) -> str | None:
     """Why ``verdict``, returned by the guard labelled ``name`` at ``stage``, cannot be carried out, or None."""
     action = verdict.action
     spec = GUARD_STAGES.get(stage)
@@ -163,8 +173,8 @@ def run_coefficients(actor_cfg: Any) -> dict[str, float]:
 
 
 def build_guards(
-    specs: list[Mapping[str, Any]], pm: Any = None, run_values: Mapping[str, float] | None = None
-) -> list[tuple[str, Any]]:
+    specs: list[Mapping[str, Any]], pm: PluginManager | None = None, run_values: Mapping[str, float] | None = None
+) -> list[tuple[str, StabilityGuard]]:
     """Each configured guard, built: ``[(label, instance)]`` in the config's order.
 
     A constructor parameter named after an adjustable coefficient (``lr``, ``kl_loss_coef``, ``entropy_coeff``,
@@ -214,7 +224,7 @@ class GuardRunner:
     def __init__(
         self,
         guards: list[Mapping[str, Any]],
-        pm: Any = None,
+        pm: PluginManager | None = None,
         run_dir: str | Path | None = None,
         enable: bool = True,
         run_values: Mapping[str, float] | None = None,
