@@ -164,7 +164,7 @@ class RewardDomain:
     score_range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]] | None = (0.0, 1.0)
     validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
     warmup: Callable[[], None] | None = None
-    batch_fn: Callable[..., Sequence[float | RewardResult]] | None = None
+    batch_fn: Callable[..., Sequence[float | RewardResult | Exception]] | None = None
 
     def __call__(
         self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None, **params: Any

@@ -68,7 +68,7 @@ def _list_problem(key: str, value: list, m: Mapping[str, Any]) -> str | None:
         if (want is float and not number) or (want is str and not isinstance(item, str)):
             takes = "numbers" if want is float else "text"
             return f"{key}[{i}]={item!r} is a {type(item).__name__}; {key} takes {takes} ({m.get('help', '')})"
-        if want is float and not math.isfinite(item):
+        if want is float and not math.isfinite(float(item)):
             return f"{key}[{i}]={item!r} is not a finite number ({m.get('help', '')})"
         bad = _out_of_range(item, m.get("item_range", {}))
         if bad:

@@ -378,6 +378,7 @@ class RewardManager:
                 elif bound.inline:
                     outcomes[c] = evaluate(bound.domain, *args)
                 else:
+                    assert bound.spec is not None  # every domain that is not inline was pickled
                     jobs.append((bound.spec, args, False))
                     job_checks.append([c])
             for d, cs in batched.items():
@@ -392,7 +393,9 @@ class RewardManager:
                     for k, c in enumerate(cs):
                         outcomes[c] = result if isinstance(result, Outcome) else result[k]
                     continue
-                jobs.append((self._bound[d].spec, (*args, extra_of), True))
+                spec = self._bound[d].spec
+                assert spec is not None  # every domain that is not inline was pickled
+                jobs.append((spec, (*args, extra_of), True))
                 job_checks.append(cs)
             if jobs:
                 if self._pool is None:
@@ -400,8 +403,9 @@ class RewardManager:
                 for cs, result in zip(job_checks, self._pool.run(jobs)):
                     for k, c in enumerate(cs):  # one Outcome for a whole batch: its call failed or timed out
                         outcomes[c] = result if isinstance(result, Outcome) else result[k]
-            # type: ignore[arg-type]
-            return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)
+            done = [o for o in outcomes if o is not None]
+            assert len(done) == len(outcomes), "a check was left without an outcome"
+            return self._assemble(n, checks, done, prompts, responses, data_sources, ground_truths)
 
     def _assemble(
         self,

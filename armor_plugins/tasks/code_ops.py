@@ -110,7 +110,7 @@ def generate_code_ops(split: str, size: int, seed: int, *, cases: int = 3, **unk
     pool = problems(split_key)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, _SPLITS.index(split_key), 32])
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-size // len(pool)))])[:size] if size else []
-    return [_row(*pool[i], cases, rng) for i in order]
+    return [_row(*pool[int(i)], cases, rng) for i in order]
 
 
 @hookimpl

@@ -258,7 +258,7 @@ def generate_facts(
     split_id = _SPLITS.index(split_key)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, split_id, entities, int(kb_seed) & 0xFFFFFFFF])
     order = np.concatenate([rng.permutation(len(pairs)) for _ in range(-(-size // len(pairs)))])[:size]
-    return [_row(*pairs[i], pools, rng, choice_answer == "letter") for i in order.tolist()]
+    return [_row(fact, cell, pools, rng, choice_answer == "letter") for fact, cell in (pairs[int(i)] for i in order)]
 
 
 @hookimpl
