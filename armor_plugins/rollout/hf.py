@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,11 @@ import torch.nn.functional as F
 from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
 from armor_core.hookspecs import RegisterRolloutBackend
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.dataproto import DataProto
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["HFRollout", "sample_next_token"]
@@ -107,7 +112,7 @@ class HFRollout:
     shares_module = True  # generates by running the module it is given: a LoRA actor hands over its peft model
     separate_worker = True  # runs in a rollout worker of its own (rollout.mode=async)
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -131,7 +136,7 @@ class HFRollout:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompts: Any, **overrides: Any) -> Any:
+    def generate(self, prompts: DataProto, **overrides: Any) -> DataProto:
         """Sample responses for left-padded prompts.
 
         :param prompts: DataProto with ``input_ids``, ``attention_mask`` and optionally

@@ -74,13 +74,18 @@ import tempfile
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
 from armor_core import hookimpl
 from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.lora import MergedView, merged_weights, save_adapter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.dataproto import DataProto
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
 
@@ -146,7 +151,7 @@ class VLLMRollout:
         if importlib.util.find_spec("vllm") is None:
             raise VLLMNotInstalledError(f"rollout.backend=vllm, but vLLM is not installed: {INSTALL_HINT}.")
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None:
         vllm = _import_vllm()
         from vllm.platforms import current_platform
 
@@ -192,7 +197,7 @@ class VLLMRollout:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompts: Any, **overrides: Any) -> Any:
+    def generate(self, prompts: DataProto, **overrides: Any) -> DataProto:
         """Sample responses for left-padded prompts; same arguments and output as ``HFRollout.generate``.
 
         :param prompts: DataProto with ``input_ids`` and ``attention_mask`` (bs, P), optionally
