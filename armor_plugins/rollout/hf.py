@@ -121,9 +121,8 @@ class HFRollout:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         # only the last position's logits are used: transformers' causal LMs can skip the rest,
         # which in the prompt pass of a large-vocabulary model is most of the memory
-        base = (
-            model.get_base_model() if hasattr(model, "get_base_model") else model
-        )  # a peft model passes keywords through
+        get_base = getattr(model, "get_base_model", None)  # a peft model passes keywords through
+        base = get_base() if get_base is not None else model
         accepts = inspect.signature(base.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         self._cache_selects: bool | None = (
@@ -276,8 +275,8 @@ class HFRollout:
         are skipped, so colocated sync costs no copy. ``module.`` / ``_orig_mod.`` prefixes from
         DDP or torch.compile are stripped; an unknown name or a shape mismatch is an error.
         """
-        own = dict(self.model.named_parameters())
-        own.update(dict(self.model.named_buffers()))
+        own: dict[str, torch.Tensor] = dict(self.model.named_parameters())
+        own.update(self.model.named_buffers())
         with torch.no_grad():
             for name, tensor in named_tensors:
                 key = name
@@ -292,7 +291,7 @@ class HFRollout:
                         f"hf rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}"
                     )
                 if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
-                    tensor = tensor.full_tensor()
+                    tensor = tensor.full_tensor()  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor)
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise ValueError(
                         f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
