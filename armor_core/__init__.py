@@ -1,5 +1,7 @@
 """ARMOR core: the plugin contract, the batch container, the config and the machinery that runs them."""
 
+from typing import TYPE_CHECKING
+
 from armor_core.hookspecs import hookimpl
 from armor_core.interfaces import (
     AdvantageEstimator,
@@ -12,6 +14,9 @@ from armor_core.interfaces import (
     Verdict,
 )
 from armor_core.plugins import get_plugin, list_plugins
+
+if TYPE_CHECKING:  # imported on first use below (torch); named here for type checkers
+    from armor_core.dataproto import DataProto, DataProtoItem
 
 __version__ = "0.1.0"
 

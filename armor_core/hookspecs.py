@@ -13,9 +13,10 @@ wrapped with default metadata.
 A plugin module needs only::
 
     from armor_core import hookimpl
+    from armor_core.hookspecs import RegisterAdvantageEstimator
 
     @hookimpl
-    def armor_register_advantage_estimators(register):
+    def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
         register("my_estimator", compute_my_advantage)
 
 and an entry point in group ``armor`` in its distribution's ``pyproject.toml``.
@@ -219,7 +220,9 @@ def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     be deterministic and must not touch the network; a
     :class:`~armor_core.interfaces.RewardResult` carries named sub-scores that are logged as
     metrics (``reward/<domain>/<sub>``); ``score`` and ``failures`` are reserved sub-score names
-    (the manager writes ``reward/<domain>/score`` and ``/failures`` itself).
+    (the manager writes ``reward/<domain>/score`` and ``/failures`` itself). A ``fn`` that serves several
+    data sources sets ``fn.wants_data_source = True`` and finds the row's in ``extra[DATA_SOURCE_KEY]``
+    (``interfaces.CAPABILITIES`` lists every optional attribute of every kind).
     """
 
 

@@ -6,6 +6,9 @@ function plus the metadata the core needs, so the trainer never has to branch on
 ``estimator.requires_critic``, not ``name == "gae"``. A plain function registered for one of these
 kinds is wrapped with default metadata. Class-like kinds (guards, rollout backends, trackers) are
 classes following the protocols below.
+
+Long module: the whole contract a plugin author reads (wrappers, protocols, guard stages, optional capabilities)
+in one place, as ``hookspecs.py`` is the whole of how to register.
 """
 
 from __future__ import annotations
@@ -18,22 +21,32 @@ from typing import (
     Any,
     Awaitable,
     Callable,
+    Iterable,
     Literal,
     Mapping,
     NamedTuple,
     Protocol,
     Sequence,
+    TypeVar,
     runtime_checkable,
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from armor_core.dataproto.protocol import DataProto
+
+_R = TypeVar("_R")
 
 __all__ = [
     "ADJUSTABLE_COEFFICIENTS",
     "AssistantTurn",
+    "CAPABILITIES",
+    "Capability",
+    "DATA_SOURCE_KEY",
     "Environment",
     "EnvironmentStep",
     "Observation",
@@ -53,6 +66,7 @@ __all__ = [
     "Task",
     "Verdict",
     "call_with_params",
+    "capability",
     "ground_truth_check_problem",
 ]
 
@@ -140,6 +154,10 @@ class RewardDomain:
         set, the reward manager sends all of a batch's rows of this domain to a reward worker in one
         call, under ``reward.timeout_s`` for the whole call (an inline domain's in the driver); ``fn`` still
         scores single rows. In a row's place it may return an exception: that row fails with it.
+
+    Optional, on ``fn`` itself: ``wants_data_source = True`` (a function attribute, or a class attribute of a
+    callable object) hands ``fn`` each row's ``data_source`` in ``extra[DATA_SOURCE_KEY]``, for one function that
+    serves several data sources. Every optional attribute of every kind is in ``CAPABILITIES``.
     """
 
     fn: Callable[[str, str, Any, Mapping[str, Any]], float | RewardResult]
@@ -149,7 +167,7 @@ class RewardDomain:
     score_range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]] | None = (0.0, 1.0)
     validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
     warmup: Callable[[], None] | None = None
-    batch_fn: Callable[..., Sequence[float | RewardResult]] | None = None
+    batch_fn: Callable[..., Sequence[float | RewardResult | Exception]] | None = None
 
     def __call__(
         self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any] | None = None, **params: Any
@@ -162,7 +180,7 @@ class RewardDomain:
         return RewardResult(score=out)  # kept as returned: the reward manager refuses a str, where float() would not
 
 
-def ground_truth_check_problem(check: Any) -> str | None:
+def ground_truth_check_problem(check: object) -> str | None:
     """Why ``check`` (a ``RewardDomain.validate_ground_truth``) cannot be called as ``check(ground_truth,
     extra)``, or None when it can (or is None)."""
     if check is None:
@@ -230,7 +248,7 @@ _ROLLOUT_AFTER_UPDATE = {
 #: name -> the stage that carries them (``GUARD_STAGES[stage].optional`` says when)
 OPTIONAL_STATS: dict[str, str] = {
     # KL(before || after) of one optimizer step, nats per token, on a probe of the rows it was trained on
-    # (``workers/policy_shift.py``): one forward of a few rows per measured step
+    # (``workers/actor/policy_shift.py``): one forward of a few rows per measured step
     "policy_kl": "step",
 }
 
@@ -476,12 +494,16 @@ class RolloutBackend(Protocol):
     base model's names with the adapters merged in, and ``update_weights`` then receives only the
     adapted layers' merged weights (nothing else changes). A backend that follows a LoRA policy
     itself sets ``serves_lora = True``: it is given the ``PeftModel`` and, after each update,
-    ``update_lora(peft_model)`` is called instead of ``update_weights``.
+    ``update_lora(peft_model)`` is called instead of ``update_weights``. ``eos_token_ids``: the ids that end an
+    assistant turn in a multi-turn episode (default: the tokenizer's ``eos_token_id``). All of them:
+    ``CAPABILITIES["rollout_backend"]``.
     """
 
-    def generate(self, prompts: DataProto, greedy: bool = False, **sampling_overrides: Any) -> DataProto: ...
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None: ...
 
-    def update_weights(self, named_tensors: Any) -> None: ...
+    def generate(self, prompts: DataProto, *, greedy: bool = False, **sampling_overrides: Any) -> DataProto: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
 
 @runtime_checkable
@@ -496,6 +518,8 @@ class MetricTracker(Protocol):
     failed. A classmethod ``check_available()`` raising ``ImportError`` (saying what to install)
     is called when the config is checked, before anything starts.
     """
+
+    def __init__(self, run_dir: str | Path, config: Any) -> None: ...
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -543,7 +567,8 @@ class Environment(Protocol):
     slow tool does not serialise them (a plain ``def`` runs in a thread). Observation tokens are
     appended to the sampled ids, never re-tokenising them, and are masked out of every loss.
 
-    Optional: ``tools`` (a list of function schemas, rendered into the prompt by the chat template);
+    Optional (``CAPABILITIES["environment"]``): a static ``prompt_kwargs(**params) -> dict``, keyword arguments
+    for the chat template of every prompt (the ``tools`` environment's function schemas);
     ``close()``, called when the episode ends, also when it failed; and a static
     ``check_params(**params)``, called once in the driver before any worker starts with the ``params``
     every episode will get, raising ``ValueError`` or ``TypeError`` naming a bad one (``armor run`` and
@@ -557,9 +582,103 @@ class Environment(Protocol):
     rollout's event loop and must not block it.
     """
 
+    def __init__(self, row: Mapping[str, Any], *, seed: int) -> None: ...
+
     def reset(self) -> Observation | Awaitable[Observation]: ...
 
     def step(self, turn: AssistantTurn) -> EnvironmentStep | Awaitable[EnvironmentStep]: ...
+
+
+#: the key of a reward row's ``extra`` under which a domain whose ``fn`` sets ``wants_data_source`` gets the row's
+#: ``data_source`` (``CAPABILITIES["reward_domain"]``)
+DATA_SOURCE_KEY = "_armor_data_source"
+
+
+class Capability(NamedTuple):
+    """An optional attribute or method of a plugin: the core reads it with :func:`capability`, and a plugin that
+    leaves it out behaves as if it had set ``default``."""
+
+    default: Any
+    doc: str
+
+
+_CHECK_AVAILABLE = Capability(
+    None,
+    "classmethod ``check_available() -> None`` raising ``ImportError`` (saying what to install) for a library that "
+    "is an optional install; called when the config is checked, before any worker starts",
+)
+
+#: Every optional attribute or method the core reads from a plugin, per kind: what it means and what a plugin
+#: without it gets. The core reads them only through :func:`capability`, so this table is the complete list.
+CAPABILITIES: dict[str, dict[str, Capability]] = {
+    # the function-like kinds' options are the fields of their dataclasses (``AdvantageEstimator.grouped``, ...)
+    "advantage_estimator": {},
+    "policy_loss": {},
+    "kl_estimator": {},
+    "loss_aggregation": {},
+    "task": {},
+    "reward_domain": {
+        "wants_data_source": Capability(
+            False,
+            "an attribute of the domain's ``fn`` (a function attribute, or a class attribute of a callable object): "
+            "True hands ``fn`` each row's ``data_source`` in ``extra[DATA_SOURCE_KEY]``, for a function that "
+            "serves several data sources (``reward.custom`` files, ``reward.remote`` services)",
+        ),
+    },
+    "stability_guard": {
+        "stages": Capability(None, "the stages the guard is shown; None: every stage but the opt-in ``step``"),
+        "actions": Capability(
+            None,
+            "``{stage: (action, ...)}``, what the guard may return where, checked at start; None: anything "
+            "(checked when returned)",
+        ),
+        "needs": Capability((), "the optional statistics (``OPTIONAL_STATS``) the guard reads, measured only then"),
+        "needs_at": Capability(
+            None, "``needs_at(step) -> bool``: whether the guard wants its costly stages at ``step``; None: always"
+        ),
+        "check_available": _CHECK_AVAILABLE,
+    },
+    "rollout_backend": {
+        "shares_module": Capability(
+            False, "True: generates by running the very module it is given (exposed as ``.model``), nothing to send"
+        ),
+        "separate_worker": Capability(False, "True: can run in a rollout worker of its own (``rollout.mode=async``)"),
+        "serves_lora": Capability(
+            False, "True: given the ``PeftModel``, it follows the adapters itself (``update_lora(peft_model)``)"
+        ),
+        "eos_token_ids": Capability(
+            None, "the token ids that end a turn in a multi-turn episode; None: the tokenizer's ``eos_token_id``"
+        ),
+        "check_available": _CHECK_AVAILABLE,
+    },
+    "metric_tracker": {
+        "resume": Capability(None, "``resume(step)``, called once after ``--resume`` (see ``MetricTracker``)"),
+        "summary": Capability(None, "``summary(summary)``, called once at the end with ``summary.json``'s contents"),
+        "check_available": _CHECK_AVAILABLE,
+    },
+    "environment": {
+        "check_params": Capability(
+            None, "static ``check_params(**params)`` run in the driver at start, raising on a bad parameter"
+        ),
+        "prompt_kwargs": Capability(
+            None,
+            "static ``prompt_kwargs(**params) -> dict``: keyword arguments for the chat template of every prompt "
+            "(the ``tools`` environment's function schemas); the user's ``data.apply_chat_template_kwargs`` win",
+        ),
+        "close": Capability(None, "``close()`` on an episode's instance, called when the episode ends, also failed"),
+        "check_available": _CHECK_AVAILABLE,
+    },
+}
+
+
+def capability(kind: str, plugin: object, name: str) -> Any:
+    """``plugin``'s optional ``name`` (an attribute, or a method: then the bound method), else its documented default.
+
+    ``plugin`` is the registered object (a class for class-like kinds, or an instance of it), or for
+    ``reward_domain`` the domain's ``fn``. ``name`` must be declared in ``CAPABILITIES[kind]`` (a KeyError
+    otherwise), so an optional attribute the core reads is never undocumented.
+    """
+    return getattr(plugin, name, CAPABILITIES[kind][name].default)
 
 
 KINDS: dict[str, tuple[str, type | None]] = {
@@ -605,13 +724,13 @@ def unknown_param(fn: Callable[..., Any], extra: Mapping[str, Any], n_positional
 
 
 def call_with_params(
-    fn: Callable[..., Any],
+    fn: Callable[..., _R],
     /,
     *args: Any,
     available: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
     where: str = "",
-) -> Any:
+) -> _R:
     """Call ``fn(*args, **kw)`` passing only the keyword parameters ``fn`` declares.
 
     ``available`` are values the core offers (``gamma``, ``values``, ...), passed when declared.

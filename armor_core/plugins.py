@@ -8,6 +8,9 @@ error naming both providers, and ``armor plugins`` show where each implementatio
 
 A plugin manager is never sent between processes: each Ray worker builds its own
 (``get_plugin_manager()``), which sees the same installed distributions.
+
+Long module: ``get_plugin`` and ``PluginManager.get`` carry one typed overload per plugin kind, so a lookup
+returns the kind's own type to a type checker.
 """
 
 from __future__ import annotations
@@ -19,12 +22,29 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, overload
 
 import pluggy
 
 from armor_core import hookspecs
 from armor_core.interfaces import KINDS, ground_truth_check_problem
+
+if TYPE_CHECKING:
+    from armor_core.interfaces import (
+        AdvantageEstimator,
+        Environment,
+        KLEstimator,
+        LossAggregation,
+        MetricTracker,
+        PolicyLoss,
+        RewardDomain,
+        RolloutBackend,
+        StabilityGuard,
+        Task,
+    )
+
+    #: what an ``environment`` registers: a class following ``Environment``, or a factory building one
+    EnvironmentFactory = type[Environment] | Callable[..., Environment]
 
 __all__ = [
     "DISABLE_ENV",
@@ -269,8 +289,32 @@ class PluginManager:
             raise UnknownPluginError(unknown_name_message(kind, name, self.names(kind), where=where))
         return found
 
+    @overload
+    def get(
+        self, kind: Literal["advantage_estimator"], name: str, *, where: str | None = None
+    ) -> AdvantageEstimator: ...
+    @overload
+    def get(self, kind: Literal["policy_loss"], name: str, *, where: str | None = None) -> PolicyLoss: ...
+    @overload
+    def get(self, kind: Literal["kl_estimator"], name: str, *, where: str | None = None) -> KLEstimator: ...
+    @overload
+    def get(self, kind: Literal["loss_aggregation"], name: str, *, where: str | None = None) -> LossAggregation: ...
+    @overload
+    def get(self, kind: Literal["reward_domain"], name: str, *, where: str | None = None) -> RewardDomain: ...
+    @overload
+    def get(self, kind: Literal["task"], name: str, *, where: str | None = None) -> Task: ...
+    @overload
+    def get(self, kind: Literal["stability_guard"], name: str, *, where: str | None = None) -> type[StabilityGuard]: ...
+    @overload
+    def get(self, kind: Literal["rollout_backend"], name: str, *, where: str | None = None) -> type[RolloutBackend]: ...
+    @overload
+    def get(self, kind: Literal["metric_tracker"], name: str, *, where: str | None = None) -> type[MetricTracker]: ...
+    @overload
+    def get(self, kind: Literal["environment"], name: str, *, where: str | None = None) -> EnvironmentFactory: ...
+    @overload
+    def get(self, kind: str, name: str, *, where: str | None = None) -> Any: ...
     def get(self, kind: str, name: str, *, where: str | None = None) -> Any:
-        """The implementation registered as ``name`` for ``kind`` (wrapped in its interface type)."""
+        """The implementation registered as ``name`` for ``kind`` (wrapped in its interface type); typed per kind."""
         return self.entry(kind, name, where=where).obj
 
     @staticmethod
@@ -323,13 +367,36 @@ def reset_plugin_manager() -> None:
         _default = None
 
 
+@overload
+def get_plugin(kind: Literal["advantage_estimator"], name: str) -> AdvantageEstimator: ...
+@overload
+def get_plugin(kind: Literal["policy_loss"], name: str) -> PolicyLoss: ...
+@overload
+def get_plugin(kind: Literal["kl_estimator"], name: str) -> KLEstimator: ...
+@overload
+def get_plugin(kind: Literal["loss_aggregation"], name: str) -> LossAggregation: ...
+@overload
+def get_plugin(kind: Literal["reward_domain"], name: str) -> RewardDomain: ...
+@overload
+def get_plugin(kind: Literal["task"], name: str) -> Task: ...
+@overload
+def get_plugin(kind: Literal["stability_guard"], name: str) -> type[StabilityGuard]: ...
+@overload
+def get_plugin(kind: Literal["rollout_backend"], name: str) -> type[RolloutBackend]: ...
+@overload
+def get_plugin(kind: Literal["metric_tracker"], name: str) -> type[MetricTracker]: ...
+@overload
+def get_plugin(kind: Literal["environment"], name: str) -> EnvironmentFactory: ...
+@overload
+def get_plugin(kind: str, name: str) -> Any: ...
 def get_plugin(kind: str, name: str) -> Any:
     """Return the implementation registered under ``name`` for ``kind``.
 
     For notebooks, tests and tools that call a plugin directly; the same lookup the config uses,
     with the same errors. ``kind`` is one of ``advantage_estimator``, ``policy_loss``,
     ``kl_estimator``, ``loss_aggregation``, ``reward_domain``, ``stability_guard``,
-    ``rollout_backend``, ``task``, ``metric_tracker``.
+    ``rollout_backend``, ``task``, ``metric_tracker``, ``environment``; the result is typed per kind
+    (``get_plugin("policy_loss", ...)`` is a ``PolicyLoss``, a guard's is its class).
 
     >>> grpo = get_plugin("advantage_estimator", "grpo")            # doctest: +SKIP
     >>> adv, ret = grpo.fn(rewards, mask, index)                     # doctest: +SKIP

@@ -28,7 +28,8 @@ PACK_PREFIX = "armor_rewards_"
 #: what plugins and packs may import from the core: these modules, and under a name ending in ``*`` the
 #: module with everything below it. The contract (``hookspecs``, ``interfaces``, ``plugins``, ``errors``,
 #: and ``armor_core`` itself, which re-exports them), the test helpers for plugin authors, the batch
-#: container, the tensor and reward helpers, and model loading and LoRA (rollout backends use them).
+#: container, the tensor and reward helpers, model loading and LoRA (rollout backends use them), and the
+#: guard authors' helpers (``stability.helpers``; the guard runner beside it stays private).
 PUBLIC = (
     "armor_core",
     "armor_core.hookspecs",
@@ -39,6 +40,7 @@ PUBLIC = (
     "armor_core.dataproto*",
     "armor_core.ops*",
     "armor_core.models*",
+    "armor_core.stability.helpers",
 )
 
 #: the sub-packages of ``armor_core``, lowest first; ``contract`` is the top-level modules (``hookspecs``,
@@ -247,6 +249,7 @@ CLEAN = {
     "armor_core/workers/actor.py": "from armor_core.config.schema import x\n",
     "armor_core/loop/trainer.py": "from armor_core.workers import actor\nfrom ..config import schema\n",
     "armor_plugins/grpo.py": "from armor_core import hookimpl\nfrom armor_core.ops.masked import masked_mean\n",
+    "armor_plugins/guard.py": "from armor_core.stability.helpers import Knob\n",
     "armor_rewards_a/armor_rewards_a/__init__.py": "from armor_core.models.lora import y\n",
     "armor_rewards_b/armor_rewards_b/__init__.py": "import armor_core.testing.checks\n",
 }
@@ -272,6 +275,11 @@ def test_a_clean_planted_tree_passes(tmp_path):
             "(b) armor_plugins.x imports armor_core.loop.trainer",
         ),
         ("armor_rewards_a/armor_rewards_a/d.py", "def f():\n    from armor_core.config.schema import C\n", "(b)"),
+        (
+            "armor_plugins/x.py",
+            "from armor_core.stability.guard import GuardRunner\n",
+            "(b) armor_plugins.x imports armor_core.stability.guard",
+        ),
         (
             "armor_rewards_a/armor_rewards_a/d.py",
             "from armor_plugins.grpo import f\n",

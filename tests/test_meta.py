@@ -6,6 +6,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from armor_core import hookspecs
 from armor_core.interfaces import KINDS
 
@@ -53,12 +55,62 @@ def test_the_readme_links_resolve():
     assert dangling == [], f"README.md links to missing files: {dangling}"
 
 
+def test_ci_runs_the_readme_test_command_verbatim():
+    commands = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("python3.11 ")]
+    assert (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()[-1] == commands[-1]
+
+
 def test_the_getting_started_page_gives_the_readme_commands():
     # the two commands live in the README (CI runs the second); the docs site repeats them, and must not drift
     commands = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("python3.11 ")]
     assert len(commands) == 2
     page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8").splitlines()
     assert [c for c in commands if c not in page] == []
+
+
+def test_every_shipped_hookimpl_annotates_its_registrar():
+    """Every ``@hookimpl`` of the built-in plugins, the reward packs and the ``armor new`` templates types its
+    ``register`` with the hook's own registrar and returns None, so that pyright (CI) checks what it registers."""
+    root = TESTS.parent
+    files = [*root.glob("armor_plugins/**/*.py"), *root.glob("armor_rewards_*/armor_rewards_*/**/*.py")]
+    files += list(root.glob("armor_core/cli/templates/*/plugin.py.tmpl"))
+    seen, wrong = 0, []
+    for path in files:
+        for match in re.finditer(r"@hookimpl\s+def (armor_\w+)\(([^)]*)\)( -> None)?:", path.read_text()):
+            hook, params, returns = match.groups()
+            seen += 1
+            expected = inspect.signature(getattr(hookspecs, hook)).parameters["register"].annotation
+            if params != f"register: {expected}" or not returns:
+                wrong.append(f"{path.relative_to(root)}: def {hook}({params}){returns or ''}")
+    assert seen >= 40, f"found only {seen} hookimpls: the pattern no longer matches the plugins"
+    assert wrong == [], "hookimpls without their typed registrar:\n" + "\n".join(wrong)
+
+
+def test_optional_plugin_capabilities_are_declared_and_read_through_one_helper():
+    """Every optional attribute the core reads from a plugin is documented in ``interfaces.CAPABILITIES``, and no
+    module reads one with ``getattr``/``hasattr`` by its name: only ``interfaces.capability`` does."""
+    from armor_core.interfaces import CAPABILITIES, capability
+
+    assert set(CAPABILITIES) == set(KINDS)
+    names = {name for caps in CAPABILITIES.values() for name in caps}
+    assert all(cap.doc for caps in CAPABILITIES.values() for cap in caps.values())
+    pattern = re.compile(r"(?:getattr|hasattr)\([^,()]+, [\"'](" + "|".join(sorted(names)) + r")[\"']")
+    core = TESTS.parent / "armor_core"
+    ad_hoc = [
+        f"{path.relative_to(core)}:{i}: {line.strip()}"
+        for path in core.rglob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and "CAPABILITIES[kind][name].default" not in line
+    ]
+    assert ad_hoc == [], "optional capabilities read ad hoc (use interfaces.capability):\n" + "\n".join(ad_hoc)
+
+    class Fn:
+        wants_data_source = True
+
+    assert capability("reward_domain", Fn(), "wants_data_source") is True
+    assert capability("reward_domain", lambda *a: 0.0, "wants_data_source") is False
+    with pytest.raises(KeyError):
+        capability("reward_domain", Fn(), "wants_everything")
 
 
 def test_every_hook_has_a_test():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, Sequence
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +60,7 @@ def evaluate(
     data: str,
     *,
     size: int = 500,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     sampled: bool = False,
     max_new_tokens: int | None = None,
     n: int = 1,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Mapping
 
 __all__ = ["first_problem"]
 
@@ -44,7 +44,7 @@ def first_problem(cfg: Any, cls: type, prefix: str = "") -> str | None:
     return None
 
 
-def _out_of_range(value: Any, m: dict) -> str | None:
+def _out_of_range(value: Any, m: Mapping[str, Any]) -> str | None:
     """What ``value`` must be instead, or None if it satisfies the checks in ``m``."""
     if "choices" in m and value not in m["choices"]:
         return f"one of {m['choices']}"
@@ -59,7 +59,7 @@ def _out_of_range(value: Any, m: dict) -> str | None:
     return None
 
 
-def _list_problem(key: str, value: list, m: dict) -> str | None:
+def _list_problem(key: str, value: list, m: Mapping[str, Any]) -> str | None:
     if "length" in m and len(value) != m["length"]:
         return f"{key}={value!r} has {len(value)} item(s); it takes exactly {m['length']} ({m.get('help', '')})"
     want = m.get("item")
@@ -68,7 +68,7 @@ def _list_problem(key: str, value: list, m: dict) -> str | None:
         if (want is float and not number) or (want is str and not isinstance(item, str)):
             takes = "numbers" if want is float else "text"
             return f"{key}[{i}]={item!r} is a {type(item).__name__}; {key} takes {takes} ({m.get('help', '')})"
-        if want is float and not math.isfinite(item):
+        if want is float and not math.isfinite(float(item)):
             return f"{key}[{i}]={item!r} is not a finite number ({m.get('help', '')})"
         bad = _out_of_range(item, m.get("item_range", {}))
         if bad:

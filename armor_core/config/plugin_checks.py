@@ -9,7 +9,7 @@ from typing import Any
 
 from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ArmorConfig, ConfigError
-from armor_core.interfaces import unknown_param
+from armor_core.interfaces import CAPABILITIES, capability, unknown_param
 
 __all__ = ["validate_plugins"]
 
@@ -91,7 +91,9 @@ def _check_resolved(cfg: ArmorConfig, pm: Any, resolved: dict[str, Any], wanted:
         problem = unknown_param(fn, params, n_positional, key)
         if problem:
             raise ConfigError(problem)
-    if cfg.rollout.mode == "async" and not getattr(resolved["rollout.backend"], "separate_worker", False):
+    if cfg.rollout.mode == "async" and not capability(
+        "rollout_backend", resolved["rollout.backend"], "separate_worker"
+    ):
         raise ConfigError(
             "rollout.mode=async runs the rollout backend in workers of its own, but "
             f"rollout.backend={cfg.rollout.backend!r} does not declare it can (separate_worker = True on its class: "
@@ -99,8 +101,8 @@ def _check_resolved(cfg: ArmorConfig, pm: Any, resolved: dict[str, Any], wanted:
             "without the actor); use rollout.mode=sync"
         )
     # a plugin whose library is an optional install (vllm, wandb, mlflow) says how to install it now, not in a worker
-    for key, _kind, name in wanted:
-        check = getattr(resolved[key], "check_available", None)
+    for key, kind, name in wanted:
+        check = capability(kind, resolved[key], "check_available") if "check_available" in CAPABILITIES[kind] else None
         if callable(check):
             try:
                 check()

@@ -569,8 +569,9 @@ def _all_keys(cls: type = ArmorConfig, prefix: str = "") -> list[str]:
     for fld in dataclasses.fields(cls):
         key = f"{prefix}{fld.name}"
         keys.append(key)
-        if dataclasses.is_dataclass(fld.default_factory if fld.default_factory is not dataclasses.MISSING else None):
-            keys.extend(_all_keys(fld.default_factory, key + "."))
+        factory = fld.default_factory
+        if isinstance(factory, type) and dataclasses.is_dataclass(factory):
+            keys.extend(_all_keys(factory, key + "."))
     return keys
 
 
@@ -731,6 +732,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         cfg: ArmorConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         raise _friendly(e, str(path) if path and not overrides else "config") from None
+    assert isinstance(merged, DictConfig)  # merged from DictConfigs
     remember(cfg, merged)  # trackers log ${...} values as written: a resolved ${oc.env:KEY} is a secret
     _check_ranges(cfg)
     _check_semantics(cfg)
@@ -757,6 +759,7 @@ def help_for(cls: type = ArmorConfig, prefix: str = "") -> list[tuple[str, str, 
         if fld.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(fld.default_factory):
             rows.extend(help_for(fld.default_factory, key + "."))
         else:
-            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
+            factory = fld.default_factory
+            default = fld.default if factory is dataclasses.MISSING else factory()
             rows.append((key, fld.metadata.get("help", ""), default))
     return rows

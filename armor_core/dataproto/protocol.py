@@ -71,6 +71,12 @@ Index = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
 _MISSING = object()
 
 
+def _fill_missing(mine: dict[str, Any], theirs: Mapping[str, Any]) -> None:
+    """``mine[key] = value`` for each of ``theirs`` that ``mine`` lacks."""
+    for key, value in theirs.items():
+        mine.setdefault(key, value)
+
+
 class DataProto:
     """A batch: ``tensors`` and ``non_tensors`` columns of ``batch_size`` rows, plus ``meta_info``.
 
@@ -200,6 +206,7 @@ class DataProto:
             raise KeyError(unknown_key("column", index, self.keys()))
         rows = self._rows(index)
         if is_row_number(index):
+            assert isinstance(rows, slice)  # a row number is a one-row slice
             i = rows.start
             return DataProtoItem(
                 {k: v[i] for k, v in self.tensors.items()},
@@ -217,6 +224,8 @@ class DataProto:
                 f"to change rows, write into a column: data['name'][rows] = ..."
             )
         is_tensor = isinstance(value, torch.Tensor)
+        target: dict[str, Any]
+        other: dict[str, Any]
         target, other = (self.tensors, self.non_tensors) if is_tensor else (self.non_tensors, self.tensors)
         if key in other:
             raise ValueError(
@@ -415,13 +424,9 @@ class DataProto:
                         f"DataProto.union: {kind} {key!r} differs between the two batches; "
                         f"rename or pop one of them first"
                     )
-        for mine, theirs in (
-            (self.tensors, other.tensors),
-            (self.non_tensors, other.non_tensors),
-            (self.meta_info, other.meta_info),
-        ):
-            for key, value in theirs.items():
-                mine.setdefault(key, value)
+        _fill_missing(self.tensors, other.tensors)
+        _fill_missing(self.non_tensors, other.non_tensors)
+        _fill_missing(self.meta_info, other.meta_info)
         return self
 
     def to(self, device: str | torch.device, non_blocking: bool = False) -> DataProto:
@@ -456,7 +461,11 @@ class DataProto:
         return DataProto(self.tensors, self.non_tensors, self.meta_info)
 
     def __deepcopy__(self, memo: dict) -> DataProto:
-        return DataProto(*(copy.deepcopy(d, memo) for d in (self.tensors, self.non_tensors, self.meta_info)))
+        return DataProto(
+            copy.deepcopy(self.tensors, memo),
+            copy.deepcopy(self.non_tensors, memo),
+            copy.deepcopy(self.meta_info, memo),
+        )
 
     def __repr__(self) -> str:
         try:

@@ -98,7 +98,7 @@ class AsyncRollout:
         self.pushed = version
         return time.perf_counter() - t0
 
-    def next(self, version: int) -> tuple[Any, Any, float]:
+    def next(self, version: int) -> tuple[Any, Any]:
         """The oldest batch in flight, for the step after ``version`` updates: ``(gen_in, out)``.
         Tops the queue up to ``max_staleness + 1`` batches first, on the newest weights."""
         while len(self.queue) < self.max_staleness + 1:

@@ -17,9 +17,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.plugins import PluginManager
+    from armor_core.rewards.manager import RewardManager
 
 __all__ = ["DataError", "Dataset", "PromptLoader", "load_data", "load_rows", "normalize_row", "prepare_data"]
 
@@ -35,6 +42,7 @@ class Dataset:
     skipped: int = 0
     dropped_too_long: int = 0
     problems: list[str] = field(default_factory=list)
+    encoded: dict[str, Any] = field(default_factory=dict)  # the rows tokenized (``prepare_data``), empty before
 
 
 def _read_file(path: Path) -> Iterable[tuple[str, Any]]:
@@ -158,7 +166,7 @@ def load_rows(
     return ds
 
 
-def task_rows(pm: Any, task: str, split: str, size: int, seed: int, params: dict) -> Dataset:
+def task_rows(pm: PluginManager, task: str, split: str, size: int, seed: int, params: dict) -> Dataset:
     from armor_core.interfaces import call_with_params
 
     fn = pm.get("task", task, where="data.task").fn
@@ -280,7 +288,7 @@ def encode_dataset(
     }
 
 
-def prompt_template_kwargs(cfg: Any, pm: Any) -> dict[str, Any]:
+def prompt_template_kwargs(cfg: ArmorConfig, pm: PluginManager) -> dict[str, Any]:
     """``data.apply_chat_template_kwargs``, under what a multi-turn environment asks the prompts to carry: its
     ``prompt_kwargs(**environment_kwargs)`` (the ``tools`` environment's function schemas, rendered into the
     system prompt by the chat template). The user's own keys win."""
@@ -288,26 +296,31 @@ def prompt_template_kwargs(cfg: Any, pm: Any) -> dict[str, Any]:
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return kwargs
+    from armor_core.interfaces import capability
+
     env_cls = pm.get("environment", mt.environment, where="rollout.multi_turn.environment")
-    hook = getattr(env_cls, "prompt_kwargs", None)
+    hook = capability("environment", env_cls, "prompt_kwargs")
     return {**(hook(**dict(mt.environment_kwargs)) if hook is not None else {}), **kwargs}
 
 
 def prepare_data(
-    cfg: Any, pm: Any = None, tokenizer: Any = None, rewards: Any = None
+    cfg: ArmorConfig,
+    pm: PluginManager | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    rewards: RewardManager | None = None,
 ) -> tuple[Dataset, Dataset | None]:
     """The run's train and validation rows (``data.train_files`` / ``val_files``, or ``data.task``),
     checked against their reward domains and encoded; every problem is reported before workers start."""
     from armor_core.models.loading import load_tokenizer, resolve_model_path
     from armor_core.plugins import get_plugin_manager
-    from armor_core.rewards.manager import RewardManager
+    from armor_core.rewards.manager import RewardManager as _RewardManager
 
     pm = pm or get_plugin_manager()
     tokenizer = tokenizer or load_tokenizer(
         cfg.model.tokenizer_path or resolve_model_path(cfg.model.path), trust_remote_code=cfg.model.trust_remote_code
     )
     own_rewards = rewards is None
-    rewards = rewards or RewardManager(cfg.reward, pm)
+    rewards = rewards or _RewardManager(cfg.reward, pm)
     d = cfg.data
     try:
 
@@ -319,6 +332,7 @@ def prepare_data(
                 d.train_files, skip_invalid=d.skip_invalid, prompt_key=d.prompt_key, needs_ground_truth=needs_gt
             )
         else:
+            assert d.task is not None  # the config check requires data.train_files or data.task
             train = task_rows(pm, d.task, "train", d.train_size, cfg.trainer.seed, d.task_kwargs)
         if d.val_files:
             val = load_rows(

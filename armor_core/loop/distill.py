@@ -100,7 +100,7 @@ def check_teacher(cfg: ArmorConfig) -> None:
     theirs = load_tokenizer(teacher_path, trust_remote_code=trust).get_vocab()
     if student != theirs:
         only_s, only_t = sorted(set(student) - set(theirs))[:5], sorted(set(theirs) - set(student))[:5]
-        moved = sorted((t for t in student if t in theirs and student[t] != theirs[t]), key=student.get)
+        moved = sorted((t for t in student if t in theirs and student[t] != theirs[t]), key=lambda t: student[t])
         raise ConfigError(
             f"{key}={teacher!r}: the teacher's tokenizer ({teacher_path}, vocabulary of "
             f"{len(theirs)} tokens) is not the student's ({student_path}, vocabulary of {len(student)} tokens): "

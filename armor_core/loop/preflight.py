@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from armor_core.config.schema import ArmorConfig, ConfigError
-from armor_core.interfaces import unknown_param
+from armor_core.interfaces import capability, unknown_param
 from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from armor_core.models.remote_code import check_remote_code
 from armor_core.plugins import get_plugin_manager
@@ -172,7 +172,7 @@ def check_multi_turn(cfg: ArmorConfig, pm: Any = None) -> None:
     problem = unknown_param(env_cls, mt.environment_kwargs, 1, "rollout.multi_turn.environment_kwargs")
     if problem:
         raise ConfigError(problem)
-    check = getattr(env_cls, "check_params", None)
+    check = capability("environment", env_cls, "check_params")
     if check is None:
         return
     try:

@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -31,6 +31,13 @@ from armor_core.dataproto.metrics import merge_metrics
 from armor_core.loop.async_rollout import environment_metrics, generation_request
 from armor_core.loop.step_timer import StepTimer
 from armor_core.workers.api import ActorAPI
+
+if TYPE_CHECKING:
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.engine import WorkerGroup
+    from armor_core.loop.async_rollout import AsyncRollout
+    from armor_core.loop.data import PromptLoader
+    from armor_core.stability.faults import Faults
 
 __all__ = ["RolloutSource"]
 
@@ -49,7 +56,13 @@ class RolloutSource:
     """A step's generated rows (``generated``, ``collect``) and the actor's update (``update``)."""
 
     def __init__(
-        self, cfg: Any, actor: Any, loader: Any, faults: Any, async_rollout: Any = None, needs_weight_sync: bool = False
+        self,
+        cfg: ArmorConfig,
+        actor: WorkerGroup,
+        loader: PromptLoader,
+        faults: Faults,
+        async_rollout: AsyncRollout | None = None,
+        needs_weight_sync: bool = False,
     ) -> None:
         self.cfg, self.actor, self.loader, self.faults = cfg, actor, loader, faults
         self.async_rollout = async_rollout

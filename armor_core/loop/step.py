@@ -19,7 +19,7 @@ adjustments after them), and logs. The statistics each stage shows are ``interfa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +28,22 @@ from armor_core.interfaces import Verdict, call_with_params
 from armor_core.loop.distill import TEACHER_KEYS
 from armor_core.loop.step_timer import StepTimer
 from armor_core.workers.api import ActorAPI, CriticAPI
+
+if TYPE_CHECKING:  # the collaborators' types; at run time the trainer hands them over
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.engine import WorkerGroup
+    from armor_core.interfaces import AdvantageEstimator
+    from armor_core.loop.baseline import GreedyBaseline
+    from armor_core.loop.distill import Distillation
+    from armor_core.loop.kl_penalty import AdaptiveKLController, FixedKLController
+    from armor_core.loop.rollout_source import RolloutSource
+    from armor_core.plugins import PluginManager
+    from armor_core.rewards.manager import RewardManager
+    from armor_core.stability.faults import Faults
+    from armor_core.stability.guard import GuardRunner
 
 __all__ = [
     "Scorer",
@@ -63,10 +79,10 @@ class Scorer:
     (its score is the weighted sum), for estimators that treat them separately (``normalize_components``).
     """
 
-    def __init__(self, rewards: Any, tokenizer: Any) -> None:
+    def __init__(self, rewards: RewardManager, tokenizer: PreTrainedTokenizerBase) -> None:
         self.rewards, self.tokenizer = rewards, tokenizer
 
-    def decode(self, batch: Any) -> list[str]:
+    def decode(self, batch: DataProto) -> list[str]:
         # plain lists and one batch_decode: per-row tensor indexing cost more than the decoding
         rows = [
             [t for t, keep in zip(r, m) if keep]
@@ -74,11 +90,11 @@ class Scorer:
         ]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def __call__(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         scores, metrics, _ = self.score(batch)
         return scores, metrics
 
-    def score(self, batch: Any) -> tuple[torch.Tensor, dict[str, float], list[str]]:
+    def score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float], list[str]]:
         """(B,) scores, the reward metrics, and the decoded responses (validation votes on them)."""
         nt = batch.non_tensors
         lengths = batch["response_mask"].sum(-1).tolist()
@@ -97,7 +113,7 @@ class Scorer:
 
 
 def _with_environment_parts(
-    scores: list[float], components: list[dict], metrics: dict[str, float], parts: Any
+    scores: list[float], components: list[dict], metrics: dict[str, float], parts: np.ndarray
 ) -> tuple[list[float], list[dict], dict[str, float]]:
     """Scores plus each row's ``env_reward_parts``, added to its components as ``env:<name>`` (weight 1)."""
     components = [dict(c) for c in components]
@@ -119,7 +135,7 @@ class StepResult:
     # the reward and advantage stages' verdicts the trainer still has to act on: those of a step whose update
     # they skipped (a rollback, adjustments after it); empty when the update ran (their adjustments came first)
     verdicts: list[Verdict] = field(default_factory=list)
-    batch: Any = None  # None: nothing was trained on (dynamic sampling kept no group)
+    batch: DataProto | None = None  # None: nothing was trained on (dynamic sampling kept no group)
     scores: torch.Tensor | None = None
     updated: bool = False  # the update ran (the trainer shows stage ``update`` only then)
 
@@ -129,24 +145,24 @@ class Step:
 
     def __init__(
         self,
-        cfg: Any,
-        pm: Any,
-        estimator: Any,
-        actor: Any,
-        critic: Any,
-        rollout: Any,
+        cfg: ArmorConfig,
+        pm: PluginManager,
+        estimator: AdvantageEstimator,
+        actor: WorkerGroup,
+        critic: WorkerGroup | None,
+        rollout: RolloutSource,
         scorer: Scorer,
-        guard: Any,
-        faults: Any,
-        kl_ctrl: Any,
-        distill: Any = None,
-        baseline: Any = None,
+        guard: GuardRunner,
+        faults: Faults,
+        kl_ctrl: FixedKLController | AdaptiveKLController | None,
+        distill: Distillation | None = None,
+        baseline: GreedyBaseline | None = None,
     ) -> None:
         self.cfg, self.pm, self.estimator = cfg, pm, estimator
         self.actor, self.critic, self.rollout, self.scorer = actor, critic, rollout, scorer
         self.guard, self.faults, self.kl_ctrl = guard, faults, kl_ctrl
-        self.distill = distill  # a loop.distill.Distillation, or None
-        self.baseline = baseline  # a loop.baseline.GreedyBaseline for a greedy_baseline estimator (ReMax), or None
+        self.distill = distill  # on-policy distillation, or None
+        self.baseline = baseline  # for a greedy_baseline estimator (ReMax), or None
 
     def run(self, step: int) -> StepResult:
         """Step ``step`` (1-based) up to and including the updates."""
@@ -176,11 +192,11 @@ class Step:
         send_adjustments(self.actor, res.verdicts, res.metrics)
         res.verdicts = []  # nothing left for the trainer to act on
 
-    def _scores(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _scores(self, batch: DataProto, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         scores, metrics = self.scorer(batch)
         return self.faults.rewards(scores, step), metrics
 
-    def _log_probs(self, batch: Any, res: StepResult) -> Any:
+    def _log_probs(self, batch: DataProto, res: StepResult) -> DataProto:
         """Old log-probs (unless the update is exactly on-policy), reference log-probs (KL), values (critic),
         the teacher's log-probs (distillation)."""
         cfg, timer = self.cfg, res.timer
@@ -206,7 +222,7 @@ class Step:
             batch = self.distill.teacher_pass(batch, timer, res.metrics)
         return batch
 
-    def _baseline(self, batch: Any, step: int, res: StepResult) -> torch.Tensor | None:
+    def _baseline(self, batch: DataProto, step: int, res: StepResult) -> torch.Tensor | None:
         """The greedy responses' scores, one per prompt, for an estimator that reads ``baseline_scores``."""
         if self.baseline is None:
             return None
@@ -215,7 +231,7 @@ class Step:
         res.metrics.update(metrics)
         return scores
 
-    def _advantages(self, batch: Any, res: StepResult, baseline: torch.Tensor | None = None) -> Any:
+    def _advantages(self, batch: DataProto, res: StepResult, baseline: torch.Tensor | None = None) -> DataProto:
         """The KL penalty and the distillation reward folded into the reward (if configured), then the advantage
         estimator."""
         a, mask = self.cfg.algorithm, batch["response_mask"].float()
@@ -258,7 +274,7 @@ class Step:
         res.metrics.update(_masked_stats("critic/returns", ret, mask))
         return batch
 
-    def _update(self, batch: Any, step: int, res: StepResult) -> None:
+    def _update(self, batch: DataProto, step: int, res: StepResult) -> None:
         if self.critic is not None:
             with res.timer("update_critic"):
                 res.metrics.update(self.critic.dispatch(CriticAPI.update_critic, batch, step))
@@ -266,7 +282,7 @@ class Step:
         res.metrics.update(self.rollout.update(update_in, step, res.timer))
 
 
-def send_adjustments(actor: Any, verdicts: list[Verdict], metrics: dict[str, float]) -> None:
+def send_adjustments(actor: WorkerGroup, verdicts: list[Verdict], metrics: dict[str, float]) -> None:
     """Every verdict's adjustments, merged (``merge_adjustments``), sent to each actor rank and logged as
     ``guard/adjust/<coefficient>``; nothing is sent when there are none."""
     from armor_core.stability.guard import merge_adjustments
@@ -302,7 +318,7 @@ def score_stats(scores: torch.Tensor) -> dict[str, float]:
     return {"score/mean": scores.mean().item(), "score/min": scores.min().item(), "score/max": scores.max().item()}
 
 
-def length_stats(batch: Any) -> dict[str, float]:
+def length_stats(batch: DataProto) -> dict[str, float]:
     """``response_length/mean``, ``/max``, ``/min`` (tokens the response mask holds) and ``/clip_ratio``, the share of
     responses that reached the batch's response width (``rollout.max_new_tokens``: cut off, not finished)."""
     resp_len = batch["response_mask"].float().sum(-1)
@@ -314,7 +330,7 @@ def length_stats(batch: Any) -> dict[str, float]:
     }
 
 
-def rollout_entropy(batch: Any) -> dict[str, float]:
+def rollout_entropy(batch: DataProto) -> dict[str, float]:
     """``rollout/entropy``: the mean of ``-rollout_log_probs`` over the response tokens the mask holds, an unbiased
     estimate of the sampler's per-token entropy (``E[-log p(x)]`` for ``x`` drawn from ``p``), known before the
     update; ``{}`` when the backend returned no log-probs."""
@@ -324,7 +340,7 @@ def rollout_entropy(batch: Any) -> dict[str, float]:
     return {"rollout/entropy": float(-(batch["rollout_log_probs"].float() * mask).sum() / mask.sum().clamp(min=1))}
 
 
-def advantage_stats(batch: Any, scores: torch.Tensor, metrics: dict[str, float]) -> dict[str, float]:
+def advantage_stats(batch: DataProto, scores: torch.Tensor, metrics: dict[str, float]) -> dict[str, float]:
     """What guard stage ``advantage`` shows: the rollout's scores, lengths and sampler entropy, the advantages, and
     every ``rollout/*`` statistic the step knows by then (``interfaces.GUARD_STAGES["advantage"]``)."""
     known = {k: v for k, v in metrics.items() if k.startswith(("critic/advantages/", "rollout/"))}
@@ -337,7 +353,7 @@ def update_stats(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}
 
 
-def batch_metrics(batch: Any, scores: torch.Tensor) -> dict[str, float]:
+def batch_metrics(batch: DataProto, scores: torch.Tensor) -> dict[str, float]:
     """Scores, rewards and lengths of the batch a step trained on. ``prompt_length/mean`` counts the prompt's
     tokens only (the attention mask before the response), not the observations a multi-turn episode appended."""
     lengths = length_stats(batch)

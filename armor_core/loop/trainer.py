@@ -41,6 +41,7 @@ from armor_core.config.schema import ArmorConfig, to_dict
 from armor_core.config.written import for_trackers
 from armor_core.engine import WorkerDiedError
 from armor_core.errors import NonFiniteError
+from armor_core.interfaces import capability
 from armor_core.loop.baseline import GreedyBaseline
 from armor_core.loop.data import load_data
 from armor_core.loop.resume import check_lora_base, nothing_left
@@ -131,7 +132,8 @@ class Trainer:
                 # the steps after the checkpoint are logged again; without one, all of them (step 0's validation too)
                 since = self.step if self._resume() else -1
                 for tracker in self.trackers:
-                    getattr(tracker, "resume", lambda step: None)(since)
+                    if (rewind := capability("metric_tracker", tracker, "resume")) is not None:
+                        rewind(since)
                 self.guard.forget_after(since)
             self.guard.open_events()  # there from the start, empty until a guard acts; a resume's is kept
             (self.run_dir / "config.json").write_text(config_json)
@@ -295,6 +297,7 @@ class Trainer:
         if res.batch is not None:
             after = [self.guard.observe("update", update_stats(metrics), self.step)] if res.updated else []
             self._act_on([*res.verdicts, *after], metrics)
+            assert res.scores is not None  # the step scored what it trained on
             metrics.update(batch_metrics(res.batch, res.scores))
             a = self.cfg.algorithm
             if warning := nothing_kept(metrics, self.step, a.rollout_correction, a.rollout_correction_cap):
@@ -424,7 +427,8 @@ class Trainer:
             summary = self._summary(before, after, step_metrics)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
             for tr in self.trackers:  # optional: trackers that keep a run summary (wandb, mlflow)
-                getattr(tr, "summary", lambda s: None)(summary)
+                if (keep := capability("metric_tracker", tr, "summary")) is not None:
+                    keep(summary)
         except WorkerDiedError as e:
             last = self.ckpt.latest()
             where = (

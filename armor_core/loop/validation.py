@@ -61,7 +61,7 @@ def vote_key(response: str) -> str:
 
 
 def at_n_metrics(
-    correct: np.ndarray, responses: Sequence[str], sources: Sequence[str], n: int, prefix: str = "val/"
+    correct: np.ndarray, responses: Sequence[str], sources: Sequence[str] | np.ndarray, n: int, prefix: str = "val/"
 ) -> dict[str, float]:
     """``mean@n``, ``best@n`` and ``maj@n`` per source and overall. ``correct`` and ``responses``
     hold ``n`` consecutive samples per prompt; ``sources`` one entry per prompt."""

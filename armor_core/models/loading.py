@@ -214,7 +214,9 @@ def _render(
             )
         # the template writes its own BOS and role markers, so no special tokens are added again
         kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {})}
-        return tokenizer.apply_chat_template(list(prompt), tokenize=False, **kwargs), False
+        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, **kwargs)
+        assert isinstance(text, str)  # tokenize=False renders text
+        return text, False
     raise ValueError(
         f"prompt {index} is a {type(prompt).__name__}; expected a string or a list of {{'role', 'content'}} messages"
     )
@@ -265,7 +267,9 @@ def encode_prompts(
         rows.append(list(ids))
         kept.append(i)
     width = max((len(r) for r in rows), default=0)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    pad = tokenizer.pad_token_id
+    assert isinstance(pad, int), f"the tokenizer has no pad token id ({pad!r})"
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     for j, ids in enumerate(rows):
         if ids:

@@ -38,9 +38,15 @@ class LoraResumeError(UserFacingError, ValueError):
     the actor worker raises it."""
 
 
+def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A Hugging Face model's output head (``get_output_embeddings``), None for a module without one."""
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if get is not None else None
+
+
 def _linear_names(model: torch.nn.Module) -> list[str]:
     """Short names (last component) of the model's linear layers, its output head left out."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _output_head(model)
     return sorted(
         {
             name.rsplit(".", 1)[-1]
@@ -75,7 +81,7 @@ def _targeted(model: torch.nn.Module, targets: Any) -> dict[str, torch.nn.Module
     """The modules LoRA would wrap: those ``targets`` names, or with 'all-linear' every linear layer but the head."""
     modules = dict(model.named_modules())
     if targets == "all-linear":
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        head = _output_head(model)
         return {n: m for n, m in modules.items() if isinstance(m, torch.nn.Linear) and m is not head}
     targets = [targets] if isinstance(targets, str) else list(targets)
     return {n: m for n, m in modules.items() if any(n == t or n.endswith("." + t) for t in targets)}
@@ -127,7 +133,12 @@ def apply_lora(
         targets = [targets] if isinstance(targets, str) else list(targets)
         _check_targets(model, targets)
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type=task
+        r=rank,
+        lora_alpha=alpha,  # pyright: ignore[reportArgumentType]  (annotated int; peft scales by alpha / r, a float works)
+        lora_dropout=dropout,
+        target_modules=targets,
+        bias="none",
+        task_type=task,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -165,7 +176,8 @@ def merged_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(m, LoraLayer) and ADAPTER in m.lora_A:
             base = m.get_base_layer()
             out[_base_name(f"{name}.weight")] = (
-                base.weight + m.get_delta_weight(ADAPTER).to(base.weight.dtype)
+                # every LoraLayer that wraps a weight defines get_delta_weight; peft declares it on the subclasses
+                base.weight + m.get_delta_weight(ADAPTER).to(base.weight.dtype)  # pyright: ignore[reportAttributeAccessIssue]
             ).detach()
     return out
 
@@ -251,6 +263,7 @@ def check_resume(directory: Path, model_cfg: Any, module: torch.nn.Module | None
         )
     if not saved:
         return
+    assert module is not None  # a LoRA run passes its live model
     live = peft_model_of(module).peft_config[ADAPTER].target_modules
     mine = {
         "lora_rank": model_cfg.lora_rank,

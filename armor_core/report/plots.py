@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 from armor_core.report.runs import GRAD_NORM_AFTER_CLIP, Run
 
@@ -47,7 +47,12 @@ _KEY_COLORS = (
     "#637939",
     "#f7b6d2",
 )
-_RUN_STYLES = (("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"))
+_RUN_STYLES: tuple[tuple[Literal["-", "--", ":", "-."], str], ...] = (
+    ("-", "solid"),
+    ("--", "dashed"),
+    (":", "dotted"),
+    ("-.", "dash-dot"),
+)
 _SPARSE = 30  # a series with fewer points (a validation curve) shows them as dots
 _LOG_SPAN = 1e3  # positive values spanning more than this factor get a log axis
 
@@ -138,7 +143,7 @@ _TAIL = [
 ]
 
 
-def run_style(index: int) -> tuple[str, str]:
+def run_style(index: int) -> tuple[Literal["-", "--", ":", "-."], str]:
     """The line style of the ``index``-th run: matplotlib's code and its name."""
     return _RUN_STYLES[index % len(_RUN_STYLES)]
 

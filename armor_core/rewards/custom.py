@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
-from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.interfaces import DATA_SOURCE_KEY, RewardDomain, RewardResult
 
 __all__ = ["SOURCE_KEY", "FileFunction", "load_custom"]
 
 #: the key under which the reward manager hands a row's data_source to a file function, in its extra
-SOURCE_KEY = "_armor_data_source"
+SOURCE_KEY = DATA_SOURCE_KEY
 _DOMAIN_ARGS = ("prompt", "response", "ground_truth", "extra")
 _ROW_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 _BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")

@@ -151,7 +151,9 @@ class LocalJudge(_Judge):
 
             torch.set_num_threads(self.threads)
             model = load_model(self.path, resolve_dtype("auto", self.device))
-            _LOADED[key] = (model.to(self.device).eval(), load_tokenizer(self.path))
+            # transformers annotates PreTrainedModel.to through a decorator pyright reads as taking the model itself
+            model = model.to(self.device)  # pyright: ignore[reportArgumentType]
+            _LOADED[key] = (model.eval(), load_tokenizer(self.path))
         return _LOADED[key]
 
     def generate(self, texts: Sequence[str]) -> list[str]:

@@ -57,19 +57,22 @@ import pickle
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from armor_core.config.packs import missing_pack
 from armor_core.config.schema import ConfigError, RewardConfig
-from armor_core.interfaces import RewardDomain
+from armor_core.interfaces import RewardDomain, capability
 from armor_core.rewards.checks import FailureWatch, check_params, range_problem, resolve_score_range
 from armor_core.rewards.custom import SOURCE_KEY, load_custom
 from armor_core.rewards.judge import load_judges
 from armor_core.rewards.model import load_models
 from armor_core.rewards.pool import FLOAT32_MAX, Outcome, Pool, evaluate, evaluate_batch
 from armor_core.rewards.remote import load_remote
+
+if TYPE_CHECKING:
+    from armor_core.plugins import PluginManager
 
 __all__ = ["RewardBatch", "RewardManager", "ground_truth_of"]
 
@@ -123,6 +126,13 @@ def ground_truth_of(row: Mapping[str, Any]) -> Any:
 # -- the manager ----------------------------------------------------------------------------------
 
 
+def _check_lengths(n: int, **columns: Sequence[Any]) -> None:
+    """Every column of a batch to score has one entry per prompt."""
+    for name, seq in columns.items():
+        if len(seq) != n:
+            raise ValueError(f"RewardManager.score: {name} has {len(seq)} entries but prompts has {n}")
+
+
 class RewardManager:
     """Routes rows to reward domains and scores batches. Build one per run on the driver; ``close()`` it.
 
@@ -135,7 +145,7 @@ class RewardManager:
         weight is not a number, or a parameter is not accepted by its domain.
     """
 
-    def __init__(self, cfg: RewardConfig, pm: Any = None, *, watch_failures: bool = False) -> None:
+    def __init__(self, cfg: RewardConfig, pm: PluginManager | None = None, *, watch_failures: bool = False) -> None:
         if pm is None:
             from armor_core.plugins import get_plugin_manager
 
@@ -214,7 +224,7 @@ class RewardManager:
             bound_domain,
             inline,
             batch=domain.batch_fn is not None,
-            wants_source=bool(getattr(domain.fn, "wants_data_source", False)),
+            wants_source=bool(capability("reward_domain", domain.fn, "wants_data_source")),
             spec=spec,
             score_range=score_range,
             check_ground_truth=domain.validate_ground_truth,
@@ -355,14 +365,7 @@ class RewardManager:
         """Score B rows; every list has one entry per row (``extras`` may be None)."""
         n = len(prompts)
         extras = extras if extras is not None else [{}] * n
-        for name, seq in (
-            ("responses", responses),
-            ("data_sources", data_sources),
-            ("ground_truths", ground_truths),
-            ("extras", extras),
-        ):
-            if len(seq) != n:
-                raise ValueError(f"RewardManager.score: {name} has {len(seq)} entries but prompts has {n}")
+        _check_lengths(n, responses=responses, data_sources=data_sources, ground_truths=ground_truths, extras=extras)
         with self._lock:
             checks = [(i, d, w) for i, source in enumerate(data_sources) for d, w in self.domains_for(source).items()]
             outcomes: list[Outcome | None] = [None] * len(checks)
@@ -379,6 +382,7 @@ class RewardManager:
                 elif bound.inline:
                     outcomes[c] = evaluate(bound.domain, *args)
                 else:
+                    assert bound.spec is not None  # every domain that is not inline was pickled
                     jobs.append((bound.spec, args, False))
                     job_checks.append([c])
             for d, cs in batched.items():
@@ -393,7 +397,9 @@ class RewardManager:
                     for k, c in enumerate(cs):
                         outcomes[c] = result if isinstance(result, Outcome) else result[k]
                     continue
-                jobs.append((self._bound[d].spec, (*args, extra_of), True))
+                spec = self._bound[d].spec
+                assert spec is not None  # every domain that is not inline was pickled
+                jobs.append((spec, (*args, extra_of), True))
                 job_checks.append(cs)
             if jobs:
                 if self._pool is None:
@@ -401,8 +407,9 @@ class RewardManager:
                 for cs, result in zip(job_checks, self._pool.run(jobs)):
                     for k, c in enumerate(cs):  # one Outcome for a whole batch: its call failed or timed out
                         outcomes[c] = result if isinstance(result, Outcome) else result[k]
-            # type: ignore[arg-type]
-            return self._assemble(n, checks, outcomes, prompts, responses, data_sources, ground_truths)
+            done = [o for o in outcomes if o is not None]
+            assert len(done) == len(outcomes), "a check was left without an outcome"
+            return self._assemble(n, checks, done, prompts, responses, data_sources, ground_truths)
 
     def _assemble(
         self,

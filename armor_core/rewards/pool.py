@@ -109,6 +109,7 @@ def evaluate_batch(
     The batch function may put an exception in a row's place: that row fails with it."""
     from armor_core.interfaces import RewardResult
 
+    assert domain.batch_fn is not None  # called for a batched domain only
     try:
         results = list(domain.batch_fn(list(prompts), list(responses), list(ground_truths), [dict(e) for e in extras]))
         if len(results) != len(prompts):
@@ -223,7 +224,7 @@ class Pool:
             for conn in wait_for_connections(list(by_conn), max(0.0, deadline - now)):
                 w = by_conn[conn]
                 try:
-                    msg = conn.recv()
+                    msg = w.conn.recv()
                 except (EOFError, OSError):  # the worker died: segfault, out-of-memory kill
                     w.proc.join(5.0)  # reap it, for its exit code
                     if not w.ready:
@@ -246,11 +247,12 @@ class Pool:
                 elif msg[0] == "loaded":
                     w.loaded.add(w.spec)  # type: ignore[arg-type]
                     w.deadline = time.monotonic() + self.timeout_s
-                elif msg[0] == "done" and msg[1] == w.job:
+                elif msg[0] == "done" and w.job is not None and msg[1] == w.job:
                     results[w.job], w.job = msg[2], None
                     remaining -= 1
             now = time.monotonic()
             for w in [w for w in self._workers if w.job is not None and w.deadline < now]:
+                assert w.job is not None
                 results[w.job] = Outcome(
                     "timeout",
                     kind="timeout",

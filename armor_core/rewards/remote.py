@@ -261,7 +261,8 @@ class _HTTPHandler(urllib.request.HTTPHandler):
         self.watchdog = watchdog
 
     def http_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(_WatchedHTTP, req, watchdog=self.watchdog)
+        # typeshed wants a connection factory protocol the stdlib's own HTTPConnection subclasses meet at run time
+        return self.do_open(_WatchedHTTP, req, watchdog=self.watchdog)  # pyright: ignore[reportArgumentType]
 
 
 class _HTTPSHandler(urllib.request.HTTPSHandler):
@@ -288,7 +289,8 @@ def _results(reply: Any, n: int, url: str) -> list[RewardResult | Exception]:
     if not isinstance(rewards, list) or len(rewards) != n:
         got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"keys {sorted(map(str, reply))}"
         raise RemoteRewardError(f"{url} answered {got} for {n} rows; expected 'rewards': a list of {n} numbers")
-    logs = reply.get("extra_logs") if isinstance(reply.get("extra_logs"), Mapping) else {}
+    logs = reply.get("extra_logs")
+    logs = logs if isinstance(logs, Mapping) else {}
     columns = {str(k): v for k, v in logs.items() if isinstance(v, list) and len(v) == n}
     out: list[RewardResult | Exception] = []
     for i, reward in enumerate(rewards):

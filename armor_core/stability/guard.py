@@ -22,10 +22,20 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from armor_core.errors import ConfigError, GuardVerdictError
-from armor_core.interfaces import ADJUSTABLE_COEFFICIENTS, GUARD_STAGES, OPTIONAL_STATS, Verdict
+from armor_core.interfaces import (
+    ADJUSTABLE_COEFFICIENTS,
+    GUARD_STAGES,
+    OPTIONAL_STATS,
+    StabilityGuard,
+    Verdict,
+    capability,
+)
+
+if TYPE_CHECKING:
+    from armor_core.plugins import PluginManager
 
 __all__ = [
     "GuardRunner",
@@ -55,16 +65,22 @@ _CAUTIOUS = {"lr": min, "clip_ratio_low": min, "clip_ratio_high": min, "kl_loss_
 assert set(_CAUTIOUS) == set(ADJUSTABLE_COEFFICIENTS), "every adjustable coefficient needs a cautious merge rule"
 
 
-def sees(guard: Any, stage: str) -> bool:
+def sees(guard: StabilityGuard, stage: str) -> bool:
     """Whether ``guard`` is shown ``stage``: those in its ``stages``, else every stage but the opt-in ones."""
-    stages = getattr(guard, "stages", None)
+    stages = capability("stability_guard", guard, "stages")
     return stage in stages if stages is not None else stage not in OPT_IN_STAGES
 
 
-def may_roll_back(guard: Any) -> bool:
+def _wants_step(guard: StabilityGuard, step: int) -> bool:
+    """Whether ``guard`` wants its costly stages at ``step``: its ``needs_at(step)``, else always."""
+    needs_at = capability("stability_guard", guard, "needs_at")
+    return needs_at is None or bool(needs_at(step))
+
+
+def may_roll_back(guard: StabilityGuard) -> bool:
     """Whether ``guard`` may ask for a rollback the driver carries out: its ``actions`` list ``rollback`` at a
     ``RESTORING_STAGES`` stage it sees, or it declares no ``actions`` (it may return anything) and sees one."""
-    actions = getattr(guard, "actions", None)
+    actions = capability("stability_guard", guard, "actions")
     stages = [s for s in RESTORING_STAGES if sees(guard, s)]
     if actions is None:
         return bool(stages)
@@ -79,18 +95,20 @@ def _honoured_at(stage: str) -> str:
     return ", ".join(["proceed", *GUARD_STAGES[stage].honours])
 
 
-def declaration_problem(guard: Any) -> str | None:
+def declaration_problem(guard: StabilityGuard) -> str | None:
     """What is wrong with ``guard``'s ``needs`` or ``actions`` (``{stage: (action, ...)}``), or None: every statistic
     it needs must be one a stage it sees measures (``OPTIONAL_STATS``); every stage in ``actions`` one it sees, every
     action one that stage honours (``GUARD_STAGES[stage].honours``)."""
     cls = type(guard).__name__
-    for stat in getattr(guard, "needs", ()):  # optional statistics, each measured at one stage the guard must see
+    for stat in capability(
+        "stability_guard", guard, "needs"
+    ):  # optional statistics, each measured at one stage the guard must see
         if stat not in OPTIONAL_STATS:
             return f"{cls}.needs {stat!r}, which no stage measures; optional statistics: {list(OPTIONAL_STATS)}"
         if not sees(guard, OPTIONAL_STATS[stat]):
             stage = OPTIONAL_STATS[stat]
             return f"{cls}.needs {stat!r}, measured at stage {stage!r}: list {stage!r} in its `stages`"
-    actions = getattr(guard, "actions", None)
+    actions = capability("stability_guard", guard, "actions")
     if actions is None:
         return None
     if not isinstance(actions, Mapping):
@@ -109,7 +127,7 @@ def declaration_problem(guard: Any) -> str | None:
     return None
 
 
-def verdict_problem(name: str, guard: Any, stage: str, verdict: Verdict) -> str | None:
+def verdict_problem(name: str, guard: StabilityGuard, stage: str, verdict: Verdict) -> str | None:
     """Why ``verdict``, returned by the guard labelled ``name`` at ``stage``, cannot be carried out, or None."""
     action = verdict.action
     spec = GUARD_STAGES.get(stage)
@@ -119,7 +137,7 @@ def verdict_problem(name: str, guard: Any, stage: str, verdict: Verdict) -> str 
             f"{_honoured_at(stage)}); {action!r} is honoured at: {_where_honoured(action)}. Return it at one of "
             f"those stages, or one of {_honoured_at(stage)} here (interfaces.GUARD_STAGES[{stage!r}].honours)"
         )
-    declared = getattr(guard, "actions", None)
+    declared = capability("stability_guard", guard, "actions")
     if action != "proceed" and isinstance(declared, Mapping):
         listed = declared.get(stage, ())
         listed = (listed,) if isinstance(listed, str) else tuple(listed)
@@ -155,8 +173,8 @@ def run_coefficients(actor_cfg: Any) -> dict[str, float]:
 
 
 def build_guards(
-    specs: list[Mapping[str, Any]], pm: Any = None, run_values: Mapping[str, float] | None = None
-) -> list[tuple[str, Any]]:
+    specs: list[Mapping[str, Any]], pm: PluginManager | None = None, run_values: Mapping[str, float] | None = None
+) -> list[tuple[str, StabilityGuard]]:
     """Each configured guard, built: ``[(label, instance)]`` in the config's order.
 
     A constructor parameter named after an adjustable coefficient (``lr``, ``kl_loss_coef``, ``entropy_coeff``,
@@ -206,7 +224,7 @@ class GuardRunner:
     def __init__(
         self,
         guards: list[Mapping[str, Any]],
-        pm: Any = None,
+        pm: PluginManager | None = None,
         run_dir: str | Path | None = None,
         enable: bool = True,
         run_values: Mapping[str, float] | None = None,
@@ -223,7 +241,7 @@ class GuardRunner:
     def watches_at(self, stage: str, step: int) -> bool:
         """Whether a guard observing ``stage`` wants it at ``step``: one without ``needs_at`` always does, one with
         it when ``needs_at(step)`` says so (a costly stage is measured only then)."""
-        return any(sees(g, stage) and (not hasattr(g, "needs_at") or bool(g.needs_at(step))) for _, g in self.guards)
+        return any(sees(g, stage) and _wants_step(g, step) for _, g in self.guards)
 
     def rolls_back(self) -> bool:
         """Whether any guard may ask for a rollback the driver carries out (``may_roll_back``): the trainer keeps
@@ -233,7 +251,7 @@ class GuardRunner:
     def wants(self, stat: str) -> bool:
         """Whether any guard lists ``stat`` in its ``needs`` (a statistic a stage measures only on request, such as
         ``policy_kl`` at ``step``: ``GUARD_STAGES[stage].optional``): the worker measures it only then."""
-        return any(stat in getattr(g, "needs", ()) for _, g in self.guards)
+        return any(stat in capability("stability_guard", g, "needs") for _, g in self.guards)
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         """The combined verdict of the guards that see ``stage``, each non-``proceed`` one recorded.

@@ -100,7 +100,8 @@ class CheckpointManager:
         pointer_tmp.write_text(final.name)
         os.replace(pointer_tmp, self.root / "latest")
         _fsync_dir(self.root)
-        self._intact[final.name] = _signature(final)  # just hashed: no need to read it back
+        if (signature := _signature(final)) is not None:  # just hashed: no need to read it back
+            self._intact[final.name] = signature
         self._prune()
         return final
 
@@ -333,7 +334,7 @@ def _write_manifest(folder: Path) -> None:
             continue
         h = hashlib.sha256()
         with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
+            while block := fh.read(1 << 20):
                 h.update(block)
             os.fsync(fh.fileno())  # the data on disk before the rename makes it look complete
         files[f.relative_to(folder).as_posix()] = {"size": f.stat().st_size, "sha256": h.hexdigest()}

@@ -6,11 +6,12 @@ implementation against the contract the trainer relies on (``check_advantage_est
 other plugin kind, listed in ``CHECKS``)::
 
     from armor_core import hookimpl
+    from armor_core.hookspecs import RegisterAdvantageEstimator
     from armor_core.testing import registered, check_advantage_estimator
 
     class MyPlugin:
         @hookimpl
-        def armor_register_advantage_estimators(self, register):
+        def armor_register_advantage_estimators(self, register: RegisterAdvantageEstimator) -> None:
             register("centered", compute_centered_advantage)
 
     def test_centered():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator, Mapping, Sequence, get_args
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, get_args
 
 import torch
 
@@ -13,16 +13,30 @@ from armor_core.interfaces import (
     ADJUSTABLE_COEFFICIENTS,
     GUARD_STAGES,
     AdvantageEstimator,
+    KLEstimator,
+    LossAggregation,
+    MetricTracker,
     PolicyLoss,
     RewardDomain,
     RewardResult,
+    RolloutBackend,
+    StabilityGuard,
+    Task,
     Verdict,
     VerdictAction,
     call_with_params,
+    capability,
     ground_truth_check_problem,
     unknown_param,
 )
 from armor_core.testing.environments import check_environment
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.dataproto.protocol import DataProto
 
 
 def _toy_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -169,7 +183,10 @@ def _guard_rounds(
 
 
 def check_guard(
-    guard_cls: type, stats: Mapping[str, Mapping[str, float]] | None = None, steps: int = 20, **params: Any
+    guard_cls: type[StabilityGuard],
+    stats: Mapping[str, Mapping[str, float]] | None = None,
+    steps: int = 20,
+    **params: Any,
 ) -> list[tuple[str, int, Verdict]]:
     """Build ``guard_cls(**params)`` and check the contract the trainer relies on.
 
@@ -189,9 +206,8 @@ def check_guard(
     problem = declaration_problem(guard)
     assert problem is None, problem
     stages = [s for s in GUARD_STAGES if sees(guard, s)]
-    assert stages, (
-        f"{guard_cls.__name__}.stages = {getattr(guard, 'stages', None)!r} names no stage of {list(GUARD_STAGES)}"
-    )
+    declared = capability("stability_guard", guard, "stages")
+    assert stages, f"{guard_cls.__name__}.stages = {declared!r} names no stage of {list(GUARD_STAGES)}"
     rounds = list(_guard_rounds(stages, steps, stats or {}))
     verdicts, restored = [], None
     for i, (stage, stat, step) in enumerate(rounds):
@@ -221,7 +237,7 @@ def check_guard(
     return verdicts
 
 
-def check_kl_estimator(estimator: Any) -> torch.Tensor:
+def check_kl_estimator(estimator: KLEstimator) -> torch.Tensor:
     """Run a ``KLEstimator`` on log-ratios up to +-30 and on equal log-probs. Checks: the input's
     shape, finite values and a finite gradient (the trainer bounds nothing after it), and 0 where
     the two policies agree. Returns the per-token KL of the extreme case."""
@@ -242,7 +258,7 @@ def check_kl_estimator(estimator: Any) -> torch.Tensor:
     return kl.detach()
 
 
-def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
+def check_loss_aggregation(aggregation: LossAggregation) -> torch.Tensor:
     """Aggregate a per-token loss with a fully masked row. Checks: a finite scalar, 0 for a zero
     loss, linear in the loss (the trainer sums micro-batch shares), and no gradient reaching the
     positions outside the mask. Returns the aggregated toy loss."""
@@ -261,6 +277,7 @@ def check_loss_aggregation(aggregation: Any) -> torch.Tensor:
     doubled = aggregation.fn(2 * loss_mat.detach(), mask, **counts)
     assert torch.allclose(doubled, 2 * loss.detach(), rtol=1e-5), "aggregation is not linear in the loss"
     loss.backward()
+    assert loss_mat.grad is not None, "the aggregated loss does not reach loss_mat"
     assert (loss_mat.grad[mask == 0] == 0).all(), "gradient reaches positions outside the response mask"
     return loss.detach()
 
@@ -274,7 +291,7 @@ def _posed(rows: list[dict[str, Any]]) -> set[str]:
     return out
 
 
-def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]:
+def check_task(task: Task, size: int = 16, **params: Any) -> list[dict[str, Any]]:
     """Ask a ``Task`` for ``size`` train and test rows. Checks: ``size`` rows, each with a prompt (a
     string or a list of chat messages), a string ``data_source`` and a ``ground_truth`` key; the same
     seed gives the same rows; train and test pose no common problem: no prompt, or for a row whose tools
@@ -301,8 +318,12 @@ def check_task(task: Any, size: int = 16, **params: Any) -> list[dict[str, Any]]
 
 
 def check_rollout_backend(
-    backend_cls: type, model: Any, tokenizer: Any, prompts: list[str] | None = None, **rollout: Any
-) -> Any:
+    backend_cls: type[RolloutBackend],
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str] | None = None,
+    **rollout: Any,
+) -> DataProto:
     """Build ``backend_cls(model, tokenizer, RolloutConfig(**rollout))`` and generate for a few
     prompts. Checks: ``responses``, ``response_mask`` and ``rollout_log_probs`` of one shape, the
     mask 0/1 and right-padded, log-probs finite and <= 0 on the response, 0 after it; greedy
@@ -333,7 +354,7 @@ def check_rollout_backend(
     return out
 
 
-def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) -> Any:
+def check_metric_tracker(tracker_cls: type[MetricTracker], run_dir: str | Path, config: Any = None) -> MetricTracker:
     """Build ``tracker_cls(run_dir, config)`` (the default config unless given) and log a few steps, NaN and inf
     included (a tracker
     must never end a run over a value), call ``resume`` and ``summary`` when it has them, then
@@ -343,11 +364,11 @@ def check_metric_tracker(tracker_cls: type, run_dir: Any, config: Any = None) ->
     tracker = tracker_cls(run_dir, config if config is not None else load_config(None, []))
     for step, value in ((1, 0.5), (2, math.nan), (3, math.inf)):
         tracker.log({"critic/score/mean": value, "timing_s/step": 0.1 * step}, step)
-    if hasattr(tracker, "resume"):
-        tracker.resume(2)
+    if (resume := capability("metric_tracker", tracker, "resume")) is not None:
+        resume(2)
         tracker.log({"critic/score/mean": 0.75}, 3)
-    if hasattr(tracker, "summary"):
-        tracker.summary({"steps": 3})
+    if (summary := capability("metric_tracker", tracker, "summary")) is not None:
+        summary({"steps": 3})
     tracker.close()
     return tracker
 

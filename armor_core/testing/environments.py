@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.interfaces import AssistantTurn, Environment, EnvironmentStep, capability
 from armor_core.workers.rollout.multi_turn import numbers_problem
 from armor_core.workers.rollout.observations import as_messages
 
@@ -16,8 +16,12 @@ __all__ = ["check_environment"]
 AWKWARD_TURNS = ("The answer is 5.", "", '<tool_call>{"name": 1, "arguments": [</tool_call>', "x" * 20_000)
 
 
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
+
+
 def _resolve(value: Any) -> Any:
-    return asyncio.run(value) if inspect.isawaitable(value) else value
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
 
 
 def _check_observation(observation: Any, where: str) -> None:
@@ -35,7 +39,7 @@ def _check_numbers(values: Any, what: str, where: str) -> None:
 
 
 def check_environment(
-    env_cls: Any,
+    env_cls: type[Environment] | Callable[..., Environment],
     row: Mapping[str, Any] | None = None,
     turns: Sequence[str] = AWKWARD_TURNS,
     **params: Any,
@@ -48,7 +52,7 @@ def check_environment(
     """
     row = dict(row or {"prompt": "What is 2 + 3?", "data_source": "check", "ground_truth": "5", "extra": {}})
     name = getattr(env_cls, "__name__", type(env_cls).__name__)
-    hook = getattr(env_cls, "prompt_kwargs", None)
+    hook = capability("environment", env_cls, "prompt_kwargs")
     if hook is not None:
         kwargs = hook(**params)
         assert isinstance(kwargs, dict), f"{name}.prompt_kwargs returned {type(kwargs).__name__}, not a dict"
@@ -65,7 +69,7 @@ def check_environment(
             _check_numbers(step.metrics, "metrics", where)
             steps.append(step)
         finally:
-            close = getattr(env, "close", None)
+            close = capability("environment", env, "close")
             if close is not None:
                 _resolve(close())
     return steps

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.masked import as_bool_mask, masked_whiten
 
 __all__ = ["compute_gae_advantage"]
@@ -77,7 +78,7 @@ def compute_gae_advantage(
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "gae",
         AdvantageEstimator(

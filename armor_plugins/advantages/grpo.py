@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import group_stats, outcomes
 
 __all__ = ["compute_dr_grpo_advantage", "compute_grpo_advantage"]
@@ -73,7 +74,7 @@ def compute_dr_grpo_advantage(
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "grpo",
         AdvantageEstimator(

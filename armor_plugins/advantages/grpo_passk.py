@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import group_ids, outcomes
 
 __all__ = ["compute_grpo_passk_advantage"]
@@ -79,7 +80,7 @@ def _np_select(index: Any, rows: torch.Tensor) -> Any:
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "grpo_passk",
         AdvantageEstimator(

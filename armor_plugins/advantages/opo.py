@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import group_stats, outcomes
 
 __all__ = ["compute_opo_advantage"]
@@ -51,7 +52,7 @@ def compute_opo_advantage(
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "opo",
         AdvantageEstimator(

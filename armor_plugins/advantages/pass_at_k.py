@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import group_ids, outcomes
 
 __all__ = ["compute_pass_at_k_advantage", "pass_at_k_weights"]
@@ -132,7 +133,7 @@ def _group_pass_at_k(values: torch.Tensor, k: int, epsilon: float, norm_adv_by_s
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "pass_at_k",
         AdvantageEstimator(

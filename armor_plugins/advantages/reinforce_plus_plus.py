@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import broadcast_to_tokens, discounted_returns, group_stats, outcomes
 from armor_core.ops.masked import as_bool_mask, masked_whiten
 
@@ -78,7 +79,7 @@ def compute_reinforce_plus_plus_baseline_advantage(
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "reinforce_plus_plus",
         AdvantageEstimator(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import broadcast_to_tokens, discounted_returns
 
 __all__ = ["compute_remax_advantage"]
@@ -52,7 +53,7 @@ def compute_remax_advantage(
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "remax",
         AdvantageEstimator(

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from armor_core import AdvantageEstimator, hookimpl
+from armor_core.hookspecs import RegisterAdvantageEstimator
 from armor_core.ops.groups import group_stats, outcomes
 
 __all__ = ["compute_rloo_advantage"]
@@ -47,7 +48,7 @@ def compute_rloo_advantage(
 
 
 @hookimpl
-def armor_register_advantage_estimators(register) -> None:
+def armor_register_advantage_estimators(register: RegisterAdvantageEstimator) -> None:
     register(
         "rloo",
         AdvantageEstimator(fn=compute_rloo_advantage, grouped=True, description="RLOO: leave-one-out group baseline"),

@@ -42,6 +42,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterEnvironment
 from armor_core.interfaces import AssistantTurn, EnvironmentStep
 from armor_core.ops.calls import describe, in_thread
 from armor_plugins.environments.parsers import PARSERS, ToolCall
@@ -191,5 +192,5 @@ class ToolsEnvironment:
 
 
 @hookimpl
-def armor_register_environments(register) -> None:
+def armor_register_environments(register: RegisterEnvironment) -> None:
     register("tools", ToolsEnvironment)

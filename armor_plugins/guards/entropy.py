@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
-from armor_plugins.guards._common import Knob, check_param, commit, finite_stat, format_changes
+from armor_core.hookspecs import RegisterStabilityGuard
+from armor_core.stability.helpers import Knob, check_param, commit, finite_stat, format_changes
 
 __all__ = ["EntropyGuard"]
 
@@ -143,5 +144,5 @@ class EntropyGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, EntropyGuard)

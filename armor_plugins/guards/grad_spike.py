@@ -1,7 +1,7 @@
 """``grad_spike``: adaptive gradient clipping from the running statistics of the gradient norm.
 
 At stage ``grad`` (in each actor worker, before ``optimizer.step``) the guard keeps a running mean
-and variance of ``grad_norm`` (:class:`~armor_plugins.guards._common.RunningMoments`: exact over
+and variance of ``grad_norm`` (:class:`~armor_core.stability.helpers.RunningMoments`: exact over
 the first ``window`` steps, an EMA after). After ``warmup`` norms, a norm whose z-score
 ``(g - mean) / std`` exceeds ``z_threshold`` is a spike: the verdict is ``scale`` with
 ``scale = (mean + clip_z * std) / g``, so the applied gradient has norm ``mean + clip_z * std``.
@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
-from armor_plugins.guards._common import RunningMoments, check_param, finite_stat
+from armor_core.hookspecs import RegisterStabilityGuard
+from armor_core.stability.helpers import RunningMoments, check_param, finite_stat
 
 __all__ = ["GradSpikeGuard"]
 
@@ -109,5 +110,5 @@ class GradSpikeGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, GradSpikeGuard)

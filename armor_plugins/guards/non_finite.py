@@ -19,6 +19,7 @@ import math
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
+from armor_core.hookspecs import RegisterStabilityGuard
 
 #: the stages where the update can still be skipped
 _BEFORE_UPDATE = ("reward", "advantage", "grad")
@@ -69,5 +70,5 @@ class NonFiniteGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register("non_finite", NonFiniteGuard)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
-from armor_plugins.guards._common import check_param, finite_stat
+from armor_core.hookspecs import RegisterStabilityGuard
+from armor_core.stability.helpers import check_param, finite_stat
 
 __all__ = ["RolloutMismatchGuard"]
 
@@ -75,5 +76,5 @@ class RolloutMismatchGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, RolloutMismatchGuard)

@@ -2,7 +2,7 @@
 
 The guard reads ``policy_kl`` at stage ``step`` (right after ``optimizer.step`` in each actor worker):
 the KL divergence between the policy before and after the step, on tokens the step was trained on
-(``armor_core/workers/policy_shift.py``). Unlike the weights' relative change, its scale does not depend
+(``armor_core/workers/actor/policy_shift.py``). Unlike the weights' relative change, its scale does not depend
 on the model, the task or the learning rate, so one default serves every run and protects from the
 first step, before any history exists. Three regimes, relative to ``target_kl``:
 
@@ -57,7 +57,8 @@ import math
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
-from armor_plugins.guards._common import check_param, finite_stat
+from armor_core.hookspecs import RegisterStabilityGuard
+from armor_core.stability.helpers import check_param, finite_stat
 
 __all__ = ["TrustRegionGuard"]
 
@@ -209,5 +210,5 @@ class TrustRegionGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, TrustRegionGuard)

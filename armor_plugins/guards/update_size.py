@@ -34,7 +34,8 @@ import statistics
 from typing import Any, Mapping
 
 from armor_core import Verdict, hookimpl
-from armor_plugins.guards._common import check_param, finite_stat
+from armor_core.hookspecs import RegisterStabilityGuard
+from armor_core.stability.helpers import check_param, finite_stat
 
 __all__ = ["UpdateSizeGuard"]
 
@@ -132,5 +133,5 @@ class UpdateSizeGuard:
 
 
 @hookimpl
-def armor_register_stability_guards(register):
+def armor_register_stability_guards(register: RegisterStabilityGuard) -> None:
     register(NAME, UpdateSizeGuard)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from armor_core import LossAggregation, hookimpl
+from armor_core.hookspecs import RegisterLossAggregation
 from armor_core.ops.masked import as_bool_mask, masked_sum
 
 __all__ = [
@@ -193,6 +194,6 @@ AGGREGATIONS = {
 
 
 @hookimpl
-def armor_register_loss_aggregations(register) -> None:
+def armor_register_loss_aggregations(register: RegisterLossAggregation) -> None:
     for name, fn in AGGREGATIONS.items():
         register(name, LossAggregation(fn=fn, description=(fn.__doc__ or "").split("\n")[0]))

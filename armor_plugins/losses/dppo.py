@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from armor_core import PolicyLoss, hookimpl
+from armor_core.hookspecs import RegisterPolicyLoss
 from armor_core.ops.masked import as_bool_mask, masked_mean, upcast
 from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
 
@@ -188,7 +189,7 @@ def compute_policy_loss_dppo_kl(
 
 
 @hookimpl
-def armor_register_policy_losses(register) -> None:
+def armor_register_policy_losses(register: RegisterPolicyLoss) -> None:
     register(
         "dppo_tv",
         PolicyLoss(

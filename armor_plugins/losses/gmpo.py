@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from armor_core import PolicyLoss, hookimpl
+from armor_core.hookspecs import RegisterPolicyLoss
 from armor_core.ops.masked import as_bool_mask, masked_mean, masked_sum
 from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
 
@@ -102,7 +103,7 @@ def compute_policy_loss_geo_mean(
 
 
 @hookimpl
-def armor_register_policy_losses(register) -> None:
+def armor_register_policy_losses(register: RegisterPolicyLoss) -> None:
     register(
         "geo_mean",
         PolicyLoss(

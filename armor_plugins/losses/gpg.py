@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from armor_core import PolicyLoss, hookimpl
+from armor_core.hookspecs import RegisterPolicyLoss
 from armor_core.ops.masked import as_bool_mask, upcast
 from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
 
@@ -59,7 +60,7 @@ def compute_policy_loss_gpg(
 
 
 @hookimpl
-def armor_register_policy_losses(register) -> None:
+def armor_register_policy_losses(register: RegisterPolicyLoss) -> None:
     register(
         "gpg",
         PolicyLoss(fn=compute_policy_loss_gpg, description="GPG: plain policy gradient -A log pi, no ratio or clip"),

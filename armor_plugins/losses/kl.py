@@ -6,12 +6,13 @@ and why the ``+`` variants exist, is ``armor_core.ops.kl``; this module register
 from __future__ import annotations
 
 from armor_core import KLEstimator, hookimpl
+from armor_core.hookspecs import RegisterKLEstimator
 from armor_core.ops.kl import KL_ESTIMATORS
 
 __all__: list[str] = []
 
 
 @hookimpl
-def armor_register_kl_estimators(register) -> None:
+def armor_register_kl_estimators(register: RegisterKLEstimator) -> None:
     for name, fn in KL_ESTIMATORS.items():
         register(name, KLEstimator(fn=fn, description=(fn.__doc__ or "").split("\n")[0]))

@@ -17,6 +17,7 @@ import re
 from typing import Any, Mapping
 
 from armor_core import RewardDomain, RewardResult, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 
 __all__ = ["arithmetic_reward", "check_integer_truth"]
 
@@ -63,7 +64,7 @@ def check_integer_truth(ground_truth: Any, extra: Mapping[str, Any] | None = Non
 
 
 @hookimpl
-def armor_register_reward_domains(register) -> None:
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "arithmetic",
         RewardDomain(

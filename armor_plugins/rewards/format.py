@@ -36,6 +36,7 @@ import re
 from typing import Any, Callable, Mapping
 
 from armor_core import RewardDomain, RewardResult, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 
 __all__ = ["PRESETS", "boxed_parts", "check_config", "format_reward", "pattern_parts", "think_answer_parts"]
 
@@ -59,8 +60,9 @@ def think_answer_parts(response: str) -> dict[str, bool]:
     """The parts of the ``think_answer`` preset (see the module docstring)."""
     think, answer = _block(response, "think"), _block(response, "answer")
     order = think is not None and answer is not None and think[1] <= answer[0]
-    # type: ignore[index]
-    clean = order and not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()
+    clean = False
+    if think is not None and answer is not None and order:  # nothing outside the two blocks
+        clean = not (response[: think[0]] + response[think[1] : answer[0]] + response[answer[1] :]).strip()
     return {"think": think is not None, "answer": answer is not None, "order": order, "clean": clean}
 
 
@@ -163,7 +165,7 @@ def _score_range(params: Mapping[str, Any]) -> tuple[float, float]:
 
 
 @hookimpl
-def armor_register_reward_domains(register) -> None:
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "format",
         RewardDomain(

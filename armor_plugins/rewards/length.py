@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from armor_core import RewardDomain, RewardResult, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 from armor_core.ops.lengths import band_score, overlong_penalty, response_length
 
 __all__ = ["check_config", "length_reward"]
@@ -103,7 +104,7 @@ def _score_range(params: Mapping[str, Any]) -> tuple[float, float]:
 
 
 @hookimpl
-def armor_register_reward_domains(register) -> None:
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "length",
         RewardDomain(

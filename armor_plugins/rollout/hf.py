@@ -34,13 +34,19 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 import torch.nn.functional as F
 
 from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
+from armor_core.hookspecs import RegisterRolloutBackend
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.dataproto import DataProto
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["HFRollout", "sample_next_token"]
@@ -106,7 +112,7 @@ class HFRollout:
     shares_module = True  # generates by running the module it is given: a LoRA actor hands over its peft model
     separate_worker = True  # runs in a rollout worker of its own (rollout.mode=async)
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -115,9 +121,8 @@ class HFRollout:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         # only the last position's logits are used: transformers' causal LMs can skip the rest,
         # which in the prompt pass of a large-vocabulary model is most of the memory
-        base = (
-            model.get_base_model() if hasattr(model, "get_base_model") else model
-        )  # a peft model passes keywords through
+        get_base = getattr(model, "get_base_model", None)  # a peft model passes keywords through
+        base = get_base() if get_base is not None else model
         accepts = inspect.signature(base.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         self._cache_selects: bool | None = (
@@ -130,7 +135,7 @@ class HFRollout:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompts: Any, **overrides: Any) -> Any:
+    def generate(self, prompts: DataProto, **overrides: Any) -> DataProto:
         """Sample responses for left-padded prompts.
 
         :param prompts: DataProto with ``input_ids``, ``attention_mask`` and optionally
@@ -270,8 +275,8 @@ class HFRollout:
         are skipped, so colocated sync costs no copy. ``module.`` / ``_orig_mod.`` prefixes from
         DDP or torch.compile are stripped; an unknown name or a shape mismatch is an error.
         """
-        own = dict(self.model.named_parameters())
-        own.update(dict(self.model.named_buffers()))
+        own: dict[str, torch.Tensor] = dict(self.model.named_parameters())
+        own.update(self.model.named_buffers())
         with torch.no_grad():
             for name, tensor in named_tensors:
                 key = name
@@ -286,7 +291,7 @@ class HFRollout:
                         f"hf rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}"
                     )
                 if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
-                    tensor = tensor.full_tensor()
+                    tensor = tensor.full_tensor()  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor)
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise ValueError(
                         f"hf rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
@@ -298,5 +303,5 @@ class HFRollout:
 
 
 @hookimpl
-def armor_register_rollout_backends(register) -> None:
+def armor_register_rollout_backends(register: RegisterRolloutBackend) -> None:
     register("hf", HFRollout)

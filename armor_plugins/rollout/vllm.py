@@ -73,12 +73,19 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from typing import Any, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.lora import MergedView, merged_weights, save_adapter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.dataproto import DataProto
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
 
@@ -144,7 +151,7 @@ class VLLMRollout:
         if importlib.util.find_spec("vllm") is None:
             raise VLLMNotInstalledError(f"rollout.backend=vllm, but vLLM is not installed: {INSTALL_HINT}.")
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Any) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None:
         vllm = _import_vllm()
         from vllm.platforms import current_platform
 
@@ -162,10 +169,11 @@ class VLLMRollout:
         kwargs = dict(getattr(config, "backend_kwargs", None) or {})
         self.sleep_level, self.lora_mode, peft = backend_options(kwargs, current_platform, model)
         self._lora_request: Any = None
+        source: torch.nn.Module | MergedView = model
         if peft is not None:  # the engine is built from the base model; adapters merged in, or served by vLLM
-            model = MergedView(peft, merged=self.lora_mode == "merged")
+            source = MergedView(peft, merged=self.lora_mode == "merged")
         adapter = peft if peft is not None and self.lora_mode == "adapter" else None
-        self.engine_kwargs = engine_arguments(model, config, kwargs, self.sleep_level, current_platform, adapter)
+        self.engine_kwargs = engine_arguments(source, config, kwargs, self.sleep_level, current_platform, adapter)
         self.llm = start_engine(vllm, self.engine_kwargs)
         self._asleep: set[str] = set()
         self._weights_lost = False
@@ -173,14 +181,14 @@ class VLLMRollout:
         self._scale_temperature = 1.0
         if self._base_scale is None:
             warnings.warn(
-                f"vllm rollout: {type(model).__name__}'s vLLM model has no logits_processor.scale; temperature is "
+                f"vllm rollout: {type(source).__name__}'s vLLM model has no logits_processor.scale; temperature is "
                 "left to vLLM, so rollout_log_probs are log_softmax(logits) at T=1 whenever rollout.temperature != "
                 "1",
                 stacklevel=2,
             )
-        self._source = model  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
-        self._param_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        self.update_weights(model.state_dict().items())
+        self._source = source  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
+        self._param_shapes = {k: tuple(v.shape) for k, v in source.state_dict().items()}
+        self.update_weights(source.state_dict().items())
         if adapter is not None:
             self._adapter_dir = tempfile.mkdtemp(
                 prefix="armor-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -190,7 +198,7 @@ class VLLMRollout:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompts: Any, **overrides: Any) -> Any:
+    def generate(self, prompts: DataProto, **overrides: Any) -> DataProto:
         """Sample responses for left-padded prompts; same arguments and output as ``HFRollout.generate``.
 
         :param prompts: DataProto with ``input_ids`` and ``attention_mask`` (bs, P), optionally
@@ -203,7 +211,7 @@ class VLLMRollout:
             ``rollout_log_probs`` (bs, R), the engine's ``log_softmax(logits / T)`` of each sampled
             token, 0 outside the mask. Non-tensor columns and meta_info are carried over.
         """
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # pyright: ignore[reportAttributeAccessIssue]  (exported lazily)
         from vllm.inputs import TokensPrompt
 
         sp = resolve_sampling("VLLMRollout", self.config, overrides)
@@ -304,7 +312,7 @@ class VLLMRollout:
                     f"vllm rollout update_weights: the rollout model has no parameter or buffer {name!r}.{hint}"
                 )
             if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
-                tensor = tensor.full_tensor()
+                tensor = tensor.full_tensor()  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor)
             if tuple(tensor.shape) != shape:
                 raise ValueError(
                     f"vllm rollout update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects "
@@ -330,11 +338,11 @@ class VLLMRollout:
             return
         from vllm.lora.request import LoRARequest
 
-        save_adapter(module, self._adapter_dir)
+        save_adapter(module, Path(self._adapter_dir))
         n = self._lora_request.lora_int_id + 1 if self._lora_request is not None else 1
         self._lora_request = LoRARequest(f"armor-policy-{n}", n, self._adapter_dir)
 
 
 @hookimpl
-def armor_register_rollout_backends(register) -> None:
+def armor_register_rollout_backends(register: RegisterRolloutBackend) -> None:
     register("vllm", VLLMRollout)

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from armor_core.models.lora import peft_model_of
+from armor_core.models.lora import MergedView, peft_model_of
 from armor_core.models.remote_code import runs_directory_code
 
 __all__ = ["LORA_MODES", "backend_options", "engine_arguments", "start_engine"]
@@ -57,7 +57,12 @@ def backend_options(kwargs: dict[str, Any], platform: Any, model: torch.nn.Modul
 
 
 def engine_arguments(
-    model: torch.nn.Module, config: Any, kwargs: dict[str, Any], sleep_level: int, platform: Any, adapter: Any = None
+    model: torch.nn.Module | MergedView,
+    config: Any,
+    kwargs: dict[str, Any],
+    sleep_level: int,
+    platform: Any,
+    adapter: Any = None,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments: this backend's defaults for ``platform``, vLLM's LoRA support when
     it serves the ``adapter`` (a ``PeftModel``), and ``kwargs`` (the rest of ``rollout.backend_kwargs``) over them."""
@@ -111,7 +116,7 @@ def start_engine(vllm: Any, engine_kwargs: dict[str, Any]) -> Any:
         renderer_log.removeFilter(_drop_chat_template_warmup)
 
 
-def _engine_dtype(model: torch.nn.Module) -> torch.dtype:
+def _engine_dtype(model: torch.nn.Module | MergedView) -> torch.dtype:
     """The dtype the engine computes in: the autocast dtype when the backend is built under autocast
     (the actor keeps float32 master weights and computes in ``model.dtype``), else the weights' dtype."""
     device_type = next(model.parameters()).device.type

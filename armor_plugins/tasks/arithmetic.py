@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterTask
 
 __all__ = ["TEST_FRACTION", "generate_arithmetic", "split_of"]
 
@@ -147,5 +148,5 @@ def generate_arithmetic(
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register("arithmetic", generate_arithmetic)

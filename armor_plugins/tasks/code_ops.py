@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterTask
 from armor_plugins.tasks.arithmetic import split_of
 
 __all__ = ["OPERATIONS", "generate_code_ops", "problems"]
@@ -109,9 +110,9 @@ def generate_code_ops(split: str, size: int, seed: int, *, cases: int = 3, **unk
     pool = problems(split_key)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, _SPLITS.index(split_key), 32])
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-size // len(pool)))])[:size] if size else []
-    return [_row(*pool[i], cases, rng) for i in order]
+    return [_row(*pool[int(i)], cases, rng) for i in order]
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register("code_ops", generate_code_ops)

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from armor_core import Task, hookimpl
+from armor_core.hookspecs import RegisterTask
 
 __all__ = ["ATTRIBUTES", "CELLS", "PHRASINGS", "Fact", "generate_facts", "knowledge_base", "question"]
 
@@ -263,11 +264,11 @@ def generate_facts(
     split_id = _SPLITS.index(split_key)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, split_id, entities, int(kb_seed) & 0xFFFFFFFF])
     order = np.concatenate([rng.permutation(len(pairs)) for _ in range(-(-size // len(pairs)))])[:size]
-    return [_row(*pairs[i], pools, rng, choice_answer == "letter") for i in order.tolist()]
+    return [_row(fact, cell, pools, rng, choice_answer == "letter") for fact, cell in (pairs[int(i)] for i in order)]
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register(
         "facts",
         Task(

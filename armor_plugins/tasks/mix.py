@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from armor_core import Task, get_plugin, hookimpl
+from armor_core.hookspecs import RegisterTask
 
 __all__ = ["generate_mix", "shares"]
 
@@ -81,7 +82,7 @@ def generate_mix(
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register(
         "mix",
         Task(

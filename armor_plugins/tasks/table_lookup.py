@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterTask
 
 __all__ = ["generate_table_lookup", "tool_call_text", "tool_trace"]
 
@@ -118,7 +119,7 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 @hookimpl
-def armor_register_tasks(register) -> None:
+def armor_register_tasks(register: RegisterTask) -> None:
     register("table_lookup", generate_table_lookup)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from armor_core import hookimpl
+from armor_core.hookspecs import RegisterMetricTracker
 from armor_plugins.trackers.mlflow_tracker import MlflowTracker
 from armor_plugins.trackers.wandb_tracker import WandbTracker
 
@@ -34,7 +35,7 @@ class JsonlTracker:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        row = {"step": step}
+        row: dict[str, float | str] = {"step": step}
         for k, v in metrics.items():
             v = float(v)
             row[k] = v if math.isfinite(v) else str(v)
@@ -89,7 +90,7 @@ class TensorBoardTracker:
         import os
         import socket
 
-        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  (generated protobuf, no stubs)
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         folder = Path(run_dir) / "tensorboard"
@@ -104,8 +105,8 @@ class TensorBoardTracker:
         self._flushed = time.monotonic()
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  (generated protobuf, no stubs)
+        from tensorboard.compat.proto.summary_pb2 import Summary  # pyright: ignore[reportAttributeAccessIssue]  (generated protobuf, no stubs)
 
         values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
         self._records.write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)).SerializeToString())
@@ -115,7 +116,7 @@ class TensorBoardTracker:
     def resume(self, step: int) -> None:
         """A session restart at ``step + 1``: TensorBoard discards the events of that step and later
         that earlier files hold (what ``SummaryWriter(purge_step=...)`` writes)."""
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog  # pyright: ignore[reportAttributeAccessIssue]  (generated protobuf, no stubs)
 
         self._records.write(
             Event(
@@ -180,7 +181,7 @@ class ConsoleTracker:
 
 
 @hookimpl
-def armor_register_metric_trackers(register):
+def armor_register_metric_trackers(register: RegisterMetricTracker) -> None:
     register("jsonl", JsonlTracker)
     register("tensorboard", TensorBoardTracker)
     register("console", ConsoleTracker)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from armor_plugins.trackers._common import config_dict, ending_in_error, require, run_names
 
@@ -35,7 +35,7 @@ def has_credentials() -> bool:
     return bool(settings.api_key or wbauth.read_netrc_auth(host=settings.base_url))
 
 
-def wandb_mode() -> str | None:
+def wandb_mode() -> Literal["online", "offline"] | None:
     """``None`` (wandb reads ``WANDB_MODE``) when the user chose a mode, else online with
     credentials and offline without."""
     if os.environ.get("WANDB_MODE"):

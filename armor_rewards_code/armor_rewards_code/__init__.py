@@ -6,6 +6,7 @@ stdin/stdout cases, function-call cases or assertion program (``cases.py``) in t
 """
 
 from armor_core import RewardDomain, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 from armor_rewards_code.cases import RUNNERS, Runner, extract_program
 from armor_rewards_code.domain import check_code_truth, code_reward
 
@@ -13,7 +14,7 @@ __all__ = ["RUNNERS", "Runner", "code_reward", "extract_program"]
 
 
 @hookimpl
-def armor_register_reward_domains(register):
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "code",
         RewardDomain(

@@ -12,6 +12,7 @@ The built-in ``arithmetic`` task's domain ships with armor-rl itself, so that it
 """
 
 from armor_core import RewardDomain, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 from armor_rewards_math.domains import answer_score_range, gsm8k_reward, math_reward, warm_up
 from armor_rewards_math.judge import check_ground_truth
 
@@ -19,7 +20,7 @@ __all__ = ["gsm8k_reward", "math_reward"]
 
 
 @hookimpl
-def armor_register_reward_domains(register):
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "math",
         RewardDomain(

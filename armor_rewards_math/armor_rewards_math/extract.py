@@ -165,7 +165,7 @@ def _chains(spans: list[tuple[int, int, str]], text: str, source: str) -> list[E
             chains[-1][2].append(content)
         else:
             chains.append([start, end, [content]])
-    return _answers(chains, source)
+    return _answers([(start, end, content) for start, end, content in chains], source)
 
 
 def _answers(found: Iterable[tuple[int, int, Sequence[str]]], source: str) -> list[Extraction]:
@@ -221,7 +221,7 @@ def _anchored(text: str, sources: Sequence[str]) -> list[tuple[Extraction, int]]
         elif source != "last_number":
             raise ValueError(f"unknown answer source {source!r}; known sources: {', '.join(SOURCES)}")
     rank = {s: i for i, s in enumerate(sources)}
-    return sorted(found, key=lambda a: (a[1], a[0].start, -rank[a[0].source]))
+    return sorted(found, key=lambda a: (a[1], a[0].start, -rank[a[0].source or ""]))
 
 
 def _math_spans(text: str, begin: int) -> list[tuple[int, int, str]]:

@@ -96,7 +96,7 @@ def gold_text(ground_truth: Any) -> str:
 
 def judge(prompt: str, response: str, gold: str, rules: Rules) -> dict[str, float]:
     """The sub-scores (``SUB_SCORES``) of one response against the ground truth's answer ``gold``."""
-    subs = dict.fromkeys(SUB_SCORES, 0.0)
+    subs: dict[str, float] = dict.fromkeys(SUB_SCORES, 0.0)
     if len(response) > MAX_RESPONSE_CHARS or refusal(gold):
         subs["refused"] = 1.0
         return subs

@@ -181,6 +181,7 @@ class _Magnitude:
         c = self.text[i]
         if c.isdecimal():  # what \d matches; isdigit() is also true of "²", which \d does not match
             m = _NUMBER.match(self.text, i, end)
+            assert m is not None  # text[i] is a digit, which the pattern matches
             whole = m.group().split(".")[0]
             return (math.log10(int(whole) + 1) if len(whole) < 16 else float(len(whole))), m.end()
         if c in "{([" and i in self.match and self.match[i] < end:

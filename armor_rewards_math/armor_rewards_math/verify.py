@@ -91,7 +91,12 @@ def _parse(s: str):
     s = _UPRIGHT_E.sub("{e}", s)
     mv = _math_verify()
     configs = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
-    return mv.parse(f"$\\boxed{{{s}}}$", extraction_config=configs, parsing_timeout=None)
+    # None: no signal-based timeout (math_verify accepts it, though its annotation says int)
+    return mv.parse(
+        f"$\\boxed{{{s}}}$",
+        extraction_config=configs,
+        parsing_timeout=None,  # pyright: ignore[reportArgumentType]
+    )
 
 
 def is_equivalent(gold: str, answer: str, *, symbolic: bool = True) -> bool:

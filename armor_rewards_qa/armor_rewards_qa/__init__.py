@@ -9,6 +9,7 @@ Registers two reward domains (see ``domains.py`` for their parameters and sub-sc
 """
 
 from armor_core import RewardDomain, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 from armor_rewards_qa.choice import Choice, read_choice
 from armor_rewards_qa.domains import (
     answer_score_range,
@@ -23,7 +24,7 @@ __all__ = ["Choice", "multiple_choice_reward", "read_answer", "read_choice", "sh
 
 
 @hookimpl
-def armor_register_reward_domains(register):
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "multiple_choice",
         RewardDomain(

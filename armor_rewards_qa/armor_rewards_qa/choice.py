@@ -182,14 +182,14 @@ def _letter_list(text: str, pos: int, valid: set[str]) -> tuple[list[str], bool,
     pos = e.end() if e else pos
     m = _ITEM.match(text, pos)
     first = _run_letters(m, valid) if m else None
-    if not first:
+    if not first or m is None:
         return None
     letters, alternatives, end = first, False, m.end()
     for _ in range(26):  # a longer list is no answer, and reading on would cost time
         joint = _AND.match(text, end) or _OR.match(text, end)
         m = _ITEM.match(text, joint.end()) if joint else None
         more = _run_letters(m, valid) if m else None
-        if not more:
+        if not more or joint is None or m is None:
             return letters, alternatives, end
         alternatives |= bool(_OR.fullmatch(joint.group()))
         letters, end = letters + [x for x in more if x not in letters], m.end()

@@ -9,6 +9,7 @@ what the rules call compliance.
 """
 
 from armor_core import RewardDomain, hookimpl
+from armor_core.hookspecs import RegisterRewardDomain
 from armor_rewards_safety.domains import refusal_reward, refusal_score_range, safety_reward, safety_score_range
 from armor_rewards_safety.pii import find_pii, leaked_pii
 from armor_rewards_safety.refusal import RefusalVerdict, classify_refusal
@@ -26,7 +27,7 @@ __all__ = [
 
 
 @hookimpl
-def armor_register_reward_domains(register):
+def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     register(
         "refusal",
         RewardDomain(

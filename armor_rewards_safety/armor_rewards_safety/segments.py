@@ -60,6 +60,7 @@ def prompt_labels(prompt: str | None) -> frozenset[str]:
         return frozenset()
     found = set()
     for m in _LABEL.finditer(prompt):
+        assert m.lastgroup is not None  # every alternative of the pattern is a named group
         name = _clean(m.group(m.lastgroup))
         if name and m.lastgroup != "voice":  # "as a researcher, ..." in a prompt sets up no label
             found.add(name)
@@ -68,6 +69,7 @@ def prompt_labels(prompt: str | None) -> frozenset[str]:
 
 def _label(m: re.Match, allowed: frozenset[str]) -> str | None:
     kind = m.lastgroup
+    assert kind is not None  # every alternative of the pattern is a named group
     name = _clean(m.group(kind))
     if not name:
         return None

@@ -148,7 +148,7 @@ def training_rows(sources: list[str], data: dict[str, str]) -> list[LabelledResp
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument(
         "--sources",
         default=",".join(TRAIN_SOURCES),

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from armor_core.interfaces import capability
 from armor_core.models.lora import (
     ADAPTER_DIR,
     MergedView,
@@ -62,7 +63,7 @@ class ActorWeights:
                     self.gen_model.load_state_dict(
                         full_model_state(self.model)
                     )  # the full copy an hf rollout generates from
-                if getattr(self.rollout, "serves_lora", False):
+                if capability("rollout_backend", self.rollout, "serves_lora"):
                     self.rollout.update_lora(self.gen_model)
                 elif (
                     getattr(self.rollout, "model", None) is not self.gen_model

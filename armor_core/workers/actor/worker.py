@@ -26,6 +26,7 @@ import torch
 
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
+from armor_core.interfaces import capability
 from armor_core.models.lora import MergedView, adapters_off, apply_lora
 from armor_core.workers.actor.guarded_step import GuardedStep
 from armor_core.workers.actor.loss import ActorLoss
@@ -202,7 +203,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
         # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
-        takes_peft = any(getattr(backend_cls, attr, False) for attr in ("shares_module", "serves_lora"))
+        takes_peft = any(capability("rollout_backend", backend_cls, attr) for attr in ("shares_module", "serves_lora"))
         source = MergedView(self.gen_model) if self.lora and not takes_peft else self.gen_model
         self.rollout = None
         if cfg.rollout.mode == "sync":

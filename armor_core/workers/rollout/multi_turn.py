@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from armor_core.dataproto.protocol import DataProto
-from armor_core.interfaces import AssistantTurn, EnvironmentStep
+from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
 from armor_core.ops.calls import describe, guarded, in_thread
 from armor_core.workers.rollout.observations import ObservationError, ObservationRenderer, as_messages
 
@@ -91,10 +91,10 @@ class MultiTurnRollout:
         self.inner, self.tokenizer, self.config = inner, tokenizer, config
         self.mt = config.multi_turn
         self.env_cls = env_cls
-        self.eos = set(getattr(inner, "eos_token_ids", None) or [tokenizer.eos_token_id])
+        self.eos = set(capability("rollout_backend", inner, "eos_token_ids") or [tokenizer.eos_token_id])
         self.renderer = ObservationRenderer(tokenizer, max_tokens=self.mt.max_observation_tokens)
-        self.shares_module = getattr(inner, "shares_module", False)
-        self.separate_worker = getattr(inner, "separate_worker", False)
+        self.shares_module = capability("rollout_backend", inner, "shares_module")
+        self.separate_worker = capability("rollout_backend", inner, "separate_worker")
 
     @property
     def model(self) -> Any:
@@ -159,7 +159,7 @@ class MultiTurnRollout:
                 self._apply(ep, result, budget, last_turn=index == self.mt.max_turns - 1)
         for ep in episodes:
             ep.end = ep.end or "max_turns"
-            close = getattr(ep.env, "close", None)
+            close = capability("environment", ep.env, "close")
             if close is not None:
                 await self._call(ep, close)
 

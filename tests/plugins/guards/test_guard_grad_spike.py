@@ -1,7 +1,7 @@
 """The ``grad_spike`` guard: a gradient-norm spike scaled to mean + k std, its statistics kept clean.
 
 Hand-computed sequences showing exactly when the guard acts and what it returns; the expected values are
-worked out in the comment next to them (the running-moment formulas are in ``armor_plugins/guards/_common.py``).
+worked out in the comment next to them (the running-moment formulas are in ``armor_core/stability/helpers.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``reward_collapse`` guard: a collapse of the reward (or the validation accuracy) rolled back.
 
 Hand-computed sequences showing exactly when the guard acts and what it returns; the expected values are
-worked out in the comment next to them (the running-moment formulas are in ``armor_plugins/guards/_common.py``).
+worked out in the comment next to them (the running-moment formulas are in ``armor_core/stability/helpers.py``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
-"""Pieces the stability guards share: reading a stat safely, running moments, bounded knobs.
+"""Helpers for writing a stability guard: reading a statistic safely, running moments, bounded knobs.
 
-Not a plugin (no hook here, no entry point). Everything a guard keeps between steps lives in one
-of these objects or in plain ints, so ``state_dict`` is JSON-able (the actor worker writes guard
-state with ``json.dumps``) and never holds a NaN.
+Public (a plugin may import this module, ``tests/test_layering.py``): the built-in guards in
+``armor_plugins.guards`` are written with these and nothing else, and a third-party guard can be too::
+
+    from armor_core.stability.helpers import Knob, RunningMoments, check_param, commit, finite_stat
+
+What a guard keeps between steps should live in one of these objects or in plain ints, so that its
+``state_dict`` is JSON-able (the actor worker writes guard state with ``json.dumps``) and never holds a
+NaN. This module imports nothing but the standard library: it runs in the driver and on the actor ranks.
 """
 
 from __future__ import annotations
@@ -78,9 +83,11 @@ class RunningMoments:
 
     @property
     def std(self) -> float:
+        """The standard deviation, ``sqrt(var)``."""
         return math.sqrt(self.var)
 
     def update(self, x: float) -> None:
+        """Take one finite value (pass what :func:`finite_stat` returned, skipping None)."""
         alpha = max(1.0 / (self.n + 1), 1.0 / self.window)
         delta = x - self.mean
         mean = self.mean + alpha * delta
@@ -89,9 +96,11 @@ class RunningMoments:
             self.n, self.mean, self.var = self.n + 1, mean, var
 
     def state_dict(self) -> dict[str, Any]:
+        """``{"n", "mean", "var"}``, JSON-able; a missing key loads as the empty stream's value."""
         return {"n": self.n, "mean": self.mean, "var": self.var}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
         self.n = int(state.get("n", 0))
         self.mean = float(state.get("mean", 0.0))
         self.var = float(state.get("var", 0.0))
@@ -117,9 +126,11 @@ class Knob:
         return min(max(value, self.lo), self.hi)
 
     def state_dict(self) -> float:
+        """The current value (a float: JSON-able)."""
         return self.value
 
     def load_state_dict(self, value: Any) -> None:
+        """Restore the value :meth:`state_dict` returned, clipped to the bounds (None or non-finite: ignored)."""
         if value is not None and math.isfinite(float(value)):
             self.value = self.propose(float(value))
 
