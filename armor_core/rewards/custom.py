@@ -39,19 +39,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import DATA_SOURCE_KEY, RewardDomain, RewardResult
+from armor_core.rewards.batch import ROW_PARAMETERS, OneRowFromBatch
 
 __all__ = ["SOURCE_KEY", "FileFunction", "load_custom"]
 
 #: the key under which the reward manager hands a row's data_source to a file function, in its extra
 SOURCE_KEY = DATA_SOURCE_KEY
-_DOMAIN_ARGS = ("prompt", "response", "ground_truth", "extra")
+_DOMAIN_ARGS = tuple(p.name for p in ROW_PARAMETERS)
 _ROW_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 _BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
 _ENTRY_KEYS = ("path", "name", "domain", "data_sources", "batched", "kwargs", "requires_ground_truth")
 _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}  # (sha256 of the source, name) -> function, per process
 
 
-class FileFunction:
+class FileFunction(OneRowFromBatch):
     """A reward function read from a file, callable as a domain's ``fn``; pickled with its source."""
 
     wants_data_source = True  # the manager puts each row's data_source in its extra (SOURCE_KEY)
@@ -60,7 +61,7 @@ class FileFunction:
         self.path, self.name, self.source, self.batched = path, name, source, batched
         self.fn = _load(path, name, source)
         # what check_params reads: the domain's four row arguments, then the file function's own keywords
-        row = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in _DOMAIN_ARGS]
+        row = list(ROW_PARAMETERS)
         taken = {*_DOMAIN_ARGS, *(_BATCH_ARGS if batched else _ROW_ARGS)}
         try:
             own = [p for p in inspect.signature(self.fn).parameters.values() if p.name not in taken]
@@ -75,11 +76,6 @@ class FileFunction:
 
     def __repr__(self) -> str:
         return f"FileFunction({self.path}:{self.name})"
-
-    def __call__(
-        self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any], **kwargs: Any
-    ) -> RewardResult:
-        return self.score_batch([prompt], [response], [ground_truth], [extra], **kwargs)[0]
 
     def score_batch(
         self,

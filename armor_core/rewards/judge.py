@@ -42,10 +42,11 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.batch import OneRowFromBatch
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.model import PLACEMENTS, resolve_dtype
 from armor_core.rewards.placement import placed
-from armor_core.rewards.remote import RemoteRewardError, one_result, post_json, total_bound
+from armor_core.rewards.remote import RemoteRewardError, post_json, total_bound
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "judge_models", "load_judges"]
 
@@ -109,16 +110,13 @@ class Verdicts:
         return RewardResult(value / self.high if self.scale else value, subs)
 
 
-class _Judge:
+class _Judge(OneRowFromBatch):
     """What both judges share: the template fills each row, ``judge`` turns the filled templates into results."""
 
     verdicts: Verdicts
 
     def judge(self, asks: Sequence[str]) -> list[RewardResult | Exception]:
         raise NotImplementedError
-
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        return one_result(self.score_batch([prompt], [response], [ground_truth], [extra]))
 
     def score_batch(
         self,

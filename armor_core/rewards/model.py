@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardResult
+from armor_core.rewards.batch import OneRowFromBatch
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.placement import placed
 
@@ -56,7 +57,7 @@ _DEFAULTS = {
 _LOADED: dict[tuple, tuple[Any, Any]] = {}  # per process: (path, dtype) -> (model, tokenizer)
 
 
-class ClassifierReward:
+class ClassifierReward(OneRowFromBatch):
     """The ``batch_fn`` of a ``reward.model`` domain; pickled by its settings, the model loaded in the worker."""
 
     def __init__(self, path: str, *, batch_size: int, max_length: int, dtype: str, threads: int,
@@ -86,9 +87,6 @@ class ClassifierReward:
             model.config.pad_token_id = tokenizer.pad_token_id
             _LOADED[key] = (model.to(self.device).eval(), tokenizer)
         return _LOADED[key]
-
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        return self.score_batch([prompt], [response], [ground_truth], [extra])[0]
 
     def score_batch(
         self,

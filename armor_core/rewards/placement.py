@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence
 
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.batch import OneRowFromBatch
 
 __all__ = ["GROUP_PREFIX", "RewardWorkerError", "WorkerScorer", "placed", "worker_scorers"]
 
@@ -54,7 +55,7 @@ class RewardWorkerError(RuntimeError):
     """The reward-model worker did not answer: it died, or took longer than ``reward.timeout_s``."""
 
 
-class WorkerScorer:
+class WorkerScorer(OneRowFromBatch):
     """The driver's side of a ``placement: worker`` domain: its ``fn`` and ``batch_fn``."""
 
     def __init__(self, local: LocalScorer, where: str) -> None:
@@ -66,11 +67,6 @@ class WorkerScorer:
 
     def bind(self, client: WorkerClient | None) -> None:
         self.client = client
-
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        from armor_core.rewards.remote import one_result
-
-        return one_result(self.score_batch([prompt], [response], [ground_truth], [extra]))
 
     def score_batch(
         self,

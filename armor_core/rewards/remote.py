@@ -43,10 +43,11 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.rewards.batch import OneRowFromBatch
 from armor_core.rewards.custom import SOURCE_KEY
 from armor_core.rewards.entries import Entries
 
-__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "one_result", "post_json", "total_bound"]
+__all__ = ["RemoteReward", "RemoteRewardError", "load_remote", "post_json", "total_bound"]
 
 _DEFAULTS = {
     "domain": "remote",
@@ -67,7 +68,7 @@ class RemoteRewardError(RuntimeError):
     """A chunk of rows the service did not score; the message says why, and after how many tries."""
 
 
-class RemoteReward:
+class RemoteReward(OneRowFromBatch):
     """The ``batch_fn`` of a ``reward.remote`` domain: posts the rows, returns one RewardResult per row."""
 
     wants_data_source = True  # the manager puts each row's data_source in its extra
@@ -79,9 +80,6 @@ class RemoteReward:
 
     def __repr__(self) -> str:
         return f"RemoteReward({self.url})"
-
-    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult:
-        return one_result(self.score_batch([prompt], [response], [ground_truth], [extra]))
 
     def score_batch(
         self,
@@ -272,13 +270,6 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 
     def https_open(self, req: urllib.request.Request) -> Any:
         return self.do_open(_WatchedHTTPS, req, context=self._context, watchdog=self.watchdog)  # type: ignore[attr-defined]
-
-
-def one_result(results: Sequence[RewardResult | Exception]) -> RewardResult:
-    """A batch function's one row, for a domain's single-row ``fn``: its result, or its error raised."""
-    if isinstance(results[0], Exception):
-        raise results[0]
-    return results[0]
 
 
 def _results(reply: Any, n: int, url: str) -> list[RewardResult | Exception]:
