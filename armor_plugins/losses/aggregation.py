@@ -33,14 +33,17 @@ kept so the loss scale does not grow with the batch size.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple, Protocol
+
 import torch
 
 from armor_core import LossAggregation, hookimpl
 from armor_core.hookspecs import RegisterLossAggregation
-from armor_core.ops.masked import as_bool_mask, masked_sum
+from armor_core.ops.masked import as_bool_mask, masked_sum, upcast
 
 __all__ = [
     "AGGREGATIONS",
+    "AggregationFn",
     "agg_seq_mean_token_mean",
     "agg_seq_mean_token_sum",
     "agg_seq_mean_token_sum_norm",
@@ -77,53 +80,57 @@ def _denominator(global_count: Count, local_count: torch.Tensor, like: torch.Ten
     return count.clamp(min=1)
 
 
-def _float(loss_mat: torch.Tensor) -> torch.Tensor:
-    return loss_mat.float() if loss_mat.dtype in (torch.float16, torch.bfloat16) else loss_mat
+class AggregationFn(Protocol):
+    """The signature of every mode (``LossAggregation``'s contract)."""
+
+    def __call__(self, loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None,
+                 global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor: ...  # fmt: skip
 
 
-def agg_token_mean(
-    loss_mat: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_constant: float | None = None,
-) -> torch.Tensor:
+class _Counts(NamedTuple):
+    """A mode's keyword arguments: the mini-batch's global counts and Dr. GRPO's constant, as given."""
+
+    tokens: Count
+    seqs: Count
+    norm_constant: float | None
+
+
+def _mode(reduce: Callable[[torch.Tensor, torch.Tensor, _Counts], torch.Tensor]) -> AggregationFn:
+    """The mode ``reduce(loss_mat, mask, counts)`` under the contract's signature: what every mode does first, done
+    here once: ``loss_mat`` in fp32 at least (a bf16 sum over many tokens loses too much), the mask as bool."""
+
+    def aggregate(loss_mat: torch.Tensor, response_mask: torch.Tensor, *, global_num_tokens: Count = None,
+                  global_num_seqs: Count = None, norm_constant: float | None = None) -> torch.Tensor:  # fmt: skip
+        counts = _Counts(global_num_tokens, global_num_seqs, norm_constant)
+        return reduce(upcast(loss_mat), as_bool_mask(response_mask), counts)
+
+    # the mode's name and docstring, without functools.wraps' __wrapped__: inspect.signature shows the contract's
+    aggregate.__name__ = aggregate.__qualname__ = reduce.__name__
+    aggregate.__doc__ = reduce.__doc__
+    return aggregate
+
+
+@_mode
+def agg_token_mean(loss_mat: torch.Tensor, m: torch.Tensor, counts: _Counts) -> torch.Tensor:
     """Every valid token of the mini-batch weighs the same: ``sum(m * l) / N``.
 
     :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
     """
-    loss_mat = _float(loss_mat)
-    m = as_bool_mask(response_mask)
-    return masked_sum(loss_mat, m) / _denominator(global_num_tokens, m.sum(), loss_mat, "global_num_tokens")
+    return masked_sum(loss_mat, m) / _denominator(counts.tokens, m.sum(), loss_mat, "global_num_tokens")
 
 
-def agg_seq_mean_token_sum(
-    loss_mat: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_constant: float | None = None,
-) -> torch.Tensor:
+@_mode
+def agg_seq_mean_token_sum(loss_mat: torch.Tensor, m: torch.Tensor, counts: _Counts) -> torch.Tensor:
     """Sum over each sequence's tokens, mean over sequences: ``sum_i sum_t m l / S``.
 
     :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
     """
-    loss_mat = _float(loss_mat)
-    m = as_bool_mask(response_mask)
     seq_sums = masked_sum(loss_mat, m, dim=-1)
-    return seq_sums.sum() / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
+    return seq_sums.sum() / _denominator(counts.seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 
 
-def agg_seq_mean_token_mean(
-    loss_mat: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_constant: float | None = None,
-) -> torch.Tensor:
+@_mode
+def agg_seq_mean_token_mean(loss_mat: torch.Tensor, m: torch.Tensor, counts: _Counts) -> torch.Tensor:
     """Mean over each sequence's tokens, mean over sequences: ``sum_i mean_t l / S``.
 
     A row with no valid token has no mean; it contributes 0 and is not counted in S (the
@@ -131,21 +138,13 @@ def agg_seq_mean_token_mean(
 
     :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
     """
-    loss_mat = _float(loss_mat)
-    m = as_bool_mask(response_mask)
     lengths = m.sum(dim=-1).clamp(min=1).to(loss_mat.dtype)
     seq_means = masked_sum(loss_mat, m, dim=-1) / lengths
-    return seq_means.sum() / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
+    return seq_means.sum() / _denominator(counts.seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 
 
-def agg_seq_mean_token_sum_norm(
-    loss_mat: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_constant: float | None = None,
-) -> torch.Tensor:
+@_mode
+def agg_seq_mean_token_sum_norm(loss_mat: torch.Tensor, m: torch.Tensor, counts: _Counts) -> torch.Tensor:
     """Dr. GRPO: each sequence's token sum over a constant C, mean over sequences: ``sum_i sum_t m l / (C S)``.
 
     :param norm_constant: C, ``actor.loss_norm_constant`` (the worker fills in
@@ -154,25 +153,18 @@ def agg_seq_mean_token_sum_norm(
         length, so pass it explicitly.
     :returns: 0-d contribution.
     """
-    loss_mat = _float(loss_mat)
-    m = as_bool_mask(response_mask)
+    norm_constant = counts.norm_constant
     c = float(loss_mat.shape[-1]) if norm_constant is None else float(norm_constant)
     if not c > 0:
         raise ValueError(
             f"loss aggregation 'seq-mean-token-sum-norm': norm_constant={norm_constant!r} must be > 0 "
             "(actor.loss_norm_constant, e.g. rollout.max_new_tokens)"
         )
-    return masked_sum(loss_mat, m) / c / _denominator(global_num_seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
+    return masked_sum(loss_mat, m) / c / _denominator(counts.seqs, m.any(dim=-1).sum(), loss_mat, "global_num_seqs")
 
 
-def agg_token_sum(
-    loss_mat: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_constant: float | None = None,
-) -> torch.Tensor:
+@_mode
+def agg_token_sum(loss_mat: torch.Tensor, m: torch.Tensor, counts: _Counts) -> torch.Tensor:
     """Plain sum over every valid token of the mini-batch: ``sum(m * l)``, no normalisation.
 
     Needs no global count: the sum of the micro-batches' sums is the mini-batch's sum. The loss
@@ -180,7 +172,7 @@ def agg_token_sum(
 
     :param loss_mat: (bs, T); :param response_mask: (bs, T); :returns: 0-d contribution.
     """
-    return masked_sum(_float(loss_mat), as_bool_mask(response_mask))
+    return masked_sum(loss_mat, m)
 
 
 #: name -> function, the same names the hook registers.

@@ -22,8 +22,8 @@ import torch
 
 from armor_core import PolicyLoss, hookimpl
 from armor_core.hookspecs import RegisterPolicyLoss
-from armor_core.ops.masked import as_bool_mask, masked_mean
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
+from armor_core.ops.masked import masked_mean, upcast
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, masked_inputs, policy_ratio_metrics
 
 __all__ = ["compute_policy_loss_cispo"]
 
@@ -52,12 +52,9 @@ def compute_policy_loss_cispo(
     """
     if clip_ratio_low < 0 or clip_ratio_high < 0:
         raise ValueError(f"cispo: clip_ratio_low={clip_ratio_low}, clip_ratio_high={clip_ratio_high} must both be >= 0")
-    m = as_bool_mask(response_mask)
-    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, m, log_ratio_clamp)
-    lp = log_prob.float() if log_prob.dtype in (torch.float16, torch.bfloat16) else log_prob
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    lp = torch.where(m, lp, zero)  # a NaN in padding must not reach the gradient
-    adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, response_mask, log_ratio_clamp)
+    m, zero, adv = masked_inputs(advantages, response_mask, like=ratio)
+    lp = torch.where(m, upcast(log_prob), zero)  # a NaN in padding must not reach the gradient
 
     low, high = max(1.0 - clip_ratio_low, 0.0), 1.0 + clip_ratio_high
     weight = ratio.detach().clamp(low, high)

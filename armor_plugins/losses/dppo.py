@@ -40,8 +40,8 @@ import torch
 
 from armor_core import PolicyLoss, hookimpl
 from armor_core.hookspecs import RegisterPolicyLoss
-from armor_core.ops.masked import as_bool_mask, masked_mean, upcast
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
+from armor_core.ops.masked import masked_mean, upcast
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, masked_inputs, policy_ratio_metrics
 
 __all__ = ["binary_kl", "compute_policy_loss_dppo_kl", "compute_policy_loss_dppo_tv"]
 
@@ -91,12 +91,9 @@ def _dppo_loss(
         raise ValueError(f"{name}: clip_ratio_low={clip_ratio_low}, clip_ratio_high={clip_ratio_high} must be >= 0")
     if clip_ratio_c is not None and not clip_ratio_c > 0:
         raise ValueError(f"{name}: clip_ratio_c={clip_ratio_c} must be > 0 (actor.clip_ratio_c), or None")
-    m = as_bool_mask(response_mask)
-    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, m, log_ratio_clamp)
-    lp = upcast(log_prob)
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    lp = torch.where(m, lp, zero)  # a NaN in padding must not reach the gradient
-    adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, response_mask, log_ratio_clamp)
+    m, zero, adv = masked_inputs(advantages, response_mask, like=ratio)
+    lp = torch.where(m, upcast(log_prob), zero)  # a NaN in padding must not reach the gradient
 
     with torch.no_grad():
         log_p = lp.detach().clamp(max=0.0)

@@ -25,8 +25,8 @@ import torch
 
 from armor_core import PolicyLoss, hookimpl
 from armor_core.hookspecs import RegisterPolicyLoss
-from armor_core.ops.masked import as_bool_mask, upcast
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
+from armor_core.ops.masked import upcast
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, masked_inputs, unclipped_metrics
 
 __all__ = ["compute_policy_loss_dro"]
 
@@ -48,19 +48,14 @@ def compute_policy_loss_dro(
     """
     if not beta > 0:
         raise ValueError(f"actor.policy_loss_kwargs.beta={beta}: dro needs a penalty weight above 0 (e.g. 0.1)")
-    m = as_bool_mask(response_mask)
     lp = upcast(log_prob)
-    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+    m, zero, adv = masked_inputs(advantages, response_mask, like=lp)
     lp = torch.where(m, lp, zero)  # a NaN in padding must not reach the gradient
-    adv = torch.where(m, advantages.detach().to(lp.dtype), zero)
     old = torch.where(m, old_log_prob.detach().to(lp.dtype), zero)
     d = (lp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     loss_mat = torch.where(m, -(adv * lp - 0.5 * beta * d * d), zero)
 
-    log_ratio, ratio = clamped_ratio(log_prob.detach(), old_log_prob, m, LOG_RATIO_CLAMP)
-    metrics: dict[str, Any] = {"pg_clipfrac": zero.clone(), "pg_clipfrac_lower": zero.clone()}
-    metrics.update(policy_ratio_metrics(log_ratio, ratio, m))
-    return loss_mat, metrics
+    return loss_mat, unclipped_metrics(log_prob, old_log_prob, m, zero)
 
 
 @hookimpl

@@ -30,8 +30,8 @@ import torch
 
 from armor_core import PolicyLoss, hookimpl
 from armor_core.hookspecs import RegisterPolicyLoss
-from armor_core.ops.masked import as_bool_mask, masked_mean, masked_sum
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, policy_ratio_metrics
+from armor_core.ops.masked import masked_mean, masked_sum, upcast
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, masked_inputs, policy_ratio_metrics
 
 __all__ = ["compute_policy_loss_gspo"]
 
@@ -61,12 +61,10 @@ def compute_policy_loss_gspo(
         token ratios, ``ratio_min/max/mean`` of the sequence ratio, and ``seq_ratio_mean``
         (mean of s_i over sequences with a valid token).
     """
-    m = as_bool_mask(response_mask)
-    lp = log_prob.float() if log_prob.dtype in (torch.float16, torch.bfloat16) else log_prob
-    old = old_log_prob.detach().to(lp.dtype)
-    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+    lp = upcast(log_prob)
+    m, zero, adv = masked_inputs(advantages, response_mask, like=lp)
     lp = torch.where(m, lp, zero)  # sanitise padding: a NaN there must not reach the gradient
-    old = torch.where(m, old, zero)
+    old = torch.where(m, old_log_prob.detach().to(lp.dtype), zero)
 
     token_log_ratio = (lp - old).detach()
     lengths = m.sum(dim=-1).clamp(min=1).to(lp.dtype)
@@ -74,7 +72,6 @@ def compute_policy_loss_gspo(
     # value: the sequence log-ratio; gradient: d log pi(y_it), the stop-gradient construction
     log_s = seq_log_ratio.unsqueeze(-1) + lp - lp.detach()
     s = torch.exp(log_s)
-    adv = torch.where(m, advantages.detach().to(lp.dtype), zero)
 
     low, high = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high
     loss = torch.maximum(-adv * s, -adv * s.clamp(low, high))

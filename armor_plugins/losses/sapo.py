@@ -32,8 +32,8 @@ import torch
 
 from armor_core import PolicyLoss, hookimpl
 from armor_core.hookspecs import RegisterPolicyLoss
-from armor_core.ops.masked import as_bool_mask, masked_mean
-from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, policy_ratio_metrics
+from armor_core.ops.masked import masked_mean
+from armor_plugins.losses.utils import LOG_RATIO_CLAMP, clamped_ratio, masked_inputs, policy_ratio_metrics
 
 __all__ = ["compute_policy_loss_sapo"]
 
@@ -62,10 +62,8 @@ def compute_policy_loss_sapo(
     """
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"sapo: tau_pos={tau_pos}, tau_neg={tau_neg} must both be > 0 (actor.policy_loss_kwargs)")
-    m = as_bool_mask(response_mask)
-    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, m, log_ratio_clamp)
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob, response_mask, log_ratio_clamp)
+    m, zero, adv = masked_inputs(advantages, response_mask, like=ratio)
 
     tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)

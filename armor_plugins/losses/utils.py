@@ -1,5 +1,5 @@
-"""What the policy losses share: the clamped probability ratio, the ratio metrics every loss reports,
-and the entropy of a categorical distribution.
+"""What the policy losses share: their masked inputs, the clamped probability ratio, the ratio metrics
+every loss reports, and the entropy of a categorical distribution.
 
 Pure functions on (bs, response_length) tensors; masking follows ``armor_core.ops.masked`` (a NaN or
 Inf in a padded position never leaks into a result), whose reductions they use.
@@ -12,7 +12,14 @@ import torch
 from armor_core.ops.kl import LOG_RATIO_CLAMP
 from armor_core.ops.masked import as_bool_mask, masked_max, masked_mean, masked_min, upcast
 
-__all__ = ["LOG_RATIO_CLAMP", "clamped_ratio", "entropy_from_logits", "policy_ratio_metrics"]
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "clamped_ratio",
+    "entropy_from_logits",
+    "masked_inputs",
+    "policy_ratio_metrics",
+    "unclipped_metrics",
+]
 
 # LOG_RATIO_CLAMP (+-20 before ``exp``) is defined with the KL estimators, which clamp the same way
 
@@ -28,6 +35,20 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     z = upcast(logits)
     p = torch.softmax(z, dim=-1)
     return (torch.logsumexp(z, dim=-1) - (p * z).sum(dim=-1)).to(logits.dtype)
+
+
+def masked_inputs(
+    advantages: torch.Tensor, response_mask: torch.Tensor, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every policy loss's preamble: the mask as bool, a 0-d zero and the advantages, detached and 0 outside the
+    mask, in ``like``'s dtype and device (the ratio's for a ratio-based loss, the upcast log-probs' otherwise).
+
+    :param advantages: (bs, T); :param response_mask: (bs, T), any dtype.
+    :returns: ``(mask (bs, T) bool, zero (0-d), advantages (bs, T))``.
+    """
+    m = as_bool_mask(response_mask)
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    return m, zero, torch.where(m, advantages.detach().to(like.dtype), zero)
 
 
 def clamped_ratio(
@@ -68,3 +89,15 @@ def policy_ratio_metrics(
             "ratio_max": masked_max(r, m, empty=1.0),
             "ratio_mean": masked_mean(r, m) if has else torch.ones((), dtype=r.dtype, device=r.device),
         }
+
+
+def unclipped_metrics(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor, zero: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The metrics of a loss with no ratio in it and nothing to clip (``gpg``, ``dro``): ``pg_clipfrac`` and
+    ``pg_clipfrac_lower`` 0 (copies of ``zero``), then ``policy_ratio_metrics`` of the clamped ratio, computed
+    from ``log_prob`` detached."""
+    log_ratio, ratio = clamped_ratio(log_prob.detach(), old_log_prob, response_mask, LOG_RATIO_CLAMP)
+    metrics = {"pg_clipfrac": zero.clone(), "pg_clipfrac_lower": zero.clone()}
+    metrics.update(policy_ratio_metrics(log_ratio, ratio, response_mask))
+    return metrics
