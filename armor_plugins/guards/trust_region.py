@@ -8,30 +8,16 @@ first step, before any history exists. Three regimes, relative to ``target_kl``:
 
 * ``kl > skip_factor * target_kl``: the step is undone (``skip``: the worker puts the old weights back)
   and the learning rate is lowered. A step this large is what a collapse is made of: a learning rate
-  ten times too high moves a small model's answers in one update. The line holds for the batch as a
-  whole too: the optimizer steps taken on one batch (``actor.ppo_mini_batch_size`` and ``ppo_epochs``
-  make several) that stand may together move the policy at most ``skip_factor * target_kl``, and a step
-  that would pass it is undone, like the rest of the batch's steps after it (the sum of the steps' KL
-  stands for the batch's; two steps of 0.19 and 0.12 nats/token, each under the line, turned the code
-  recipe at ten times its rate from 0.36 to no passing program at all).
+  ten times too high moves a small model's answers in one update.
 * ``target_kl < kl``: the step stands and the learning rate is lowered.
-* a batch whose steps together moved the policy less than ``recover_below * target_kl``, with the
-  learning rate below the run's own: it is raised by ``recover_factor`` (never past the run's
-  ``actor.lr``) at the next batch's first step, so a cut made for a transient cause (a learning-rate
-  spike, one bad batch) is given back once the policy moves little again. The judgement is per batch,
-  not per step: four steps of 0.006 nats/token on one batch move it as far as one of 0.024, and a rate
-  raised on each of them climbed back from a cut to six times the code recipe's rate in five batches,
-  each step calm, and that rate wore the policy down to no passing program.
+* ``kl < recover_below * target_kl`` with the learning rate below the run's own: it is raised by
+  ``recover_factor`` (never past the run's ``actor.lr``), so a cut made for a transient cause (a
+  learning-rate spike, one bad batch) is given back once steps are small again.
 
 The new learning rate: for a small step the KL is quadratic in its length (``KL ~ 1/2 d^T F d``, F the
 Fisher information), and with Adam the step's length is proportional to the learning rate, so
 ``lr * sqrt(aim / kl)`` would have made this step's KL ``aim``; the guard aims at ``target_kl / 2``,
-inside the band, so that one cut is usually enough. That holds near the band only: far out the KL
-saturates (a token's probability cannot fall below zero), so an undone step says less about the rate
-than its KL suggests (on the code recipe at ten times its rate, steps taken at the rate the square root
-gave after an undone one moved the policy 4 to 10 times the aim). An undone step's cut is therefore
-linear, ``lr * aim / kl``, but by at most ten times (``MAX_UNDO_CUT``): the next step that overshoots cuts it
-further. The rate is never lowered below ``min_lr_scale * lr``.
+inside the band, so that one cut is usually enough. It is never lowered below ``min_lr_scale * lr``.
 This is rsl_rl's adaptive learning rate (a desired KL, the rate moved by a fixed factor outside a band)
 with the factor computed from how far out the step was, and PPO's trust region (Schulman et al. 2015)
 enforced by undoing a step rather than by a line search.
@@ -63,9 +49,6 @@ from armor_core.stability.helpers import check_param, finite_stat
 __all__ = ["TrustRegionGuard"]
 
 NAME = "trust_region"
-#: the most one undone step cuts the rate by: it proves the rate too high, not by how much (one step of a code run
-#: at the recipe's own rate moved the policy 4.9 nats/token, and a cut by 200 would have stopped it learning)
-MAX_UNDO_CUT = 0.1
 
 
 class TrustRegionGuard:
@@ -75,11 +58,10 @@ class TrustRegionGuard:
         which the learning rate is lowered. Measured on the built-in recipe: its steps move the policy
         1e-4 to 0.035 nats per token, the first (Adam's bias-corrected first step moves every weight by
         the full rate) the largest; at ten times its rate the first step moves it 0.46.
-    :param skip_factor: a step whose KL is above ``skip_factor * target_kl`` is also undone, as is one that would take
-        the steps standing on its batch past it.
-    :param recover_below: a batch whose steps' KL sums to less than ``recover_below * target_kl`` lets a lowered
-        learning rate rise again.
-    :param recover_factor: the learning rate is multiplied by this after each such batch, up to ``lr``.
+    :param skip_factor: a step whose KL is above ``skip_factor * target_kl`` is also undone.
+    :param recover_below: a step whose KL is below ``recover_below * target_kl`` lets a lowered learning
+        rate rise again.
+    :param recover_factor: the learning rate is multiplied by this on each such step, up to ``lr``.
     :param min_lr_scale: the learning rate is never lowered below ``min_lr_scale * lr``.
     :param every: once the run is calm at its own learning rate, ``policy_kl`` is measured on one step in ``every``
         (each measurement costs a forward of a few rows); 1 measures every step.
@@ -94,7 +76,7 @@ class TrustRegionGuard:
     def __init__(
         self,
         target_kl: float = 0.05,
-        skip_factor: float = 2.0,
+        skip_factor: float = 4.0,
         recover_below: float = 0.25,
         recover_factor: float = 1.2,
         min_lr_scale: float = 1e-3,
@@ -117,62 +99,49 @@ class TrustRegionGuard:
         self.ceiling = self.lr  # how far calm steps may raise a lowered lr
         self.quiet = 0  # measured steps since the last overshoot
         self.last_lr = self.lr  # the lr the next step is taken with, as far as this guard knows
-        # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
-        self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
         if stage != "step" or kl is None or lr is None:  # a non-finite step is non_finite's to judge
             return Verdict.proceed()
-        calm = self.recover_below * self.target_kl
-        give_back, last_batch = False, self.batch_kl
-        if step != self.batch_step:  # the last batch is done: was it calm, all its steps together?
-            give_back = self.batch_calm and last_batch < calm
-            self.batch_step, self.batch_kl, self.batch_calm = step, 0.0, True
-        if kl > self.target_kl or self.batch_kl + kl > self.skip_factor * self.target_kl:
-            self.batch_calm = False
+        if kl > self.target_kl:
             return self._overshoot(kl, lr)
-        self.batch_kl += kl
         self.quiet += 1
         self.last_lr = lr
-        if give_back and lr < self.ceiling:
-            new_lr = min(self.ceiling, lr * self.recover_factor)
-            self.last_lr = new_lr
-            return Verdict(
-                "adjust",
-                f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
-                f"{calm:.3g}; lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
-                signal=last_batch,
-                threshold=calm,
-                adjustments={"lr": new_lr},
-            )
+        if kl < self.recover_below * self.target_kl:
+            if lr < self.ceiling:
+                new_lr = min(self.ceiling, lr * self.recover_factor)
+                self.last_lr = new_lr
+                return Verdict(
+                    "adjust",
+                    f"policy moved {kl:.3g} nats/token, under {self.recover_below * self.target_kl:.3g}; "
+                    f"lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
+                    signal=kl,
+                    threshold=self.recover_below * self.target_kl,
+                    adjustments={"lr": new_lr},
+                )
         return Verdict.proceed()
 
     def _overshoot(self, kl: float, lr: float) -> Verdict:
-        """A step above ``target_kl``, or past the batch's budget: lower the lr, undo the step if far out (alone or with
-        the batch's steps before it), remember a raised lr that failed."""
-        limit = self.skip_factor * self.target_kl
-        undo = self.batch_kl + kl > limit
-        if not undo:
-            self.batch_kl += kl
-        aim = 0.5 * self.target_kl
-        new_lr = max(self.min_lr, lr * (max(MAX_UNDO_CUT, aim / kl) if undo else math.sqrt(aim / kl)))
+        """A step above ``target_kl``: lower the lr, undo the step if far out, remember a raised lr that failed."""
+        new_lr = max(self.min_lr, lr * math.sqrt(0.5 * self.target_kl / kl))
         if self.quiet > 0 and lr < self.lr:
             # steps since the last overshoot had (or could have) raised the lr again, and it overshot: this lr is
             # too high for the run, not unlucky, so it is not raised past the new value again
             self.ceiling = min(self.ceiling, new_lr)
         self.quiet = 0
         self.last_lr = min(lr, new_lr)
+        undo = kl > self.skip_factor * self.target_kl
         cut = {"lr": new_lr} if new_lr < lr else {}
         if not undo and not cut:  # already at the floor: nothing left to do but let the step stand
             return Verdict.proceed()
-        batch = f", {self.batch_kl + kl:.3g} with this batch's steps before it" if undo and self.batch_kl else ""
+        limit = self.skip_factor * self.target_kl if undo else self.target_kl
         return Verdict(
             "skip" if undo else "adjust",
-            f"policy moved {kl:.3g} nats/token in one step{batch} (limit {limit if undo else self.target_kl:.3g})"
+            f"policy moved {kl:.3g} nats/token in one step (limit {limit:.3g})"
             f"{', step undone' if undo else ''}{f'; lr {lr:.3g} -> {new_lr:.3g}' if cut else ''}",
-            signal=self.batch_kl + kl if undo else kl,
-            threshold=limit if undo else self.target_kl,
+            signal=kl,
+            threshold=limit,
             adjustments=cut,
         )
 
@@ -189,14 +158,7 @@ class TrustRegionGuard:
 
     def state_dict(self) -> dict[str, Any]:
         # the lr itself is the worker's, saved with the optimizer; these are what the guard knows of it
-        return {
-            "ceiling": self.ceiling,
-            "quiet": self.quiet,
-            "last_lr": self.last_lr,
-            "batch_step": self.batch_step,
-            "batch_kl": self.batch_kl,
-            "batch_calm": self.batch_calm,
-        }
+        return {"ceiling": self.ceiling, "quiet": self.quiet, "last_lr": self.last_lr}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         def finite(key: str) -> float:
@@ -205,8 +167,6 @@ class TrustRegionGuard:
 
         self.ceiling, self.last_lr = finite("ceiling"), finite("last_lr")
         self.quiet = int(state.get("quiet", 0))
-        self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
-        self.batch_calm = bool(state.get("batch_calm", False))
 
 
 @hookimpl

@@ -42,9 +42,6 @@ def test_topk_distillation_lowers_the_kl_to_the_teacher(ray_cluster, tmp_path):
             "algorithm.distill.k=4",
             "algorithm.distill.with_rewards=false",
             "actor.lr=1e-3",
-            # the default trust_region holds each step to ~0.05 nats/token of policy change: six such steps
-            # cannot move a student 5 nats/token away; what is tested here is the loss's direction
-            "guard.guards=[{name: non_finite}]",
             "data.train_size=256",
             "data.train_batch_size=8",
             "actor.ppo_mini_batch_size=8",
