@@ -8,9 +8,10 @@ Called in the sandbox's child between fork and exec (``sandbox.py``), in this or
   the run becomes its child, whatever ``setsid`` or double fork it tried) that waits for its one child, then
   kills every process left beneath it and exits with the child's status (128 + the signal when one killed
   it). ``SIGTERM`` (the sandbox's deadline, or the parent-death signal of a killed reward worker) makes it
-  kill them all at once, as does finding its parent gone (it looks every 0.1 s). The child returns, to become
-  the harness; in a new PID namespace it is that namespace's init, whose end kills every process of the
-  namespace, and which its programs cannot signal.
+  kill them all at once, as does finding its parent gone (it looks every 0.1 s). It finds them through the
+  host's ``/proc``, held open from before the fork: the child's ``pivot_root`` moves its root too. The child
+  returns, to become the harness; in a new PID namespace it is that namespace's init, whose end kills every
+  process of the namespace, and which its programs cannot signal.
 - ``enter_root(tree, scratch_mb)``: in that child, a root of its own: a small read-only tmpfs holding the
   host's system directories (``system_tree``: ``/usr`` and the library directories, bound read-only, and the
   interpreter's prefix where it lies elsewhere), ``/dev/null`` and the random devices, a fresh ``/proc``
@@ -199,19 +200,24 @@ def supervise(scratch: str | None = None) -> None:
     worker = os.getppid()
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # the reward worker died: end the run, then go
     supervisor = os.getpid()
+    # the host's /proc, opened before the fork: with namespaces the child's ``pivot_root`` moves this process's
+    # root too (they share a mount namespace), and the /proc found there is the run's, which shows no pid of ours
+    proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     child = os.fork()
     if child == 0:
+        os.close(proc)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() not in (supervisor, 0):  # 0: the parent is outside this new PID namespace
             os._exit(1)
         return
     code = 1
     try:
-        os.closerange(0, os.sysconf("SC_OPEN_MAX"))  # the pipes and the exec error pipe are the run's alone
+        os.closerange(0, proc)  # the pipes and the exec error pipe are the run's alone
+        os.closerange(proc + 1, os.sysconf("SC_OPEN_MAX"))
         status = _wait(child, worker)
         code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
-        _end_all()
+        _end_all(child, proc)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     finally:
@@ -237,8 +243,14 @@ def _wait(child: int, worker: int) -> int | None:
             return None
 
 
-def _end_all(within_s: float = 2.0) -> None:
-    """SIGKILL every process beneath this one, again until none is left (their orphans come here) or time's up."""
+def _end_all(child: int, proc: int, within_s: float = 2.0) -> None:
+    """SIGKILL every process beneath this one, again until none is left (their orphans come here) or time's up:
+    ``child`` first (in a PID namespace, its init: the kernel ends the whole namespace with it), then every
+    descendant the host's /proc (``proc``, a directory descriptor) shows."""
+    try:
+        os.kill(child, signal.SIGKILL)
+    except OSError:
+        pass  # reaped already
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
@@ -246,7 +258,7 @@ def _end_all(within_s: float = 2.0) -> None:
                 pass
         except ChildProcessError:
             return  # no child left, so no descendant either
-        for pid in _descendants(os.getpid()):
+        for pid in _descendants(os.getpid(), proc):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -254,12 +266,13 @@ def _end_all(within_s: float = 2.0) -> None:
         time.sleep(0.002)
 
 
-def _descendants(root: int) -> list[int]:
+def _descendants(root: int, proc: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
+    for entry in os.scandir(proc):
         if entry.name.isdigit():
             try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fd = os.open(f"{entry.name}/stat", os.O_RDONLY, dir_fd=proc)
+                with open(fd, "rb") as f:
                     ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
