@@ -424,9 +424,9 @@ class RewardConfig:
 class GuardConfig:
     enable: bool = f(True, "Run the StabilityGuard.")
     guards: list = f(
-        help="Ordered guards: [{name, params}]. A list given here replaces the default stack, non_finite (skip a "
-        "non-finite gradient, loss or reward) and trust_region (undo a step that moved the policy too far, in nats "
-        "per token, and lower the learning rate).",
+        help="Ordered guards: [{name, params}], or a bare name for a guard with its defaults. A list given here "
+        "replaces the default stack, non_finite (skip a non-finite gradient, loss or reward) and trust_region (undo a "
+        "step that moved the policy too far, in nats per token, and lower the learning rate).",
         factory=lambda: [{"name": "non_finite", "params": {}}, {"name": "trust_region", "params": {}}],
     )
     rollback_every: int = f(
@@ -655,8 +655,12 @@ def _check_semantics(cfg: ArmorConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for i, g in enumerate(cfg.guard.guards):
+        if isinstance(g, str) and g:  # a bare name: the guard with its defaults
+            g = cfg.guard.guards[i] = {"name": g, "params": {}}
         if not isinstance(g, (dict, DictConfig)) or "name" not in g:
-            raise ConfigError(f"guard.guards[{i}]={g!r}: each guard is {{name: ..., params: {{...}}}}")
+            raise ConfigError(
+                f"guard.guards[{i}]={g!r}: each guard is a name (non_finite) or {{name: ..., params: {{...}}}}"
+            )
         extra = set(g) - {"name", "params"}
         if extra:
             raise ConfigError(f"guard.guards[{i}] has unknown keys {sorted(extra)}; allowed: name, params")

@@ -272,3 +272,19 @@ def test_normalize_components_with_a_grouped_estimator_that_cannot_take_it_fails
         pytest.raises(ConfigError, match=r"unknown parameter 'normalize_components' for mean_baseline"),
     ):
         validate_plugins(load_config(None, overrides))
+
+
+def test_a_bare_guard_name_is_that_guard_with_its_defaults():
+    from armor_core.stability.guard import GuardRunner
+
+    cfg = load_config(None, ["guard.guards=[non_finite, {name: trust_region, params: {target_kl: 0.02}}]"])
+    assert cfg.guard.guards == [
+        {"name": "non_finite", "params": {}},
+        {"name": "trust_region", "params": {"target_kl": 0.02}},
+    ]
+    runner = GuardRunner(cfg.guard.guards)
+    assert runner.observe("grad", {"grad_norm": float("nan")}, 1).action == "skip"  # non_finite, built and watching
+    with pytest.raises(ConfigError, match=r"guard.guards\[0\]=3: each guard is a name \(non_finite\) or \{name"):
+        load_config(None, ["guard.guards=[3]"])
+    with pytest.raises(ConfigError, match=r"guard.guards\[0\]=''"):
+        load_config(None, ["guard.guards=['']"])
