@@ -346,7 +346,11 @@ GUARD_STAGES: dict[str, GuardStage] = {
     "step": GuardStage(
         "each actor rank, after the optimizer step; only for guards that list it in ``stages``",
         ("update_ratio", "update_norm", "param_norm", "lr"),
-        {"policy_kl": "a guard lists it in its ``needs``; it costs a forward of a few rows"},
+        {
+            "policy_kl": "a guard lists it in its ``needs``; it costs a forward of a few rows",
+            "teacher_kl": "with ``policy_kl`` in a distillation run (``algorithm.distill``): KL(policy before the "
+            "step || teacher) on the same probe tokens, nats per token",
+        },
         {},
         {
             "skip": "the parameters are put back as they were before this optimizer step (Adam's moments keep "
@@ -354,7 +358,14 @@ GUARD_STAGES: dict[str, GuardStage] = {
             "adjust": "applied at once on every rank, from the next optimizer step on",
             "rollback": "as ``skip``: a worker cannot restore a checkpoint",
         },
-        {"update_ratio": 1e-3, "update_norm": 0.01, "param_norm": 10.0, "lr": 1e-5, "policy_kl": 1e-3},
+        {
+            "update_ratio": 1e-3,
+            "update_norm": 0.01,
+            "param_norm": 10.0,
+            "lr": 1e-5,
+            "policy_kl": 1e-3,
+            "teacher_kl": 0.5,
+        },
     ),
     "update": GuardStage(
         "driver, after the update; not shown when a verdict before it skipped the update",

@@ -7,20 +7,41 @@ on the model, the task or the learning rate, so one default serves every run and
 first step, before any history exists. Three regimes, relative to ``target_kl``:
 
 * ``kl > skip_factor * target_kl``: the step is undone (``skip``: the worker puts the old weights back)
-  and the learning rate is lowered. A step this large is what a collapse is made of: a learning rate
-  ten times too high moves a small model's answers in one update.
+  and the learning rate is lowered. A step this large is what a collapse is made of: one step of 0.199
+  nats/token (the code recipe at ten times its rate, its first) took the batch's score from 0.28 to 0.016.
+  The optimizer steps taken on one batch (``actor.ppo_mini_batch_size`` and ``ppo_epochs`` make several)
+  are held together too: those that stand may move the policy at most ``batch_factor * target_kl`` in all
+  (the sum of their KLs stands for the batch's), and a step that would pass it is undone, like the rest
+  of the batch's steps after it.
 * ``target_kl < kl``: the step stands and the learning rate is lowered.
-* ``kl < recover_below * target_kl`` with the learning rate below the run's own: it is raised by
-  ``recover_factor`` (never past the run's ``actor.lr``), so a cut made for a transient cause (a
-  learning-rate spike, one bad batch) is given back once steps are small again.
+* a batch whose steps together moved the policy less than ``recover_below * target_kl``, with the
+  learning rate below the run's own: it is raised by ``recover_factor`` (never past the run's
+  ``actor.lr``) at the next batch's first step, so a cut made for a transient cause (a learning-rate
+  spike, one bad batch) is given back once the policy moves little again. The judgement is per batch,
+  not per step: four steps of 0.006 nats/token on one batch move it as far as one of 0.024, and a rate
+  raised on each of them climbed back from a cut to six times the code recipe's rate in five batches,
+  each step calm, and that rate wore the policy down to no passing program.
 
 The new learning rate: for a small step the KL is quadratic in its length (``KL ~ 1/2 d^T F d``, F the
 Fisher information), and with Adam the step's length is proportional to the learning rate, so
 ``lr * sqrt(aim / kl)`` would have made this step's KL ``aim``; the guard aims at ``target_kl / 2``,
-inside the band, so that one cut is usually enough. It is never lowered below ``min_lr_scale * lr``.
+inside the band, so that one cut is usually enough. That holds near the band only: far out the KL
+saturates (a token's probability cannot fall below zero), so an undone step says less about the rate
+than its KL suggests (on the code recipe at ten times its rate, steps taken at the rate the square root
+gave after an undone one moved the policy 4 to 10 times the aim). An undone step's cut is therefore
+linear, ``lr * aim / kl``, but by at most ten times (``MAX_UNDO_CUT``): the next step that overshoots cuts it
+further. The rate is never lowered below ``min_lr_scale * lr``.
 This is rsl_rl's adaptive learning rate (a desired KL, the rate moved by a fixed factor outside a band)
 with the factor computed from how far out the step was, and PPO's trust region (Schulman et al. 2015)
 enforced by undoing a step rather than by a line search.
+
+In a distillation run (``algorithm.distill``) the policy is pulled toward a fixed teacher, and a step
+toward it is not a runaway: the probe also measures ``teacher_kl``, the policy's KL to the teacher on the
+same tokens, and the target is at least ``TOWARD_TEACHER`` (a quarter) of it, which in distance is about
+half the way (KL grows with the square). ``recipe:distill``'s first step moves the policy 0.46
+nats/token with the teacher 3.2 away; held to ``target_kl`` alone, its steps were undone and its rate cut
+until it ended 9 points lower (0.850 against 0.938, seed 1). Near the teacher the run's own
+``target_kl`` holds again.
 
 A lowered rate is given back only up to a ceiling: when calm steps had raised it again and a step
 overshoots, that rate is too high for this run (not an unlucky batch), and the new one becomes the most
@@ -49,6 +70,12 @@ from armor_core.stability.helpers import check_param, finite_stat
 __all__ = ["TrustRegionGuard"]
 
 NAME = "trust_region"
+#: the most one undone step cuts the rate by: it proves the rate too high, not by how much (one step of a code run
+#: at the recipe's own rate moved the policy 4.9 nats/token, and a cut by 200 would have stopped it learning)
+MAX_UNDO_CUT = 0.1
+#: in a distillation run, the share of the policy's KL to the teacher one step may move it: a quarter in KL is about
+#: half the way in distance (KL grows with its square), a step toward a fixed target that cannot overshoot it
+TOWARD_TEACHER = 0.25
 
 
 class TrustRegionGuard:
@@ -59,9 +86,11 @@ class TrustRegionGuard:
         1e-4 to 0.035 nats per token, the first (Adam's bias-corrected first step moves every weight by
         the full rate) the largest; at ten times its rate the first step moves it 0.46.
     :param skip_factor: a step whose KL is above ``skip_factor * target_kl`` is also undone.
-    :param recover_below: a step whose KL is below ``recover_below * target_kl`` lets a lowered learning
-        rate rise again.
-    :param recover_factor: the learning rate is multiplied by this on each such step, up to ``lr``.
+    :param batch_factor: a step that would take the KLs of the steps standing on its batch past
+        ``batch_factor * target_kl`` is undone.
+    :param recover_below: a batch whose steps' KL sums to less than ``recover_below * target_kl`` lets a lowered
+        learning rate rise again.
+    :param recover_factor: the learning rate is multiplied by this after each such batch, up to ``lr``.
     :param min_lr_scale: the learning rate is never lowered below ``min_lr_scale * lr``.
     :param every: once the run is calm at its own learning rate, ``policy_kl`` is measured on one step in ``every``
         (each measurement costs a forward of a few rows); 1 measures every step.
@@ -76,7 +105,8 @@ class TrustRegionGuard:
     def __init__(
         self,
         target_kl: float = 0.05,
-        skip_factor: float = 4.0,
+        skip_factor: float = 2.0,
+        batch_factor: float = 4.0,
         recover_below: float = 0.25,
         recover_factor: float = 1.2,
         min_lr_scale: float = 1e-3,
@@ -86,61 +116,81 @@ class TrustRegionGuard:
     ) -> None:
         check_param(NAME, "target_kl", target_kl, gt=0)
         check_param(NAME, "skip_factor", skip_factor, ge=1)
+        check_param(NAME, "batch_factor", batch_factor, ge=1)
         check_param(NAME, "recover_below", recover_below, ge=0, lt=1)
         check_param(NAME, "recover_factor", recover_factor, gt=1)
         check_param(NAME, "min_lr_scale", min_lr_scale, gt=0, le=1)
         check_param(NAME, "every", every, ge=1)
         check_param(NAME, "watch_steps", watch_steps, ge=0)
         check_param(NAME, "lr", lr, gt=0)
-        self.target_kl, self.skip_factor = float(target_kl), float(skip_factor)
+        self.target_kl, self.skip_factor, self.batch_factor = float(target_kl), float(skip_factor), float(batch_factor)
         self.recover_below, self.recover_factor = float(recover_below), float(recover_factor)
         self.lr, self.min_lr = float(lr), float(min_lr_scale) * float(lr)
         self.every, self.watch_steps = int(every), int(watch_steps)
         self.ceiling = self.lr  # how far calm steps may raise a lowered lr
         self.quiet = 0  # measured steps since the last overshoot
         self.last_lr = self.lr  # the lr the next step is taken with, as far as this guard knows
+        # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
+        self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
         if stage != "step" or kl is None or lr is None:  # a non-finite step is non_finite's to judge
             return Verdict.proceed()
-        if kl > self.target_kl:
-            return self._overshoot(kl, lr)
+        target = self._target(finite_stat(stats, "teacher_kl"))
+        calm = self.recover_below * target
+        give_back, last_batch = False, self.batch_kl
+        if step != self.batch_step:  # the last batch is done: was it calm, all its steps together?
+            give_back = self.batch_calm and last_batch < calm
+            self.batch_step, self.batch_kl, self.batch_calm = step, 0.0, True
+        if kl > target or self.batch_kl + kl > self.batch_factor * target:
+            self.batch_calm = False
+            return self._overshoot(kl, lr, target)
+        self.batch_kl += kl
         self.quiet += 1
         self.last_lr = lr
-        if kl < self.recover_below * self.target_kl:
-            if lr < self.ceiling:
-                new_lr = min(self.ceiling, lr * self.recover_factor)
-                self.last_lr = new_lr
-                return Verdict(
-                    "adjust",
-                    f"policy moved {kl:.3g} nats/token, under {self.recover_below * self.target_kl:.3g}; "
-                    f"lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
-                    signal=kl,
-                    threshold=self.recover_below * self.target_kl,
-                    adjustments={"lr": new_lr},
-                )
+        if give_back and lr < self.ceiling:
+            new_lr = min(self.ceiling, lr * self.recover_factor)
+            self.last_lr = new_lr
+            return Verdict(
+                "adjust",
+                f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
+                f"{calm:.3g}; lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
+                signal=last_batch,
+                threshold=calm,
+                adjustments={"lr": new_lr},
+            )
         return Verdict.proceed()
 
-    def _overshoot(self, kl: float, lr: float) -> Verdict:
-        """A step above ``target_kl``: lower the lr, undo the step if far out, remember a raised lr that failed."""
-        new_lr = max(self.min_lr, lr * math.sqrt(0.5 * self.target_kl / kl))
+    def _target(self, teacher_kl: float | None) -> float:
+        """``target_kl``; in a distillation run, at least ``TOWARD_TEACHER`` of the policy's KL to the teacher."""
+        return self.target_kl if teacher_kl is None else max(self.target_kl, TOWARD_TEACHER * teacher_kl)
+
+    def _overshoot(self, kl: float, lr: float, target: float) -> Verdict:
+        """A step above the target, or past the batch's budget: lower the lr, undo the step if far out (alone or with
+        the batch's steps before it), remember a raised lr that failed."""
+        undo = kl > self.skip_factor * target or self.batch_kl + kl > self.batch_factor * target
+        if not undo:
+            self.batch_kl += kl
+        aim = 0.5 * target
+        new_lr = max(self.min_lr, lr * (max(MAX_UNDO_CUT, aim / kl) if undo else math.sqrt(aim / kl)))
         if self.quiet > 0 and lr < self.lr:
             # steps since the last overshoot had (or could have) raised the lr again, and it overshot: this lr is
             # too high for the run, not unlucky, so it is not raised past the new value again
             self.ceiling = min(self.ceiling, new_lr)
         self.quiet = 0
         self.last_lr = min(lr, new_lr)
-        undo = kl > self.skip_factor * self.target_kl
         cut = {"lr": new_lr} if new_lr < lr else {}
         if not undo and not cut:  # already at the floor: nothing left to do but let the step stand
             return Verdict.proceed()
-        limit = self.skip_factor * self.target_kl if undo else self.target_kl
+        alone = kl > self.skip_factor * target
+        limit = (self.skip_factor if alone else self.batch_factor) * target if undo else target
+        batch = "" if alone or not undo else f", {self.batch_kl + kl:.3g} with this batch's steps before it"
         return Verdict(
             "skip" if undo else "adjust",
-            f"policy moved {kl:.3g} nats/token in one step (limit {limit:.3g})"
+            f"policy moved {kl:.3g} nats/token in one step{batch} (limit {limit:.3g})"
             f"{', step undone' if undo else ''}{f'; lr {lr:.3g} -> {new_lr:.3g}' if cut else ''}",
-            signal=kl,
+            signal=kl if alone or not undo else self.batch_kl + kl,
             threshold=limit,
             adjustments=cut,
         )
@@ -158,7 +208,14 @@ class TrustRegionGuard:
 
     def state_dict(self) -> dict[str, Any]:
         # the lr itself is the worker's, saved with the optimizer; these are what the guard knows of it
-        return {"ceiling": self.ceiling, "quiet": self.quiet, "last_lr": self.last_lr}
+        return {
+            "ceiling": self.ceiling,
+            "quiet": self.quiet,
+            "last_lr": self.last_lr,
+            "batch_step": self.batch_step,
+            "batch_kl": self.batch_kl,
+            "batch_calm": self.batch_calm,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         def finite(key: str) -> float:
@@ -167,6 +224,8 @@ class TrustRegionGuard:
 
         self.ceiling, self.last_lr = finite("ceiling"), finite("last_lr")
         self.quiet = int(state.get("quiet", 0))
+        self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
+        self.batch_calm = bool(state.get("batch_calm", False))
 
 
 @hookimpl

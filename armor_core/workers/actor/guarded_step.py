@@ -130,6 +130,8 @@ class GuardedStep:
         if "policy_kl" in stats:
             add_metric(sums, "actor/policy_kl", stats["policy_kl"])
             add_metric(sums, "actor/policy_kl_max", stats["policy_kl"])
+        if "teacher_kl" in stats:
+            add_metric(sums, "actor/teacher_kl", stats["teacher_kl"])
         verdict = self.guard.observe("step", stats, step)
         self._apply_worker_adjustments(verdict, sums)
         return verdict

@@ -51,9 +51,10 @@ class PolicyShiftProbe:
     def __init__(self, rows: int) -> None:
         self.rows = int(rows)
         self._kept: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._teacher: torch.Tensor | None = None  # the teacher's log-probs of the kept rows' tokens, if any
 
     def reset(self) -> None:
-        self._kept = None
+        self._kept = self._teacher = None
 
     def keep(self, mini: Any, idx: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor, weight: float) -> None:
         """Offered each micro-batch's rows and their log-probs under the weights about to be stepped; keeps the
@@ -62,18 +63,23 @@ class PolicyShiftProbe:
             return
         k = min(self.rows, len(idx))
         self._kept = (mini, idx[:k], log_prob.detach()[:k], mask[:k] * float(weight))
+        if "teacher_log_prob" in mini:  # a distillation run: how far the policy is from its teacher, on the same rows
+            self._teacher = mini["teacher_log_prob"][idx[:k]].to(log_prob.device)
 
     def measure(self, forward: Callable[[Any, torch.Tensor], torch.Tensor], world_size: int) -> dict[str, float]:
-        """``{"policy_kl": mean k3 per token over every rank's probe}`` after the step (empty if nothing was kept).
+        """``{"policy_kl": mean k3 per token over every rank's probe}`` after the step (empty if nothing was kept),
+        and in a distillation run ``teacher_kl``: KL(policy before the step || teacher), same tokens and estimator.
 
         :param forward: ``forward(mini, idx) -> log-probs (rows, R)`` under the stepped weights, without gradient.
         """
         if self._kept is None:
             return {}
         mini, idx, old, mask = self._kept
-        self._kept = None
+        teacher, self._kept, self._teacher = self._teacher, None, None
         with torch.no_grad():
             new = forward(mini, idx)
-        total, count = k3_kl(new, old, mask)
-        total, count = global_sums([total, count], world_size)
-        return {"policy_kl": total / count} if count > 0 else {}
+        sums = [*k3_kl(new, old, mask), *(k3_kl(teacher, old, mask)[:1] if teacher is not None else ())]
+        total, count, *to_teacher = global_sums(sums, world_size)  # every rank has a teacher, or none has
+        if count <= 0:
+            return {}
+        return {"policy_kl": total / count, **({"teacher_kl": to_teacher[0] / count} if to_teacher else {})}

@@ -47,6 +47,21 @@ def test_the_probe_keeps_the_first_offer_only_and_measures_once():
     assert PolicyShiftProbe(rows=0).measure(forward, 1) == {}
 
 
+def test_in_a_distillation_run_the_probe_also_measures_the_kl_to_the_teacher():
+    probe = PolicyShiftProbe(rows=2)
+    old = torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.5], [0.9, 0.9]]))
+    teacher = torch.log(torch.tensor([[0.25, 0.5], [0.5, 0.5], [0.1, 0.1]]))
+    mini = {"teacher_log_prob": teacher}
+    probe.keep(mini, torch.tensor([0, 1, 2]), old, torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]]), 1.0)
+    out = probe.measure(lambda m, idx: old[idx], world_size=1)  # a step that changed nothing
+    # rows 0 and 1, three tokens: r = p_T / p_S = 0.5, 2, 1: (r - 1) - ln r = 0.193147, 0.306853, 0
+    assert out["policy_kl"] == 0.0 and out["teacher_kl"] == pytest.approx(
+        (0.5 - 1 - math.log(0.5) + 2 - 1 - math.log(2)) / 3
+    )
+    probe.keep("no-teacher", torch.tensor([0]), old, torch.ones(1, 2), 1.0)
+    assert set(probe.measure(lambda m, idx: old[idx], world_size=1)) == {"policy_kl"}
+
+
 def config(*extra: str, rows: int = ROWS, length: int = R) -> dict:
     from armor_core.config.schema import load_config, to_dict
 
@@ -171,3 +186,20 @@ def test_a_step_undone_under_fsdp2_puts_each_rank_shards_back(tmp_path):
     # the probe's forward gathers the root's parameters; they must be sharded again before the old shards go back
     ranks = run_ranks(_undone_under_fsdp2, 2, tmp_path)
     assert ranks == [(1.0, True), (1.0, True)]
+
+
+@pytest.mark.slow
+def test_a_batch_with_the_teachers_log_probs_gets_teacher_kl_beside_policy_kl():
+    from armor_core.workers.actor.policy_shift import PROBE_ROWS
+    from armor_core.workers.actor.worker import ActorWorker
+
+    rows, length = PROBE_ROWS, 6
+    w = ActorWorker(config("actor.lr=1e-4", rows=rows, length=length))  # the default guards: trust_region needs it
+    batch = sampled_batch(w, rows)
+    with torch.no_grad():  # the policy's own log-probs of its sampled tokens, the teacher's half of each
+        own = next_token_log_probs(w.model, batch, length).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    batch.tensors["teacher_log_prob"] = own - math.log(2.0)
+    m = w.update_actor(batch, step=1)
+    # p_T / p_S = 1/2 at every token: (1/2 - 1) - ln(1/2) = 0.193147 per token
+    assert m["actor/teacher_kl"] == pytest.approx(0.5 - 1 + math.log(2.0), rel=1e-3)
+    assert "actor/policy_kl" in m

@@ -15,42 +15,107 @@ from armor_plugins.guards.trust_region import TrustRegionGuard
 
 def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
     g = TrustRegionGuard(target_kl=0.03, lr=5e-4)
-    # 0.48 > 4 x 0.03: undone; lr * sqrt(0.015 / 0.48) = 5e-4 * 0.176777 = 8.8388e-5
-    v = g.observe("step", {"policy_kl": 0.48, "lr": 5e-4}, 1)
-    assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(8.8388e-5, rel=1e-4) and v.threshold == 0.12
-    # 0.06 is over the target, under the skip line: the step stands; 8.8388e-5 * sqrt(0.015 / 0.06) = 4.4194e-5
-    v = g.observe("step", {"policy_kl": 0.06, "lr": 8.8388e-5}, 2)
-    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(4.4194e-5, rel=1e-4)
-    # calm (under 0.25 x 0.03 = 0.0075): back up by 1.2 toward the run's 5e-4
-    v = g.observe("step", {"policy_kl": 0.001, "lr": 4.4194e-5}, 3)
-    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(5.3033e-5, rel=1e-4)
-    assert g.observe("step", {"policy_kl": 0.02, "lr": 5.3033e-5}, 4).action == "proceed"  # inside the band
+    # 0.12 > 2 x 0.03: undone; far out the cut is linear: lr * 0.015 / 0.12 = 5e-4 * 0.125 = 6.25e-5
+    v = g.observe("step", {"policy_kl": 0.12, "lr": 5e-4}, 1)
+    assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(6.25e-5, rel=1e-9) and v.threshold == 0.06
+    # but tenfold at most: 0.48 would have cut it 32 times
+    v = TrustRegionGuard(target_kl=0.03, lr=5e-4).observe("step", {"policy_kl": 0.48, "lr": 5e-4}, 1)
+    assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(5e-5, rel=1e-9)
+    # 0.05 is over the target, under the skip line: the step stands; 6.25e-5 * sqrt(0.015 / 0.05) = 3.4233e-5
+    v = g.observe("step", {"policy_kl": 0.05, "lr": 6.25e-5}, 2)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(3.4233e-5, rel=1e-4)
+    lr = v.adjustments["lr"]
+    # calm (under 0.25 x 0.03 = 0.0075), but the rate is given back for a calm batch, once it is done: not yet
+    assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 3).action == "proceed"
+    # step 3's batch was calm: back up by 1.2 toward the run's 5e-4, at the next batch's first step
+    v = g.observe("step", {"policy_kl": 0.02, "lr": lr}, 4)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(lr * 1.2, rel=1e-9) and v.signal == 0.001
+    lr = v.adjustments["lr"]
+    assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 5).action == "proceed"  # step 4's 0.02: in the band
     # a raised lr that overshoots after calm steps: too high for this run, so it becomes the ceiling
-    v = g.observe("step", {"policy_kl": 0.04, "lr": 5.3033e-5}, 5)  # 5.3033e-5 * sqrt(0.015 / 0.04) = 3.2476e-5
-    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(3.2476e-5, rel=1e-4)
-    assert g.observe("step", {"policy_kl": 0.001, "lr": 3.2476e-5}, 6).action == "proceed"  # not raised past it
-    assert g.state_dict() == {
-        "ceiling": pytest.approx(3.2476e-5, rel=1e-4),
-        "quiet": 1,
-        "last_lr": pytest.approx(3.2476e-5, rel=1e-4),
-    }
+    v = g.observe("step", {"policy_kl": 0.04, "lr": lr}, 6)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(lr * math.sqrt(0.015 / 0.04), rel=1e-9)
+    lr = v.adjustments["lr"]
+    assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 7).action == "proceed"
+    assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 8).action == "proceed"  # not raised past the ceiling
+    state = {"ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True}
+    assert g.state_dict() == state
+    resumed = TrustRegionGuard(target_kl=0.03, lr=5e-4)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+
+
+def test_trust_region_holds_a_batchs_steps_together_to_the_batch_line():
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3)  # lines: one step 2 x 0.05 = 0.1, a batch's steps 4 x 0.05 = 0.2
+    v = g.observe("step", {"policy_kl": 0.08, "lr": 1e-3}, 1)  # under the line: stands, lr * sqrt(0.025 / 0.08)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(1e-3 * math.sqrt(0.025 / 0.08), rel=1e-9)
+    lr = v.adjustments["lr"]
+    v = g.observe("step", {"policy_kl": 0.09, "lr": lr}, 1)  # 0.17 with the first, under 0.2: stands, cut again
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(lr * math.sqrt(0.025 / 0.09), rel=1e-9)
+    lr = v.adjustments["lr"]
+    v = g.observe("step", {"policy_kl": 0.05, "lr": lr}, 1)  # 0.22 with the two before: undone, lr * 0.025 / 0.05
+    assert v.action == "skip" and v.signal == pytest.approx(0.22) and v.threshold == pytest.approx(0.2)
+    assert v.adjustments["lr"] == pytest.approx(lr * 0.5, rel=1e-9) and "0.22 with this batch" in v.reason
+    lr = v.adjustments["lr"]
+    assert g.observe("step", {"policy_kl": 0.021, "lr": lr}, 1).action == "proceed"  # 0.191: still in the budget
+    assert g.observe("step", {"policy_kl": 0.02, "lr": lr}, 1).action == "skip"  # small, but past the budget
+    assert g.observe("step", {"policy_kl": 0.021, "lr": lr}, 2).action == "proceed"  # a new batch, a new budget
+    assert g.state_dict()["batch_step"] == 2 and g.state_dict()["batch_kl"] == pytest.approx(0.021)
+    # several small steps on one batch add up to the line as well (8 optimizer steps per batch)
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    actions = [g.observe("step", {"policy_kl": 0.03, "lr": 1e-3}, 1).action for _ in range(8)]
+    assert actions == ["proceed"] * 6 + ["skip"] * 2
+
+
+def test_trust_region_lets_a_distillation_step_cover_a_quarter_of_the_kl_to_the_teacher():
+    # recipe:distill's first step moved the policy 0.46 nats/token, with the teacher 3.2 away: a step toward it
+    g = TrustRegionGuard(target_kl=0.05, lr=5e-4)
+    assert g.observe("step", {"policy_kl": 0.46, "lr": 5e-4, "teacher_kl": 3.2}, 1).action == "proceed"
+    assert TrustRegionGuard(target_kl=0.05, lr=5e-4).observe("step", {"policy_kl": 0.46, "lr": 5e-4}, 1).action == (
+        "skip"  # the same step without a teacher: a runaway
+    )
+    # the teacher 0.4 away: the target is 0.1, the skip line 0.2; 0.15 stands and lowers the lr to aim at 0.05
+    v = g.observe("step", {"policy_kl": 0.15, "lr": 5e-4, "teacher_kl": 0.4}, 2)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(5e-4 * math.sqrt(0.05 / 0.15), rel=1e-9)
+    # close to the teacher, its own target_kl again: 0.11 is past 2 x 0.05
+    v = g.observe("step", {"policy_kl": 0.11, "lr": v.adjustments["lr"], "teacher_kl": 0.1}, 3)
+    assert v.action == "skip" and v.threshold == pytest.approx(0.1)
+
+
+def test_trust_region_gives_a_rate_back_for_a_batch_calm_as_a_whole():
+    # the code recipe trains each batch in 4 optimizer steps: each of them calm alone, together not
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    lr = g.observe("step", {"policy_kl": 0.2, "lr": 1e-3}, 1).adjustments["lr"]  # undone, cut to 1.25e-4
+    for step in (2, 3):
+        actions = [g.observe("step", {"policy_kl": 0.006, "lr": lr}, step).action for _ in range(4)]
+        assert actions == ["proceed"] * 4  # batches of 0.024 nats/token, over 0.0125: the rate stays
+    v = g.observe("step", {"policy_kl": 0.002, "lr": lr}, 4)  # step 3's batch was not calm either
+    assert v.action == "proceed"
+    for _ in range(3):
+        g.observe("step", {"policy_kl": 0.002, "lr": lr}, 4)
+    v = g.observe("step", {"policy_kl": 0.002, "lr": lr}, 5)  # step 4's batch: 0.008, calm: given back once
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(lr * 1.2) and v.signal == pytest.approx(0.008)
+    assert g.observe("step", {"policy_kl": 0.002, "lr": lr * 1.2}, 5).action == "proceed"  # once per batch
 
 
 def test_trust_region_gives_back_the_whole_lr_after_a_burst_of_overshoots():
     g = TrustRegionGuard(target_kl=0.03, lr=5e-5)
     lr = 5e-5
-    for step in (1, 2, 3):  # three steps in a row far out (a learning-rate spike): each undone, the lr cut each time
+    for step in (1, 2, 3):  # steps in a row far out (a learning-rate spike): each undone, the lr cut tenfold at most
         v = g.observe("step", {"policy_kl": 1.0, "lr": lr}, step)
-        assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(lr * math.sqrt(0.015), rel=1e-9)
+        assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(lr * 0.1, rel=1e-9)
         lr = v.adjustments["lr"]
+    v = g.observe("step", {"policy_kl": 1.0, "lr": lr}, 4)  # at the floor (1e-3 x the run's): undone, not cut
+    assert v.action == "skip" and v.adjustments.get("lr", lr) == pytest.approx(lr) == pytest.approx(5e-8, rel=1e-9)
+    assert g.observe("step", {"policy_kl": 1e-4, "lr": lr}, 5).action == "proceed"  # after the burst's last batch
     raised = 0
-    for step in range(4, 60):
+    for step in range(6, 70):
         v = g.observe("step", {"policy_kl": 1e-4, "lr": lr}, step)
         if v.action == "proceed":
             break
         lr, raised = v.adjustments["lr"], raised + 1
-    # back to back overshoots say nothing about the lr: every calm step raises it 1.2x, up to exactly the run's
-    assert lr == 5e-5 and raised == math.ceil(math.log(1 / 0.015**1.5) / math.log(1.2))
+    # back to back overshoots say nothing about the lr: every calm batch raises it 1.2x, up to exactly the run's
+    assert lr == 5e-5 and raised == math.ceil(math.log(1e3) / math.log(1.2))
 
 
 def test_trust_region_measures_every_step_while_it_matters_and_one_in_every_otherwise():
@@ -64,17 +129,18 @@ def test_trust_region_measures_every_step_while_it_matters_and_one_in_every_othe
     for s in (9, 10, 11, 12, 13):
         g.observe("step", {"policy_kl": 0.01, "lr": 7e-5}, s)  # quiet again, but not calm enough to raise the lr
     assert g.needs_at(14)  # the lr is still lowered: every step
-    g.observe("step", {"policy_kl": 0.001, "lr": 8.5e-5}, 14)  # calm: raised to 1.02e-4, capped at the run's 1e-4
-    assert [g.needs_at(s) for s in (15, 16)] == [False, True]
+    g.observe("step", {"policy_kl": 0.001, "lr": 8.5e-5}, 14)  # a calm batch: its rate is raised at the next one
+    g.observe("step", {"policy_kl": 0.001, "lr": 8.5e-5}, 15)  # raised to 1.02e-4, capped at the run's 1e-4
+    assert [g.needs_at(s) for s in (17, 20)] == [False, True]
 
 
 def test_trust_region_boundaries_and_floor():
     g = TrustRegionGuard(target_kl=0.03, lr=1e-4, min_lr_scale=0.5)
     assert g.observe("step", {"policy_kl": 0.03, "lr": 1e-4}, 1).action == "proceed"  # at the target: fine
     assert g.observe("step", {"policy_kl": 0.0075, "lr": 1e-4}, 2).action == "proceed"  # calm at the run's lr
-    v = g.observe("step", {"policy_kl": 0.1, "lr": 5e-5}, 3)  # already at the floor (0.5 x 1e-4): nothing to do
+    v = g.observe("step", {"policy_kl": 0.05, "lr": 5e-5}, 3)  # already at the floor (0.5 x 1e-4): nothing to do
     assert v.action == "proceed"
-    v = g.observe("step", {"policy_kl": 0.2, "lr": 5e-5}, 4)  # far out at the floor: undone, lr unchanged
+    v = g.observe("step", {"policy_kl": 0.07, "lr": 5e-5}, 4)  # past 2 x 0.03 at the floor: undone, lr unchanged
     assert v.action == "skip" and v.adjustments == {}
     assert g.observe("update", {"policy_kl": 9.0, "lr": 1e-4}, 5).action == "proceed"  # stage step only
     assert g.observe("step", {"lr": 1e-4}, 6).action == "proceed"  # no measurement, no verdict
