@@ -169,7 +169,8 @@ class TrustRegionGuard:
     def _overshoot(self, kl: float, lr: float, target: float) -> Verdict:
         """A step above the target, or past the batch's budget: lower the lr, undo the step if far out (alone or with
         the batch's steps before it), remember a raised lr that failed."""
-        undo = kl > self.skip_factor * target or self.batch_kl + kl > self.batch_factor * target
+        alone = kl > self.skip_factor * target  # undone for itself, or for its batch's budget
+        undo = alone or self.batch_kl + kl > self.batch_factor * target
         if not undo:
             self.batch_kl += kl
         aim = 0.5 * target
@@ -183,14 +184,14 @@ class TrustRegionGuard:
         cut = {"lr": new_lr} if new_lr < lr else {}
         if not undo and not cut:  # already at the floor: nothing left to do but let the step stand
             return Verdict.proceed()
-        alone = kl > self.skip_factor * target
+        for_batch = undo and not alone
         limit = (self.skip_factor if alone else self.batch_factor) * target if undo else target
-        batch = "" if alone or not undo else f", {self.batch_kl + kl:.3g} with this batch's steps before it"
+        batch = f", {self.batch_kl + kl:.3g} with this batch's steps before it" if for_batch else ""
         return Verdict(
             "skip" if undo else "adjust",
             f"policy moved {kl:.3g} nats/token in one step{batch} (limit {limit:.3g})"
             f"{', step undone' if undo else ''}{f'; lr {lr:.3g} -> {new_lr:.3g}' if cut else ''}",
-            signal=kl if alone or not undo else self.batch_kl + kl,
+            signal=self.batch_kl + kl if for_batch else kl,
             threshold=limit,
             adjustments=cut,
         )
