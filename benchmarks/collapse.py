@@ -5,9 +5,10 @@
     python benchmarks/collapse.py --cost 3                              # the default guards' step-time cost
 
 Each row is a recipe with one thing changed (below). Every (row, guard, seed) run writes its result to
-``<out>/results/<row>/<guard>-s<seed>.json`` and is skipped when that file exists (``--again`` reruns it), so
-the whole table, hours on a 2-core machine, is filled in any order by several invocations and printed
-from what is there. ``guard off`` is ``guard.enable=false``; ``default`` sets nothing about the guard.
+``benchmarks/results/collapse/<row>/<guard>-s<seed>.json`` (``--results``; in the repository, so the table
+outlives the machine that ran it) and is skipped when that file exists (``--again`` reruns it), so the whole
+table, hours on a 2-core machine, is filled in any order by several invocations and printed from what is
+there. The runs themselves (checkpoints, metrics) go to ``--out``. ``guard off`` is ``guard.enable=false``; ``default`` sets nothing about the guard.
 
 Judged on held-out greedy accuracy after the run: *finite* (the run ended, weights finite) and *within
 5 points* of the clean mean of the row's recipe (the clean row's guard-off runs, every seed saved). A seed
@@ -38,6 +39,7 @@ GUARDS = {"off": ["guard.enable=false"], "default": []}
 WITHIN = 0.05  # points of accuracy (as a fraction) below the clean mean still counted as a healthy run
 COLLAPSED = 0.2  # an unguarded seed ending below this accuracy (or dead) makes its row a collapse row
 SHARE = 0.9  # the share of seeds that must clear a row's bar
+RESULTS = Path(__file__).parent / "results" / "collapse"
 
 
 @dataclass(frozen=True)
@@ -127,13 +129,13 @@ def run_one(row: str, guard: str, seed: int, run_dir: Path, extra: list[str]) ->
     return out
 
 
-def result_path(out: Path, row: str, guard: str, seed: int) -> Path:
-    return out / "results" / row / f"{guard}-s{seed}.json"
+def result_path(results: Path, row: str, guard: str, seed: int) -> Path:
+    return results / row / f"{guard}-s{seed}.json"
 
 
-def load_results(out: Path) -> dict[tuple[str, str], list[dict]]:
+def load_results(results: Path) -> dict[tuple[str, str], list[dict]]:
     found: dict[tuple[str, str], list[dict]] = {}
-    for p in sorted((out / "results").glob("*/*.json")):
+    for p in sorted(results.glob("*/*.json")):
         r = json.loads(p.read_text())
         found.setdefault((r["row"], r["guard"]), []).append(r)
     return found
@@ -170,8 +172,8 @@ def verdict(row: str, off: list[dict], on: list[dict], ref: float | None) -> str
     return f"{kind}: {good}/{len(on)}: {'met' if met else 'NOT met'}"
 
 
-def table(out: Path) -> str:
-    found = load_results(out)
+def table(results: Path) -> str:
+    found = load_results(results)
 
     def clean_mean(row: str) -> float | None:
         runs = found.get((clean_row(row), "off"), [])
@@ -227,7 +229,8 @@ def main() -> int:
     p.add_argument("--rows", nargs="*", choices=list(ROWS), default=[], help="rows to run (default: none)")
     p.add_argument("--seeds", nargs="*", type=int, default=list(range(1, 11)))
     p.add_argument("--guards", nargs="*", choices=list(GUARDS), default=list(GUARDS))
-    p.add_argument("--out", type=Path, default=Path("runs/collapse"))
+    p.add_argument("--out", type=Path, default=Path("runs/collapse"), help="where the runs go")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where each run's result is saved and read from")
     p.add_argument("--again", action="store_true", help="rerun results already saved")
     p.add_argument("--set", action="append", default=[], help="an extra override for every run (not saved apart!)")
     p.add_argument("--table", action="store_true", help="print the table of the saved results")
@@ -241,7 +244,7 @@ def main() -> int:
     for row in args.rows:
         for seed in args.seeds:
             for guard in args.guards:
-                path = result_path(args.out, row, guard, seed)
+                path = result_path(args.results, row, guard, seed)
                 if path.exists() and not args.again:
                     continue
                 r = run_one(row, guard, seed, args.out / "runs" / row / f"{guard}-s{seed}", args.set)
@@ -252,7 +255,7 @@ def main() -> int:
     if args.cost:
         print(cost(args.out, args.cost, args.cost_steps))
     if args.table or args.rows:
-        print(table(args.out))
+        print(table(args.results))
     return 0
 
 
