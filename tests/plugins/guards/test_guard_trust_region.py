@@ -38,7 +38,9 @@ def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
     lr = v.adjustments["lr"]
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 7).action == "proceed"
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 8).action == "proceed"  # not raised past the ceiling
-    state = {"ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True}
+    state = {
+        "ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True, "judged": 8,
+    }  # fmt: skip
     assert g.state_dict() == state
     resumed = TrustRegionGuard(target_kl=0.03, lr=5e-4)
     resumed.load_state_dict(state)
@@ -47,24 +49,46 @@ def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
 
 def test_trust_region_holds_a_batchs_steps_together_to_the_batch_line():
     g = TrustRegionGuard(target_kl=0.05, lr=1e-3)  # lines: one step 2 x 0.05 = 0.1, a batch's steps 4 x 0.05 = 0.2
-    v = g.observe("step", {"policy_kl": 0.08, "lr": 1e-3}, 1)  # under the line: stands, lr * sqrt(0.025 / 0.08)
+    assert g.observe("step", {"policy_kl": 0.001, "lr": 1e-3}, 1).action == "proceed"  # the run's first step, calm
+    v = g.observe("step", {"policy_kl": 0.08, "lr": 1e-3}, 2)  # under the line: stands, lr * sqrt(0.025 / 0.08)
     assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(1e-3 * math.sqrt(0.025 / 0.08), rel=1e-9)
     lr = v.adjustments["lr"]
-    v = g.observe("step", {"policy_kl": 0.09, "lr": lr}, 1)  # 0.17 with the first, under 0.2: stands, cut again
+    v = g.observe("step", {"policy_kl": 0.09, "lr": lr}, 2)  # 0.17 with the first, under 0.2: stands, cut again
     assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(lr * math.sqrt(0.025 / 0.09), rel=1e-9)
     lr = v.adjustments["lr"]
-    v = g.observe("step", {"policy_kl": 0.05, "lr": lr}, 1)  # 0.22 with the two before: undone, lr * 0.025 / 0.05
+    v = g.observe("step", {"policy_kl": 0.05, "lr": lr}, 2)  # 0.22 with the two before: undone, lr * 0.025 / 0.05
     assert v.action == "skip" and v.signal == pytest.approx(0.22) and v.threshold == pytest.approx(0.2)
     assert v.adjustments["lr"] == pytest.approx(lr * 0.5, rel=1e-9) and "0.22 with this batch" in v.reason
     lr = v.adjustments["lr"]
-    assert g.observe("step", {"policy_kl": 0.021, "lr": lr}, 1).action == "proceed"  # 0.191: still in the budget
-    assert g.observe("step", {"policy_kl": 0.02, "lr": lr}, 1).action == "skip"  # small, but past the budget
-    assert g.observe("step", {"policy_kl": 0.021, "lr": lr}, 2).action == "proceed"  # a new batch, a new budget
-    assert g.state_dict()["batch_step"] == 2 and g.state_dict()["batch_kl"] == pytest.approx(0.021)
+    assert g.observe("step", {"policy_kl": 0.021, "lr": lr}, 2).action == "proceed"  # 0.191: still in the budget
+    assert g.observe("step", {"policy_kl": 0.02, "lr": lr}, 2).action == "skip"  # small, but past the budget
+    assert g.observe("step", {"policy_kl": 0.021, "lr": lr}, 3).action == "proceed"  # a new batch, a new budget
+    assert g.state_dict()["batch_step"] == 3 and g.state_dict()["batch_kl"] == pytest.approx(0.021)
     # several small steps on one batch add up to the line as well (8 optimizer steps per batch)
     g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
     actions = [g.observe("step", {"policy_kl": 0.03, "lr": 1e-3}, 1).action for _ in range(8)]
     assert actions == ["proceed"] * 6 + ["skip"] * 2
+
+
+def test_trust_region_lets_adams_first_step_stand_in_the_band_but_not_past_the_undo_line():
+    # AdamW's first step moves every weight by the full rate: over the target but under the undo line, it stands
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-4)
+    assert g.observe("step", {"policy_kl": 0.07, "lr": 1e-4}, 1).action == "proceed"
+    # the same KL on the batch's next step (no longer Adam's first) lowers the rate: 1e-4 * sqrt(0.025 / 0.07)
+    v = g.observe("step", {"policy_kl": 0.07, "lr": 1e-4}, 1)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(1e-4 * math.sqrt(0.025 / 0.07), rel=1e-9)
+    # past the undo line (2 x 0.05) the first step is undone like any other
+    assert (
+        TrustRegionGuard(target_kl=0.05, lr=1e-3).observe("step", {"policy_kl": 0.46, "lr": 1e-3}, 1).action == "skip"
+    )
+    # a resumed run's step 1 (its guard state says it has judged steps) is no first step; nor is a first step judged
+    # later than step 1 (watch_steps=0 measures one step in `every`: the optimizer has stepped before)
+    resumed = TrustRegionGuard(target_kl=0.05, lr=1e-4)
+    resumed.load_state_dict({"judged": 3})
+    assert resumed.observe("step", {"policy_kl": 0.07, "lr": 1e-4}, 1).action == "adjust"
+    assert (
+        TrustRegionGuard(target_kl=0.05, lr=1e-4).observe("step", {"policy_kl": 0.07, "lr": 1e-4}, 4).action == "adjust"
+    )
 
 
 def test_trust_region_lets_a_distillation_step_cover_a_quarter_of_the_kl_to_the_teacher():
