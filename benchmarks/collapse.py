@@ -16,9 +16,10 @@ Judged on held-out greedy accuracy after the run: *finite* (the run ended, weigh
 
 The last column says which bar a row is held to, and whether the default guards clear it. A *collapse
 row* is one where some unguarded seed dies or ends below ``COLLAPSED`` (0.2): the default guards must keep
-every seed finite and at least 9 in 10 within 5 points of the clean mean. The other rows learn slowly
-without any instability to catch (flipped rewards, a tiny batch, stale rollouts): no guard can give them
-the clean run's signal, so the bar there is *no harm*: every seed finite and at least 9 in 10 ending no
+every seed finite and at least 9 in 10 within 5 points of the clean mean (the verdict also says how many
+of the clean recipe's own seeds are: one whose clean seeds spread wider than that cannot show the bar met).
+The other rows learn slowly without any instability to catch (flipped rewards, a tiny batch, stale
+rollouts): no guard can give them the clean run's signal, so the bar there is *no harm*: every seed finite and at least 9 in 10 ending no
 more than 5 points below the lower of the clean mean and the same seed's unguarded run. A clean row's bar
 is the issue's: the default mean within 1 point of the unguarded one and at most 1 seed in 10 acted on.
 Accuracy does not depend on the machine's load; only ``--cost`` is timed (run it on a quiet machine).
@@ -151,8 +152,12 @@ def _acc(r: dict) -> float:
     return r["acc"] if r["finite"] and r["acc"] is not None else 0.0
 
 
-def verdict(row: str, off: list[dict], on: list[dict], ref: float | None) -> str:
-    """The bar the row is held to (see the module docstring) and whether the default guards' seeds clear it."""
+def verdict(row: str, off: list[dict], on: list[dict], ref: float | None, clean: list[dict] | None = None) -> str:
+    """The bar the row is held to (see the module docstring) and whether the default guards' seeds clear it.
+
+    ``clean``: the unguarded runs of the row's clean recipe; a collapse row then also says how many of them end
+    within 5 points of their own mean, the share no guard can be expected to beat (a noisy recipe's clean seeds
+    miss the bar themselves)."""
     if not on or not off or ref is None:
         return "-"
     if row == clean_row(row):
@@ -164,6 +169,8 @@ def verdict(row: str, off: list[dict], on: list[dict], ref: float | None) -> str
     if any(_acc(r) < COLLAPSED for r in off):
         good = sum(healthy(r, ref) is True for r in on)
         kind = "collapse"
+        if clean:
+            kind += f" (clean seeds: {sum(healthy(r, ref) is True for r in clean)}/{len(clean)})"
     else:
         by_seed = {r["seed"]: _acc(r) for r in off}
         good = sum(_acc(r) >= min(ref, by_seed.get(r["seed"], ref)) - WITHIN for r in on)
@@ -201,7 +208,7 @@ def table(results: Path) -> str:
         ref = clean_mean(row)
         acted = f"{sum(bool(x['actions']) for x in on)}/{len(on)}" if on else "-"
         ref_s = "-" if ref is None else f"{ref:.3f}"
-        bar = verdict(row, off, on, ref)
+        bar = verdict(row, off, on, ref, found.get((clean_row(row), "off"), []))
         lines.append(f"| {row} | {r.what} | {ref_s} {cell(off, ref)}{cell(on, ref)}| {acted} | {bar} |")
     seeds = sorted({x["seed"] for runs in found.values() for x in runs})
     lines.append(f"\nseeds saved: {' '.join(map(str, seeds))}; a mean counts a run that died as 0")

@@ -18,6 +18,11 @@ def test_a_row_where_an_unguarded_seed_collapses_needs_nine_in_ten_near_the_clea
     off = _runs([0.7, 0.01, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7])
     assert collapse.verdict("lr_x10", off, _runs([0.70] * 9 + [0.3]), ref=0.72) == "collapse: 9/10: met"
     assert collapse.verdict("lr_x10", off, _runs([0.70] * 8 + [0.3] * 2), ref=0.72) == "collapse: 8/10: NOT met"
+    # with the clean recipe's own unguarded seeds, it says how many of those clear the same line
+    clean = _runs([0.72] * 7 + [0.6] * 3)
+    assert collapse.verdict("lr_x10", off, _runs([0.70] * 8 + [0.3] * 2), ref=0.72, clean=clean) == (
+        "collapse (clean seeds: 7/10): 8/10: NOT met"
+    )
 
 
 def test_a_slow_row_is_judged_seed_by_seed_against_its_unguarded_run():
