@@ -4,7 +4,8 @@ Both strategies keep one contract (``hookspecs.armor_register_loss_aggregations`
 micro-batch losses are divided by *global* token/sequence counts, so their sum over ranks is the
 full-batch loss. DDP all-reduces gradients with a mean and FSDP2 reduce-scatters them with a mean
 too, so the workers multiply their loss by ``world_size`` and N ranks take the same step as one
-rank on the same global batch (``tests/core/test_parallel.py`` checks it, for every aggregation mode).
+rank on the same global batch (``tests/core/workers/parallel/test_parallel.py`` checks it, for every
+aggregation mode).
 
 - ``ddp``: every rank holds the whole model and optimizer state; gradients are all-reduced.
 - ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the model's
