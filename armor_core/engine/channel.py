@@ -126,7 +126,7 @@ def connect(address: tuple[str, int], authkey: bytes) -> Connection:
     the address and what failed if the worker cannot be reached or does not complete the handshake."""
     where = f"{address[0]}:{address[1]}"
     try:
-        sock = socket.create_connection(tuple(address), timeout=CONNECT_TIMEOUT_S)
+        sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
     except TimeoutError:
         raise TimeoutError(f"connecting to {where} timed out after {CONNECT_TIMEOUT_S:g} s") from None
     try:

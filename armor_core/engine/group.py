@@ -36,7 +36,8 @@ waiting (they would sit in a collective until gloo's 30-minute timeout) ends the
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from multiprocessing.connection import Connection
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class WorkerGroup:
                 f"declared by {self.api.__name__}"
             )
         self.n, self.name, self.workers = n, name, []
-        self.conns: list[Any] = []  # the direct channel to each rank, once open
+        self.conns: list[Connection] = []  # the direct channel to each rank, once open
         self._seq = 0  # number of the last call sent over the channel
         self._early: dict[int, dict[int, tuple[bool, Any]]] = {}  # replies read before their call was gathered
         self._place(cpus_per_worker, gpus_per_worker, placement_timeout_s)
@@ -238,7 +239,8 @@ class WorkerGroup:
         from armor_core.engine.channel import recv
 
         results: dict[int, Any] = {}
-        failed, deadline = None, None
+        failed: tuple[int, tuple[BaseException, str]] | None = None  # the first rank to raise: its error and traceback
+        deadline: float | None = None
         for rank, (ok, value) in self._early.pop(seq, {}).items():  # read while gathering a later call
             if ok:
                 results[rank] = value
@@ -250,8 +252,10 @@ class WorkerGroup:
             if rank not in results and (failed is None or failed[0] != rank)
         }
         while pending:
-            ready = wait(list(pending), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = cast(list[Connection], wait(list(pending), timeout=timeout))  # wait returns what it was given
             if not ready:  # the grace after a failure is over: the others wait on the failed rank in a collective
+                assert failed is not None  # a deadline is set only with a failure
                 rank, (err, _) = failed
                 raise self._stopped_after_failure(
                     rank, method, sorted(pending.values()), f"{type(err).__name__}: {err}"
@@ -284,13 +288,14 @@ class WorkerGroup:
     def _raise_dead(self, rank: int, method: str) -> None:
         """A rank's channel closed under a call: ask Ray why (it knows how the process ended), stop the group, raise."""
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         try:
             ray.get(self.workers[rank].__ray_call__.remote(_answer), timeout=30)
             cause = "its channel closed but the process still answers Ray; it was stopped"
-        except ray.exceptions.RayActorError as e:
+        except RayActorError as e:
             cause = death_cause(e)
-        except ray.exceptions.GetTimeoutError:
+        except GetTimeoutError:
             cause = "its channel closed and it stopped answering"
         raise self._stopped_after_death(rank, method, cause)
 
@@ -314,6 +319,7 @@ class WorkerGroup:
     def _gather_ray(self, refs: list[Any], method: str) -> list[Any]:
         """``gather`` for calls sent through Ray."""
         import ray
+        from ray.exceptions import RayActorError, RayTaskError
 
         rank_of = {ref: r for r, ref in enumerate(refs)}
         results: dict[int, Any] = {}
@@ -324,13 +330,13 @@ class WorkerGroup:
             for ref in done:
                 try:
                     results[rank_of[ref]] = ray.get(ref)
-                except ray.exceptions.RayActorError as e:
+                except RayActorError as e:
                     if getattr(e, "actor_init_failed", False):  # its constructor raised: that error is the story
                         self.shutdown()
                         last = [line for line in str(e).splitlines() if line.strip()][-1].strip()
                         raise WorkerDiedError(f"{self.describe(rank_of[ref])} failed to start: {last}") from e
                     raise self._stopped_after_death(rank_of[ref], method, death_cause(e)) from e
-                except ray.exceptions.RayTaskError as e:
+                except RayTaskError as e:
                     if pending:
                         _, stuck = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
                         if stuck:  # the others wait on the failed rank in a collective: they never return

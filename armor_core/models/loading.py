@@ -32,6 +32,7 @@ __all__ = [
     "encode_prompts",
     "load_model",
     "load_tokenizer",
+    "padding_id",
     "resolve_model_path",
 ]
 
@@ -133,6 +134,17 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreT
             )
         tok.pad_token = tok.eos_token
     return tok
+
+
+def padding_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id a batch is padded with: the tokenizer's pad token, else its EOS token (``load_tokenizer`` sets one)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if not isinstance(pad, int):
+        raise ValueError(
+            f"the tokenizer has neither a pad nor an EOS token id (got {pad!r}); "
+            "load it with armor_core.models.loading.load_tokenizer"
+        )
+    return pad
 
 
 def load_model(path: str | Path, dtype: str = "float32", *, trust_remote_code: bool = False) -> PreTrainedModel:

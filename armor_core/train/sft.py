@@ -182,7 +182,8 @@ def evaluate_greedy(
                 ids, mask, _, kept = encode_prompts(
                     tokenizer, [r["prompt"] for r in chunk], max_length=10**9, truncation="left"
                 )
-                out = model.generate(
+                # a causal LM's generate (GenerationMixin), which the PreTrainedModel annotation lacks
+                out = model.generate(  # pyright: ignore[reportCallIssue]
                     input_ids=ids,
                     attention_mask=mask,
                     do_sample=False,
@@ -226,9 +227,11 @@ def run_sft(
     """
     import torch
 
+    from armor_core.models.loading import padding_id
+
     _check_rows(train_rows, val_rows)
     encoded = _encode_pairs(tokenizer, train_rows)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = padding_id(tokenizer)
     batches = _batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, lr_schedule, steps))

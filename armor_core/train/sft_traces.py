@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from armor_core.train.jsonl import json_lines
 
@@ -114,14 +114,19 @@ def encode_traces(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, Any]]
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("trace rows need a tokenizer with a chat template (--init tiny-qwen2 builds one)")
     eos = tokenizer.eos_token_id
-    ended_with = tokenizer.decode([eos])
+    if not isinstance(eos, int):
+        raise ValueError(f"trace rows need a tokenizer with an EOS token, which ends each assistant turn (got {eos!r})")
+    ended_with = cast(str, tokenizer.decode([eos]))  # one sequence of ids decodes to one string
     renderer = ObservationRenderer(tokenizer, max_tokens=10**9)
     out = []
     for row in rows:
         msgs = row["messages"]
         first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-        text = tokenizer.apply_chat_template(
-            msgs[:first], tokenize=False, add_generation_prompt=True, tools=row["tools"] or None
+        text = cast(  # tokenize=False: the rendered string
+            str,
+            tokenizer.apply_chat_template(
+                msgs[:first], tokenize=False, add_generation_prompt=True, tools=row["tools"] or None
+            ),
         )
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         mask = [0] * len(ids)
@@ -145,8 +150,10 @@ def trace_accuracy(
     """Share of traces whose every target token is the model's greedy choice (teacher-forced)."""
     import torch
 
+    from armor_core.models.loading import padding_id
+
     encoded = encode_traces(tokenizer, rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = padding_id(tokenizer)
     was_training = model.training
     model.eval()
     correct = 0

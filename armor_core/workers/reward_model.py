@@ -73,13 +73,14 @@ class WorkerClient:
         self, prompts: list[str], responses: list[str], ground_truths: list[Any], extras: list[dict[str, Any]]
     ) -> dict[str, Any]:
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         from armor_core.engine import death_cause
 
         ref = self.group.call_rank(0, RewardModelAPI.score, prompts, responses, ground_truths, extras)
         try:
             return ray.get(ref, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError:
+        except GetTimeoutError:
             try:  # best effort: a queued call is dropped; a running one finishes before the next batch starts
                 ray.cancel(ref)
             except Exception:  # noqa: BLE001 - the error to raise is the timeout, whatever Ray says here
@@ -88,7 +89,7 @@ class WorkerClient:
                 f"{self.group.describe(0)} gave no scores for {len(prompts)} rows within "
                 f"reward.timeout_s={self.timeout_s:g} s; raise reward.timeout_s or lower the entry's batch_size"
             ) from None
-        except ray.exceptions.RayActorError as e:
+        except RayActorError as e:
             raise RewardWorkerError(
                 f"{self.group.describe(0)} is dead: {death_cause(e)}. Its rows cannot be scored; "
                 "the run stops when the failure watch sees them fail"

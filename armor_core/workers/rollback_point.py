@@ -22,12 +22,9 @@ from typing import Any, Iterator
 
 import torch
 
+from armor_core.workers.parallel.strategy import local_part
+
 __all__ = ["RollbackPoint", "RollbackPoints", "point_bytes", "rates_kept"]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``t`` (a DTensor's local shard; ``t`` itself otherwise), sharing its storage."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 @dataclass
@@ -40,14 +37,16 @@ class _Copy:
 
     @classmethod
     def of(cls, t: torch.Tensor) -> _Copy:
-        local = _local(t.detach())
-        spec = (t.device_mesh, t.placements, t.shape, t.stride()) if hasattr(t, "device_mesh") else None
+        from torch.distributed.tensor import DTensor
+
+        local = local_part(t.detach())
+        spec = (t.device_mesh, t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None
         return cls(local.to("cpu", copy=True), local.device, spec)
 
     def put_into(self, current: torch.Tensor | None) -> torch.Tensor:
         """``current`` with these values copied in place, or a new tensor like the one copied when there is none."""
-        if current is not None and _local(current).shape == self.data.shape:
-            _local(current).copy_(self.data)
+        if current is not None and local_part(current).shape == self.data.shape:
+            local_part(current).copy_(self.data)
             return current
         t = self.data.to(self.device, copy=True)
         if self.spec is None:
@@ -66,9 +65,9 @@ def _trained(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 def point_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes a point of this rank holds: the trained parameters' local parts and their optimizer state (AdamW's
     two moments, each the size of its parameter, while no step has made the state yet)."""
-    weights = sum(_local(p.detach()).numel() * p.element_size() for p in _trained(optimizer))
+    weights = sum(local_part(p.detach()).numel() * p.element_size() for p in _trained(optimizer))
     state = sum(
-        _local(v).numel() * v.element_size()
+        local_part(v).numel() * v.element_size()
         for p in _trained(optimizer)
         for v in optimizer.state.get(p, {}).values()
         if isinstance(v, torch.Tensor)
@@ -119,7 +118,7 @@ class RollbackPoint:
         if len(params) != len(self.weights):
             raise RuntimeError(f"a rollback point of {len(self.weights)} parameters cannot restore {len(params)}")
         for p, saved in zip(params, self.weights):
-            local = _local(p.detach())
+            local = local_part(p.detach())
             if local.shape != saved.data.shape:
                 raise RuntimeError(f"a rollback point holds a {tuple(saved.data.shape)} part for {tuple(local.shape)}")
             local.copy_(saved.data)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,12 +34,15 @@ from armor_core.workers.forward.lm_head import install_response_head
 from armor_core.workers.forward.logprobs import ResponseLogProbs
 from armor_core.workers.parallel.precision import autocast, compute_dtype
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = ["TeacherWorker", "keep_rows", "teacher_top_k", "vocab_size"]
 
 
 @torch.no_grad()
 def teacher_top_k(
-    model: torch.nn.Module, data: DataProto, rows: torch.Tensor, k: int, temperature: float, chunk: int
+    model: PreTrainedModel, data: DataProto, rows: torch.Tensor, k: int, temperature: float, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log-probs (rows, R, k) float32, ids (rows, R, k) int64)``: the teacher's k most likely tokens at
     each response position of ``rows`` (padded layout), the head applied ``chunk`` positions at a time."""
@@ -49,6 +53,8 @@ def teacher_top_k(
         input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device), use_cache=False
     ).last_hidden_state[:, -R - 1 : -1]
     head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"the teacher ({type(model).__name__}) has no output layer to take its top-k from")
     flat = hidden.reshape(-1, hidden.shape[-1])
     lps, tops = [], []
     for s in range(0, flat.shape[0], max(1, chunk)):
@@ -73,7 +79,7 @@ def vocab_size(directory: str | Path) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def keep_rows(model: torch.nn.Module, rows: int) -> None:
+def keep_rows(model: PreTrainedModel, rows: int) -> None:
     """Cut ``model``'s output layer to its first ``rows`` rows (a view of the weights, no copy), so its log-probs
     are normalised over, and its top-k drawn from, the ids the student has. A model pads its vocabulary past its
     tokenizer (Qwen2.5-0.5B to 151936 rows, 7B to 152064): the rows past the student's are never tokens the
@@ -103,8 +109,10 @@ class TeacherWorker:
         self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
         # never trained: held in the compute dtype, as the actor holds its reference copy
         trust = cfg.model.trust_remote_code
+        assert d.teacher is not None  # the teacher worker is built only when algorithm.distill.teacher is set
         model = load_model(resolve_model_path(d.teacher), cfg.model.dtype, trust_remote_code=trust)
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        # transformers annotates PreTrainedModel.to through a decorator pyright reads as taking the model itself
+        self.model = model.to(self.device).eval().requires_grad_(False)  # pyright: ignore[reportArgumentType]
         student_rows = vocab_size(resolve_model_path(cfg.model.path))
         if student_rows is not None:  # a larger teacher scores over the student's ids (check_teacher refuses smaller)
             keep_rows(self.model, student_rows)

@@ -23,6 +23,7 @@ from armor_core.workers.actor.optim import local_params, update_stats
 from armor_core.workers.actor.policy_shift import PolicyShiftProbe
 from armor_core.workers.common import add_metric, scalar
 from armor_core.workers.parallel.collectives import agreed_norm, global_sums
+from armor_core.workers.parallel.strategy import local_part
 
 __all__ = ["GuardedStep"]
 
@@ -51,8 +52,8 @@ class GuardedStep:
         a = self.cfg.actor
         nan_fault = self.faults.at("nan_grad", step)
         if nan_fault and (nan_fault.value is None or int(nan_fault.value) == self.rank):
-            g = next(p for p in self.model.parameters() if p.grad is not None).grad
-            (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
+            g = next(p.grad for p in self.model.parameters() if p.grad is not None)
+            local_part(g).view(-1)[0] = float("nan")  # FSDP2: this rank's shard
         t0 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), a.grad_clip if a.grad_clip > 0 else float("inf")
@@ -142,8 +143,10 @@ class GuardedStep:
         lp = self.logp.forward(self.model, mini, idx, with_entropy=False, count=False)[0]
         # FSDP2 leaves the root's parameters gathered after a forward without backward: shard them again, or
         # the parameters put back by a skip (this rank's shards) would not fit them
+        from torch.distributed.fsdp import FSDPModule
+
         for module in self.model.modules():
-            if hasattr(module, "reshard") and hasattr(module, "unshard"):
+            if isinstance(module, FSDPModule):
                 module.reshard()
         return lp
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from armor_core.interfaces import call_with_params
+from armor_core.workers.parallel.strategy import local_part
 
 __all__ = ["adamw", "local_params", "update_stats", "zero_advantage_is_inert"]
 
@@ -20,7 +21,9 @@ def adamw(model: torch.nn.Module, **kwargs: Any) -> torch.optim.AdamW:
     plain = all(
         type(p) is torch.nn.Parameter and p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in params
     )
-    return torch.optim.AdamW(params, **kwargs, **({"fused": True} if plain else {"foreach": True}))
+    if plain:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    return torch.optim.AdamW(params, foreach=True, **kwargs)
 
 
 def zero_advantage_is_inert(policy_loss: Callable[..., Any], actor: Any) -> bool:
@@ -54,9 +57,7 @@ def zero_advantage_is_inert(policy_loss: Callable[..., Any], actor: Any) -> bool
 
 def local_params(model: torch.nn.Module, clone: bool = False) -> list[torch.Tensor]:
     """This rank's trainable parameter tensors (its shards under FSDP2), optionally copied."""
-    out = [
-        p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in model.parameters() if p.requires_grad
-    ]
+    out = [local_part(p.detach()) for p in model.parameters() if p.requires_grad]
     return [t.clone() for t in out] if clone else out
 
 

@@ -11,7 +11,7 @@ import json
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -28,19 +28,33 @@ from armor_core.models.lora import (
 from armor_core.storage.state_io import load_checkpoint_state, save_state
 from armor_core.workers.rollback_point import RollbackPoints, point_bytes, rates_kept
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.stability.guard import GuardRunner
+
 __all__ = ["ActorWeights"]
 
 
 class ActorWeights:
     """Weight hand-off and checkpoints of ``ActorWorker``."""
 
+    cfg: ArmorConfig
     model: torch.nn.Module
     gen_model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    guard: GuardRunner
     rollout: Any
     lora: bool
     sharded: bool
     rank: int
+    world_size: int
+    global_step: int
     points: RollbackPoints
+    _published: dict[str, torch.Tensor] | None
 
     def needs_weight_sync(self) -> bool:
         """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async):
@@ -81,7 +95,7 @@ class ActorWeights:
         if self.lora:
             if self.sharded:
                 self.gen_model.load_state_dict(full_model_state(self.model))
-            state = MergedView(self.gen_model).state_dict() if self.rank == 0 else None
+            state = MergedView(self.gen_model).state_dict() if self.rank == 0 else {}
         else:
             state = full_model_state(self.model)
         self._published = {k: v.detach().to("cpu", copy=True) for k, v in state.items()} if self.rank == 0 else None
@@ -112,8 +126,8 @@ class ActorWeights:
 
                 save_adapter(self.gen_model, out)
                 write_base_manifest(out, resolve_model_path(self.cfg.model.path))  # checked on eval and resume
-            else:
-                self.gen_model.save_pretrained(out, safe_serialization=True)
+            else:  # without LoRA the policy is the causal LM that load_model gave
+                cast("PreTrainedModel", self.gen_model).save_pretrained(out, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
             save_state(
                 {
@@ -141,7 +155,8 @@ class ActorWeights:
             missing = [k for k in missing if ".lora_" in k]  # the frozen base comes from model.path, not the checkpoint
         else:
             missing, unexpected = load_full_model_state(self.model, load_file(str(p / "model" / "model.safetensors")))
-            missing = [k for k in missing if "lm_head" not in k or not self.model.config.tie_word_embeddings]
+            policy = cast("PreTrainedModel", self.model)  # without LoRA, the causal LM that load_model gave
+            missing = [k for k in missing if "lm_head" not in k or not policy.config.tie_word_embeddings]
         if unexpected or missing:
             raise RuntimeError(
                 f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"

@@ -155,7 +155,8 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self.model = apply_lora(
                 self.model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, cfg.trainer.seed
             )
-        self.model = self.model.to(self.device)
+        # transformers annotates PreTrainedModel.to through a decorator pyright reads as taking the model itself
+        self.model = self.model.to(self.device)  # pyright: ignore[reportArgumentType]
         self.chunk_tokens = a.logprob_chunk_tokens
         why = (
             install_response_head(self.model) if self.chunk_tokens else None
@@ -171,8 +172,9 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self.chunk_tokens = 0
         self.ref_model = None
         if (a.use_kl_loss or cfg.algorithm.use_kl_in_reward) and not self.lora:  # with LoRA: the adapters switched off
-            # never trained: held in the compute dtype, half the memory in bf16
-            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype).eval().requires_grad_(False)
+            # never trained: held in the compute dtype, half the memory in bf16 (PreTrainedModel.to's annotation: above)
+            ref_model = copy.deepcopy(self.model).to(self.compute_dtype)  # pyright: ignore[reportArgumentType]
+            self.ref_model = ref_model.eval().requires_grad_(False)
 
     def _build_training(self, cfg: ArmorConfig) -> None:
         """The data-parallel wrapper (DDP / FSDP2), the optimizer and the learning-rate schedule."""

@@ -137,7 +137,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return (
             grad_hidden,
             grad_w.to(weight.dtype) if grad_w is not None else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None and bias is not None else None,
             None,
             None,
             None,
@@ -244,7 +244,8 @@ def install_response_head(model: torch.nn.Module) -> str | None:
     Call it before DDP or FSDP2 wraps the model (the check runs a forward).
     :returns: None when installed, else why not (the caller keeps the plain path).
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head = getattr(model, "get_output_embeddings", None)  # a transformers model's, not torch.nn.Module's
+    head = get_head() if callable(get_head) else None
     if type(head) is not torch.nn.Linear:
         return f"its output layer is {type(head).__name__}, not a torch.nn.Linear"
     device = head.weight.device

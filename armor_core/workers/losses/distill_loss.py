@@ -114,5 +114,7 @@ class DistillLoss:
         mean_rkl = float(rkl.sum() / mask.sum().clamp(min=1))
         if self.mode == "reverse_kl":
             return rkl * log_prob, mean_rkl
+        if at_ids is None:
+            raise ValueError("topk_forward_kl needs the student's log-probs at the teacher's top-k ids (extra_ids)")
         teacher = mini["teacher_topk_log_probs"][idx].to(dev)
         return compute_distill_topk_forward_kl(at_ids, teacher, mask, self.renormalize), mean_rkl

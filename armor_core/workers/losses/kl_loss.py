@@ -6,17 +6,22 @@ how both apply one, are ``armor_core.ops.kl``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from armor_core.ops.kl import masked_kl
 from armor_core.ops.masked import masked_mean
 
+if TYPE_CHECKING:
+    from armor_core.interfaces import KLEstimator
+
 __all__ = ["compute_kl_loss", "kl_estimator_fn"]
 
 
-def kl_estimator_fn(estimator: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def kl_estimator_fn(
+    estimator: str | KLEstimator | Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A ``KLEstimator``'s function, a registered estimator's by name, or a function as it is."""
     from armor_core.interfaces import KLEstimator
 

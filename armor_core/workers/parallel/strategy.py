@@ -4,7 +4,8 @@ Both strategies keep one contract (``hookspecs.armor_register_loss_aggregations`
 micro-batch losses are divided by *global* token/sequence counts, so their sum over ranks is the
 full-batch loss. DDP all-reduces gradients with a mean and FSDP2 reduce-scatters them with a mean
 too, so the workers multiply their loss by ``world_size`` and N ranks take the same step as one
-rank on the same global batch (``tests/core/test_parallel.py`` checks it, for every aggregation mode).
+rank on the same global batch (``tests/core/workers/parallel/test_parallel.py`` checks it, for every
+aggregation mode).
 
 - ``ddp``: every rank holds the whole model and optimizer state; gradients are all-reduced.
 - ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the model's
@@ -22,7 +23,7 @@ of ranks, with either strategy, loads them back; each rank's RNG state is kept s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -32,6 +33,7 @@ __all__ = [
     "full_optimizer_state",
     "load_full_model_state",
     "load_full_optimizer_state",
+    "local_part",
     "shard_units",
     "wrap",
 ]
@@ -104,6 +106,13 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: a DTensor's local shard (FSDP2), ``t`` itself otherwise; it shares ``t``'s storage."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _options(**kw: Any):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -116,7 +125,8 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
+    state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
+    return cast(dict[str, torch.Tensor], state)  # torch types any state's values; a model's are tensors
 
 
 def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
@@ -124,9 +134,11 @@ def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]
     if not is_sharded(model):
         res = model.load_state_dict(state, strict=False)
         return list(res.missing_keys), list(res.unexpected_keys)
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import ValueType, set_model_state_dict
 
-    res = set_model_state_dict(model, state, options=_options(full_state_dict=True, strict=False))
+    res = set_model_state_dict(
+        model, cast(dict[str, ValueType], state), options=_options(full_state_dict=True, strict=False)
+    )
     return list(res.missing_keys), list(res.unexpected_keys)
 
 

@@ -43,7 +43,9 @@ class RolloutWorker:
         path = resolve_model_path(cfg.model.path)
         trust = cfg.model.trust_remote_code
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or path, trust_remote_code=trust)
-        self.model = load_model(path, "float32", trust_remote_code=trust).to(self.device).eval().requires_grad_(False)
+        model = load_model(path, "float32", trust_remote_code=trust)
+        # transformers annotates PreTrainedModel.to through a decorator pyright reads as taking the model itself
+        self.model = model.to(self.device).eval().requires_grad_(False)  # pyright: ignore[reportArgumentType]
         backend_cls = get_plugin_manager().get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         with autocast(self.device, self.compute_dtype):
             self.backend = build_rollout(backend_cls, self.model, self.tokenizer, cfg.rollout)

@@ -1,6 +1,6 @@
 """Micro-batches by token budget (``actor.max_tokens_per_micro_batch``): how rows are split, and
 the errors that name the key. That the split leaves the update unchanged is shown for every loss
-aggregation, on one worker and on two, in ``test_parallel.py``."""
+aggregation, on one worker and on two, in ``parallel/test_parallel.py``."""
 
 from __future__ import annotations
 
