@@ -11,13 +11,13 @@ Long function: ``add_parser``, the command's options declared one after another,
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from armor_core.train.sft import fresh_char_model, load_pairs, run_sft, task_pairs
 from armor_core.train.sft_reward import parse_kwargs, reward_passed
 from armor_core.train.sft_traces import is_trace_file, load_traces
+from armor_core.train.steps import command_args, save_trained
 
 __all__ = ["add_parser", "main"]
 
@@ -182,13 +182,9 @@ def _main(args: argparse.Namespace) -> int:
         result = run_sft(
             model, tokenizer, train_rows, val_rows, passed=passed, **{k: getattr(args, k) for k in options}
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    record = {k: v for k, v in vars(args).items() if k not in ("func", "command", "version")}  # this command's own
-    summary = {"args": record, "parameters": n_params, **{k: result[k] for k in ("steps", "val_accuracy", "history")}}
-    (out / "armor_sft.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = {"args": command_args(args), "parameters": n_params}
+    summary.update({k: result[k] for k in ("steps", "val_accuracy", "history")})
+    out = save_trained(args.out, model, tokenizer, "armor_sft.json", summary)
     print(
         f"saved to {out}: {result['steps']} steps in {result['seconds']:.1f}s, held-out greedy accuracy "
         f"{result['val_accuracy']:.3f}"

@@ -30,13 +30,13 @@ each batch padded to its longest row.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
 from armor_core.train.jsonl import json_lines
+from armor_core.train.steps import batch_indices, command_args, eval_due, evaluating, optimizer_step, save_trained
 
 __all__ = ["add_lora", "load_preferences", "train_rank", "train_reward_model"]
 
@@ -65,11 +65,9 @@ def _scores(model: Any, tokenizer: Any, texts: list[str], max_length: int) -> An
 
 
 def _accuracy(model: Any, tokenizer: Any, pairs: list[dict[str, str]], max_length: int) -> float:
-    import torch
-
     from armor_core.rewards.model import score_texts
 
-    with torch.no_grad():
+    with evaluating(model):
         chosen = score_texts(model, tokenizer, [r["prompt"] + r["chosen"] for r in pairs], 64, max_length)
         rejected = score_texts(model, tokenizer, [r["prompt"] + r["rejected"] for r in pairs], 64, max_length)
     return sum(c > r for c, r in zip(chosen, rejected)) / len(pairs)
@@ -99,15 +97,11 @@ def train_reward_model(
 
     inner = getattr(model, "module", model)  # DDP keeps the model in .module; evaluation needs no gradient sync
     params = [q for q in model.parameters() if q.requires_grad]
-    gen = torch.Generator().manual_seed(seed)
+    batches = batch_indices(len(train), batch_size, torch.Generator().manual_seed(seed))
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     history, start = [], time.monotonic()
-    order: list[int] = []
     for step in range(1, steps + 1):
-        if len(order) < batch_size:
-            order += torch.randperm(len(train), generator=gen).tolist()
-        rows = [train[i] for i in order[:batch_size]][rank::world_size]
-        del order[:batch_size]
+        rows = [train[i] for i in next(batches)][rank::world_size]
         model.train()
         texts = [r["prompt"] + r["chosen"] for r in rows] + [r["prompt"] + r["rejected"] for r in rows]
         scores = _scores(model, tokenizer, texts, max_length)
@@ -115,12 +109,9 @@ def train_reward_model(
         shown = _mean_over_ranks(loss.detach(), world_size)
         if not math.isfinite(shown):
             raise ValueError(f"the loss is {shown} at step {step}; lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the ranks' gradients: the gradient of the whole batch's mean loss
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if rank == 0 and (step % eval_every == 0 or step == steps):
-            inner.eval()
+        # DDP averages the ranks' gradients in backward: the gradient of the whole batch's mean loss
+        optimizer_step(loss, opt, params)
+        if rank == 0 and eval_due(step, eval_every, steps):
             accuracy = _accuracy(inner, tokenizer, val, max_length)
             history.append({"step": step, "loss": round(shown, 4), "val_accuracy": accuracy})
             print(f"step {step}: loss {shown:.4f}, held-out accuracy {accuracy:.3f}", flush=True)
@@ -140,11 +131,9 @@ def train_reward_model(
 def _score_moments(model: Any, tokenizer: Any, pairs: list[dict[str, str]], max_length: int) -> tuple[float, float]:
     """The mean and standard deviation (1 where it is 0) of the scores of every side of ``pairs``: what
     ``reward.model``'s ``normalize: true`` divides by."""
-    import torch
-
     from armor_core.rewards.model import score_texts
 
-    with torch.no_grad():
+    with evaluating(model):
         texts = [r["prompt"] + r[side] for r in pairs for side in ("chosen", "rejected")]
         all_scores = score_texts(model, tokenizer, texts, 64, max_length)
     mean = sum(all_scores) / len(all_scores)
@@ -224,7 +213,7 @@ def train_rank(rank: int, args: argparse.Namespace) -> None:
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"armor rm train: {args.model}, {len(train)} train / {len(val)} held-out pairs from {args.pairs}, "
         f"{world} process(es)")  # fmt: skip
-    before = _accuracy(model.eval(), tokenizer, val, args.max_length) if rank == 0 else 0.0
+    before = _accuracy(model, tokenizer, val, args.max_length) if rank == 0 else 0.0
     if args.lora_rank:
         model = add_lora(model, args.lora_rank, args.lora_alpha, args.lora_targets, args.seed)
     trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
@@ -248,13 +237,8 @@ def train_rank(rank: int, args: argparse.Namespace) -> None:
         return
     if args.lora_rank:
         model = model.merge_and_unload()  # a plain classifier: reward.model loads it as it is
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    record = {k: v for k, v in vars(args).items() if k not in ("func", "command", "rm_command", "version")}
-    summary = {"args": record, "val_accuracy_before": before, "trainable_params": trainable, **result}
-    (out / RM_RECORD).write_text(json.dumps(summary, indent=1) + "\n")
+    summary = {"args": command_args(args), "val_accuracy_before": before, "trainable_params": trainable, **result}
+    out = save_trained(args.out, model, tokenizer, RM_RECORD, summary)
     say(
         f"saved to {out}: {args.steps} steps in {result['seconds']:.1f}s, held-out ranking accuracy "
         f"{before:.3f} -> {result['val_accuracy']:.3f}"

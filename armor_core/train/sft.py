@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from armor_core.train.jsonl import json_lines
 from armor_core.train.sft_traces import build_chat_char_tokenizer, encode_traces, trace_accuracy
+from armor_core.train.steps import batch_indices, eval_due, evaluating, optimizer_step, pad_encoded
 from armor_core.workers.actor.schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -136,24 +137,6 @@ def _encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, Any]]
     return out
 
 
-def _collate(encoded: list[tuple[list[int], Any]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, loss_mask), each (bs, T), right-padded."""
-    import torch
-
-    width = max(len(ids) for ids, _ in encoded)
-    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(encoded), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for i, (ids, targets) in enumerate(encoded):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
-        if isinstance(targets, int):  # a pair: everything after the prompt's tokens
-            loss_mask[i, targets : len(ids)] = 1
-        else:  # a trace: its own mask
-            loss_mask[i, : len(ids)] = torch.tensor(targets)
-    return input_ids, attention, loss_mask
-
-
 def evaluate_greedy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -165,39 +148,32 @@ def evaluate_greedy(
 ) -> float:
     """Greedy exact-match accuracy: the decoded response, stripped, equals ``row["ground_truth"]``; for
     traces, the teacher-forced share reproduced token for token (``sft_traces.trace_accuracy``)."""
-    import torch
-
     if rows and "messages" in rows[0]:
         return trace_accuracy(model, tokenizer, rows, batch_size)
 
     from armor_core.models.loading import encode_prompts
 
-    was_training = model.training
-    model.eval()
     correct = 0
-    try:
-        with torch.no_grad():
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                ids, mask, _, kept = encode_prompts(
-                    tokenizer, [r["prompt"] for r in chunk], max_length=10**9, truncation="left"
-                )
-                # a causal LM's generate (GenerationMixin), which the PreTrainedModel annotation lacks
-                out = model.generate(  # pyright: ignore[reportCallIssue]
-                    input_ids=ids,
-                    attention_mask=mask,
-                    do_sample=False,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                )
-                texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-                if passed is not None:  # e.g. a reward domain's verdict (sft_reward.reward_passed)
-                    correct += sum(passed([chunk[k] for k in kept], list(texts)))
-                    continue
-                correct += sum(t.strip() == chunk[k]["ground_truth"].strip() for k, t in zip(kept, texts))
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            ids, mask, _, kept = encode_prompts(
+                tokenizer, [r["prompt"] for r in chunk], max_length=10**9, truncation="left"
+            )
+            # a causal LM's generate (GenerationMixin), which the PreTrainedModel annotation lacks
+            out = model.generate(  # pyright: ignore[reportCallIssue]
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+            if passed is not None:  # e.g. a reward domain's verdict (sft_reward.reward_passed)
+                correct += sum(passed([chunk[k] for k in kept], list(texts)))
+                continue
+            correct += sum(t.strip() == chunk[k]["ground_truth"].strip() for k, t in zip(kept, texts))
     return correct / max(len(rows), 1)
 
 
@@ -232,7 +208,7 @@ def run_sft(
     _check_rows(train_rows, val_rows)
     encoded = _encode_pairs(tokenizer, train_rows)
     pad_id = padding_id(tokenizer)
-    batches = _batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
+    batches = batch_indices(len(encoded), batch_size, torch.Generator().manual_seed(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, lr_schedule, steps))
     history: list[tuple[int, float, float | None]] = []
@@ -242,10 +218,10 @@ def run_sft(
     model.train()
     step, loss_sum, loss_n = 0, 0.0, 0
     while step < steps:
-        loss = _train_step(model, opt, sched, _collate([encoded[i] for i in next(batches)], pad_id), step + 1)
+        loss = _train_step(model, opt, sched, pad_encoded([encoded[i] for i in next(batches)], pad_id), step + 1)
         step += 1
         loss_sum, loss_n = loss_sum + loss, loss_n + 1
-        if step % eval_every == 0 or step == steps:
+        if eval_due(step, eval_every, steps):
             acc = evaluate_greedy(model, tokenizer, val_rows, max_new_tokens=max_new_tokens, passed=passed)
             mean_loss = loss_sum / loss_n
             history.append((step, mean_loss, acc))
@@ -271,36 +247,21 @@ def _check_rows(train_rows: list[dict[str, Any]], val_rows: list[dict[str, Any]]
         )
 
 
-def _batch_indices(n_rows: int, batch_size: int, gen: torch.Generator) -> Iterator[list[int]]:
-    """Endless batches of row indices, without replacement from permutations drawn from ``gen`` as
-    they run out (a batch larger than the data takes one whole permutation)."""
-    import torch
-
-    order: list[int] = []
-    while True:
-        if len(order) < batch_size:
-            order += torch.randperm(n_rows, generator=gen).tolist()
-        batch, order = order[:batch_size], order[batch_size:]
-        yield batch
-
-
 def _train_step(
-    model: PreTrainedModel, opt: torch.optim.Optimizer, sched: Any, batch: tuple[torch.Tensor, ...], step: int
+    model: PreTrainedModel,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    batch: tuple[torch.Tensor, ...],
+    step: int,
 ) -> float:
-    """One optimizer step on a collated ``batch`` (gradient norm clipped to 1); returns its loss.
+    """One optimizer step on a collated ``batch`` (``steps.optimizer_step``); returns its loss.
 
     :raises FloatingPointError: the loss is not finite, naming ``step`` (1-based).
     """
-    import torch
-
     input_ids, attention, loss_mask = batch
     logits = model(input_ids=input_ids, attention_mask=attention).logits
     loss = response_only_loss(logits, input_ids, loss_mask)
     if not math.isfinite(loss.item()):
         raise FloatingPointError(f"armor sft: loss is {loss.item()} at step {step}; lower --lr")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    sched.step()
+    optimizer_step(loss, opt, model.parameters(), sched)
     return loss.item()

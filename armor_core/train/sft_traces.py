@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from armor_core.train.jsonl import json_lines
+from armor_core.train.steps import evaluating, pad_encoded
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -148,29 +149,15 @@ def trace_accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, Any]], batch_size: int = 256
 ) -> float:
     """Share of traces whose every target token is the model's greedy choice (teacher-forced)."""
-    import torch
-
     from armor_core.models.loading import padding_id
 
     encoded = encode_traces(tokenizer, rows)
     pad = padding_id(tokenizer)
-    was_training = model.training
-    model.eval()
     correct = 0
-    try:
-        with torch.no_grad():
-            for start in range(0, len(encoded), batch_size):
-                chunk = encoded[start : start + batch_size]
-                width = max(len(ids) for ids, _ in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                att = torch.zeros_like(ids)
-                mask = torch.zeros_like(ids)
-                for i, (row_ids, row_mask) in enumerate(chunk):
-                    ids[i, : len(row_ids)], att[i, : len(row_ids)] = torch.tensor(row_ids), 1
-                    mask[i, : len(row_ids)] = torch.tensor(row_mask)
-                guess = model(input_ids=ids, attention_mask=att).logits[:, :-1].argmax(-1)
-                wrong = (guess != ids[:, 1:]) & mask[:, 1:].bool()
-                correct += int((~wrong.any(-1)).sum())
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for start in range(0, len(encoded), batch_size):
+            ids, att, mask = pad_encoded(encoded[start : start + batch_size], pad)
+            guess = model(input_ids=ids, attention_mask=att).logits[:, :-1].argmax(-1)
+            wrong = (guess != ids[:, 1:]) & mask[:, 1:].bool()
+            correct += int((~wrong.any(-1)).sum())
     return correct / max(len(rows), 1)
