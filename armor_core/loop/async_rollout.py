@@ -40,16 +40,21 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from armor_core.workers.api import ActorAPI, RolloutAPI
+
+if TYPE_CHECKING:
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.engine import Pending, WorkerGroup
+    from armor_core.loop.data import PromptLoader
 
 __all__ = ["AsyncRollout"]
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
-def generation_request(gen_in: Any, multi_turn: bool) -> Any:
+def generation_request(gen_in: DataProto, multi_turn: bool) -> DataProto:
     """What a generation call sends: the prompts' tensors and, for multi-turn rollouts, the rows' columns
     too (each episode's environment is built from its row)."""
     return gen_in.select(tensor_keys=PROMPT_KEYS, non_tensor_keys=list(gen_in.non_tensors) if multi_turn else None)
@@ -65,14 +70,16 @@ QUEUE_DIR = "async_queue"  # inside a checkpoint directory
 
 @dataclass
 class _InFlight:
-    gen_in: Any  # the prompts, repeated rollout.n times, with their non-tensor columns
-    pending: Any  # the rollout group's Pending generate call (None once ``out`` is known)
+    gen_in: DataProto  # the prompts, repeated rollout.n times, with their non-tensor columns
+    pending: Pending | None  # the rollout group's generate call (None once ``out`` is known)
     loader_state: dict  # the loader's position before these prompts were taken
-    out: Any = None  # the generated rows, once gathered
+    out: DataProto | None = None  # the generated rows, once gathered
 
-    def result(self) -> Any:
+    def result(self) -> DataProto:
         if self.out is None:
-            self.out, self.pending = self.pending.result(), None
+            assert self.pending is not None, "an in-flight batch holds its call or its rows"
+            rows: DataProto = self.pending.result()
+            self.out, self.pending = rows, None
         return self.out
 
 
@@ -80,7 +87,13 @@ class AsyncRollout:
     """The rollout worker group and the queue of batches it is generating."""
 
     def __init__(
-        self, group: Any, actor: Any, loader: Any, n: int, max_staleness: int, multi_turn: bool = False
+        self,
+        group: WorkerGroup,
+        actor: WorkerGroup,
+        loader: PromptLoader,
+        n: int,
+        max_staleness: int,
+        multi_turn: bool = False,
     ) -> None:
         self.group, self.actor, self.loader, self.n, self.max_staleness = group, actor, loader, n, max_staleness
         self.multi_turn = multi_turn
@@ -98,7 +111,7 @@ class AsyncRollout:
         self.pushed = version
         return time.perf_counter() - t0
 
-    def next(self, version: int) -> tuple[Any, Any]:
+    def next(self, version: int) -> tuple[DataProto, DataProto]:
         """The oldest batch in flight, for the step after ``version`` updates: ``(gen_in, out)``.
         Tops the queue up to ``max_staleness + 1`` batches first, on the newest weights."""
         while len(self.queue) < self.max_staleness + 1:
@@ -117,7 +130,7 @@ class AsyncRollout:
             )
         return item.gen_in, out
 
-    def generate(self, prompts: Any, version: int, **kwargs: Any) -> Any:
+    def generate(self, prompts: DataProto, version: int, **kwargs: Any) -> DataProto:
         """Generate now with the policy after ``version`` updates (validation), behind the batches in flight."""
         self.push(version)
         return self.group.dispatch(RolloutAPI.generate, prompts, **kwargs)

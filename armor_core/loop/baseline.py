@@ -15,12 +15,17 @@ touch their scores (it tests what the samples' rewards do).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from armor_core.loop.validation import generate_and_score
+
+if TYPE_CHECKING:
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.rollout_source import RolloutSource
+    from armor_core.loop.step import Scorer
 
 __all__ = ["GreedyBaseline"]
 
@@ -29,10 +34,10 @@ class GreedyBaseline:
     """``baseline(batch, step) -> ((bs,) scores, metrics)``; the trainer builds one for a ``greedy_baseline``
     estimator."""
 
-    def __init__(self, rollout: Any, scorer: Any, multi_turn: bool) -> None:
+    def __init__(self, rollout: RolloutSource, scorer: Scorer, multi_turn: bool) -> None:
         self.rollout, self.scorer, self.multi_turn = rollout, scorer, multi_turn
 
-    def __call__(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, batch: DataProto, step: int) -> tuple[torch.Tensor, dict[str, float]]:
         from armor_core.dataproto.protocol import DataProto
 
         if "prompts" not in batch:

@@ -223,7 +223,7 @@ class PromptLoader:
         self._order = self._make_order()
 
 
-def _check_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> None:
+def _check_chat_template_kwargs(tokenizer: PreTrainedTokenizerBase, kwargs: Mapping[str, Any]) -> None:
     """Refuse ``data.apply_chat_template_kwargs`` that would silently do nothing: a name that is
     neither an ``apply_chat_template`` parameter nor read by the tokenizer's template (a typo, or
     a switch another model's template has), and ``tokenize``, which ARMOR sets itself."""
@@ -249,7 +249,7 @@ def _check_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> No
 
 def encode_dataset(
     ds: Dataset,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     max_prompt_length: int,
     truncation: str,
     chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -357,7 +357,9 @@ def prepare_data(
     return train, val
 
 
-def load_data(cfg: Any, pm: Any, tokenizer: Any, rewards: Any) -> tuple[Dataset, Dataset | None, PromptLoader]:
+def load_data(
+    cfg: ArmorConfig, pm: PluginManager, tokenizer: PreTrainedTokenizerBase, rewards: RewardManager
+) -> tuple[Dataset, Dataset | None, PromptLoader]:
     """A run's train and validation rows (``prepare_data``, each dataset's dropped and skipped rows reported) and
     the ``PromptLoader`` over the train rows."""
     train_ds, val_ds = prepare_data(cfg, pm, tokenizer, rewards)

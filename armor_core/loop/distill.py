@@ -21,7 +21,7 @@ vocabularies), and its head has at least the student's rows (a larger one is sco
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +29,11 @@ from armor_core.config.schema import ArmorConfig, ConfigError
 from armor_core.workers.api import TeacherAPI
 from armor_core.workers.losses.distill_loss import compute_distill_reverse_kl
 from armor_core.workers.teacher import vocab_size
+
+if TYPE_CHECKING:
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.engine import WorkerGroup
+    from armor_core.loop.step_timer import StepTimer
 
 __all__ = ["TEACHER_KEYS", "Distillation", "check_teacher"]
 
@@ -39,10 +44,10 @@ TEACHER_KEYS = ("teacher_log_prob", "teacher_topk_log_probs", "teacher_topk_ids"
 class Distillation:
     """The teacher stage and the reward shaping of ``algorithm.distill``; ``group``: the teacher WorkerGroup."""
 
-    def __init__(self, cfg: ArmorConfig, group: Any) -> None:
+    def __init__(self, cfg: ArmorConfig, group: WorkerGroup) -> None:
         self.cfg, self.group = cfg.algorithm.distill, group
 
-    def teacher_pass(self, batch: Any, timer: Any, metrics: dict[str, float]) -> Any:
+    def teacher_pass(self, batch: DataProto, timer: StepTimer, metrics: dict[str, float]) -> DataProto:
         """``batch`` with the teacher's tensors; the ``teacher`` stage's time in ``timer``."""
         with timer("teacher") as stage:
             out = self.group.dispatch(TeacherAPI.compute_teacher_log_prob, batch)
@@ -57,7 +62,7 @@ class Distillation:
         metrics.update(worker)
         return batch
 
-    def rewards(self, batch: Any, rewards: torch.Tensor) -> torch.Tensor:
+    def rewards(self, batch: DataProto, rewards: torch.Tensor) -> torch.Tensor:
         """The token-level rewards the advantage estimator sees."""
         d = self.cfg
         if not d.with_rewards:
@@ -69,7 +74,7 @@ class Distillation:
         return rewards
 
 
-def _behaviour(batch: Any) -> torch.Tensor:
+def _behaviour(batch: DataProto) -> torch.Tensor:
     """The student's log-probs of its sampled tokens: old (recomputed) if present, else the rollout's."""
     return batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
 

@@ -36,7 +36,7 @@ from armor_core.config.schema import ArmorConfig, ConfigError
 from armor_core.interfaces import capability, unknown_param
 from armor_core.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from armor_core.models.remote_code import check_remote_code
-from armor_core.plugins import get_plugin_manager
+from armor_core.plugins import PluginManager, get_plugin_manager
 from armor_core.stability.guard import build_guards, run_coefficients
 from armor_core.workers.rollout.multi_turn import environment_params
 
@@ -76,7 +76,7 @@ _MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on the JS
 _DAMAGED = "the file is damaged or incomplete; copy it again from where the model was saved"
 
 
-def check_run(cfg: ArmorConfig, pm: Any = None) -> None:
+def check_run(cfg: ArmorConfig, pm: PluginManager | None = None) -> None:
     """Everything this module checks, for the run ``cfg`` describes (plugins from ``pm``)."""
     check_model(cfg.model.path, cfg.model.tokenizer_path, trust_remote_code=cfg.model.trust_remote_code)
     check_trainable(cfg)
@@ -152,14 +152,14 @@ def _meta_model(directory: Path, trust_remote_code: bool) -> Any:
         return None
 
 
-def check_guards(cfg: ArmorConfig, pm: Any = None) -> None:
+def check_guards(cfg: ArmorConfig, pm: PluginManager | None = None) -> None:
     """Build each configured guard once, as every process will (``stability.guard.build_guards``): a parameter
     its constructor refuses is a ConfigError naming the guard, before any worker starts."""
     if cfg.guard.enable:
         build_guards(cfg.guard.guards, pm, run_coefficients(cfg.actor))
 
 
-def check_multi_turn(cfg: ArmorConfig, pm: Any = None) -> None:
+def check_multi_turn(cfg: ArmorConfig, pm: PluginManager | None = None) -> None:
     """With ``rollout.multi_turn.enable``: the environment is registered, takes every key of
     ``rollout.multi_turn.environment_kwargs``, and its own ``check_params`` (if it has one) accepts what every
     episode will get; each problem a ConfigError (PluginError for the name) with the nearest name, before any

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from armor_core.workers.api import TrainableAPI
 
 if TYPE_CHECKING:
+    from armor_core.engine import WorkerGroup
     from armor_core.storage.checkpoint import CheckpointManager
 
 __all__ = ["KEPT", "MEMORY_LIMIT", "RollbackPoints", "Trainables", "rollback_target"]
@@ -53,7 +54,7 @@ KEPT = 2
 class Trainables:
     """The trained worker groups, called together: the actor, and the critic when the estimator needs one."""
 
-    def __init__(self, actor: Any, critic: Any = None) -> None:
+    def __init__(self, actor: WorkerGroup, critic: WorkerGroup | None = None) -> None:
         self.groups = [g for g in (actor, critic) if g is not None]
 
     def save(self, path: Path) -> None:

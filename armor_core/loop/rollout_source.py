@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from armor_core.workers.api import ActorAPI
 
 if TYPE_CHECKING:
     from armor_core.config.schema import ArmorConfig
+    from armor_core.dataproto.protocol import DataProto
     from armor_core.engine import WorkerGroup
     from armor_core.loop.async_rollout import AsyncRollout
     from armor_core.loop.data import PromptLoader
@@ -47,8 +48,8 @@ class _Queued:
     """The next step's prompts (repeated ``rollout.n`` times) and their rollout, already generated (or None: generate
     it)."""
 
-    gen_in: Any
-    out: Any
+    gen_in: DataProto
+    out: DataProto | None
     metrics: dict = field(default_factory=dict)  # the rollout's env/... metrics, logged with the step that trains it
 
 
@@ -74,7 +75,7 @@ class RolloutSource:
 
     # -- rows -----------------------------------------------------------------------------------
 
-    def generated(self, step: int, timer: StepTimer, metrics: dict[str, float]) -> Any:
+    def generated(self, step: int, timer: StepTimer, metrics: dict[str, float]) -> DataProto:
         """Step ``step``'s prompts, each repeated ``rollout.n`` times, with their responses."""
         if self.async_rollout is not None:
             timer.add("update_weights", self.async_rollout.push(step - 1))
@@ -107,8 +108,12 @@ class RolloutSource:
         return _joined(gen_in, out)
 
     def collect(
-        self, step: int, score: Callable[[Any], tuple[torch.Tensor, dict]], timer: StepTimer, metrics: dict[str, float]
-    ) -> tuple[Any, torch.Tensor]:
+        self,
+        step: int,
+        score: Callable[[DataProto], tuple[torch.Tensor, dict]],
+        timer: StepTimer,
+        metrics: dict[str, float],
+    ) -> tuple[DataProto, torch.Tensor]:
         """Step ``step``'s scored rows: ``score(batch) -> (scores, metrics)`` on each generated batch.
         With ``algorithm.filter_groups`` the groups whose scores all agree are dropped and more
         batches are generated until ``data.train_batch_size`` groups are kept or
@@ -132,7 +137,7 @@ class RolloutSource:
             )
         return batch, scores
 
-    def _filtered(self, step, batch, scores, reward_metrics, score, timer, metrics) -> tuple[Any, torch.Tensor]:
+    def _filtered(self, step, batch, scores, reward_metrics, score, timer, metrics) -> tuple[DataProto, torch.Tensor]:
         from armor_core.dataproto.protocol import DataProto
 
         cfg, n, want = self.cfg, self.cfg.rollout.n, self.cfg.data.train_batch_size
@@ -179,7 +184,7 @@ class RolloutSource:
 
     # -- the update -----------------------------------------------------------------------------
 
-    def update(self, update_in: Any, step: int, timer: StepTimer) -> dict[str, float]:
+    def update(self, update_in: DataProto, step: int, timer: StepTimer) -> dict[str, float]:
         """The actor's update for step ``step`` and whatever keeps the rollout in step with it:
         the next step's generation in the same call (overlap) or the weight sync."""
         next_in = self._next_generation_input(step)
@@ -195,7 +200,7 @@ class RolloutSource:
             timer.add("update_weights", 0.0)
         return metrics
 
-    def _next_generation_input(self, step: int) -> Any:
+    def _next_generation_input(self, step: int) -> DataProto | None:
         """With ``trainer.overlap_generation``: the next step's prompts (repeated ``rollout.n``
         times), to be generated in the same worker call as step ``step``'s update; else None.
 
@@ -218,7 +223,9 @@ class RolloutSource:
             return None
         return self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
 
-    def _update_then_generate(self, update_in: Any, next_in: Any, step: int, timer: StepTimer) -> dict[str, float]:
+    def _update_then_generate(
+        self, update_in: DataProto, next_in: DataProto, step: int, timer: StepTimer
+    ) -> dict[str, float]:
         """One worker call: step ``step``'s update and the next step's generation. The generation's
         seconds count in this step's ``timing_s/gen``: each step's timings hold the work done
         during it, so they still add up to ``timing_s/step``."""
@@ -242,7 +249,7 @@ class RolloutSource:
 
     # -- validation, checkpoints, rollbacks -----------------------------------------------------
 
-    def generate(self, prompts: Any, version: int, greedy: bool) -> Any:
+    def generate(self, prompts: DataProto, version: int, greedy: bool) -> DataProto:
         """Generate now (validation) with the policy after ``version`` updates."""
         if self.async_rollout is not None:
             return self.async_rollout.generate(prompts, version, greedy=greedy)
@@ -277,7 +284,7 @@ class RolloutSource:
             self.async_rollout.save(directory)
 
 
-def _joined(gen_in: Any, out: Any) -> Any:
+def _joined(gen_in: DataProto, out: DataProto) -> DataProto:
     """The prompts' non-tensor columns (data_source, ground truth, ...) beside the generated tensors."""
     added = [k for k in out.non_tensors if k not in gen_in.non_tensors]  # a multi-turn rollout's reward_text, ...
     return gen_in.select(non_tensor_keys=list(gen_in.non_tensors)).union(
@@ -285,7 +292,7 @@ def _joined(gen_in: Any, out: Any) -> Any:
     )
 
 
-def _same_width(batches: list) -> list:
+def _same_width(batches: list[DataProto]) -> list[DataProto]:
     """``batches`` with their response columns right-padded to the widest: a multi-turn rollout's width is its
     longest episode, so two generated batches of one step may differ. Padding is masked (``attention_mask`` and
     ``response_mask`` 0) and its positions go on counting up, as a single-turn rollout's padding does."""

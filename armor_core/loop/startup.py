@@ -8,10 +8,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from armor_core.config.schema import ArmorConfig, to_dict
 from armor_core.engine import WorkerGroup
+
+if TYPE_CHECKING:
+    from armor_core.engine.isolation import ProcessIsolator
+    from armor_core.rewards.placement import WorkerScorer
 
 __all__ = ["Launch", "plan_launch"]
 
@@ -25,7 +29,7 @@ class Launch:
     groups: dict[str, int]
     cpus: float
     plan: dict[str, list[dict]] = field(default_factory=dict)
-    isolator: Any = None
+    isolator: ProcessIsolator | None = None
     conf: dict[str, Any] = field(default_factory=dict)  # the config the workers are built from, set by start_cluster
 
     def start_cluster(self) -> float:
@@ -86,7 +90,7 @@ class Launch:
         write_assignment(run_dir, [{**r, "isolated": False, "reason": reason} for r in records])
 
 
-def plan_launch(cfg: ArmorConfig, requires_critic: bool, reward_models: dict[str, Any]) -> Launch:
+def plan_launch(cfg: ArmorConfig, requires_critic: bool, reward_models: dict[str, WorkerScorer]) -> Launch:
     """The groups a run needs (the actor; a critic when the estimator ``requires_critic``; rollout workers in async
     mode; a teacher for distillation; one group per reward model placed on a worker), the cores each worker gets
     (``engine.cpus_per_worker``, or this machine's cores shared out, written back to the config, which the workers

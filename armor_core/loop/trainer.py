@@ -39,7 +39,7 @@ import torch
 
 from armor_core.config.schema import ArmorConfig, to_dict
 from armor_core.config.written import for_trackers
-from armor_core.engine import WorkerDiedError
+from armor_core.engine import WorkerDiedError, WorkerGroup
 from armor_core.errors import NonFiniteError
 from armor_core.interfaces import capability
 from armor_core.loop.baseline import GreedyBaseline
@@ -218,7 +218,7 @@ class Trainer:
             else None,
         )
 
-    def _groups(self) -> list[Any]:
+    def _groups(self) -> list[WorkerGroup]:
         return [
             g
             for g in (

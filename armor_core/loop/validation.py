@@ -20,14 +20,21 @@ components of weight 1 (``env:<name>``) and so the main one where the row's doma
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.step import Scorer
 
 __all__ = ["accuracy_by_source", "at_n_metrics", "generate_and_score", "main_scores", "run_validation", "vote_key"]
 
 
-def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.ndarray:
+def main_scores(components: Iterable[Mapping[str, tuple[float, float]]]) -> np.ndarray:
     """(B,) each row's score from its main domain: the one with the largest weight in its route (the
     first on a tie), i.e. the correctness check that components such as ``format`` and ``length``
     are added to. ``components``: per row ``{domain: (score, weight)}``, as in ``RewardBatch.components``."""
@@ -36,7 +43,9 @@ def main_scores(components: Sequence[Mapping[str, tuple[float, float]]]) -> np.n
     )
 
 
-def accuracy_by_source(scores: Any, sources: Any, mode: str, prefix: str = "", main: Any = None) -> dict[str, float]:
+def accuracy_by_source(
+    scores: npt.ArrayLike, sources: npt.ArrayLike, mode: str, prefix: str = "", main: npt.ArrayLike | None = None
+) -> dict[str, float]:
     """``{prefix}{source}/acc_{mode}``, ``{prefix}{source}/score_{mode}`` and ``{prefix}acc_{mode}``.
 
     A row is correct when its main domain scored 1 (to float tolerance: the reward domains'
@@ -88,9 +97,9 @@ def at_n_metrics(
 
 
 def run_validation(
-    data: Any,
-    generate: Callable[[Any, bool], Any],
-    scorer: Any,
+    data: DataProto,
+    generate: Callable[[DataProto, bool], DataProto],
+    scorer: Scorer,
     ranks: int,
     val_n: int,
     sampled: bool,
@@ -124,8 +133,13 @@ def run_validation(
 
 
 def generate_and_score(
-    rows: Any, generate: Callable[[Any, bool], Any], greedy: bool, scorer: Any, ranks: int, multi_turn: bool
-) -> tuple[Any, Any, list[str]]:
+    rows: DataProto,
+    generate: Callable[[DataProto, bool], DataProto],
+    greedy: bool,
+    scorer: Scorer,
+    ranks: int,
+    multi_turn: bool,
+) -> tuple[DataProto, torch.Tensor, list[str]]:
     """``rows`` (prompt tensors and the rows' columns) generated and scored: ``(rows with their responses,
     (B,) scores, decoded responses)``. The batch is padded to a multiple of ``ranks`` with copies of its
     first rows, which are dropped again. A column the rollout returns (a multi-turn ``reward_text``)
