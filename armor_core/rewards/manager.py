@@ -57,7 +57,7 @@ import pickle
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -112,7 +112,7 @@ class _Bound:
     wants_source: bool  # a file function (reward.custom): the row's data_source goes in its extra
     spec: bytes | None  # the pickled domain, for worker processes
     score_range: tuple[float, float] | None
-    check_ground_truth: Any  # the domain's validate_ground_truth, or None
+    check_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None  # the domain's validate_ground_truth
 
 
 def ground_truth_of(row: Mapping[str, Any]) -> Any:

@@ -28,13 +28,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardResult
 from armor_core.rewards.batch import OneRowFromBatch
 from armor_core.rewards.entries import Entries
 from armor_core.rewards.placement import placed
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["ClassifierReward", "PLACEMENTS", "RM_RECORD", "load_models", "model_paths", "resolve_dtype"]
 
@@ -69,7 +72,7 @@ class ClassifierReward(OneRowFromBatch):
     def __repr__(self) -> str:
         return f"ClassifierReward({self.path})"
 
-    def load(self) -> tuple[Any, Any]:
+    def load(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         dtype = resolve_dtype(self.dtype, self.device)
         key = (self.path, dtype, self.device)
         if key not in _LOADED:
@@ -100,7 +103,9 @@ class ClassifierReward(OneRowFromBatch):
         return [RewardResult((s - self.mean) / self.std, {"raw": s}) for s in scores]
 
 
-def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int) -> list[float]:
+def score_texts(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], batch_size: int, max_length: int
+) -> list[float]:
     """The model's one logit for each text, ``batch_size`` texts a forward pass."""
     import torch
 
