@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with. "
+        help="continue from the latest intact checkpoint in trainer.run_dir, with the config it was started with "
+        "(trainer.resume=auto does this whenever the run directory holds one, and starts at step 0 otherwise). "
         "A checkpoint from an older ARMOR whose worker states are torch .pt files is read only with "
         "trainer.allow_legacy_pt_state=true (torch.load with weights_only=True; nothing is unpickled otherwise)",
     )
@@ -38,9 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY,...",
-        help="with --resume: keys (or sections, e.g. actor) allowed to differ from the run's config.json. "
-        "The run's length, checkpoint and validation schedule, loggers, faults, allow_legacy_pt_state and "
-        "engine.* may always change",
+        help="with --resume or trainer.resume=auto: keys (or sections, e.g. actor) allowed to differ from the run's "
+        "config.json. The run's length, checkpoint and validation schedule, loggers, faults, allow_legacy_pt_state, "
+        "trainer.resume and engine.* may always change",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="validate the config, data and plugins, print the plan, and exit"
@@ -56,17 +57,22 @@ def split_config_and_overrides(config: str | None, overrides: list[str]) -> tupl
 
 
 def _check_resume(args: argparse.Namespace, cfg) -> None:
-    """``--resume`` continues with the config the run was started with, but for the changes allowed."""
+    """``--resume`` continues with the config the run was started with, but for the changes allowed; so does
+    ``trainer.resume=auto`` when the run directory holds an intact checkpoint (without one the run starts at step 0)."""
     from armor_core.config.schema import ConfigError, to_dict
+    from armor_core.loop.resume import has_checkpoint, resumed_by
     from armor_core.storage.run_dir import check_resume_config
 
     allowed = [key for item in args.allow_config_change for key in item.split(",")]
-    if not args.resume:
+    by = resumed_by(cfg, args.resume)
+    if by is None:
         if allowed:
-            raise ConfigError("--allow-config-change applies to --resume only")
+            raise ConfigError("--allow-config-change applies to --resume (or trainer.resume=auto) only")
         return
-    for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed):
-        print(f"--resume: config changed as allowed: {line}")
+    if not args.resume and not has_checkpoint(cfg):
+        return
+    for line in check_resume_config(cfg.trainer.run_dir, to_dict(cfg), allowed, by):
+        print(f"{by}: config changed as allowed: {line}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,6 +103,7 @@ def _check_only(args: argparse.Namespace, cfg) -> int:
     from armor_core.config.plugin_checks import validate_plugins
     from armor_core.config.schema import to_yaml
     from armor_core.loop.preflight import check_run
+    from armor_core.loop.resume import resumed_by
     from armor_core.storage.run_dir import check_new_run
 
     plan = validate_plugins(cfg)
@@ -105,7 +112,7 @@ def _check_only(args: argparse.Namespace, cfg) -> int:
         return 0
     check_run(cfg)
     _check_resume(args, cfg)
-    if not args.resume:
+    if resumed_by(cfg, args.resume) is None:
         check_new_run(cfg.trainer.run_dir)
     print_plan(plan)
     from armor_core.loop.data import prepare_data

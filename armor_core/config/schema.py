@@ -497,6 +497,15 @@ class TrainerConfig:
     run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
     save_freq: int = f(0, "Checkpoint every N steps; 0 saves only at the end.", ge=0)
     keep_checkpoints: int = f(2, "Checkpoints kept on disk (oldest removed first).", ge=1)
+    resume: str = f(
+        "never",
+        "auto: a run whose run_dir holds an intact checkpoint continues from the latest one, as with --resume (the "
+        "same check of the config against the run's config.json, the same fallback past a damaged newest "
+        "checkpoint), and a run_dir without one starts at step 0; so a job killed by preemption and started again "
+        "with the same command goes on where it stopped. Needs save_freq > 0. never: only --resume continues a run, "
+        "and a run_dir holding checkpoints is refused without it.",
+        choices=["never", "auto"],
+    )
     allow_legacy_pt_state: bool = f(
         False,
         "With --resume: also read a checkpoint's worker states from torch .pt files (checkpoints written before ARMOR "
@@ -646,6 +655,7 @@ def _check_semantics(cfg: ArmorConfig) -> None:
             f"trainer.loggers={list(cfg.trainer.loggers)} names {', '.join(repeated)} more than once; each tracker "
             "would write every row again. Name each tracker once"
         )
+    _check_auto_resume(cfg)
     if not cfg.data.train_files and not cfg.data.task:
         raise ConfigError("no training data: set data.train_files (JSONL/Parquet) or data.task (a built-in task)")
     from armor_core.stability.faults import parse_faults
@@ -664,6 +674,16 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         extra = set(g) - {"name", "params"}
         if extra:
             raise ConfigError(f"guard.guards[{i}] has unknown keys {sorted(extra)}; allowed: name, params")
+
+
+def _check_auto_resume(cfg: ArmorConfig) -> None:
+    """``trainer.resume=auto`` is for runs that write checkpoints as they go."""
+    if cfg.trainer.resume == "auto" and not cfg.trainer.save_freq:
+        raise ConfigError(
+            "trainer.resume=auto continues a restarted run from its latest checkpoint, but trainer.save_freq=0 writes "
+            "one only at the end: a run stopped before it would start over from step 0 every time. Set "
+            "trainer.save_freq to how many steps a restart may lose, or trainer.resume=never"
+        )
 
 
 def _check_sizes(cfg: ArmorConfig) -> None:

@@ -1,5 +1,10 @@
 """What ``--resume`` settles on the driver before any worker starts or any file is written.
 
+- ``resumed_by``: whether a run continues from its run directory, and who asked: ``--resume``, or
+  ``trainer.resume=auto`` (the same resume, and a start at step 0 where no checkpoint is intact: a job
+  restarted with its own command after preemption goes on where it stopped).
+- ``has_checkpoint``: whether the run directory holds an intact checkpoint (``trainer.resume=auto``
+  checks the config against the run's ``config.json`` only then).
 - ``nothing_left``: the run's latest intact checkpoint is already at its end (``trainer.total_steps``
   or ``trainer.total_epochs``): ``run_training`` says so and returns, writing nothing (no final
   validation row, no rewritten ``config.json``, no tracker files).
@@ -14,10 +19,23 @@ from pathlib import Path
 
 from armor_core.config.schema import ArmorConfig
 
-__all__ = ["check_lora_base", "nothing_left"]
+__all__ = ["check_lora_base", "has_checkpoint", "nothing_left", "resumed_by"]
 
 
-def nothing_left(cfg: ArmorConfig) -> str | None:
+def resumed_by(cfg: ArmorConfig, flag: bool) -> str | None:
+    """``"--resume"`` when the flag was given, ``"trainer.resume=auto"`` when the config asks, else None (a new run)."""
+    if flag:
+        return "--resume"
+    return "trainer.resume=auto" if cfg.trainer.resume == "auto" else None
+
+
+def has_checkpoint(cfg: ArmorConfig) -> bool:
+    """``trainer.run_dir`` holds an intact checkpoint (damaged newer ones are warned about later, by the trainer;
+    ``CheckpointError`` when every one is damaged, as a resume would raise)."""
+    return _latest(cfg)[0] is not None
+
+
+def nothing_left(cfg: ArmorConfig, by: str = "--resume") -> str | None:
     """The message for a resume whose latest checkpoint already ends the run, else None.
 
     Mirrors the condition of ``Trainer.fit``'s loop: it trains while ``step < total_steps`` and
@@ -39,7 +57,7 @@ def nothing_left(cfg: ArmorConfig) -> str | None:
     for w in skipped:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return (
-        f"--resume: the latest checkpoint, {latest}, is at step {step}, and {key} ends the run there; nothing to "
+        f"{by}: the latest checkpoint, {latest}, is at step {step}, and {key} ends the run there; nothing to "
         f"train and nothing was written. Raise {key.split('=')[0]} to train further"
     )
 

@@ -44,7 +44,7 @@ from armor_core.errors import NonFiniteError
 from armor_core.interfaces import capability
 from armor_core.loop.baseline import GreedyBaseline
 from armor_core.loop.data import load_data
-from armor_core.loop.resume import check_lora_base, nothing_left
+from armor_core.loop.resume import check_lora_base, nothing_left, resumed_by
 from armor_core.loop.rollback import RollbackPoints, Trainables, rollback_target
 from armor_core.loop.rollout_source import RolloutSource
 from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, update_stats
@@ -72,6 +72,8 @@ class Trainer:
         self.pm = get_plugin_manager()
         # every way of starting a run comes here (armor run, tests, benchmarks); the CLI checks only for --dry-run
         validate_plugins(cfg, self.pm)
+        self.resumed_by = resumed_by(cfg, resume)  # --resume, trainer.resume=auto, or None: a new run
+        resume = self.resumed_by is not None
         if not resume:
             check_new_run(cfg.trainer.run_dir)
         else:
@@ -235,10 +237,10 @@ class Trainer:
         """Load the latest checkpoint; False when there is none (the run starts over)."""
         path = self.ckpt.latest()
         if path is None:
-            print(f"--resume: no checkpoint in {self.ckpt.root}; starting from step 0")
+            print(f"{self.resumed_by}: no checkpoint in {self.ckpt.root}; starting from step 0")
             return False
         self._load(path)
-        print(f"resumed from {path} at step {self.step}")
+        print(f"{self.resumed_by}: resumed from {path} at step {self.step}")
         return True
 
     def _load(self, path: Path, resume: bool = True) -> None:
@@ -431,8 +433,9 @@ class Trainer:
                     keep(summary)
         except WorkerDiedError as e:
             last = self.ckpt.latest()
+            again = "again" if self.cfg.trainer.resume == "auto" else "with --resume"
             where = (
-                f"The last checkpoint, {last}, is intact: run the same command with --resume to continue from it."
+                f"The last checkpoint, {last}, is intact: run the same command {again} to continue from it."
                 if last
                 else "No checkpoint was written yet (trainer.save_freq sets how often); --resume would start from "
                 "step 0."
@@ -474,9 +477,10 @@ class Trainer:
 
 
 def run_training(cfg: ArmorConfig, resume: bool = False) -> dict[str, Any]:
-    """Train the run ``cfg`` describes and print its summary; a ``resume`` with nothing left to train
-    says so and returns ``{}`` (``loop/resume.py``)."""
-    if resume and (done := nothing_left(cfg)):
+    """Train the run ``cfg`` describes and print its summary; a resume (``resume``, or ``trainer.resume=auto``) with
+    nothing left to train says so and returns ``{}`` (``loop/resume.py``)."""
+    by = resumed_by(cfg, resume)
+    if by is not None and (done := nothing_left(cfg, by)):
         print(done)
         return {}
     trainer = Trainer(cfg, resume=resume)

@@ -1,10 +1,12 @@
 """Guard rails of a run directory: one run writes into it at a time, a new run does not start over
-a run's checkpoints, and ``--resume`` continues with the config the run was started with.
+a run's checkpoints, and ``--resume`` (or ``trainer.resume=auto``) continues with the config the run was started
+with.
 
 ``RunDirLock`` holds an exclusive ``flock`` on ``<run_dir>/.lock`` for as long as the run lives;
 the kernel drops it when the process ends however it ends (``kill -9`` included), so a stale
 lock never blocks a resume. ``check_new_run`` refuses a run directory that holds checkpoints to a
-run started without ``--resume`` (the trainer asks it first; ``armor run --dry-run`` asks it too).
+run started without ``--resume`` or ``trainer.resume=auto`` (the trainer asks it first; ``armor run --dry-run``
+asks it too).
 ``check_resume_config`` compares the config of a resume with the run's ``config.json`` and refuses
 keys that changed, unless the user allowed them by name (``armor run --resume --allow-config-change
 actor.lr,data.train_batch_size``). Keys that only say how long, where or how observably the run goes
@@ -38,6 +40,7 @@ ALWAYS_ALLOWED = (
     "trainer.total_epochs",
     "trainer.save_freq",
     "trainer.keep_checkpoints",
+    "trainer.resume",
     "trainer.allow_legacy_pt_state",
     "trainer.val_freq",
     "trainer.val_before_train",
@@ -107,10 +110,13 @@ def _covered(key: str, names: Iterable[str]) -> bool:
     return any(key == n or key.startswith(n + ".") for n in names)
 
 
-def check_resume_config(run_dir: str | Path, current: dict[str, Any], allowed: Iterable[str] = ()) -> list[str]:
+def check_resume_config(
+    run_dir: str | Path, current: dict[str, Any], allowed: Iterable[str] = (), by: str = "--resume"
+) -> list[str]:
     """Compare ``current`` (the config as a dict) with ``<run_dir>/config.json``.
 
     :param allowed: keys (or whole sections, e.g. ``actor``) the user allows to change.
+    :param by: what asked for the resume (``--resume`` or ``trainer.resume=auto``), as the error names it.
     :returns: lines describing the allowed changes, to print; ``RunDirError`` names the others.
     """
     path = Path(run_dir) / "config.json"
@@ -130,7 +136,7 @@ def check_resume_config(run_dir: str | Path, current: dict[str, Any], allowed: I
         listing = ", ".join(f"{k} ({_value(saved, k)} -> {_value(current, k)})" for k in refused[:8])
         listing += f" and {len(refused) - 8} more" if len(refused) > 8 else ""
         raise RunDirError(
-            f"--resume with a config that differs from the one {run_dir} was started with ({path}): {listing}. "
+            f"{by} with a config that differs from the one {run_dir} was started with ({path}): {listing}. "
             f"Resume with the same config, or allow the change explicitly: --allow-config-change {','.join(refused)}"
         )
     return [

@@ -155,6 +155,17 @@ def test_dynamic_sampling_and_rollout_correction_settings_are_checked(overrides,
         validate_plugins(load_config(None, overrides))
 
 
+def test_auto_resume_needs_checkpoints_written_during_the_run():
+    with pytest.raises(ConfigError, match=r"trainer.resume=auto .* trainer.save_freq=0 writes one only at the end"):
+        load_config(None, ["trainer.resume=auto"])
+    with pytest.raises(
+        ConfigError, match=r"trainer.resume='always' is out of range: must be one of \['never', 'auto'\]"
+    ):
+        load_config(None, ["trainer.resume=always", "trainer.save_freq=5"])
+    assert load_config(None, ["trainer.resume=auto", "trainer.save_freq=5"]).trainer.resume == "auto"
+    assert load_config(None, []).trainer.resume == "never"  # a run resumes only when asked, as before the key
+
+
 def test_a_truncating_correction_may_cap_below_one_a_masking_one_at_one():
     load_config(None, ["algorithm.rollout_correction=tis_token", "algorithm.rollout_correction_cap=0.5"])
     load_config(None, ["algorithm.rollout_correction=mask_token", "algorithm.rollout_correction_cap=1"])

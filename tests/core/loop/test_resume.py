@@ -50,6 +50,58 @@ def test_armor_run_resume_past_the_end_says_so_and_writes_nothing(tmp_path, caps
     assert {k: v for k, v in after.items() if k.name != ".lock"} == before  # no row, no config.json, no tracker file
 
 
+AUTO = ["trainer.resume=auto", "trainer.save_freq=1"]
+
+
+def test_auto_resume_resumes_where_a_checkpoint_is_and_starts_fresh_where_none_is(tmp_path):
+    from armor_core.loop.resume import has_checkpoint, resumed_by
+
+    fresh = load_config(None, [f"trainer.run_dir={tmp_path / 'empty'}", *AUTO])
+    assert resumed_by(fresh, False) == "trainer.resume=auto" and not has_checkpoint(fresh)
+    assert nothing_left(fresh, "trainer.resume=auto") is None  # nothing to resume: the run starts at step 0
+    assert resumed_by(load_config(None, []), False) is None and resumed_by(load_config(None, []), True) == "--resume"
+    cfg = _finished_run(tmp_path / "r", 2, 0, *AUTO)
+    assert has_checkpoint(cfg)
+    assert nothing_left(cfg, "trainer.resume=auto").startswith("trainer.resume=auto: the latest checkpoint, ")
+
+
+def test_armor_run_with_auto_checks_the_config_only_when_there_is_a_checkpoint(tmp_path, capsys):
+    from armor_core.cli.main import main
+
+    # a run that died before its first checkpoint left its config.json: with no checkpoint there, a changed config
+    # is a new start (its rows are dropped when it starts), not a resume to refuse
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "config.json").write_text(json.dumps(to_dict(load_config(None, ["actor.lr=1e-3"]))))
+    assert main(["run", "--dry-run", *AUTO, f"trainer.run_dir={tmp_path / 'started'}"]) == 0
+    # with a checkpoint, exactly --resume's check: the same config passes, a changed one is refused naming the key
+    _finished_run(tmp_path / "r", 2, 0, *AUTO)
+    capsys.readouterr()
+    assert main(["run", "--dry-run", *AUTO, f"trainer.run_dir={tmp_path / 'r'}", "trainer.total_steps=4"]) == 0
+    assert main(["run", "--dry-run", *AUTO, f"trainer.run_dir={tmp_path / 'r'}", "actor.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: trainer.resume=auto with a config that differs from the one ") and (
+        "actor.lr (5e-05 -> 0.001)" in err and "--allow-config-change actor.lr" in err
+    )
+    argv = ["run", "--dry-run", *AUTO, f"trainer.run_dir={tmp_path / 'r'}", "actor.lr=1e-3"]
+    assert main([*argv, "--allow-config-change", "actor.lr"]) == 0
+    assert "trainer.resume=auto: config changed as allowed: actor.lr: 5e-05 -> 0.001" in capsys.readouterr().out
+    # a run started without the key may be continued with it, and the other way round
+    assert main(["run", "--dry-run", "--resume", f"trainer.run_dir={tmp_path / 'r'}", "trainer.save_freq=1"]) == 0
+
+
+def test_armor_run_with_auto_of_a_finished_run_says_so_and_writes_nothing(tmp_path, capsys):
+    # a batch job requeued after its run ended: the same command is a no-op, exit 0
+    from armor_core.cli.main import main
+
+    run = tmp_path / "r"
+    _finished_run(run, 2, 0, *AUTO)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["run", *AUTO, f"trainer.run_dir={run}", "trainer.total_steps=2"]) == 0
+    assert "trainer.resume=auto: the latest checkpoint, " in capsys.readouterr().out
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert {k: v for k, v in after.items() if k.name != ".lock"} == before
+
+
 class _FullDisk:
     def log(self, metrics, step):
         raise OSError(errno.ENOSPC, "No space left on device")

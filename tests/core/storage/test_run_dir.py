@@ -71,7 +71,7 @@ def test_the_cli_refuses_a_changed_resume_before_starting_anything(tmp_path, cap
     assert main(["run", "--dry-run", "--resume", f"trainer.run_dir={tmp_path}", "actor.lr=1e-3"]) == 2
     assert "--allow-config-change actor.lr" in capsys.readouterr().err
     assert main(["run", "--dry-run", f"trainer.run_dir={tmp_path}", "--allow-config-change", "actor.lr"]) == 2
-    assert "applies to --resume only" in capsys.readouterr().err
+    assert "applies to --resume (or trainer.resume=auto) only" in capsys.readouterr().err
 
 
 def test_one_run_at_a_time_in_a_run_directory(tmp_path):
