@@ -506,8 +506,9 @@ class RolloutBackend(Protocol):
     adapted layers' merged weights (nothing else changes). A backend that follows a LoRA policy
     itself sets ``serves_lora = True``: it is given the ``PeftModel`` and, after each update,
     ``update_lora(peft_model)`` is called instead of ``update_weights``. ``eos_token_ids``: the ids that end an
-    assistant turn in a multi-turn episode (default: the tokenizer's ``eos_token_id``). All of them:
-    ``CAPABILITIES["rollout_backend"]``.
+    assistant turn in a multi-turn episode (default: the tokenizer's ``eos_token_id``). ``weight_sums(names)``:
+    sums of the weights the engine holds, so every sync is checked (``armor_core.models.weight_sums``). All of
+    them: ``CAPABILITIES["rollout_backend"]``.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None: ...
@@ -659,6 +660,12 @@ CAPABILITIES: dict[str, dict[str, Capability]] = {
         ),
         "eos_token_ids": Capability(
             None, "the token ids that end a turn in a multi-turn episode; None: the tokenizer's ``eos_token_id``"
+        ),
+        "weight_sums": Capability(
+            None,
+            "``weight_sums(names) -> {key: HeldSum}``: sums of what the engine holds for the trainer's tensor "
+            "``names`` after a sync, which ``rollout.verify_sync`` compares with what was sent "
+            "(``models/weight_sums.py``); None (also on an instance): its syncs are not checked, a warning says so",
         ),
         "check_available": _CHECK_AVAILABLE,
     },

@@ -181,6 +181,12 @@ class RolloutConfig:
         "this many batches are generated ahead. 0 generates each batch with the newest weights (no overlap).",
         ge=0,
     )
+    verify_sync: bool = f(
+        True,
+        "After every weight sync to a rollout engine with weights of its own (vllm, FSDP2, async workers), check "
+        "that it holds what was sent (sums of a strided sample of every tensor, in the engine's dtype); a mismatch "
+        "stops the run naming the tensors. Its cost is perf/verify_sync_s.",
+    )
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 

@@ -85,6 +85,7 @@ class RolloutSource:
             metrics.update(environment_metrics(rollout_metrics))
             metrics["perf/rollout_worker_s"] = rollout_metrics.get("perf/worker_s", 0.0)
             metrics["perf/rollout_weights_load_s"] = rollout_metrics.get("perf/weights_load_s", 0.0)
+            metrics["perf/verify_sync_s"] = rollout_metrics.get("perf/verify_sync_s", 0.0)
             return _joined(gen_in, out)
         queued, self.queued = self.queued, None
         with timer("data"):
@@ -194,8 +195,10 @@ class RolloutSource:
             metrics = self.actor.dispatch(ActorAPI.update_actor, update_in, step)
             stage.worker_s = metrics.pop("perf/worker_s", None)
         if self.needs_weight_sync:
-            with timer("update_weights") as stage:
-                stage.worker_s = merge_metrics(self.actor.call(ActorAPI.sync_weights))["perf/worker_s"]
+            with timer("update_weights") as stage:  # the check of the sync included (perf/verify_sync_s)
+                sync = merge_metrics(self.actor.call(ActorAPI.sync_weights))
+                stage.worker_s = sync.pop("perf/worker_s")
+            metrics.update(sync)
         else:
             timer.add("update_weights", 0.0)
         return metrics

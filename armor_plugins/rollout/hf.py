@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
 from armor_core.hookspecs import RegisterRolloutBackend
+from armor_core.models.weight_sums import HeldSum, plain_name, weight_sum
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -51,8 +52,6 @@ from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_promp
 
 __all__ = ["HFRollout", "sample_next_token"]
 
-# wrappers whose prefixes appear in parameter names sent by a trainer (DDP, torch.compile)
-_PREFIXES = ("module.", "_orig_mod.")
 # finished rows leave the decoding batch once this share of it has finished. Selecting the live
 # rows of the cache costs about what one decoding step saves on 5-7 rows; measured on
 # builtin:arithmetic-tiny, 16 prompts x 8, 2 CPU cores: 0.1-0.3 equally fast, 0.05 and 0.4 slower
@@ -279,10 +278,7 @@ class HFRollout:
         own.update(self.model.named_buffers())
         with torch.no_grad():
             for name, tensor in named_tensors:
-                key = name
-                for prefix in _PREFIXES:
-                    while key.startswith(prefix):
-                        key = key[len(prefix) :]
+                key = plain_name(name)
                 target = own.get(key)
                 if target is None:
                     close = difflib.get_close_matches(key, list(own), n=1)
@@ -300,6 +296,18 @@ class HFRollout:
                 if tensor.data_ptr() == target.data_ptr() and tensor.device == target.device:
                     continue
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def weight_sums(self, names: Sequence[str]) -> dict[str, HeldSum]:
+        """What this model holds under the trainer's tensor ``names``, one key per tensor
+        (``armor_core.models.weight_sums``); a name it does not hold is left out."""
+        own: dict[str, torch.Tensor] = dict(self.model.named_parameters())
+        own.update(self.model.named_buffers())
+        out = {}
+        for name in names:
+            key = plain_name(name)
+            if (t := own.get(key)) is not None:
+                out[key] = HeldSum(weight_sum(t), t.dtype, (name,))
+        return out
 
 
 @hookimpl

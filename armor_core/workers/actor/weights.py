@@ -11,7 +11,7 @@ import json
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 import torch
 
@@ -25,6 +25,7 @@ from armor_core.models.lora import (
     save_adapter,
     write_base_manifest,
 )
+from armor_core.models.weight_sums import check_sync
 from armor_core.storage.state_io import load_checkpoint_state, save_state
 from armor_core.workers.rollback_point import RollbackPoints, point_bytes, rates_kept
 
@@ -62,28 +63,40 @@ class ActorWeights:
         return self.rollout is not None and getattr(self.rollout, "model", None) is not self.model
 
     def sync_weights(self) -> dict[str, float]:
-        """Hand the new policy to the rollout engine; ``{"perf/worker_s": seconds it took}``."""
+        """Hand the new policy to the rollout engine and, with ``rollout.verify_sync``, check that the engine holds it
+        (``models/weight_sums.py``): ``{"perf/worker_s": seconds in all, "perf/verify_sync_s": the check's part,
+        "perf/sync_gb_per_s": gigabytes sent per second of the sync without the check}``."""
         t0 = time.perf_counter()
-        if self.needs_weight_sync():
-            from armor_core.workers.parallel.strategy import full_model_state
+        sent, names = self._send_weights() if self.needs_weight_sync() else ({}, [])
+        t1 = time.perf_counter()
+        weight_sums = capability("rollout_backend", self.rollout, "weight_sums")
+        if names and self.cfg.rollout.verify_sync and weight_sums is not None:
+            check_sync(sent, weight_sums, f"actor rank {self.rank} -> {self.cfg.rollout.backend}", names)
+        t2 = time.perf_counter()
+        gb = sum(sent[n].numel() * sent[n].element_size() for n in names) / 1e9
+        return {"perf/worker_s": t2 - t0, "perf/verify_sync_s": t2 - t1, "perf/sync_gb_per_s": gb / max(t1 - t0, 1e-9)}
 
-            # under FSDP2 gathering the full weights is a collective: every rank syncs together
-            if not self.lora:
-                self.rollout.update_weights(
-                    full_model_state(self.model).items() if self.sharded else self.model.state_dict().items()
-                )
-            else:
-                if self.sharded:
-                    self.gen_model.load_state_dict(
-                        full_model_state(self.model)
-                    )  # the full copy an hf rollout generates from
-                if capability("rollout_backend", self.rollout, "serves_lora"):
-                    self.rollout.update_lora(self.gen_model)
-                elif (
-                    getattr(self.rollout, "model", None) is not self.gen_model
-                ):  # an engine with its own weights: only the adapted layers, merged
-                    self.rollout.update_weights(merged_weights(self.gen_model).items())
-        return {"perf/worker_s": time.perf_counter() - t0}
+    def _send_weights(self) -> tuple[Mapping[str, torch.Tensor], list[str]]:
+        """Send the rollout engine what changed; ``(the policy as the engine should now hold it, the names sent)``."""
+        from armor_core.workers.parallel.strategy import full_model_state
+
+        # under FSDP2 gathering the full weights is a collective: every rank syncs together
+        if not self.lora:
+            state = full_model_state(self.model) if self.sharded else self.model.state_dict()
+            self.rollout.update_weights(state.items())
+            return state, list(state)
+        if self.sharded:
+            state = full_model_state(self.model)
+            self.gen_model.load_state_dict(state)  # the full copy an hf rollout generates from
+            if getattr(self.rollout, "model", None) is self.gen_model:
+                return state, list(state)
+        merged = merged_weights(self.gen_model)  # the adapted layers with their adapters merged in
+        if capability("rollout_backend", self.rollout, "serves_lora"):
+            self.rollout.update_lora(self.gen_model)
+        else:  # an engine with its own weights: only the adapted layers, merged
+            self.rollout.update_weights(merged.items())
+        # the engine's names (the base model's) for all of it: a check may read a whole layer of which one part changed
+        return {**MergedView(self.gen_model, merged=False).state_dict(), **merged}, list(merged)
 
     def _publish_policy(self) -> None:
         """Copy the policy for rollout workers of their own (``rollout.mode=async``): the base

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -162,8 +163,6 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             install_response_head(self.model) if self.chunk_tokens else None
         )  # before the copies below, so they have it too
         if why:
-            import warnings
-
             warnings.warn(
                 f"actor: actor.logprob_chunk_tokens={self.chunk_tokens} cannot apply: {why}; log-probs come from "
                 "the full logits",
@@ -211,6 +210,13 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         if cfg.rollout.mode == "sync":
             with autocast(self.device, self.compute_dtype):
                 self.rollout = build_rollout(backend_cls, source, self.tokenizer, cfg.rollout)
+            unchecked = capability("rollout_backend", self.rollout, "weight_sums") is None
+            if cfg.rollout.verify_sync and self.needs_weight_sync() and unchecked and self.rank == 0:
+                warnings.warn(
+                    f"rollout.verify_sync: the {cfg.rollout.backend!r} rollout backend cannot report the weights it "
+                    "holds (no weight_sums), so the weight syncs to it are not checked",
+                    stacklevel=2,
+                )
 
     def isolation_record(self) -> dict:
         return self.isolation
@@ -349,5 +355,10 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         ``generate(prompts)`` for the next step: the calls the driver would make one after the other,
         in one round trip. ``perf/sync_s`` in the metrics is the sync's seconds."""
         metrics = self.update_actor(data, step)
-        metrics["perf/sync_s"] = self.sync_weights()["perf/worker_s"] if self.needs_weight_sync() else 0.0
+        if self.needs_weight_sync():
+            sync = self.sync_weights()
+            metrics["perf/sync_s"] = sync.pop("perf/worker_s")
+            metrics.update(sync)
+        else:
+            metrics["perf/sync_s"] = 0.0
         return metrics, self.generate(prompts, stale=stale)

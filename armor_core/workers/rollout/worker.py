@@ -17,6 +17,8 @@ import torch
 
 from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
+from armor_core.interfaces import capability
+from armor_core.models.weight_sums import check_sync
 from armor_core.workers.common import build_on_one_thread, isolate, quiet_transformers, seed_everything
 from armor_core.workers.parallel.precision import autocast, compute_dtype
 from armor_core.workers.rollout.backend import build_rollout
@@ -51,6 +53,8 @@ class RolloutWorker:
             self.backend = build_rollout(backend_cls, self.model, self.tokenizer, cfg.rollout)
         self.version = 0
         self.load_s = 0.0  # seconds the last set_weights took in here
+        self.verify_s = 0.0  # of which checking that the engine holds the weights sent (rollout.verify_sync)
+        self.verify_sync, self.backend_name = cfg.rollout.verify_sync, cfg.rollout.backend
         built()
 
     def ping(self) -> dict:
@@ -75,9 +79,14 @@ class RolloutWorker:
                 )
         else:
             self.backend.update_weights(state.items())
+        t1 = time.perf_counter()
+        weight_sums = capability("rollout_backend", self.backend, "weight_sums")
+        if self.verify_sync and weight_sums is not None:  # what the engine holds now is the policy sent
+            check_sync(state, weight_sums, f"actor rank 0 -> rollout worker {self.rank} ({self.backend_name})")
         self.version = int(version)
         self.load_s = time.perf_counter() - t0
-        return {"perf/weights_load_s": self.load_s}
+        self.verify_s = time.perf_counter() - t1
+        return {"perf/weights_load_s": self.load_s, "perf/verify_sync_s": self.verify_s}
 
     def rng_state(self) -> dict:
         """torch's generator state (what the ``hf`` backend samples from; a vLLM engine keeps its own)."""
@@ -100,5 +109,6 @@ class RolloutWorker:
             **out.meta_info.get("metrics", {}),
             "perf/worker_s": time.perf_counter() - t0,
             "perf/weights_load_s": self.load_s,
+            "perf/verify_sync_s": self.verify_s,
         }
         return out

