@@ -278,6 +278,28 @@ def _prompt(question: str, prompt_format: str, system_prompt: str) -> str | list
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
+def _checked(split: str, size: int, dataset: Any, prompt_format: str, unknown: dict[str, Any]) -> tuple[int, str]:
+    """The split's index (0 train, 1 test) and the dataset's name, once the parameters of ``generate_reasoning_gym``
+    are known to be valid."""
+    if unknown:
+        raise TypeError(
+            f"reasoning_gym task: unknown parameter(s) {sorted(unknown)}; accepted: dataset, config, curriculum, "
+            "data_seed, prompt_format, system_prompt (set them in data.task_kwargs)"
+        )
+    split_key = {"val": "test", "validation": "test"}.get(split, split)
+    if split_key not in _SPLITS:
+        raise ValueError(f"reasoning_gym task: split {split!r} is not one of 'train', 'test'")
+    if not dataset or not isinstance(dataset, str):
+        raise ValueError(
+            "reasoning_gym task: name the reasoning-gym dataset in data.task_kwargs.dataset, e.g. basic_arithmetic"
+        )
+    if prompt_format not in _PROMPT_FORMATS:
+        raise ValueError(f"reasoning_gym task: prompt_format={prompt_format!r} must be 'text' or 'chat'")
+    if size < 0:
+        raise ValueError(f"reasoning_gym task: size={size} must be >= 0")
+    return _SPLITS.index(split_key), dataset
+
+
 def generate_reasoning_gym(
     split: str,
     size: int,
@@ -308,31 +330,15 @@ def generate_reasoning_gym(
     :param system_prompt: with ``chat``, a name in reasoning-gym's ``SYSTEM_PROMPTS`` (``default``,
         ``DeepSeekZero``, ``simple``, ``direct``, ``chain_of_draft``) or the system message's text.
     """
-    if unknown:
-        raise TypeError(
-            f"reasoning_gym task: unknown parameter(s) {sorted(unknown)}; accepted: dataset, config, curriculum, "
-            "data_seed, prompt_format, system_prompt (set them in data.task_kwargs)"
-        )
-    split_key = {"val": "test", "validation": "test"}.get(split, split)
-    if split_key not in _SPLITS:
-        raise ValueError(f"reasoning_gym task: split {split!r} is not one of 'train', 'test'")
-    if not dataset or not isinstance(dataset, str):
-        raise ValueError(
-            "reasoning_gym task: name the reasoning-gym dataset in data.task_kwargs.dataset, e.g. basic_arithmetic"
-        )
-    if prompt_format not in _PROMPT_FORMATS:
-        raise ValueError(f"reasoning_gym task: prompt_format={prompt_format!r} must be 'text' or 'chat'")
-    if size < 0:
-        raise ValueError(f"reasoning_gym task: size={size} must be >= 0")
-    split_id = _SPLITS.index(split_key)
+    split_id, name = _checked(split, size, dataset, prompt_format, unknown)
     base = int(seed if data_seed is None else data_seed) & 0xFFFFFFFF
     rg_seed = int(np.random.SeedSequence([base, split_id]).generate_state(1)[0])
     draws = max(50 * size, 1000)  # the generator's virtual size: items are made on demand, by index
     try:
-        source = make_dataset(dataset, config, curriculum, seed=rg_seed, size=draws)
+        source = make_dataset(name, config, curriculum, seed=rg_seed, size=draws)
         entries = _draw(source, split_id, size, base) if size else []
         truth = {
-            "dataset": dataset,
+            "dataset": name,
             "config": dict(config or {}),
             "curriculum": dict(curriculum) if curriculum else None,
         }
@@ -340,13 +346,13 @@ def generate_reasoning_gym(
             {
                 "prompt": _prompt(e["question"], prompt_format, system_prompt),
                 "data_source": DATA_SOURCE,
-                "dataset": dataset,
-                "ground_truth": json.dumps({**truth, "entry": encode_entry(e, dataset)}),
+                "dataset": name,
+                "ground_truth": json.dumps({**truth, "entry": encode_entry(e, name)}),
             }
             for e in entries
         ]
     except (TypeError, ValueError) as e:
-        raise ValueError(f"reasoning_gym task (dataset {dataset!r}): {e}") from None
+        raise ValueError(f"reasoning_gym task (dataset {name!r}): {e}") from None
     return rows
 
 
