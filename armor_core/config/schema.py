@@ -86,8 +86,8 @@ class ModelConfig:
 class DataConfig:
     task: str | None = f(
         "arithmetic",
-        "Built-in task (a registered `task` plugin: arithmetic, facts, or mix for several at once) used when "
-        "train_files is empty.",
+        "Built-in task (a registered `task` plugin: arithmetic, facts, reasoning_gym, or mix for several at once) "
+        "used when train_files is empty.",
     )
     task_kwargs: dict = f(help="Extra keyword arguments for the task's generator.", factory=dict)
     train_size: int = f(4096, "Rows generated for the train split of a built-in task.", ge=1)
