@@ -41,7 +41,10 @@ def test_every_check_is_documented_with_its_signature():
 
 
 #: parameters a built-in needs to run at all
-PARAMS = {("task", "mix"): {"tasks": ["arithmetic", "facts"]}}
+PARAMS = {
+    ("task", "mix"): {"tasks": ["arithmetic", "facts"]},
+    ("task", "reasoning_gym"): {"dataset": "basic_arithmetic"},
+}
 
 
 @pytest.mark.parametrize(
