@@ -19,12 +19,16 @@ first step, before any history exists. Three regimes, relative to ``target_kl``:
   the policy 0.06 to 0.07 nats/token on it and 0.011 to 0.014 on the next two, so a cut made from it would
   lower the rate of a run with nothing wrong. A first step over the undo line is undone as any other.
 * a batch whose steps together moved the policy less than ``recover_below * target_kl``, with the
-  learning rate below the run's own: it is raised by ``recover_factor`` (never past the run's
-  ``actor.lr``) at the next batch's first step, so a cut made for a transient cause (a learning-rate
-  spike, one bad batch) is given back once the policy moves little again. The judgement is per batch,
-  not per step: four steps of 0.006 nats/token on one batch move it as far as one of 0.024, and a rate
-  raised on each of them climbed back from a cut to six times the code recipe's rate in five batches,
-  each step calm, and that rate wore the policy down to no passing program.
+  learning rate below the run's own and the last ``recover_batches`` batches calm on average too: it is
+  raised by ``recover_factor`` (never past the run's ``actor.lr``) at the next batch's first step, so a cut
+  made for a transient cause (a learning-rate spike, one bad batch) is given back once the policy moves
+  little again. The judgement is per batch, not per step: four steps of 0.006 nats/token on one batch move
+  it as far as one of 0.024, and a rate raised on each of them climbed back from a cut to six times the
+  code recipe's rate in five batches, each step calm, and that rate wore the policy down to no passing
+  program. And it is over the recent batches, not the last one: a batch's KL varies tenfold at one rate,
+  and ``reinforce_plus_plus_baseline`` at ten times the recipe's rate, its batches moving the policy
+  0.001 to 0.048 nats/token in turn, had its rate given back on every calm one, all the way to the ten
+  times that had been cut, where 27 steps each under the target wore its score from 0.35 down to 0.15.
 
 The new learning rate: for a small step the KL is quadratic in its length (``KL ~ 1/2 d^T F d``, F the
 Fisher information), and with Adam the step's length is proportional to the learning rate, so
@@ -51,6 +55,10 @@ A lowered rate is given back only up to a ceiling: when calm steps had raised it
 overshoots, that rate is too high for this run (not an unlucky batch), and the new one becomes the most
 the rate is raised to. Steps overshooting back to back (a burst of bad batches, a spike of the rate) say
 nothing about the rate and leave the ceiling alone, so after a transient cause the run's own rate comes back.
+A ceiling is not for ever: after ``retry_after`` measured steps without an overshoot, each calm give-back
+raises it by ``recover_factor`` as well, so a rate cut for a cause that has passed (the same
+``reinforce_plus_plus_baseline`` run, after two undone steps, held a tenth of the recipe's rate for its last 165
+steps, each moving the policy under 2e-4 nats/token) is tried again; the next overshoot sets it anew.
 
 What it costs: ``policy_kl`` is one forward of a few rows (``PROBE_ROWS``), and judging a step at all keeps a
 copy of the parameters to put back. ``needs_at`` asks for it on every step of the first ``watch_steps``, of
@@ -95,6 +103,9 @@ class TrustRegionGuard:
     :param recover_below: a batch whose steps' KL sums to less than ``recover_below * target_kl`` lets a lowered
         learning rate rise again.
     :param recover_factor: the learning rate is multiplied by this after each such batch, up to ``lr``.
+    :param recover_batches: a batch gives the rate back only when the mean of the last ``recover_batches`` batches'
+        KLs (this one among them) is under the calm line too.
+    :param retry_after: measured steps without an overshoot after which calm batches raise the ceiling as well.
     :param min_lr_scale: the learning rate is never lowered below ``min_lr_scale * lr``.
     :param every: once the run is calm at its own learning rate, ``policy_kl`` is measured on one step in ``every``
         (each measurement costs a forward of a few rows); 1 measures every step.
@@ -113,6 +124,8 @@ class TrustRegionGuard:
         batch_factor: float = 4.0,
         recover_below: float = 0.25,
         recover_factor: float = 1.2,
+        recover_batches: int = 4,
+        retry_after: int = 100,
         min_lr_scale: float = 1e-3,
         every: int = 4,
         watch_steps: int = 20,
@@ -123,12 +136,15 @@ class TrustRegionGuard:
         check_param(NAME, "batch_factor", batch_factor, ge=1)
         check_param(NAME, "recover_below", recover_below, ge=0, lt=1)
         check_param(NAME, "recover_factor", recover_factor, gt=1)
+        check_param(NAME, "recover_batches", recover_batches, ge=1)
+        check_param(NAME, "retry_after", retry_after, ge=1)
         check_param(NAME, "min_lr_scale", min_lr_scale, gt=0, le=1)
         check_param(NAME, "every", every, ge=1)
         check_param(NAME, "watch_steps", watch_steps, ge=0)
         check_param(NAME, "lr", lr, gt=0)
         self.target_kl, self.skip_factor, self.batch_factor = float(target_kl), float(skip_factor), float(batch_factor)
         self.recover_below, self.recover_factor = float(recover_below), float(recover_factor)
+        self.recover_batches, self.retry_after = int(recover_batches), int(retry_after)
         self.lr, self.min_lr = float(lr), float(min_lr_scale) * float(lr)
         self.every, self.watch_steps = int(every), int(watch_steps)
         self.ceiling = self.lr  # how far calm steps may raise a lowered lr
@@ -136,7 +152,9 @@ class TrustRegionGuard:
         self.last_lr = self.lr  # the lr the next step is taken with, as far as this guard knows
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
         self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
+        self.batch_tried = 0.0  # the KL of all the batch's steps, those undone among them
         self.judged = 0  # steps judged so far in this run (resumed with it)
+        self.recent: list[float] = []  # the KLs of the last recover_batches batches measured, oldest first
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
@@ -147,9 +165,13 @@ class TrustRegionGuard:
         self.judged += 1
         calm = self.recover_below * target
         give_back, last_batch = False, self.batch_kl
-        if step != self.batch_step:  # the last batch is done: was it calm, all its steps together?
-            give_back = self.batch_calm and last_batch < calm
-            self.batch_step, self.batch_kl, self.batch_calm = step, 0.0, True
+        if step != self.batch_step:  # the last batch is done: was it calm, all its steps together, and the recent ones?
+            if self.batch_step:  # an undone step counts: it is how far this rate moved the policy
+                self.recent = [*self.recent, self.batch_tried][-self.recover_batches :]
+            recent = sum(self.recent) / len(self.recent) if self.recent else 0.0
+            give_back = self.batch_calm and last_batch < calm and recent < calm
+            self.batch_step, self.batch_kl, self.batch_calm, self.batch_tried = step, 0.0, True, 0.0
+        self.batch_tried += kl
         if kl > target or self.batch_kl + kl > self.batch_factor * target:
             self.batch_calm = False
             if not (sign_step and kl <= self.skip_factor * target):
@@ -157,13 +179,20 @@ class TrustRegionGuard:
         self.batch_kl += kl
         self.quiet += 1
         self.last_lr = lr
+        retry = (
+            give_back and self.quiet > self.retry_after and lr >= self.ceiling * (1 - 1e-9) and self.ceiling < self.lr
+        )
+        if retry:  # long calm at the ceiling: the cause it was set for may have passed
+            self.ceiling = min(self.lr, self.ceiling * self.recover_factor)
         if give_back and lr < self.ceiling:
             new_lr = min(self.ceiling, lr * self.recover_factor)
             self.last_lr = new_lr
+            raised = f"; ceiling raised after {self.quiet - 1} steps without an overshoot" if retry else ""
             return Verdict(
                 "adjust",
                 f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
-                f"{calm:.3g}; lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
+                f"{calm:.3g} (the last {len(self.recent)} batches {sum(self.recent) / len(self.recent):.3g} on "
+                f"average); lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g}{raised})",
                 signal=last_batch,
                 threshold=calm,
                 adjustments={"lr": new_lr},
@@ -225,6 +254,8 @@ class TrustRegionGuard:
             "batch_kl": self.batch_kl,
             "batch_calm": self.batch_calm,
             "judged": self.judged,
+            "batch_tried": self.batch_tried,
+            "recent": list(self.recent),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -237,6 +268,8 @@ class TrustRegionGuard:
         self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
         self.batch_calm = bool(state.get("batch_calm", False))
         self.judged = int(state.get("judged", 1))  # a checkpoint from before this key was saved after its first step
+        self.batch_tried = float(state.get("batch_tried", self.batch_kl))
+        self.recent = [float(kl) for kl in state.get("recent", [])][-self.recover_batches :]
 
 
 @hookimpl

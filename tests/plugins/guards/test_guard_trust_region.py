@@ -14,7 +14,7 @@ from armor_plugins.guards.trust_region import TrustRegionGuard
 
 
 def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
-    g = TrustRegionGuard(target_kl=0.03, lr=5e-4)
+    g = TrustRegionGuard(target_kl=0.03, lr=5e-4, recover_batches=1)  # each batch judged alone (see the window below)
     # 0.12 > 2 x 0.03: undone; far out the cut is linear: lr * 0.015 / 0.12 = 5e-4 * 0.125 = 6.25e-5
     v = g.observe("step", {"policy_kl": 0.12, "lr": 5e-4}, 1)
     assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(6.25e-5, rel=1e-9) and v.threshold == 0.06
@@ -40,9 +40,10 @@ def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 8).action == "proceed"  # not raised past the ceiling
     state = {
         "ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True, "judged": 8,
+        "batch_tried": 0.001, "recent": [0.001],
     }  # fmt: skip
     assert g.state_dict() == state
-    resumed = TrustRegionGuard(target_kl=0.03, lr=5e-4)
+    resumed = TrustRegionGuard(target_kl=0.03, lr=5e-4, recover_batches=1)
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state
 
@@ -108,7 +109,7 @@ def test_trust_region_lets_a_distillation_step_cover_a_quarter_of_the_kl_to_the_
 
 def test_trust_region_gives_a_rate_back_for_a_batch_calm_as_a_whole():
     # the code recipe trains each batch in 4 optimizer steps: each of them calm alone, together not
-    g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3, recover_batches=1)
     lr = g.observe("step", {"policy_kl": 0.2, "lr": 1e-3}, 1).adjustments["lr"]  # undone, cut to 1.25e-4
     for step in (2, 3):
         actions = [g.observe("step", {"policy_kl": 0.006, "lr": lr}, step).action for _ in range(4)]
@@ -131,19 +132,66 @@ def test_trust_region_gives_back_the_whole_lr_after_a_burst_of_overshoots():
         lr = v.adjustments["lr"]
     v = g.observe("step", {"policy_kl": 1.0, "lr": lr}, 4)  # at the floor (1e-3 x the run's): undone, not cut
     assert v.action == "skip" and v.adjustments.get("lr", lr) == pytest.approx(lr) == pytest.approx(5e-8, rel=1e-9)
-    assert g.observe("step", {"policy_kl": 1e-4, "lr": lr}, 5).action == "proceed"  # after the burst's last batch
-    raised = 0
-    for step in range(6, 70):
+    actions = []
+    for step in range(5, 80):
         v = g.observe("step", {"policy_kl": 1e-4, "lr": lr}, step)
-        if v.action == "proceed":
-            break
-        lr, raised = v.adjustments["lr"], raised + 1
-    # back to back overshoots say nothing about the lr: every calm batch raises it 1.2x, up to exactly the run's
-    assert lr == 5e-5 and raised == math.ceil(math.log(1e3) / math.log(1.2))
+        actions.append(v.action)
+        lr = v.adjustments.get("lr", lr)
+    # the undone steps' batches count in the last 4 batches' mean (1.0 each): the rate waits until they are out of it
+    assert actions[:4] == ["proceed"] * 4 and actions[4] == "adjust"
+    # back to back overshoots say nothing about the lr: then every calm batch raises it 1.2x, up to exactly the run's
+    assert lr == 5e-5 and actions.count("adjust") == math.ceil(math.log(1e3) / math.log(1.2))
+
+
+def test_trust_region_gives_a_rate_back_only_when_the_recent_batches_are_calm_on_average():
+    # reinforce_plus_plus_baseline at 10x: at one rate its batches moved the policy 0.001 to 0.048 nats/token in turn
+    g = TrustRegionGuard(target_kl=0.05, lr=5e-4)  # calm line 0.0125, the mean of the last 4 batches
+    lr = g.observe("step", {"policy_kl": 0.2, "lr": 5e-4}, 1).adjustments["lr"]  # undone: 5e-4 * 0.025 / 0.2
+    assert lr == pytest.approx(6.25e-5)
+    actions = [
+        g.observe("step", {"policy_kl": kl, "lr": lr}, step).action for step, kl in enumerate([0.002, 0.03] * 5, 2)
+    ]
+    assert actions == ["proceed"] * 10  # each calm batch follows one of 0.03: the last 4 average 0.016, not calm
+    # judged one batch at a time, the same run gives the rate back on every calm batch
+    alone = TrustRegionGuard(target_kl=0.05, lr=5e-4, recover_batches=1)
+    alone.observe("step", {"policy_kl": 0.2, "lr": 5e-4}, 1)
+    actions = [
+        alone.observe("step", {"policy_kl": kl, "lr": lr}, s).action for s, kl in enumerate([0.002, 0.03] * 5, 2)
+    ]
+    assert actions == ["proceed"] + ["adjust", "proceed"] * 4 + ["adjust"]
+    # two calm batches in a row bring the mean under the line: (0.002 + 0.03 + 0.002 + 0.002) / 4 = 0.009
+    actions = [g.observe("step", {"policy_kl": 0.002, "lr": lr}, step).action for step in (12, 13, 14, 15)]
+    assert actions == ["proceed", "proceed", "adjust", "adjust"]
+    assert g.state_dict()["recent"] == pytest.approx([0.03, 0.002, 0.002, 0.002])
+
+
+def test_trust_region_tries_a_ceiling_again_after_a_long_calm_stretch():
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3, recover_batches=1, retry_after=6)
+    lr = g.observe("step", {"policy_kl": 0.25, "lr": 1e-3}, 1).adjustments["lr"]  # undone: cut tenfold, to 1e-4
+    lr = g.observe("step", {"policy_kl": 0.001, "lr": lr}, 2).adjustments.get("lr", lr)
+    lr = g.observe("step", {"policy_kl": 0.001, "lr": lr}, 3).adjustments["lr"]  # step 2 calm: 1.2e-4
+    v = g.observe("step", {"policy_kl": 0.08, "lr": lr}, 4)  # a given-back rate overshoots: the new rate is a ceiling
+    ceiling = v.adjustments["lr"]
+    assert ceiling == pytest.approx(1.2e-4 * math.sqrt(0.025 / 0.08)) and g.state_dict()["ceiling"] == ceiling
+    # calm batches at the ceiling: no higher for 6 measured steps without an overshoot
+    actions = [g.observe("step", {"policy_kl": 0.001, "lr": ceiling}, step).action for step in range(5, 11)]
+    assert actions == ["proceed"] * 6 and g.state_dict()["ceiling"] == ceiling
+    # then each calm batch raises the ceiling 1.2x, and the rate with it
+    v = g.observe("step", {"policy_kl": 0.001, "lr": ceiling}, 11)
+    assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(ceiling * 1.2) and "ceiling raised" in v.reason
+    lr = v.adjustments["lr"]
+    v = g.observe("step", {"policy_kl": 0.001, "lr": lr}, 12)
+    assert v.adjustments["lr"] == pytest.approx(ceiling * 1.44)
+    # the tried rate overshoots again: the ceiling is set anew, and the wait starts over
+    lr = v.adjustments["lr"]
+    v = g.observe("step", {"policy_kl": 0.06, "lr": lr}, 13)
+    assert (
+        v.action == "adjust" and g.state_dict()["ceiling"] == v.adjustments["lr"] < lr and g.state_dict()["quiet"] == 0
+    )
 
 
 def test_trust_region_measures_every_step_while_it_matters_and_one_in_every_otherwise():
-    g = TrustRegionGuard(target_kl=0.03, lr=1e-4, every=4, watch_steps=3)
+    g = TrustRegionGuard(target_kl=0.03, lr=1e-4, every=4, watch_steps=3, recover_batches=1)
     assert [g.needs_at(s) for s in (1, 2, 3)] == [True] * 3  # the first steps
     for s in (1, 2, 3):
         g.observe("step", {"policy_kl": 0.01, "lr": 1e-4}, s)
