@@ -33,13 +33,14 @@ def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
     lr = v.adjustments["lr"]
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 5).action == "proceed"  # step 4's 0.02: in the band
     # a raised lr that overshoots after calm steps: too high for this run, so it becomes the ceiling
+    lr_before = lr
     v = g.observe("step", {"policy_kl": 0.04, "lr": lr}, 6)
     assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(lr * math.sqrt(0.015 / 0.04), rel=1e-9)
     lr = v.adjustments["lr"]
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 7).action == "proceed"
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 8).action == "proceed"  # not raised past the ceiling
     state = {
-        "ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True, "judged": 8,
+        "ceiling": lr, "failed": lr_before, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True, "judged": 8,
         "batch_tried": 0.001, "recent": [0.001],
     }  # fmt: skip
     assert g.state_dict() == state
@@ -173,21 +174,24 @@ def test_trust_region_tries_a_ceiling_again_after_a_long_calm_stretch():
     v = g.observe("step", {"policy_kl": 0.08, "lr": lr}, 4)  # a given-back rate overshoots: the new rate is a ceiling
     ceiling = v.adjustments["lr"]
     assert ceiling == pytest.approx(1.2e-4 * math.sqrt(0.025 / 0.08)) and g.state_dict()["ceiling"] == ceiling
+    assert g.state_dict()["failed"] == pytest.approx(1.2e-4)
     # calm batches at the ceiling: no higher for 6 measured steps without an overshoot
     actions = [g.observe("step", {"policy_kl": 0.001, "lr": ceiling}, step).action for step in range(5, 11)]
     assert actions == ["proceed"] * 6 and g.state_dict()["ceiling"] == ceiling
-    # then each calm batch raises the ceiling 1.2x, and the rate with it
+    # then each calm batch raises the ceiling 1.2x, and the rate with it, up to the rate that overshot (1.2e-4)
     v = g.observe("step", {"policy_kl": 0.001, "lr": ceiling}, 11)
     assert v.action == "adjust" and v.adjustments["lr"] == pytest.approx(ceiling * 1.2) and "ceiling raised" in v.reason
-    lr = v.adjustments["lr"]
-    v = g.observe("step", {"policy_kl": 0.001, "lr": lr}, 12)
-    assert v.adjustments["lr"] == pytest.approx(ceiling * 1.44)
+    lr, actions = v.adjustments["lr"], []
+    for step in range(12, 18):
+        v = g.observe("step", {"policy_kl": 0.001, "lr": lr}, step)
+        lr = v.adjustments.get("lr", lr)
+        actions.append(v.action)
+    # 6.7e-5 x 1.2 ** 3 = 1.16e-4, then 1.2e-4 (not 1.39e-4); no further
+    assert actions == ["adjust"] * 3 + ["proceed"] * 3 and lr == g.state_dict()["ceiling"] == pytest.approx(1.2e-4)
     # the tried rate overshoots again: the ceiling is set anew, and the wait starts over
-    lr = v.adjustments["lr"]
-    v = g.observe("step", {"policy_kl": 0.06, "lr": lr}, 13)
-    assert (
-        v.action == "adjust" and g.state_dict()["ceiling"] == v.adjustments["lr"] < lr and g.state_dict()["quiet"] == 0
-    )
+    v = g.observe("step", {"policy_kl": 0.06, "lr": lr}, 18)
+    assert v.action == "adjust" and g.state_dict()["ceiling"] == v.adjustments["lr"] < lr
+    assert g.state_dict()["quiet"] == 0 and g.state_dict()["failed"] == lr
 
 
 def test_trust_region_measures_every_step_while_it_matters_and_one_in_every_otherwise():
