@@ -75,6 +75,8 @@ ROWS = {
     "cross_domain_lr_x10": Row("recipe:cross_domain, learning rate 10x", recipe="recipe:cross_domain", lr_times=10),
     "code": Row("recipe:code as shipped", recipe="recipe:code"),
     "code_lr_x10": Row("recipe:code, learning rate 10x", recipe="recipe:code", lr_times=10),
+    "tools": Row("recipe:tools as shipped", recipe="recipe:tools"),
+    "tools_lr_x10": Row("recipe:tools, learning rate 10x", recipe="recipe:tools", lr_times=10),
 }  # fmt: skip
 
 
