@@ -670,6 +670,35 @@ def hostile_tool(lab: Lab) -> Outcome:
     )
 
 
+def _next_step(lab: Lab) -> Outcome:
+    """``armor new reward``: the printed next step installs the package with its test extra (``pip install -e .``
+    alone has no pytest)."""
+    proc = lab.command("new", "reward", "probe_next", "--out", str(lab.root / "new"))
+    step = next((line.strip() for line in proc.stdout.splitlines() if "pip install" in line), "no pip install line")
+    return Outcome(
+        f"exit {proc.returncode}: {shown(lab.relative(step))}",
+        proc.returncode == 0 and "pip install -e '.[test]'" in step and "python -m pytest" in step,
+    )
+
+
+def _chat_template_help(lab: Lab) -> Outcome:
+    """``armor run --help-config``: model.path's help says which built-in model has a chat template."""
+    proc = lab.command("run", "--help-config")
+    said = re.search(r"builtin:[\w-]+ has an append-only chat template", proc.stdout)
+    return Outcome(
+        f"exit {proc.returncode}: {said.group(0) if said else 'no built-in model said to have a chat template'}",
+        proc.returncode == 0 and said is not None and "have no chat template" in proc.stdout,
+    )
+
+
+def _dry_run_environment(lab: Lab) -> Outcome:
+    """``armor run --dry-run`` with multi-turn on: the plan names the environment's class."""
+    proc = lab.command("run", *SMALL, *_TOOLS_ON, f"trainer.run_dir={lab.root / 'dry_env'}", "--dry-run")
+    line = next((x.strip() for x in proc.stdout.splitlines() if "rollout.multi_turn.environment:" in x), None)
+    said = line or shown(lab.relative(message(proc.stderr)) or "no environment in the plan")
+    return Outcome(f"exit {proc.returncode}: {said}", proc.returncode == 0 and line is not None and "Tools" in line)
+
+
 CASES: list[Case] = [
     # config: every value is checked before anything starts
     refused(
@@ -1136,6 +1165,24 @@ CASES: list[Case] = [
         "a plugin registering a reward domain whose validate_ground_truth takes one argument",
         "PluginError at registration naming the plugin and validate_ground_truth(ground_truth, extra)",
         _one_argument_check,
+    ),
+    Case(
+        "author: armor new's next step",
+        "`armor new reward`: the next step it prints",
+        "exit 0; it installs the test extra and runs pytest",
+        _next_step,
+    ),
+    Case(
+        "author: --help-config and chat templates",
+        "`armor run --help-config`: which built-in model has a chat template",
+        "exit 0; model.path's help names it",
+        _chat_template_help,
+    ),
+    Case(
+        "author: --dry-run lists the environment",
+        "`armor run --dry-run` with rollout.multi_turn.enable=true",
+        "exit 0; the plan names the environment",
+        _dry_run_environment,
     ),
     # multi-turn tools: typos refused at start, a tool that exits or hangs does not end or stall the run
     refused(

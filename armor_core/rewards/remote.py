@@ -33,8 +33,6 @@ import http.client
 import json
 import math
 import numbers
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
+from armor_core.ops.bounded_http import within
 from armor_core.rewards.batch import OneRowFromBatch
 from armor_core.rewards.custom import SOURCE_KEY
 from armor_core.rewards.entries import Entries
@@ -161,37 +160,33 @@ class _Retry(Exception):
 
 
 def _request(url: str, data: bytes, headers: Mapping[str, str], seconds: float) -> bytes:
-    """One POST's answer body, all of it within ``seconds``. urllib's ``timeout`` bounds each socket operation,
-    not the request: a server sending a byte a second never trips it. So a timer shuts the connection's socket
-    at the end, which ends whatever urllib is blocked in (connect, headers, body).
+    """One POST's answer body, all of it within ``seconds`` (``ops.bounded_http``: urllib's ``timeout`` bounds
+    each socket operation, not the request, so a server sending a byte a second would never trip it).
 
     :raises _Retry: a try to make again; ``RemoteRewardError`` for an answer that would be the same again."""
-    watchdog = _Watchdog()
-    opener = urllib.request.build_opener(_HTTPHandler(watchdog), _HTTPSHandler(watchdog))
-    timer = threading.Timer(seconds, watchdog.expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        with opener.open(urllib.request.Request(url, data, dict(headers), method="POST"), timeout=seconds) as answer:
-            text = answer.read(_MAX_ANSWER_BYTES + 1)
-        if watchdog.expired:  # the answer was cut short: what was read is not all of it
-            raise _Retry(f"TimeoutError: no whole answer within {seconds:.2g} s")
-        if len(text) > _MAX_ANSWER_BYTES:
-            raise RemoteRewardError(f"{url} answered more than {_MAX_ANSWER_BYTES // 2**20} MiB; expected a short JSON")
-        return text
-    except urllib.error.HTTPError as e:
-        problem = f"HTTP {e.code} {e.reason}: {_head(e.read(1000) if not watchdog.expired else b'')}"
-        if e.code not in _RETRIED_STATUS:
-            raise RemoteRewardError(f"{url} answered {problem}") from None
-        raise _Retry(problem) from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, dropped, timed out, cut
-        if watchdog.expired:
-            raise _Retry(f"TimeoutError: no whole answer within {seconds:.2g} s") from None
-        reason = getattr(e, "reason", e)
-        raise _Retry(f"{type(reason).__name__}: {reason}") from None
-    finally:
-        timer.cancel()
-        watchdog.expire()  # the connection is done with: nothing is left open, whatever happened
+    with within(seconds) as opener:
+        try:
+            with opener.open(
+                urllib.request.Request(url, data, dict(headers), method="POST"), timeout=seconds
+            ) as answer:
+                text = answer.read(_MAX_ANSWER_BYTES + 1)
+            if opener.expired:  # the answer was cut short: what was read is not all of it
+                raise _Retry(f"TimeoutError: no whole answer within {seconds:.2g} s")
+            if len(text) > _MAX_ANSWER_BYTES:
+                raise RemoteRewardError(
+                    f"{url} answered more than {_MAX_ANSWER_BYTES // 2**20} MiB; expected a short JSON"
+                )
+            return text
+        except urllib.error.HTTPError as e:
+            problem = f"HTTP {e.code} {e.reason}: {_head(e.read(1000) if not opener.expired else b'')}"
+            if e.code not in _RETRIED_STATUS:
+                raise RemoteRewardError(f"{url} answered {problem}") from None
+            raise _Retry(problem) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, dropped, timed out, cut
+            if opener.expired:
+                raise _Retry(f"TimeoutError: no whole answer within {seconds:.2g} s") from None
+            reason = getattr(e, "reason", e)
+            raise _Retry(f"{type(reason).__name__}: {reason}") from None
 
 
 def _decoded(url: str, text: bytes) -> Any:
@@ -199,77 +194,6 @@ def _decoded(url: str, text: bytes) -> Any:
         return json.loads(text)
     except ValueError:
         raise RemoteRewardError(f"{url} answered something that is not JSON: {_head(text)}") from None
-
-
-class _Watchdog:
-    """The sockets of one request, shut down when ``expire`` is called (by its timer, or once it is done)."""
-
-    def __init__(self) -> None:
-        self.expired = False
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def watch(self, sock: socket.socket) -> socket.socket:
-        with self._lock:
-            self._sockets.append(sock)
-            if self.expired:
-                _shut(sock)
-        return sock
-
-    def expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            for sock in self._sockets:
-                _shut(sock)
-
-
-def _shut(sock: socket.socket) -> None:
-    try:  # the plain socket's shutdown, on its descriptor: a TLS socket's own would drop its state under a reader
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed, or handed over to TLS (then the TLS socket is watched)
-
-
-class _Watched:
-    """An HTTP(S) connection whose sockets a watchdog can shut: the plain one as it connects (a TLS handshake
-    is cut too), then the TLS one."""
-
-    def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        self.watchdog = watchdog
-        make = self._create_connection  # type: ignore[has-type]
-        self._create_connection = lambda *a, **k: watchdog.watch(make(*a, **k))
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self.watchdog.watch(self.sock)  # type: ignore[attr-defined]
-
-
-class _WatchedHTTP(_Watched, http.client.HTTPConnection):
-    pass
-
-
-class _WatchedHTTPS(_Watched, http.client.HTTPSConnection):
-    pass
-
-
-class _HTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, watchdog: _Watchdog) -> None:
-        super().__init__()
-        self.watchdog = watchdog
-
-    def http_open(self, req: urllib.request.Request) -> Any:
-        # typeshed wants a connection factory protocol the stdlib's own HTTPConnection subclasses meet at run time
-        return self.do_open(_WatchedHTTP, req, watchdog=self.watchdog)  # pyright: ignore[reportArgumentType]
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, watchdog: _Watchdog) -> None:
-        super().__init__()
-        self.watchdog = watchdog
-
-    def https_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(_WatchedHTTPS, req, context=self._context, watchdog=self.watchdog)  # type: ignore[attr-defined]
 
 
 def _results(reply: Any, n: int, url: str) -> list[RewardResult | Exception]:

@@ -3,21 +3,26 @@
 One ``POST {url}/run_code`` per row with ``{"code": <harness>, "language": "python", "stdin": <the
 frames>, "run_timeout", "compile_timeout", "memory_limit_MB"}``; the answer's ``run_result.stdout`` is
 the harness's result frame, judged here exactly as a local run's (``domain.score_report``). A service
-that does not answer within the row's deadline, or answers a 5xx or a ``SandboxError``, is retried up to
-``retries`` times while the deadline allows; after that the row gets no report, which fails every case.
+that does not answer within the row's deadline (its whole answer: one trickled a byte at a time is cut
+there), or answers a 5xx or a ``SandboxError``, is retried up to ``retries`` times while the deadline
+allows; after that the row gets no report, which fails every case.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
 import urllib.request
 
+from armor_core.ops.bounded_http import within
 from armor_rewards_code.harness import frame
 from armor_rewards_code.sandbox import HARNESS_SOURCE, Limits, SandboxRun, _parse
 
 __all__ = ["SandboxFusion"]
+
+_MAX_ANSWER_BYTES = 64 * 2**20  # a run's answer holds its output, cut to the sandbox's output limit; far less
 
 
 class SandboxFusion:
@@ -33,11 +38,17 @@ class SandboxFusion:
         self.retries = retries
 
     def _post(self, body: bytes, timeout: float) -> dict | None:
+        """The service's answer, whole within ``timeout`` (a service that trickles it is cut there: urllib's own
+        timeout bounds each socket operation, not the request), or None for a try to make again."""
         request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"}, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as answer:
-                reply = json.loads(answer.read())
-        except (urllib.error.URLError, OSError, ValueError):  # refused, 5xx, hung, not JSON: try again
+            with within(timeout) as opener:
+                with opener.open(request, timeout=timeout) as answer:
+                    text = answer.read(_MAX_ANSWER_BYTES + 1)
+                if opener.expired or len(text) > _MAX_ANSWER_BYTES:  # cut at the deadline, or never ending
+                    return None
+            reply = json.loads(text)
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):  # refused, 5xx, cut, not JSON
             return None
         if not isinstance(reply, dict) or reply.get("status") == "SandboxError":
             return None

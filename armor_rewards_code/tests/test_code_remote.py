@@ -1,5 +1,6 @@
 """The SandboxFusion backend against stand-in services on the loopback address: one that speaks the API
-(runs the code it is sent with ``subprocess``), one that hangs, one that answers 500."""
+(runs the code it is sent with ``subprocess``), one that hangs, one that answers 500, one that trickles its
+answer a byte at a time."""
 
 import json
 import subprocess
@@ -16,7 +17,7 @@ GOOD = "```python\nprint(int(input()) ** 2)\n```"
 
 
 class Service(BaseHTTPRequestHandler):
-    behaviour = "run"  # "run" | "hang" | "fail" | "fail_once"
+    behaviour = "run"  # "run" | "hang" | "fail" | "fail_once" | "trickle"
     requests = []
 
     def do_POST(self):  # noqa: N802 - the http.server API
@@ -24,6 +25,19 @@ class Service(BaseHTTPRequestHandler):
         type(self).requests.append(body)
         if self.behaviour == "hang":
             time.sleep(3)
+            return
+        if self.behaviour == "trickle":  # a byte every 0.1 s of an answer announced as 1 MB; gives up after 8 s
+            self.send_response(200)
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            end = time.monotonic() + 8.0
+            while time.monotonic() < end:
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:  # the client hung up
+                    return
+                time.sleep(0.1)
             return
         if self.behaviour == "fail" or (self.behaviour == "fail_once" and len(self.requests) == 1):
             self.send_response(500)
@@ -93,3 +107,11 @@ def test_a_hung_service_costs_the_row_its_deadline_not_more(service):
     result = _score(service, GOOD, "hang")
     assert result.score == 0.0 and result.sub_scores["timeouts"] == 1.0
     assert time.monotonic() - start < 2.0 + 2.0 + 0.5  # deadline (total + 1 s) plus the service's start-up allowance
+
+
+def test_a_service_that_trickles_its_answer_costs_the_row_its_deadline_not_more(service):
+    # urllib's timeout bounds each socket operation: a byte every 0.1 s never trips it (issue 42, item 3)
+    start = time.monotonic()
+    result = _score(service, GOOD, "trickle")
+    assert result.score == 0.0 and result.sub_scores["timeouts"] == 1.0
+    assert time.monotonic() - start < 2.0 + 2.0 + 0.5  # the deadline and the service's start-up allowance, as above

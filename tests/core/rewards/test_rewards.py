@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 
@@ -60,6 +61,8 @@ def flaky(prompt, response, ground_truth, extra):
         raise ZeroDivisionError("boom on purpose")
     if response == "key":
         raise KeyError("missing")
+    if response == "exit":
+        sys.exit(0)  # a reward file or judge calling sys.exit() while it scores
     return 1.0
 
 
@@ -84,6 +87,8 @@ def slow(prompt, response, ground_truth, extra):
         os._exit(3)
     if response == "raise":
         raise ValueError("raised in a worker")
+    if response == "exit":
+        sys.exit(0)
     return RewardResult(
         float(response == ground_truth), {"exact": float(response == ground_truth), "pid": float(os.getpid())}
     )
@@ -369,6 +374,15 @@ def test_crashed_and_raising_workers_are_failures(pooled):
     assert "died (exit code 3)" in batch.errors[0]
     assert batch.errors[1] == "slow: ValueError: raised in a worker"
     assert batch.metrics["reward/timeouts"] == 0.0
+
+
+def test_a_domain_that_calls_sys_exit_fails_its_row_in_process_and_in_a_worker(pooled):
+    # issue 42, item 1: a SystemExit from a domain ended the process (inline: the driver, with exit 0)
+    batch = score(pooled, [("flaky", "exit", None), ("slow", "exit", "a"), ("slow", "e", "e"), ("flaky", "ok", None)])
+    assert batch.scores.tolist() == [-1.0, -1.0, 1.0, 1.0]
+    assert batch.errors[0] == "flaky: SystemExit: 0" and batch.errors[1] == "slow: SystemExit: 0"
+    assert batch.metrics["reward/failures"] == 2.0
+    assert score(pooled, [("slow", "e", "e")]).scores.tolist() == [1.0]  # the worker still scores
 
 
 def test_time_limit_holds_outside_the_main_thread(pooled):

@@ -133,6 +133,33 @@ def test_the_contract_check_passes_the_builtin_and_catches_a_bad_environment():
         check_environment(Bad)
 
 
+@pytest.mark.parametrize(
+    "step",
+    [
+        EnvironmentStep(done=True, reward_parts={"r": "high"}),
+        EnvironmentStep(done=True, reward_parts={"r": None}),
+        EnvironmentStep(done=True, reward_parts={"r": float("nan")}),
+        EnvironmentStep(done=True, reward_parts=[1.0]),
+        EnvironmentStep(done=True, metrics={"m": [1, 2]}),
+    ],
+    ids=["text", "none", "nan", "list", "metric list"],
+)
+def test_check_environment_refuses_what_the_rollout_would_end_as_env_error(step):
+    # issue 42, item 7: the check an author runs refuses what a run counts as a failed episode, by the same rule
+    class Parts:
+        def __init__(self, row, seed=0):
+            pass
+
+        def reset(self):
+            return None
+
+        def step(self, turn):
+            return step
+
+    with pytest.raises(AssertionError, match=r"Parts\.step\(.*\): .*(reward_parts|metrics)"):
+        check_environment(Parts)
+
+
 def test_environments_register_through_the_hook():
     class Echo:
         def __init__(self, row, seed=0):
