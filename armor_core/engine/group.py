@@ -37,13 +37,18 @@ from __future__ import annotations
 
 import os
 from multiprocessing.connection import Connection
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
 from armor_core.engine.cluster import address_here
 from armor_core.engine.dispatch import Pending, shares
 from armor_core.engine.errors import ChannelError, PlacementError, WorkerDiedError, death_cause
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from armor_core.dataproto.protocol import DataProto
 
 __all__ = ["WorkerGroup", "declared_methods"]
 
@@ -223,7 +228,7 @@ class WorkerGroup:
                 self._raise_dead(rank, method)
         return Pending(self, method, self._seq, parts)
 
-    def gather(self, refs: list[Any] | int, method: str) -> list[Any]:
+    def gather(self, refs: list[ObjectRef] | int, method: str) -> list[Any]:
         """The ranks' results of a call sent by ``_send`` (what ``Pending.result`` waits on), in rank order: ``refs``
         is Ray's references, or the number of a call sent over the channel. The first rank to die, or to fail while
         the others wait on it, stops the group (``WorkerDiedError``)."""
@@ -316,7 +321,7 @@ class WorkerGroup:
             f"{who} failed during {method} while ranks {stuck} waited on it; the group was stopped. The error: {error}"
         )
 
-    def _gather_ray(self, refs: list[Any], method: str) -> list[Any]:
+    def _gather_ray(self, refs: list[ObjectRef], method: str) -> list[Any]:
         """``gather`` for calls sent through Ray."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
@@ -347,18 +352,20 @@ class WorkerGroup:
                     raise
         return [results[r] for r in range(len(refs))]
 
-    def dispatch(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Any:
+    def dispatch(self, method: Callable[..., Any], data: DataProto, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
         return self.submit(method, data, *args, **kwargs).result()
 
-    def submit(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Pending:
+    def submit(self, method: Callable[..., Any], data: DataProto, *args: Any, **kwargs: Any) -> Pending:
         """``dispatch`` without waiting (see ``submit_call``); ``.result()`` is what ``dispatch`` returns."""
         parts = shares(data, self.n)
         return self._send(
             self._name(method), [(data if self.n == 1 else data[idx], *args) for idx in parts], kwargs, [parts]
         )
 
-    def submit_pair(self, method: Callable[..., Any], first: Any, second: Any, *args: Any, **kwargs: Any) -> Pending:
+    def submit_pair(
+        self, method: Callable[..., Any], first: DataProto, second: DataProto, *args: Any, **kwargs: Any
+    ) -> Pending:
         """``method(first_share, second_share, *args)`` on every rank, each DataProto split over the
         ranks on its own; the method returns a pair, and ``.result()`` merges each half as ``dispatch`` would."""
         parts = [shares(first, self.n), shares(second, self.n)]
