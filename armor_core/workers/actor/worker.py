@@ -313,7 +313,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
                 else torch.arange(n_rows)
             )
             for mini_sl in iter_micro_batches(n_rows, rows_per_mini):
-                mini = data[order[mini_sl]]
+                mini = data[order[mini_sl].numpy()]  # rows as an array: a DataProto (a 0-d tensor would be a row)
                 self.optimizer.zero_grad(set_to_none=True)
                 parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
                 self._guarded_step(parts, step, first, sums)
