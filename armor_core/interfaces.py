@@ -166,7 +166,7 @@ class RewardDomain:
     description: str = ""
     score_range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]] | None = (0.0, 1.0)
     validate_ground_truth: Callable[[Any, Mapping[str, Any]], None] | None = None
-    warmup: Callable[[], None] | None = None
+    warmup: Callable[[], object] | None = None  # what it returns is not read (a model's load returns the model)
     batch_fn: Callable[..., Sequence[float | RewardResult | Exception]] | None = None
 
     def __call__(

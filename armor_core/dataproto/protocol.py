@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import reprlib
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, overload
 
 import numpy as np
 import torch
@@ -67,7 +67,7 @@ from armor_core.dataproto.rules import (
 
 __all__ = ["DataProto", "DataProtoItem"]
 
-Index = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
+Index = int | np.integer | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
 _MISSING = object()
 
 
@@ -194,6 +194,14 @@ class DataProto:
         """Rows, each a ``DataProtoItem`` (use ``keys()`` for the column names)."""
         return (self[i] for i in range(len(self)))
 
+    @overload
+    def __getitem__(self, index: str) -> Any: ...
+    @overload
+    def __getitem__(self, index: int | np.integer) -> DataProtoItem: ...
+    @overload
+    def __getitem__(self, index: slice | Sequence[int] | Sequence[bool] | np.ndarray) -> DataProto: ...
+    @overload
+    def __getitem__(self, index: torch.Tensor) -> DataProto | DataProtoItem: ...  # a 0-d tensor is a row number
     def __getitem__(self, index: str | Index) -> Any:
         """``data["key"]``: the column. An int: the row, a ``DataProtoItem`` (no batch dimension, as
         in verl and torch). Otherwise rows as a DataProto: a slice gives a view; a list/array/tensor

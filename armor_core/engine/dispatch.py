@@ -14,6 +14,9 @@ import numpy as np
 from armor_core.dataproto.metrics import merge_metrics
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from armor_core.dataproto.protocol import DataProto
     from armor_core.engine.group import WorkerGroup
 
 __all__ = ["Pending", "balanced_split", "shares"]
@@ -48,7 +51,7 @@ class Pending:
     ranks, the row indices of each rank's share (None: ``call``, results returned as a list)."""
 
     def __init__(
-        self, group: WorkerGroup, method: str, refs: list[Any] | int, parts: list[list[np.ndarray]] | None
+        self, group: WorkerGroup, method: str, refs: list[ObjectRef] | int, parts: list[list[np.ndarray]] | None
     ) -> None:
         self.group, self.method, self.refs, self.parts = (
             group,
@@ -81,7 +84,7 @@ def _merge(outs: list[Any], parts: list[np.ndarray]) -> Any:
     return outs
 
 
-def shares(data: Any, n: int) -> list[np.ndarray]:
+def shares(data: DataProto, n: int) -> list[np.ndarray]:
     """Each rank's rows of ``data``, balanced by valid tokens (responses once there are any)."""
     if n == 1:
         return [np.arange(len(data))]

@@ -4,10 +4,10 @@ A ``WorkerGroup`` is N Ray actors of one worker class, placed together by a plac
 act as data-parallel ranks 0..N-1. The driver talks to the group, not to ranks:
 
 - ``group.call(API.method, *args)`` runs the method on every rank and returns the list of results;
-- ``group.dispatch(API.method, data, *args)`` splits a DataProto into N shares (balanced by valid
-  tokens, see ``balanced_split``), runs the method on each rank with its share, and concatenates
-  the returned DataProtos in the original row order; metric dicts (returned, or a DataProto's
-  ``meta_info["metrics"]``) are merged by ``armor_core.dataproto.metrics.merge_metrics``.
+- ``group.dispatch(API.method, data, *args)`` splits a DataProto into N shares (balanced by valid tokens, see
+  ``balanced_split``), runs the method on each rank with its share, and concatenates the returned DataProtos in
+  the original row order; metric dicts (returned, or a DataProto's ``meta_info["metrics"]``) are merged by
+  ``armor_core.dataproto.metrics.merge_metrics``.
 
 A method is named by reference to the group's protocol (``armor_core.workers.api``: ``ActorAPI``,
 ``CriticAPI``, ``RolloutAPI``), never by a string: the group checks at start-up that its worker
@@ -16,34 +16,36 @@ class defines every method of the protocol, and at each call that the method is 
 Rollout, actor and reference live in one worker class (``ActorWorker``), so generation and
 training share weights without a transfer; a separate rollout group is a matter of another class.
 
-Placement: one placement-group bundle per rank (``cpus_per_worker`` CPUs, ``gpus_per_worker``
-GPUs), strategy PACK: as few nodes as hold the group, spreading over more when one is too small.
-``placement`` records where each rank landed (node id and IP, pid). The ranks rendezvous at rank
-0's node IP on a port free there (asked on that node), so a group may span machines.
+Placement: one placement-group bundle per rank (``cpus_per_worker`` CPUs, ``gpus_per_worker`` GPUs), strategy
+PACK: as few nodes as hold the group, spreading over more when one is too small. ``placement`` records where each
+rank landed (node id and IP, pid). The ranks rendezvous at rank 0's node IP on a port free there (asked on that
+node), so a group may span machines.
 
-Calls: once a group is up, every call goes over a direct socket to each rank (``channel.py``):
-between steps, a Ray actor call's round trip with a batch each way took 4.6 ms on a 2-core machine, the channel 2.0 ms.
-Ray
-still places, starts, watches and stops the workers. ``channel=False`` keeps Ray's task path.
+Calls: once a group is up, every call goes over a direct socket to each rank (``channel.py``), quicker
+than a Ray actor call (docs/performance.md); Ray still places, starts, watches and stops the workers.
+``channel=False`` keeps Ray's task path.
 
-Failures: a call never blocks on a dead rank. Results are awaited one at a time (``ray.wait``, or
-a wait on the channels' sockets, where a dead rank's socket closes);
-the first rank that dies (killed, out of memory, crashed) or raises while the others are still
-waiting (they would sit in a collective until gloo's 30-minute timeout) ends the whole group, and
-``WorkerDiedError`` names the group, rank, node, pid and Ray's account of the cause.
+Failures: a call never blocks on a dead rank. Results are awaited one at a time (``ray.wait``, or a wait on the
+channels' sockets, where a dead rank's socket closes); the first rank that dies (killed, out of memory, crashed) or
+raises while the others are still waiting (they would sit in a collective until gloo's 30-minute timeout) ends the
+whole group, and ``WorkerDiedError`` names the group, rank, node, pid and Ray's account of the cause.
 """
 
 from __future__ import annotations
 
 import os
 from multiprocessing.connection import Connection
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
+from armor_core.dataproto.protocol import DataProto
 from armor_core.engine.cluster import address_here
 from armor_core.engine.dispatch import Pending, shares
 from armor_core.engine.errors import ChannelError, PlacementError, WorkerDiedError, death_cause
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 __all__ = ["WorkerGroup", "declared_methods"]
 
@@ -93,15 +95,13 @@ class WorkerGroup:
     def _place(self, cpus_per_worker: float, gpus_per_worker: float, placement_timeout_s: float) -> None:
         """The placement group, one bundle per rank (PACK), and where each rank landed (``placement``)."""
         import ray
-        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
         n, name = self.n, self.name
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         self.pg = placement_group([bundle] * n, strategy="PACK")
         ready, _ = ray.wait([self.pg.ready()], timeout=placement_timeout_s)
         if not ready:
-            from ray.util.placement_group import remove_placement_group
-
             remove_placement_group(self.pg)
             raise PlacementError(
                 f"worker group '{name}': {n} workers x {bundle} could not be placed within "
@@ -189,7 +189,7 @@ class WorkerGroup:
             )
         return name
 
-    def call_rank(self, rank: int, method: Callable[..., Any], *args: Any) -> Any:
+    def call_rank(self, rank: int, method: Callable[..., Any], *args: Any) -> ObjectRef:
         """``method(*args)`` on one rank through Ray, beside the channel's calls (it may run while
         the rank is inside another call); returns Ray's reference to the result."""
         return getattr(self.workers[rank], self._name(method)).remote(*args)
@@ -223,7 +223,7 @@ class WorkerGroup:
                 self._raise_dead(rank, method)
         return Pending(self, method, self._seq, parts)
 
-    def gather(self, refs: list[Any] | int, method: str) -> list[Any]:
+    def gather(self, refs: list[ObjectRef] | int, method: str) -> list[Any]:
         """The ranks' results of a call sent by ``_send`` (what ``Pending.result`` waits on), in rank order: ``refs``
         is Ray's references, or the number of a call sent over the channel. The first rank to die, or to fail while
         the others wait on it, stops the group (``WorkerDiedError``)."""
@@ -316,7 +316,7 @@ class WorkerGroup:
             f"{who} failed during {method} while ranks {stuck} waited on it; the group was stopped. The error: {error}"
         )
 
-    def _gather_ray(self, refs: list[Any], method: str) -> list[Any]:
+    def _gather_ray(self, refs: list[ObjectRef], method: str) -> list[Any]:
         """``gather`` for calls sent through Ray."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
@@ -347,18 +347,20 @@ class WorkerGroup:
                     raise
         return [results[r] for r in range(len(refs))]
 
-    def dispatch(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Any:
+    def dispatch(self, method: Callable[..., Any], data: DataProto, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` with each rank's share of ``data``; gather results in the original order."""
         return self.submit(method, data, *args, **kwargs).result()
 
-    def submit(self, method: Callable[..., Any], data: Any, *args: Any, **kwargs: Any) -> Pending:
+    def submit(self, method: Callable[..., Any], data: DataProto, *args: Any, **kwargs: Any) -> Pending:
         """``dispatch`` without waiting (see ``submit_call``); ``.result()`` is what ``dispatch`` returns."""
         parts = shares(data, self.n)
         return self._send(
             self._name(method), [(data if self.n == 1 else data[idx], *args) for idx in parts], kwargs, [parts]
         )
 
-    def submit_pair(self, method: Callable[..., Any], first: Any, second: Any, *args: Any, **kwargs: Any) -> Pending:
+    def submit_pair(
+        self, method: Callable[..., Any], first: DataProto, second: DataProto, *args: Any, **kwargs: Any
+    ) -> Pending:
         """``method(first_share, second_share, *args)`` on every rank, each DataProto split over the
         ranks on its own; the method returns a pair, and ``.result()`` merges each half as ``dispatch`` would."""
         parts = [shares(first, self.n), shares(second, self.n)]

@@ -43,7 +43,7 @@ def keyword_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
-def check_params(name: str, fn: Any, params: Mapping[str, Any]) -> None:
+def check_params(name: str, fn: Callable[..., Any], params: Mapping[str, Any]) -> None:
     """Every configured parameter must be a keyword the domain's function accepts (after the 4 row arguments)."""
     if not params:
         return

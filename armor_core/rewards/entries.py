@@ -9,6 +9,7 @@ import math
 from typing import Any, Iterator, Mapping, Sequence
 
 from armor_core.config.schema import ConfigError
+from armor_core.interfaces import RewardDomain
 
 __all__ = ["Entries"]
 
@@ -30,7 +31,7 @@ class Entries:
         elif isinstance(value, str) or not isinstance(value, Sequence):
             raise ConfigError(f"{where}: expected a mapping {{{', '.join(self.required)}, ...}} or a list of them")
         self.values = list(value)
-        self.domains: dict[str, Any] = {}
+        self.domains: dict[str, RewardDomain] = {}
         self.routes: dict[str, str] = {}
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -62,7 +63,7 @@ class Entries:
             if not ok or value < 0 or (value == 0 and not zero):
                 raise ConfigError(f"{at}.{key}={value!r}: expected a positive number of seconds")
 
-    def add(self, at: str, entry: Mapping[str, Any], domain: Any) -> None:
+    def add(self, at: str, entry: Mapping[str, Any], domain: RewardDomain) -> None:
         """Add ``domain`` under ``entry["domain"]`` and route ``entry["data_sources"]`` to it."""
         name = str(entry["domain"])
         if name in self.known or name in self.domains:

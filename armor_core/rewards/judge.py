@@ -38,7 +38,7 @@ import re
 import string
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from armor_core.config.schema import ConfigError
 from armor_core.interfaces import RewardDomain, RewardResult
@@ -47,6 +47,9 @@ from armor_core.rewards.entries import Entries
 from armor_core.rewards.model import PLACEMENTS, resolve_dtype
 from armor_core.rewards.placement import placed
 from armor_core.rewards.remote import RemoteRewardError, post_json, total_bound
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["EndpointJudge", "LocalJudge", "Verdicts", "judge_models", "load_judges"]
 
@@ -75,7 +78,9 @@ _DEFAULTS = {
 }
 _ALL_DEFAULTS = {"model": None, "url": None, **_DEFAULTS}  # a local judge's model, or an endpoint's url
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_LOADED: dict[tuple, tuple[Any, Any]] = {}  # per process: (model directory, device) -> (model, tokenizer)
+_LOADED: dict[
+    tuple, tuple[PreTrainedModel, PreTrainedTokenizerBase]
+] = {}  # per process: (model directory, device) -> (model, tokenizer)
 
 
 class Verdicts:
@@ -140,7 +145,7 @@ class LocalJudge(_Judge):
     def __repr__(self) -> str:
         return f"LocalJudge({self.path})"
 
-    def load(self) -> tuple[Any, Any]:
+    def load(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         key = (self.path, self.device)
         if key not in _LOADED:
             import torch
@@ -161,14 +166,18 @@ class LocalJudge(_Judge):
         model, tokenizer = self.load()
         if getattr(tokenizer, "chat_template", None):
             chat = [[{"role": "user", "content": t}] for t in texts]
-            texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chat]
+            # tokenize=False: each conversation renders to one string
+            texts = [
+                cast(str, tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)) for c in chat
+            ]
         out: list[str] = []
         sample = self.temperature > 0
         with torch.no_grad():
             for start in range(0, len(texts), self.batch_size):
                 enc = tokenizer(list(texts[start : start + self.batch_size]), return_tensors="pt", padding=True)
                 enc = enc.to(model.device)
-                ids = model.generate(
+                # a causal LM's generate (GenerationMixin), which the PreTrainedModel annotation lacks
+                ids = model.generate(  # pyright: ignore[reportCallIssue]
                     **enc,
                     max_new_tokens=self.max_new_tokens,
                     do_sample=sample,
@@ -297,11 +306,11 @@ def load_judges(value: Any, known: Sequence[str], where: str = "reward.judge") -
                 path = str(resolve_model_path(str(entry["model"])))
             except Exception as e:
                 raise ConfigError(f"{at}.model: {e}") from None
-            judge: Any = LocalJudge(
+            local = LocalJudge(
                 path, verdicts, max_new_tokens=entry["max_new_tokens"], temperature=float(entry["temperature"]),
                 batch_size=entry["batch_size"], threads=entry["threads"],
             )  # fmt: skip
-            domain = placed(judge, entry["placement"], needs_truth, f"the judge model at {path}", at)
+            domain = placed(local, entry["placement"], needs_truth, f"the judge model at {path}", at)
         else:
             if not str(entry["url"]).startswith(("http://", "https://")):
                 raise ConfigError(f"{at}.url={entry['url']!r}: expected an http:// or https:// address")

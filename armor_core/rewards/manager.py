@@ -551,7 +551,7 @@ class RewardManager:
     def __enter__(self) -> RewardManager:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -97,7 +97,7 @@ class ClassifierReward(OneRowFromBatch):
         responses: Sequence[str],
         ground_truths: Sequence[Any],
         extras: Sequence[Mapping[str, Any]],
-    ) -> list[RewardResult]:
+    ) -> list[RewardResult | Exception]:
         texts = [p + r for p, r in zip(prompts, responses)]
         scores = score_texts(*self.load(), texts, self.batch_size, self.max_length)
         return [RewardResult((s - self.mean) / self.std, {"raw": s}) for s in scores]

@@ -21,10 +21,13 @@ started and the scorer runs in the calling process.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from armor_core.interfaces import RewardDomain, RewardResult
 from armor_core.rewards.batch import OneRowFromBatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["GROUP_PREFIX", "RewardWorkerError", "WorkerScorer", "placed", "worker_scorers"]
 
@@ -37,7 +40,9 @@ class LocalScorer(Protocol):
     device: str
     threads: int
 
-    def load(self) -> Any: ...
+    def load(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]: ...
+
+    def __call__(self, prompt: str, response: str, ground_truth: Any, extra: Mapping[str, Any]) -> RewardResult: ...
 
     def score_batch(
         self, prompts: Sequence[str], responses: Sequence[str], ground_truths: Sequence[Any], extras: Sequence[Any]
@@ -87,7 +92,9 @@ class WorkerScorer(OneRowFromBatch):
         return answer["results"]
 
 
-def placed(scorer: Any, placement: str, requires_ground_truth: bool, description: str, where: str) -> RewardDomain:
+def placed(
+    scorer: LocalScorer, placement: str, requires_ground_truth: bool, description: str, where: str
+) -> RewardDomain:
     """The domain of a model entry: batched in the reward pool (``pool``) or on a worker of its own (``worker``)."""
     if placement == "worker":
         remote = WorkerScorer(scorer, where)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from armor_core.config.schema import ArmorConfig
 
 __all__ = [
     "add_metric",
@@ -25,7 +28,7 @@ __all__ = [
 ]
 
 
-def isolate(assignment: dict | None, cfg: Any, rank: int) -> dict:
+def isolate(assignment: dict | None, cfg: ArmorConfig, rank: int) -> dict:
     """First thing in a worker: take the cores and GPUs the ProcessIsolator planned for it."""
     from armor_core.engine.isolation import Assignment, apply_assignment
 
@@ -114,11 +117,11 @@ def micro_batches(
     return out
 
 
-def scalar(x: Any) -> float:
+def scalar(x: torch.Tensor | float) -> float:
     return float(x.detach().float().item()) if isinstance(x, torch.Tensor) else float(x)
 
 
-def add_metric(sums: dict[str, list[float]], key: str, value: Any) -> None:
+def add_metric(sums: dict[str, list[float]], key: str, value: torch.Tensor | float) -> None:
     """One value of a metric; ``update_actor`` reports each metric's mean (max / min for ``_max`` / ``_min``)."""
     sums.setdefault(key, []).append(scalar(value))
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from armor_core.rewards.placement import LocalScorer, RewardWorkerError, WorkerScorer
 from armor_core.workers.api import RewardModelAPI
+
+if TYPE_CHECKING:
+    from armor_core.engine import WorkerGroup
 
 __all__ = ["RewardModelWorker", "WorkerClient", "start_reward_workers"]
 
@@ -66,7 +69,7 @@ class RewardModelWorker:
 class WorkerClient:
     """The driver's handle on one started worker group: a batch per call, awaited at most ``timeout_s``."""
 
-    def __init__(self, group: Any, timeout_s: float) -> None:
+    def __init__(self, group: WorkerGroup, timeout_s: float) -> None:
         self.group, self.timeout_s = group, float(timeout_s)
 
     def score(
@@ -104,7 +107,7 @@ def start_reward_workers(
     gpus: float,
     config: dict,
     timeout_s: float,
-) -> list[Any]:
+) -> list[WorkerGroup]:
     """One ``WorkerGroup`` of one ``RewardModelWorker`` per scorer, on its planned devices; each scorer bound to it."""
     from armor_core.engine import WorkerGroup
 

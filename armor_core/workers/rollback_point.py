@@ -18,9 +18,10 @@ import copy
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR  # the actor's schedule; the critic has none
 
 from armor_core.workers.parallel.strategy import local_part
 
@@ -76,7 +77,7 @@ def point_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 @contextmanager
-def rates_kept(optimizer: torch.optim.Optimizer, scheduler: Any) -> Iterator[None]:
+def rates_kept(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> Iterator[None]:
     """Around a restore of ``optimizer`` and ``scheduler``: the base learning rates in force now stay (a guard's
     ``lr`` is a base rate, ``GuardedStep.apply_adjustments``), applied at the restored schedule position."""
     base = list(scheduler.base_lrs)
@@ -90,7 +91,7 @@ def rates_kept(optimizer: torch.optim.Optimizer, scheduler: Any) -> Iterator[Non
 class RollbackPoint:
     """One rank's training state at one moment, in host memory (see the module docstring)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Any, global_step: int) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LambdaLR | None, global_step: int) -> None:
         params = _trained(optimizer)
         self.weights = [_Copy.of(p) for p in params]
         self.optimizer = [
@@ -111,7 +112,7 @@ class RollbackPoint:
         return sum(c.data.numel() * c.data.element_size() for c in copies)
 
     @torch.no_grad()
-    def restore(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> int:
+    def restore(self, optimizer: torch.optim.Optimizer, scheduler: LambdaLR | None) -> int:
         """Put this point back into ``optimizer``'s parameters and state, ``scheduler`` and the RNG; the learning
         rates in force stay (``rates_kept``). Returns the update counter kept with it."""
         params = _trained(optimizer)
@@ -147,7 +148,7 @@ class RollbackPoints:
         self.points: dict[int, RollbackPoint] = {}
 
     def keep(
-        self, step: int, keep: list[int], optimizer: torch.optim.Optimizer, scheduler: Any, global_step: int
+        self, step: int, keep: list[int], optimizer: torch.optim.Optimizer, scheduler: LambdaLR | None, global_step: int
     ) -> dict[str, float]:
         """Forget the points not in ``keep`` (first: never one more in memory than the driver counts on), then
         copy the state now as the point of ``step``. ``perf/worker_s``: the seconds it took."""
@@ -157,7 +158,7 @@ class RollbackPoints:
         self.points[step] = RollbackPoint(optimizer, scheduler, global_step)
         return {"perf/worker_s": time.perf_counter() - t0}
 
-    def restore(self, step: int, optimizer: torch.optim.Optimizer, scheduler: Any) -> int:
+    def restore(self, step: int, optimizer: torch.optim.Optimizer, scheduler: LambdaLR | None) -> int:
         """Put the point of ``step`` back (``RollbackPoint.restore``); returns its update counter."""
         if step not in self.points:
             raise RuntimeError(

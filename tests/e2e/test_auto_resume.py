@@ -17,22 +17,6 @@ from armor_core.storage.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow
 
-COMMAND = [
-    "run",
-    "data.train_size=64",
-    "data.val_size=4",
-    "data.train_batch_size=2",
-    "actor.ppo_mini_batch_size=2",
-    "rollout.n=2",
-    "rollout.max_new_tokens=4",
-    "trainer.total_steps=3",
-    "trainer.save_freq=1",
-    "trainer.resume=auto",
-    "trainer.loggers=[jsonl]",
-    "trainer.val_before_train=false",
-    "engine.cpus_per_worker=1",
-]
-
 
 def _steps(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -44,10 +28,11 @@ def _weights(run_dir):
 
 
 def test_a_stopped_run_started_again_with_the_same_command_continues_from_its_checkpoint(
-    ray_cluster, tmp_path, monkeypatch, capsys
+    ray_cluster, tmp_path, monkeypatch, capsys, tiny_run
 ):
+    base = ["run", *tiny_run, "trainer.total_steps=3", "trainer.save_freq=1", "trainer.resume=auto"]
     whole = tmp_path / "whole"
-    assert main([*COMMAND, f"trainer.run_dir={whole}"]) == 0
+    assert main([*base, f"trainer.run_dir={whole}"]) == 0
     assert f"trainer.resume=auto: no checkpoint in {whole / 'checkpoints'}; starting from step 0" in (
         capsys.readouterr().out
     )
@@ -61,7 +46,7 @@ def test_a_stopped_run_started_again_with_the_same_command_continues_from_its_ch
         return path
 
     run_dir = tmp_path / "stopped"
-    command = [*COMMAND, f"trainer.run_dir={run_dir}"]
+    command = [*base, f"trainer.run_dir={run_dir}"]
     monkeypatch.setattr(CheckpointManager, "save", save_then_stop)
     assert main(command) == 130
     monkeypatch.undo()

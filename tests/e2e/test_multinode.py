@@ -139,7 +139,7 @@ def two_node_cluster():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_a_worker_group_spans_two_nodes_of_a_joined_cluster(two_node_cluster, tmp_path):
+def test_a_worker_group_spans_two_nodes_of_a_joined_cluster(two_node_cluster, tmp_path, tiny_run):
     address, env = two_node_cluster
     run_dir = tmp_path / "run"
     cmd = [
@@ -148,17 +148,9 @@ def test_a_worker_group_spans_two_nodes_of_a_joined_cluster(two_node_cluster, tm
         "armor_core.cli.main",
         "run",
         f"engine.address={address}",
+        *tiny_run,
         "actor.num_workers=2",
-        "engine.cpus_per_worker=1",
-        "data.train_size=64",
-        "data.val_size=4",
-        "data.train_batch_size=2",
-        "actor.ppo_mini_batch_size=2",
-        "rollout.n=2",
-        "rollout.max_new_tokens=4",
         "trainer.total_steps=2",
-        "trainer.loggers=[jsonl]",
-        "trainer.val_before_train=false",
         f"trainer.run_dir={run_dir}",
     ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

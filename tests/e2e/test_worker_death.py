@@ -148,26 +148,11 @@ def test_a_channel_the_driver_cannot_reach_is_a_clear_error(ray_cluster, monkeyp
         _group(ray_cluster, lambda rank: None)
 
 
-SMALL = [
-    "data.train_size=64",
-    "data.val_size=4",
-    "data.train_batch_size=2",
-    "actor.ppo_mini_batch_size=2",
-    "rollout.n=2",
-    "rollout.max_new_tokens=4",
-    "trainer.total_steps=3",
-    "trainer.save_freq=1",
-    "trainer.loggers=[jsonl]",
-    "trainer.val_before_train=false",
-    "actor.num_workers=2",
-    "engine.cpus_per_worker=1",
-]
-
-
-def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, tmp_path):
+def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, tmp_path, tiny_run):
+    small = [*tiny_run, "trainer.total_steps=3", "trainer.save_freq=1", "actor.num_workers=2"]
     run_dir = tmp_path / "run"
     cfg = load_config(
-        None, [*SMALL, f"trainer.run_dir={run_dir}", "trainer.faults=[{kind: kill_worker, steps: [2], value: 1}]"]
+        None, [*small, f"trainer.run_dir={run_dir}", "trainer.faults=[{kind: kill_worker, steps: [2], value: 1}]"]
     )
     trainer = Trainer(cfg)
     try:
@@ -190,7 +175,7 @@ def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, t
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000001"
     assert not list((run_dir / "checkpoints").glob("step_000002*"))
 
-    resumed = Trainer(load_config(None, [*SMALL, f"trainer.run_dir={run_dir}"]), resume=True)
+    resumed = Trainer(load_config(None, [*small, f"trainer.run_dir={run_dir}"]), resume=True)
     try:
         summary = resumed.fit()
     finally:

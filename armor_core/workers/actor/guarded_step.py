@@ -14,7 +14,7 @@ worker's config, model, optimizer, scheduler, guard runner and faults.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,24 +25,32 @@ from armor_core.workers.common import add_metric, scalar
 from armor_core.workers.parallel.collectives import agreed_norm, global_sums
 from armor_core.workers.parallel.strategy import local_part
 
+if TYPE_CHECKING:
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.interfaces import Verdict
+    from armor_core.stability.faults import Faults
+    from armor_core.stability.guard import GuardRunner
+    from armor_core.workers.forward.logprobs import ResponseLogProbs
+
 __all__ = ["GuardedStep"]
 
 
 class GuardedStep:
     """Clip, guard and step the optimizer of ``ActorWorker``; apply guard adjustments."""
 
-    cfg: Any
+    cfg: ArmorConfig
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    guard: Any
-    faults: Any
+    guard: GuardRunner
+    faults: Faults
     rank: int
     world_size: int
     watch_step: bool
     _judged_lr: float
     probe: PolicyShiftProbe
-    logp: Any
+    logp: ResponseLogProbs
     train_module: torch.nn.Module
     _seconds: dict[str, float]
 
@@ -116,7 +124,7 @@ class GuardedStep:
             return True
         return False
 
-    def _observe_step(self, before: list[torch.Tensor], step: int, sums: dict[str, list[float]]) -> Any:
+    def _observe_step(self, before: list[torch.Tensor], step: int, sums: dict[str, list[float]]) -> Verdict:
         """Stage ``step``: how far the update moved the weights (and the policy, if a guard needs it), judged."""
         stats = update_stats(
             self.model,
@@ -137,7 +145,7 @@ class GuardedStep:
         self._apply_worker_adjustments(verdict, sums)
         return verdict
 
-    def _probe_forward(self, mini: Any, idx: torch.Tensor) -> torch.Tensor:
+    def _probe_forward(self, mini: DataProto, idx: torch.Tensor) -> torch.Tensor:
         # DDP's replicas are identical after the step: the bare model, no DDP forward (its buffer broadcast is a
         # collective outside the training pass); under FSDP2 the model is the sharded root, its forward a collective
         lp = self.logp.forward(self.model, mini, idx, with_entropy=False, count=False)[0]
@@ -150,7 +158,7 @@ class GuardedStep:
                 module.reshard()
         return lp
 
-    def _apply_worker_adjustments(self, verdict: Any, sums: dict[str, list[float]]) -> None:
+    def _apply_worker_adjustments(self, verdict: Verdict, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank
             self.apply_adjustments(verdict.adjustments)
             for k, v in verdict.adjustments.items():

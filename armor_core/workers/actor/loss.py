@@ -10,7 +10,7 @@ step from ``GuardedStep``; they read the worker's config, plugins, model, optimi
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,20 +22,26 @@ from armor_core.workers.losses.kl_loss import compute_kl_loss
 from armor_core.workers.losses.rollout_correction import correction_weights
 from armor_core.workers.parallel.collectives import equal_micro_batches, global_counts, mismatch_stats
 
+if TYPE_CHECKING:
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.interfaces import KLEstimator, LossAggregation, PolicyLoss
+    from armor_core.workers.forward.logprobs import ResponseLogProbs
+    from armor_core.workers.losses.distill_loss import DistillLoss
+
 __all__ = ["ActorLoss"]
 
 
 class ActorLoss:
     """The loss of ``ActorWorker``'s update, micro-batch by micro-batch."""
 
-    cfg: Any
+    cfg: ArmorConfig
     device: torch.device
     world_size: int
-    policy_loss: Any
-    loss_agg: Any
-    kl_loss: Any
-    distill_loss: Any
-    logp: Any
+    policy_loss: PolicyLoss
+    loss_agg: LossAggregation
+    kl_loss: KLEstimator | None
+    distill_loss: DistillLoss | None
+    logp: ResponseLogProbs
     probe: PolicyShiftProbe
     model: torch.nn.Module
     train_module: torch.nn.Module
@@ -139,6 +145,7 @@ class ActorLoss:
         a = self.cfg.actor
         extra = self.distill_loss.extra_ids(mini, idx) if self.distill_loss is not None else None
         log_prob, entropy = self.logp.forward(self.train_module, mini, idx, with_entropy=True, extra_ids=extra)
+        assert entropy is not None  # asked for with_entropy
         at_ids = None
         if extra is not None:  # the student's log-probs at the teacher's top-k ids, from the same forward
             log_prob, at_ids = log_prob[..., 0], log_prob[..., 1:]

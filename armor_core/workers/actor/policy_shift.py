@@ -20,11 +20,14 @@ The probe costs one forward of ``rows`` rows per optimizer step; it runs only wh
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from armor_core.workers.parallel.collectives import global_sums
+
+if TYPE_CHECKING:
+    from armor_core.dataproto.protocol import DataProto
 
 __all__ = ["PROBE_ROWS", "PolicyShiftProbe", "k3_kl"]
 
@@ -50,13 +53,15 @@ class PolicyShiftProbe:
 
     def __init__(self, rows: int) -> None:
         self.rows = int(rows)
-        self._kept: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._kept: tuple[DataProto, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._teacher: torch.Tensor | None = None  # the teacher's log-probs of the kept rows' tokens, if any
 
     def reset(self) -> None:
         self._kept = self._teacher = None
 
-    def keep(self, mini: Any, idx: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor, weight: float) -> None:
+    def keep(
+        self, mini: DataProto, idx: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor, weight: float
+    ) -> None:
         """Offered each micro-batch's rows and their log-probs under the weights about to be stepped; keeps the
         first offer (a stand-in micro-batch, ``weight`` 0, is kept with a zero mask so ranks stay in step)."""
         if self.rows <= 0 or self._kept is not None:
@@ -66,7 +71,7 @@ class PolicyShiftProbe:
         if "teacher_log_prob" in mini:  # a distillation run: how far the policy is from its teacher, on the same rows
             self._teacher = mini["teacher_log_prob"][idx[:k]].to(log_prob.device)
 
-    def measure(self, forward: Callable[[Any, torch.Tensor], torch.Tensor], world_size: int) -> dict[str, float]:
+    def measure(self, forward: Callable[[DataProto, torch.Tensor], torch.Tensor], world_size: int) -> dict[str, float]:
         """``{"policy_kl": mean k3 per token over every rank's probe}`` after the step (empty if nothing was kept),
         and in a distillation run ``teacher_kl``: KL(policy before the step || teacher), same tokens and estimator.
 

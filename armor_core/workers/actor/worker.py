@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -51,6 +51,9 @@ from armor_core.workers.parallel.collectives import init_distributed
 from armor_core.workers.parallel.precision import autocast, compute_dtype
 from armor_core.workers.rollback_point import RollbackPoints
 from armor_core.workers.rollout.backend import build_rollout
+
+if TYPE_CHECKING:
+    from armor_core.plugins import PluginManager
 
 __all__ = ["ActorWorker"]
 
@@ -113,7 +116,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self._publish_policy()
         built()
 
-    def _build_plugins(self, cfg: ArmorConfig, pm: Any, run_dir: str | None) -> None:
+    def _build_plugins(self, cfg: ArmorConfig, pm: PluginManager, run_dir: str | None) -> None:
         """The policy loss, the loss aggregation, the KL estimator of the KL loss, the guards (rank 0 keeps their
         events) and the probe of the policy's change a guard may need."""
         from armor_core.stability.guard import GuardRunner, run_coefficients
@@ -198,14 +201,15 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step)
         )
 
-    def _build_rollout(self, cfg: ArmorConfig, pm: Any) -> None:
+    def _build_rollout(self, cfg: ArmorConfig, pm: PluginManager) -> None:
         """The colocated rollout engine (``rollout.backend``), or none in async mode (rollout workers of their own
         generate)."""
         backend_cls = pm.get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
         # an engine with its own weights takes the compute dtype and, with LoRA, either the PeftModel
         # (a backend that serves LoRA itself: vllm) or the base model's names with the adapters merged
         takes_peft = any(capability("rollout_backend", backend_cls, attr) for attr in ("shares_module", "serves_lora"))
-        source = MergedView(self.gen_model) if self.lora and not takes_peft else self.gen_model
+        # a MergedView stands in for the base module: every attribute but state_dict is the base model's
+        source = cast(torch.nn.Module, MergedView(self.gen_model)) if self.lora and not takes_peft else self.gen_model
         self.rollout = None
         if cfg.rollout.mode == "sync":
             with autocast(self.device, self.compute_dtype):
@@ -309,7 +313,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
                 else torch.arange(n_rows)
             )
             for mini_sl in iter_micro_batches(n_rows, rows_per_mini):
-                mini = data[order[mini_sl]]
+                mini = data[order[mini_sl].numpy()]  # rows as an array: a DataProto (a 0-d tensor would be a row)
                 self.optimizer.zero_grad(set_to_none=True)
                 parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
                 self._guarded_step(parts, step, first, sums)

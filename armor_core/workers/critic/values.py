@@ -12,7 +12,7 @@ per micro-batch, checks each kind once against the padded forward, and counts wh
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, ContextManager
 
 import torch
 
@@ -72,7 +72,7 @@ class ResponseValues(LayoutChoice):
         model: ValueModel,
         device: torch.device,
         compute_dtype: torch.dtype,
-        autocast: Callable[[], Any],
+        autocast: Callable[[], ContextManager],
         rank: int = 0,
         sharded: bool = False,
     ) -> None:

@@ -21,7 +21,7 @@ its estimated cost is lower).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -189,7 +189,7 @@ def layout_rows(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_length: int,
-    layouts: Any = LAYOUTS,
+    layouts: Sequence[str] = LAYOUTS,
     attention_weight: float = 0.0,
 ) -> PackedRows | None:
     """The first of ``layouts`` that lays out this micro-batch exactly (and, for ``grouped``, pays:

@@ -11,7 +11,7 @@ and count without the log-probs; the critic's values (``values.py``) use it too.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Callable, ContextManager
 
 import torch
 
@@ -46,7 +46,7 @@ class LayoutChoice:
         model: torch.nn.Module,
         check_module: torch.nn.Module,
         compute_dtype: torch.dtype,
-        autocast: Callable[..., Any],
+        autocast: Callable[[], ContextManager],
         who: str,
         quantity: str,
     ) -> None:
@@ -136,7 +136,7 @@ class ResponseLogProbs(LayoutChoice):
         compute_dtype: torch.dtype,
         temperature: float,
         chunk_tokens: int,
-        autocast: Callable[..., Any],
+        autocast: Callable[[], ContextManager],
         split: Callable[[torch.Tensor], list[torch.Tensor]],
         rank: int = 0,
     ) -> None:

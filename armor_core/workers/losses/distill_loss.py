@@ -20,9 +20,13 @@ micro-batch is what DDP and FSDP2 allow, so the top-k loss runs on any number of
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from armor_core.config.schema import ArmorConfig
+    from armor_core.dataproto.protocol import DataProto
 
 __all__ = [
     "DistillLoss",
@@ -88,20 +92,25 @@ class DistillLoss:
         self.mode, self.coef, self.renormalize = mode, float(coef), renormalize
 
     @staticmethod
-    def from_config(cfg: Any) -> DistillLoss | None:
+    def from_config(cfg: ArmorConfig) -> DistillLoss | None:
         """The loss term ``algorithm.distill`` asks for, or None (no teacher, or its signal is a reward)."""
         d = cfg.algorithm.distill
         if not d.teacher or (d.mode == "reverse_kl" and d.via == "reward"):
             return None
         return DistillLoss(d.mode, d.coef, d.renormalize)
 
-    def extra_ids(self, mini: Any, idx: torch.Tensor) -> torch.Tensor | None:
+    def extra_ids(self, mini: DataProto, idx: torch.Tensor) -> torch.Tensor | None:
         """(rows, R, k) the token ids whose student log-probs the term needs besides the sampled ones (the
         teacher's top-k), for the actor's forward to compute too; None for ``reverse_kl``."""
         return mini["teacher_topk_ids"][idx] if self.mode == "topk_forward_kl" else None
 
     def __call__(
-        self, mini: Any, idx: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor, at_ids: torch.Tensor | None
+        self,
+        mini: DataProto,
+        idx: torch.Tensor,
+        log_prob: torch.Tensor,
+        mask: torch.Tensor,
+        at_ids: torch.Tensor | None,
     ) -> tuple[torch.Tensor, float]:
         """``(loss_mat (rows, R), mean reverse-KL estimate on the rows' tokens)`` for rows ``idx`` of ``mini``.
 

@@ -6,7 +6,7 @@ how both apply one, are ``armor_core.ops.kl``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -44,8 +44,8 @@ def compute_kl_loss(
     ref_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     kl_coef: float,
-    estimator: Any = "k3",
-) -> tuple[torch.Tensor, dict[str, Any]]:
+    estimator: str | KLEstimator | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = "k3",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL as a loss term (GRPO style): ``kl_coef * kl`` per token, 0 outside the mask. The actor
     calls it with ``kl_coef=1`` and weighs the aggregated term by ``actor.kl_loss_coef``.
 

@@ -3,14 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+import torch
 
 from armor_core.workers.rollout.multi_turn import MultiTurnRollout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.config.schema import RolloutConfig
+    from armor_core.interfaces import RolloutBackend
 
 __all__ = ["build_rollout"]
 
 
-def build_rollout(backend_cls: Any, model: Any, tokenizer: Any, config: Any) -> Any:
+def build_rollout(
+    backend_cls: type[RolloutBackend], model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig
+) -> RolloutBackend | MultiTurnRollout:
     """The configured rollout: ``backend_cls(model, tokenizer, config)``, wrapped in ``MultiTurnRollout``
     when ``config.multi_turn.enable``."""
     backend = backend_cls(model, tokenizer, config)

@@ -39,7 +39,7 @@ import inspect
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
 
 import torch
 
@@ -47,6 +47,13 @@ from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
 from armor_core.ops.calls import describe, guarded, in_thread
 from armor_core.workers.rollout.observations import ObservationError, ObservationRenderer, as_messages
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from armor_core.config.schema import MultiTurnConfig, RolloutConfig
+    from armor_core.interfaces import RolloutBackend
+    from armor_core.plugins import EnvironmentFactory
 
 __all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "environment_params", "numbers_problem"]
 
@@ -87,7 +94,13 @@ class Episode:
 class MultiTurnRollout:
     """A rollout backend running episodes with environments over an inner backend (see the module docstring)."""
 
-    def __init__(self, inner: Any, tokenizer: Any, config: Any, env_cls: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        inner: RolloutBackend,
+        tokenizer: PreTrainedTokenizerBase,
+        config: RolloutConfig,
+        env_cls: EnvironmentFactory,
+    ) -> None:
         self.inner, self.tokenizer, self.config = inner, tokenizer, config
         self.mt = config.multi_turn
         self.env_cls = env_cls
@@ -97,10 +110,10 @@ class MultiTurnRollout:
         self.separate_worker = capability("rollout_backend", inner, "separate_worker")
 
     @property
-    def model(self) -> Any:
+    def model(self) -> torch.nn.Module | None:
         return getattr(self.inner, "model", None)
 
-    def update_weights(self, named_tensors: Any) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.inner.update_weights(named_tensors)
 
     # -- episodes --------------------------------------------------------------------------------
@@ -151,9 +164,10 @@ class MultiTurnRollout:
                 ids, lps = ids[: budget - len(ep.ids)], lps[: budget - len(ep.ids)]
                 ep.append(ids, lps)
                 finished = bool(ids) and ids[-1] in self.eos
-                ep.turns.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                # one sequence of ids decodes to one string
+                ep.turns.append(cast(str, self.tokenizer.decode(ids, skip_special_tokens=True)))
                 ep.turn = AssistantTurn(ep.turns[-1], tuple(ids), index, finished)
-                ep.ended_with = self.tokenizer.decode(ids[-1:]) if finished else None
+                ep.ended_with = cast(str, self.tokenizer.decode(ids[-1:])) if finished else None
             results = await asyncio.gather(*(self._call(ep, ep.env.step, ep.turn) for ep in live))
             for ep, result in zip(live, results):
                 self._apply(ep, result, budget, last_turn=index == self.mt.max_turns - 1)
@@ -283,7 +297,7 @@ class MultiTurnRollout:
         })  # fmt: skip
 
 
-def environment_params(env_cls: Callable[..., Any], mt: Any) -> dict[str, Any]:
+def environment_params(env_cls: EnvironmentFactory, mt: MultiTurnConfig) -> dict[str, Any]:
     """The keywords every episode's environment gets besides ``row`` and ``seed``: ``rollout.multi_turn.parser``
     and ``max_tool_calls_per_turn`` when its signature takes them, under ``environment_kwargs``."""
     try:

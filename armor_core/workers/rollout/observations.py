@@ -21,7 +21,10 @@ kept) and ``TRUNCATED`` appended, so the policy can see that it was cut.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["TRUNCATED", "ObservationError", "ObservationRenderer", "as_messages"]
 
@@ -54,7 +57,9 @@ def as_messages(observation: Any, role: str = "user") -> list[dict[str, str]]:
 class ObservationRenderer:
     """``render(observation, ended_with)`` -> the token ids to append after a sampled turn."""
 
-    def __init__(self, tokenizer: Any, *, max_tokens: int, template_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, *, max_tokens: int, template_kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.kwargs = dict(template_kwargs or {})
@@ -65,8 +70,11 @@ class ObservationRenderer:
             self._probe = probe
 
     def _chat(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
+        return cast(  # tokenize=False: the rendered string
+            str,
+            self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
+            ),
         )
 
     def _text(self, messages: list[dict[str, str]], ended_with: str | None) -> str:
