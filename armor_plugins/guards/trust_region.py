@@ -55,13 +55,11 @@ A lowered rate is given back only up to a ceiling: when calm steps had raised it
 overshoots, that rate is too high for this run (not an unlucky batch), and the new one becomes the most
 the rate is raised to. Steps overshooting back to back (a burst of bad batches, a spike of the rate) say
 nothing about the rate and leave the ceiling alone, so after a transient cause the run's own rate comes back.
-A ceiling is not for ever: after ``retry_after`` measured steps without an overshoot, each calm give-back
-raises it by ``recover_factor`` as well, up to the rate whose overshoot set it and no further, so a rate cut for
-a cause that has passed (the same ``reinforce_plus_plus_baseline`` run, after two undone steps, held a tenth of
-the recipe's rate for its last 165 steps, each moving the policy under 2e-4 nats/token) is tried again; the
-next overshoot sets it anew. Not past that rate: a retry free to climb took one arithmetic run at ten times
-its rate from 5.6e-5 to 2.4e-4 in eight calm batches, past every rate that had overshot before, and its
-held-out accuracy from 0.73 to 0.64 in the twelve steps it had left.
+A ceiling only falls. Raising it again after a long calm stretch (100 measured steps without an overshoot,
+then 1.2x a calm batch, up to the rate that had overshot) was tried on 2026-12-07 and hurt more than it
+helped: it fired on 9 of 10 arithmetic runs at ten times the rate, and on two of them (one of them
+``reinforce_plus_plus_baseline``) the rate it gave back in the last 10 to 20 steps took held-out accuracy from
+0.73 to 0.64 and to 0.58; a calm stretch at a rate says the policy is settled there, not that a higher one is safe.
 
 What it costs: ``policy_kl`` is one forward of a few rows (``PROBE_ROWS``), and judging a step at all keeps a
 copy of the parameters to put back. ``needs_at`` asks for it on every step of the first ``watch_steps``, of
@@ -108,8 +106,6 @@ class TrustRegionGuard:
     :param recover_factor: the learning rate is multiplied by this after each such batch, up to ``lr``.
     :param recover_batches: a batch gives the rate back only when the mean of the last ``recover_batches`` batches'
         KLs (this one among them) is under the calm line too.
-    :param retry_after: measured steps without an overshoot after which calm batches raise the ceiling as well, up to
-        the rate that overshot when it was set.
     :param min_lr_scale: the learning rate is never lowered below ``min_lr_scale * lr``.
     :param every: once the run is calm at its own learning rate, ``policy_kl`` is measured on one step in ``every``
         (each measurement costs a forward of a few rows); 1 measures every step.
@@ -129,7 +125,6 @@ class TrustRegionGuard:
         recover_below: float = 0.25,
         recover_factor: float = 1.2,
         recover_batches: int = 4,
-        retry_after: int = 100,
         min_lr_scale: float = 1e-3,
         every: int = 4,
         watch_steps: int = 20,
@@ -141,18 +136,16 @@ class TrustRegionGuard:
         check_param(NAME, "recover_below", recover_below, ge=0, lt=1)
         check_param(NAME, "recover_factor", recover_factor, gt=1)
         check_param(NAME, "recover_batches", recover_batches, ge=1)
-        check_param(NAME, "retry_after", retry_after, ge=1)
         check_param(NAME, "min_lr_scale", min_lr_scale, gt=0, le=1)
         check_param(NAME, "every", every, ge=1)
         check_param(NAME, "watch_steps", watch_steps, ge=0)
         check_param(NAME, "lr", lr, gt=0)
         self.target_kl, self.skip_factor, self.batch_factor = float(target_kl), float(skip_factor), float(batch_factor)
         self.recover_below, self.recover_factor = float(recover_below), float(recover_factor)
-        self.recover_batches, self.retry_after = int(recover_batches), int(retry_after)
+        self.recover_batches = int(recover_batches)
         self.lr, self.min_lr = float(lr), float(min_lr_scale) * float(lr)
         self.every, self.watch_steps = int(every), int(watch_steps)
         self.ceiling = self.lr  # how far calm steps may raise a lowered lr
-        self.failed = self.lr  # the lr whose overshoot set the ceiling: how far a retry may raise it
         self.quiet = 0  # measured steps since the last overshoot
         self.last_lr = self.lr  # the lr the next step is taken with, as far as this guard knows
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
@@ -184,19 +177,14 @@ class TrustRegionGuard:
         self.batch_kl += kl
         self.quiet += 1
         self.last_lr = lr
-        at_ceiling = lr >= self.ceiling * (1 - 1e-9)
-        retry = give_back and self.quiet > self.retry_after and at_ceiling and self.ceiling < self.failed
-        if retry:  # long calm at the ceiling: the cause it was set for may have passed
-            self.ceiling = min(self.failed, self.ceiling * self.recover_factor)
         if give_back and lr < self.ceiling:
             new_lr = min(self.ceiling, lr * self.recover_factor)
             self.last_lr = new_lr
-            raised = f"; ceiling raised after {self.quiet - 1} steps without an overshoot" if retry else ""
             return Verdict(
                 "adjust",
                 f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
                 f"{calm:.3g} (the last {len(self.recent)} batches {sum(self.recent) / len(self.recent):.3g} on "
-                f"average); lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g}{raised})",
+                f"average); lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
                 signal=last_batch,
                 threshold=calm,
                 adjustments={"lr": new_lr},
@@ -219,7 +207,7 @@ class TrustRegionGuard:
         if self.quiet > 0 and lr < self.lr:
             # steps since the last overshoot had (or could have) raised the lr again, and it overshot: this lr is
             # too high for the run, not unlucky, so it is not raised past the new value again
-            self.ceiling, self.failed = min(self.ceiling, new_lr), lr
+            self.ceiling = min(self.ceiling, new_lr)
         self.quiet = 0
         self.last_lr = min(lr, new_lr)
         cut = {"lr": new_lr} if new_lr < lr else {}
@@ -252,7 +240,6 @@ class TrustRegionGuard:
         # the lr itself is the worker's, saved with the optimizer; these are what the guard knows of it
         return {
             "ceiling": self.ceiling,
-            "failed": self.failed,
             "quiet": self.quiet,
             "last_lr": self.last_lr,
             "batch_step": self.batch_step,
@@ -269,7 +256,6 @@ class TrustRegionGuard:
             return float(value) if value is not None and math.isfinite(float(value)) else self.lr
 
         self.ceiling, self.last_lr = finite("ceiling"), finite("last_lr")
-        self.failed = finite("failed") if "failed" in state else self.ceiling  # before this key: no retry
         self.quiet = int(state.get("quiet", 0))
         self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
         self.batch_calm = bool(state.get("batch_calm", False))
