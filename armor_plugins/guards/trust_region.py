@@ -19,7 +19,8 @@ first step, before any history exists. Three regimes, relative to ``target_kl``:
   the policy 0.06 to 0.07 nats/token on it and 0.011 to 0.014 on the next two, so a cut made from it would
   lower the rate of a run with nothing wrong. A first step over the undo line is undone as any other.
 * a batch whose steps together moved the policy less than ``recover_below * target_kl``, with the
-  learning rate below the run's own and the last ``recover_batches`` batches calm on average too: it is
+  learning rate below the run's own and the last ``recover_batches`` batches that stayed within the target
+  calm on average too (one that overshot has had its cut and says nothing of the new rate): it is
   raised by ``recover_factor`` (never past the run's ``actor.lr``) at the next batch's first step, so a cut
   made for a transient cause (a learning-rate spike, one bad batch) is given back once the policy moves
   little again. The judgement is per batch, not per step: four steps of 0.006 nats/token on one batch move
@@ -104,8 +105,8 @@ class TrustRegionGuard:
     :param recover_below: a batch whose steps' KL sums to less than ``recover_below * target_kl`` lets a lowered
         learning rate rise again.
     :param recover_factor: the learning rate is multiplied by this after each such batch, up to ``lr``.
-    :param recover_batches: a batch gives the rate back only when the mean of the last ``recover_batches`` batches'
-        KLs (this one among them) is under the calm line too.
+    :param recover_batches: a batch gives the rate back only when the mean KL of the last ``recover_batches`` batches
+        with no step over the target (this one among them) is under the calm line too.
     :param min_lr_scale: the learning rate is never lowered below ``min_lr_scale * lr``.
     :param every: once the run is calm at its own learning rate, ``policy_kl`` is measured on one step in ``every``
         (each measurement costs a forward of a few rows); 1 measures every step.
@@ -150,9 +151,8 @@ class TrustRegionGuard:
         self.last_lr = self.lr  # the lr the next step is taken with, as far as this guard knows
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
         self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
-        self.batch_tried = 0.0  # the KL of all the batch's steps, those undone among them
         self.judged = 0  # steps judged so far in this run (resumed with it)
-        self.recent: list[float] = []  # the KLs of the last recover_batches batches measured, oldest first
+        self.recent: list[float] = []  # the KLs of the last recover_batches batches within the target, oldest first
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
@@ -164,12 +164,13 @@ class TrustRegionGuard:
         calm = self.recover_below * target
         give_back, last_batch = False, self.batch_kl
         if step != self.batch_step:  # the last batch is done: was it calm, all its steps together, and the recent ones?
-            if self.batch_step:  # an undone step counts: it is how far this rate moved the policy
-                self.recent = [*self.recent, self.batch_tried][-self.recover_batches :]
+            if (
+                self.batch_step and self.batch_calm
+            ):  # a batch that overshot has had its cut; it says nothing of the new rate
+                self.recent = [*self.recent, last_batch][-self.recover_batches :]
             recent = sum(self.recent) / len(self.recent) if self.recent else 0.0
             give_back = self.batch_calm and last_batch < calm and recent < calm
-            self.batch_step, self.batch_kl, self.batch_calm, self.batch_tried = step, 0.0, True, 0.0
-        self.batch_tried += kl
+            self.batch_step, self.batch_kl, self.batch_calm = step, 0.0, True
         if kl > target or self.batch_kl + kl > self.batch_factor * target:
             self.batch_calm = False
             if not (sign_step and kl <= self.skip_factor * target):
@@ -246,7 +247,6 @@ class TrustRegionGuard:
             "batch_kl": self.batch_kl,
             "batch_calm": self.batch_calm,
             "judged": self.judged,
-            "batch_tried": self.batch_tried,
             "recent": list(self.recent),
         }
 
@@ -260,7 +260,6 @@ class TrustRegionGuard:
         self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
         self.batch_calm = bool(state.get("batch_calm", False))
         self.judged = int(state.get("judged", 1))  # a checkpoint from before this key was saved after its first step
-        self.batch_tried = float(state.get("batch_tried", self.batch_kl))
         self.recent = [float(kl) for kl in state.get("recent", [])][-self.recover_batches :]
 
 
