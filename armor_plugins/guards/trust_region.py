@@ -19,17 +19,12 @@ first step, before any history exists. Three regimes, relative to ``target_kl``:
   the policy 0.06 to 0.07 nats/token on it and 0.011 to 0.014 on the next two, so a cut made from it would
   lower the rate of a run with nothing wrong. A first step over the undo line is undone as any other.
 * a batch whose steps together moved the policy less than ``recover_below * target_kl``, with the
-  learning rate below the run's own and the last ``recover_batches`` batches that stayed within the target
-  calm on average too (one that overshot has had its cut and says nothing of the new rate): it is
-  raised by ``recover_factor`` (never past the run's ``actor.lr``) at the next batch's first step, so a cut
-  made for a transient cause (a learning-rate spike, one bad batch) is given back once the policy moves
-  little again. The judgement is per batch, not per step: four steps of 0.006 nats/token on one batch move
-  it as far as one of 0.024, and a rate raised on each of them climbed back from a cut to six times the
-  code recipe's rate in five batches, each step calm, and that rate wore the policy down to no passing
-  program. And it is over the recent batches, not the last one: a batch's KL varies tenfold at one rate,
-  and ``reinforce_plus_plus_baseline`` at ten times the recipe's rate, its batches moving the policy
-  0.001 to 0.048 nats/token in turn, had its rate given back on every calm one, all the way to the ten
-  times that had been cut, where 27 steps each under the target wore its score from 0.35 down to 0.15.
+  learning rate below the run's own: it is raised by ``recover_factor`` (never past the run's
+  ``actor.lr``) at the next batch's first step, so a cut made for a transient cause (a learning-rate
+  spike, one bad batch) is given back once the policy moves little again. The judgement is per batch,
+  not per step: four steps of 0.006 nats/token on one batch move it as far as one of 0.024, and a rate
+  raised on each of them climbed back from a cut to six times the code recipe's rate in five batches,
+  each step calm, and that rate wore the policy down to no passing program.
 
 The new learning rate: for a small step the KL is quadratic in its length (``KL ~ 1/2 d^T F d``, F the
 Fisher information), and with Adam the step's length is proportional to the learning rate, so
@@ -56,11 +51,17 @@ A lowered rate is given back only up to a ceiling: when calm steps had raised it
 overshoots, that rate is too high for this run (not an unlucky batch), and the new one becomes the most
 the rate is raised to. Steps overshooting back to back (a burst of bad batches, a spike of the rate) say
 nothing about the rate and leave the ceiling alone, so after a transient cause the run's own rate comes back.
-A ceiling only falls. Raising it again after a long calm stretch (100 measured steps without an overshoot,
-then 1.2x a calm batch, up to the rate that had overshot) was tried on 2026-12-07 and hurt more than it
-helped: it fired on 9 of 10 arithmetic runs at ten times the rate, and on two of them (one of them
-``reinforce_plus_plus_baseline``) the rate it gave back in the last 10 to 20 steps took held-out accuracy from
-0.73 to 0.64 and to 0.58; a calm stretch at a rate says the policy is settled there, not that a higher one is safe.
+
+Two changes were tried on 2026-12-07 and not kept (``docs/stability.md`` has the figures). Judging the give-back
+on the mean of the last four batches (a batch's KL varies tenfold at one rate) fixed the run that prompted it,
+``reinforce_plus_plus_baseline`` at ten times the recipe's rate (seed 1: 0.402 to 0.70; seeds 1-3 0.707 on
+average against 0.618), but slowed the recovery of short runs: ``recipe:code`` at ten times its rate, thirty
+batches long, ended within 5 points of its clean mean on 2 of 10 seeds instead of 6 (0.806 on average against
+0.870), and the arithmetic recipe at ten times (an undone step's batch counted in the four) on 9 of 10 instead
+of 10.
+Letting a ceiling rise again after 100 calm steps fired on 9 of 10 of those arithmetic runs and, in their last
+steps, cost two of them 10 and 13 points: a calm stretch at a rate says the policy is settled there, not that
+a higher rate is safe.
 
 What it costs: ``policy_kl`` is one forward of a few rows (``PROBE_ROWS``), and judging a step at all keeps a
 copy of the parameters to put back. ``needs_at`` asks for it on every step of the first ``watch_steps``, of
@@ -105,8 +106,6 @@ class TrustRegionGuard:
     :param recover_below: a batch whose steps' KL sums to less than ``recover_below * target_kl`` lets a lowered
         learning rate rise again.
     :param recover_factor: the learning rate is multiplied by this after each such batch, up to ``lr``.
-    :param recover_batches: a batch gives the rate back only when the mean KL of the last ``recover_batches`` batches
-        with no step over the target (this one among them) is under the calm line too.
     :param min_lr_scale: the learning rate is never lowered below ``min_lr_scale * lr``.
     :param every: once the run is calm at its own learning rate, ``policy_kl`` is measured on one step in ``every``
         (each measurement costs a forward of a few rows); 1 measures every step.
@@ -125,7 +124,6 @@ class TrustRegionGuard:
         batch_factor: float = 4.0,
         recover_below: float = 0.25,
         recover_factor: float = 1.2,
-        recover_batches: int = 4,
         min_lr_scale: float = 1e-3,
         every: int = 4,
         watch_steps: int = 20,
@@ -136,14 +134,12 @@ class TrustRegionGuard:
         check_param(NAME, "batch_factor", batch_factor, ge=1)
         check_param(NAME, "recover_below", recover_below, ge=0, lt=1)
         check_param(NAME, "recover_factor", recover_factor, gt=1)
-        check_param(NAME, "recover_batches", recover_batches, ge=1)
         check_param(NAME, "min_lr_scale", min_lr_scale, gt=0, le=1)
         check_param(NAME, "every", every, ge=1)
         check_param(NAME, "watch_steps", watch_steps, ge=0)
         check_param(NAME, "lr", lr, gt=0)
         self.target_kl, self.skip_factor, self.batch_factor = float(target_kl), float(skip_factor), float(batch_factor)
         self.recover_below, self.recover_factor = float(recover_below), float(recover_factor)
-        self.recover_batches = int(recover_batches)
         self.lr, self.min_lr = float(lr), float(min_lr_scale) * float(lr)
         self.every, self.watch_steps = int(every), int(watch_steps)
         self.ceiling = self.lr  # how far calm steps may raise a lowered lr
@@ -152,7 +148,6 @@ class TrustRegionGuard:
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
         self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
         self.judged = 0  # steps judged so far in this run (resumed with it)
-        self.recent: list[float] = []  # the KLs of the last recover_batches batches within the target, oldest first
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
@@ -163,13 +158,8 @@ class TrustRegionGuard:
         self.judged += 1
         calm = self.recover_below * target
         give_back, last_batch = False, self.batch_kl
-        if step != self.batch_step:  # the last batch is done: was it calm, all its steps together, and the recent ones?
-            if (
-                self.batch_step and self.batch_calm
-            ):  # a batch that overshot has had its cut; it says nothing of the new rate
-                self.recent = [*self.recent, last_batch][-self.recover_batches :]
-            recent = sum(self.recent) / len(self.recent) if self.recent else 0.0
-            give_back = self.batch_calm and last_batch < calm and recent < calm
+        if step != self.batch_step:  # the last batch is done: was it calm, all its steps together?
+            give_back = self.batch_calm and last_batch < calm
             self.batch_step, self.batch_kl, self.batch_calm = step, 0.0, True
         if kl > target or self.batch_kl + kl > self.batch_factor * target:
             self.batch_calm = False
@@ -184,8 +174,7 @@ class TrustRegionGuard:
             return Verdict(
                 "adjust",
                 f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
-                f"{calm:.3g} (the last {len(self.recent)} batches {sum(self.recent) / len(self.recent):.3g} on "
-                f"average); lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
+                f"{calm:.3g}; lr {lr:.3g} -> {new_lr:.3g} (up to {self.ceiling:.3g})",
                 signal=last_batch,
                 threshold=calm,
                 adjustments={"lr": new_lr},
@@ -247,7 +236,6 @@ class TrustRegionGuard:
             "batch_kl": self.batch_kl,
             "batch_calm": self.batch_calm,
             "judged": self.judged,
-            "recent": list(self.recent),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -260,7 +248,6 @@ class TrustRegionGuard:
         self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
         self.batch_calm = bool(state.get("batch_calm", False))
         self.judged = int(state.get("judged", 1))  # a checkpoint from before this key was saved after its first step
-        self.recent = [float(kl) for kl in state.get("recent", [])][-self.recover_batches :]
 
 
 @hookimpl
