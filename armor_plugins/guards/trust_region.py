@@ -59,9 +59,9 @@ average against 0.618), but slowed the recovery of short runs: ``recipe:code`` a
 batches long, ended within 5 points of its clean mean on 2 of 10 seeds instead of 6 (0.806 on average against
 0.870), and the arithmetic recipe at ten times (an undone step's batch counted in the four) on 9 of 10 instead
 of 10.
-Letting a ceiling rise again after 100 calm steps fired on 9 of 10 of those arithmetic runs and, in their last
-steps, cost two of them 10 and 13 points: a calm stretch at a rate says the policy is settled there, not that
-a higher rate is safe.
+Letting a ceiling rise again after 100 calm steps fired on 9 of 10 of those arithmetic runs and, where it fired
+late (``lr_x10`` seed 6, ``reinforce_plus_plus_baseline`` seed 3), cost 8 and 12 points in the last steps: a calm
+stretch at a rate says the policy is settled there, not that a higher rate is safe.
 
 What it costs: ``policy_kl`` is one forward of a few rows (``PROBE_ROWS``), and judging a step at all keeps a
 copy of the parameters to put back. ``needs_at`` asks for it on every step of the first ``watch_steps``, of
