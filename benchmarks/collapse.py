@@ -162,11 +162,14 @@ def verdict(row: str, off: list[dict], on: list[dict], ref: float | None, clean:
     miss the bar themselves)."""
     if not on or not off or ref is None:
         return "-"
-    if row == clean_row(row):
-        gap = statistics.mean(map(_acc, on)) - statistics.mean(map(_acc, off))
+    if row == clean_row(row):  # the same seeds both ways where there are some: seeds differ by more than a point
+        both = {r["seed"] for r in on} & {r["seed"] for r in off}
+        paired_on, paired_off = [r for r in on if r["seed"] in both] or on, [r for r in off if r["seed"] in both] or off
+        gap = statistics.mean(map(_acc, paired_on)) - statistics.mean(map(_acc, paired_off))
         acted = sum(bool(x["actions"]) for x in on)
         met = abs(gap) <= 0.01 and acted <= max(1, len(on) // 10)
-        return f"clean: {100 * gap:+.1f} pts, {acted} acted: {'met' if met else 'NOT met'}"
+        seeds = f" on the {len(both)} seeds run both ways" if both and len(both) < max(len(on), len(off)) else ""
+        return f"clean: {100 * gap:+.1f} pts{seeds}, {acted} acted: {'met' if met else 'NOT met'}"
     finite = all(r["finite"] and r["acc"] is not None for r in on)
     if any(_acc(r) < COLLAPSED for r in off):
         good = sum(healthy(r, ref) is True for r in on)

@@ -42,3 +42,8 @@ def test_a_clean_row_allows_one_point_and_one_seed_in_ten_acted_on():
     two[1]["actions"] = {"x:skip": 1}
     assert collapse.verdict("clean", off, two, ref=0.74).endswith("NOT met")
     assert collapse.verdict("clean", off, _runs([0.72] * 10), ref=0.74).startswith("clean: -2.0 pts")
+    # fewer seeds with the guard than without: compared on the seeds run both ways, not on the others' spread
+    off = _runs([1.0, 0.99, 0.98, 1.0, 0.96, 0.87, 0.88])
+    assert collapse.verdict("clean", off, _runs([1.0, 0.99, 0.98]), ref=0.954) == (
+        "clean: +0.0 pts on the 3 seeds run both ways, 0 acted: met"
+    )
