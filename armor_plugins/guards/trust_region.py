@@ -52,6 +52,16 @@ overshoots, that rate is too high for this run (not an unlucky batch), and the n
 the rate is raised to. Steps overshooting back to back (a burst of bad batches, a spike of the rate) say
 nothing about the rate and leave the ceiling alone, so after a transient cause the run's own rate comes back.
 
+A calm step is judged on its own batch's tokens, and a rate several times the run's can wear the policy down in steps
+each calm by that measure: ``recipe:tools`` at ten times its rate, cut to its own at the first step and given back to
+2 to 3.6 times it, lost a third of its held-out accuracy within ten steps on half the seeds and all of it, for good, on
+one (a batch scoring 0 everywhere has no advantage left to learn from). So the guard also watches validation
+(``val/acc_greedy``, every ``trainer.val_freq`` steps): an accuracy far below the last good validation's
+(``VAL_DROP``, ``VAL_REL_DROP``) while an update since then ran at a rate raised past the last cut is blamed on the
+raise. The run rolls back to that validation's weights (a rollback point, kept every ``guard.rollback_every`` steps,
+needs no checkpoint) and the rate goes back to the cut and is raised no higher. A run at its own rate, never cut, is
+never rolled back for its validation, however it dips; a run without validation is not watched this way.
+
 Two changes were tried on 2026-12-07 and not kept (``docs/stability.md`` has the figures). Judging the give-back
 on the mean of the last four batches (a batch's KL varies tenfold at one rate) fixed the run that prompted it,
 ``reinforce_plus_plus_baseline`` at ten times the recipe's rate (seed 1: 0.402 to 0.70; seeds 1-3 0.707 on
@@ -64,7 +74,8 @@ late (``lr_x10`` seed 6, ``reinforce_plus_plus_baseline`` seed 3), cost 8 and 12
 stretch at a rate says the policy is settled there, not that a higher rate is safe.
 
 What it costs: ``policy_kl`` is one forward of a few rows (``PROBE_ROWS``), and judging a step at all keeps a
-copy of the parameters to put back. ``needs_at`` asks for it on every step of the first ``watch_steps``, of
+copy of the parameters to put back; watching validation keeps a rollback point every ``guard.rollback_every`` steps
+(``armor_core/loop/rollback.py``: in host memory for a small model). ``needs_at`` asks for it on every step of the first ``watch_steps``, of
 the ``watch_steps`` after an overshoot and while the rate is lowered, and on one step in ``every``
 otherwise; the worker adds every step taken at a higher rate than the last one judged.
 
@@ -91,6 +102,11 @@ MAX_UNDO_CUT = 0.1
 #: in a distillation run, the share of the policy's KL to the teacher one step may move it: a quarter in KL is about
 #: half the way in distance (KL grows with its square), a step toward a fixed target that cannot overshoot it
 TOWARD_TEACHER = 0.25
+#: the validation statistic watched, and how far below the last good validation it must fall (the larger of an
+#: absolute and a relative drop) for a raised rate to be blamed. A drop alone proves little: ``recipe:tools`` at its own
+#: rate dips by up to 0.195 (31%) between two validations and recovers; at ten times it, with the rate given back to 2
+#: to 3.6 times the recipe's, it fell by 0.18 to 0.68 (seed 6 to 0, for good), so only a raised rate is suspected
+VAL_KEY, VAL_DROP, VAL_REL_DROP = "val/acc_greedy", 0.1, 0.25
 
 
 class TrustRegionGuard:
@@ -113,9 +129,9 @@ class TrustRegionGuard:
     :param lr: ``actor.lr`` of the run (filled in by the guard runner).
     """
 
-    stages = ("step",)
+    stages = ("step", "validation")
     needs = ("policy_kl",)
-    actions = {"step": ("skip", "adjust")}
+    actions = {"step": ("skip", "adjust"), "validation": ("rollback",)}
 
     def __init__(
         self,
@@ -148,8 +164,13 @@ class TrustRegionGuard:
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
         self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
         self.judged = 0  # steps judged so far in this run (resumed with it)
+        self.base = self.lr  # the rate the last cut set, which calm batches raise from
+        self.raised = False  # whether an update since the last good validation ran at a rate raised past ``base``
+        self.good_val: tuple[int, float] | None = None  # (step, accuracy) of the last validation judged good
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
+        if stage == "validation":
+            return self._validation(finite_stat(stats, VAL_KEY), step)
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
         if stage != "step" or kl is None or lr is None:  # a non-finite step is non_finite's to judge
             return Verdict.proceed()
@@ -171,6 +192,7 @@ class TrustRegionGuard:
         if give_back and lr < self.ceiling:
             new_lr = min(self.ceiling, lr * self.recover_factor)
             self.last_lr = new_lr
+            self.raised = self.raised or new_lr > self.base
             return Verdict(
                 "adjust",
                 f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
@@ -179,6 +201,32 @@ class TrustRegionGuard:
                 threshold=calm,
                 adjustments={"lr": new_lr},
             )
+        return Verdict.proceed()
+
+    def _validation(self, acc: float | None, step: int) -> Verdict:
+        """A validation: if its accuracy fell far below the last good one while the rate ran raised past the last
+        cut, roll back to the weights of that validation and hold the rate at the cut (see the module docstring)."""
+        if acc is None:
+            return Verdict.proceed()
+        good = self.good_val
+        if good is not None and self.raised:
+            limit = good[1] - max(VAL_DROP, VAL_REL_DROP * good[1])
+            if acc < limit:
+                was = self.last_lr
+                self.ceiling = self.last_lr = self.base
+                self.raised, self.quiet = False, 0
+                return Verdict(
+                    "rollback",
+                    f"{VAL_KEY} {acc:.3g} fell below {limit:.3g} (step {good[0]}: {good[1]:.3g}) while calm batches "
+                    f"had raised the lr past {self.base:.3g}; rolled back to step {good[0]}'s weights, lr {was:.3g} -> "
+                    f"{self.base:.3g}, no higher from now on",
+                    signal=acc,
+                    threshold=limit,
+                    adjustments={"lr": self.base},
+                    since=good[0] + 1,
+                )
+        self.good_val = (step, acc)
+        self.raised = self.last_lr > self.base
         return Verdict.proceed()
 
     def _target(self, teacher_kl: float | None) -> float:
@@ -200,6 +248,7 @@ class TrustRegionGuard:
             self.ceiling = min(self.ceiling, new_lr)
         self.quiet = 0
         self.last_lr = min(lr, new_lr)
+        self.base = self.last_lr
         cut = {"lr": new_lr} if new_lr < lr else {}
         if not undo and not cut:  # already at the floor: nothing left to do but let the step stand
             return Verdict.proceed()
@@ -236,6 +285,9 @@ class TrustRegionGuard:
             "batch_kl": self.batch_kl,
             "batch_calm": self.batch_calm,
             "judged": self.judged,
+            "base": self.base,
+            "raised": self.raised,
+            "good_val": list(self.good_val) if self.good_val else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -248,6 +300,9 @@ class TrustRegionGuard:
         self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
         self.batch_calm = bool(state.get("batch_calm", False))
         self.judged = int(state.get("judged", 1))  # a checkpoint from before this key was saved after its first step
+        self.base, self.raised = finite("base"), bool(state.get("raised", False))
+        good = state.get("good_val")
+        self.good_val = (int(good[0]), float(good[1])) if good else None
 
 
 @hookimpl

@@ -40,6 +40,8 @@ def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 8).action == "proceed"  # not raised past the ceiling
     state = {
         "ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True, "judged": 8,
+        # the last cut's rate; raised past an earlier cut since the last good validation (none yet)
+        "base": lr, "raised": True, "good_val": None,
     }  # fmt: skip
     assert g.state_dict() == state
     resumed = TrustRegionGuard(target_kl=0.03, lr=5e-4)
@@ -168,4 +170,39 @@ def test_trust_region_boundaries_and_floor():
     assert v.action == "skip" and v.adjustments == {}
     assert g.observe("update", {"policy_kl": 9.0, "lr": 1e-4}, 5).action == "proceed"  # stage step only
     assert g.observe("step", {"lr": 1e-4}, 6).action == "proceed"  # no measurement, no verdict
-    assert TrustRegionGuard.needs == ("policy_kl",) and TrustRegionGuard.stages == ("step",)
+    assert TrustRegionGuard.needs == ("policy_kl",) and TrustRegionGuard.stages == ("step", "validation")
+
+
+def test_trust_region_rolls_back_a_validation_that_fell_while_the_rate_ran_raised_and_holds_it_at_the_cut():
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    assert g.observe("validation", {"val/acc_greedy": 0.68}, 0).action == "proceed"  # the first: nothing to compare
+    v = g.observe("step", {"policy_kl": 0.6, "lr": 1e-3}, 1)  # undone, cut tenfold: the base the rate rises from
+    assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(1e-4)
+    # a drop by more than max(0.1, 0.25 x 0.68 = 0.17) with the rate only at the cut: no raise to blame
+    assert g.observe("validation", {"val/acc_greedy": 0.3}, 2).action == "proceed"
+    g2 = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    g2.observe("validation", {"val/acc_greedy": 0.68}, 0)
+    g2.observe("step", {"policy_kl": 0.6, "lr": 1e-3}, 1)
+    lr = 1e-4
+    for step in range(2, 5):  # calm batches (0.001 < 0.25 x 0.05) raise it by 1.2 each, from step 3 on
+        v = g2.observe("step", {"policy_kl": 0.001, "lr": lr}, step)
+        lr = v.adjustments.get("lr", lr)
+    assert lr == pytest.approx(1.44e-4)
+    # 0.52 is above the line 0.68 - 0.17 = 0.51: a dip, no more
+    assert g2.observe("validation", {"val/acc_greedy": 0.52}, 5).action == "proceed"
+    # measured against the last good one, 0.52: the line 0.52 - max(0.1, 0.13) = 0.39; still raised past the cut
+    v = g2.observe("validation", {"val/acc_greedy": 0.35}, 10)
+    assert (v.action, v.since, v.adjustments) == ("rollback", 6, {"lr": pytest.approx(1e-4)})
+    assert v.threshold == pytest.approx(0.39) and v.signal == 0.35
+    # held at the cut: calm batches raise it no more, and so a later drop is not the rate's
+    assert g2.observe("step", {"policy_kl": 0.001, "lr": 1e-4}, 11).action == "proceed"
+    assert g2.observe("step", {"policy_kl": 0.001, "lr": 1e-4}, 12).action == "proceed"
+    assert g2.observe("validation", {"val/acc_greedy": 0.1}, 20).action == "proceed"
+    resumed = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    resumed.load_state_dict(g2.state_dict())
+    assert resumed.state_dict() == g2.state_dict()
+    # a run never cut is never rolled back for its validation, however far it dips
+    g3 = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    g3.observe("validation", {"val/acc_greedy": 0.9}, 0)
+    g3.observe("step", {"policy_kl": 0.001, "lr": 1e-3}, 1)
+    assert g3.observe("validation", {"val/acc_greedy": 0.1}, 10).action == "proceed"
