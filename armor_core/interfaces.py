@@ -390,7 +390,8 @@ GUARD_STAGES: dict[str, GuardStage] = {
         },
     ),
     "validation": GuardStage(
-        "driver, after a validation, every ``trainer.val_freq`` steps",
+        "driver, after a validation: before the first step (``trainer.val_before_train``) and every "
+        "``trainer.val_freq`` steps",
         ("val/acc_greedy", "val/step"),
         {},
         {"val/": "per data source and sampling mode: val/<data_source>/acc_greedy, val/mean@<n> and others"},

@@ -406,6 +406,9 @@ class Trainer:
         before = self.val_history[0] if self.val_history else None
         if before is None and t.val_before_train and self.val_ds is not None:
             before = self.validate()
+            # the guards see it too: the level a validation later in the run is measured against
+            self._act_on([self.guard.observe("validation", before, self.step)], before)
+            before.update(self.guard.pop_metrics())
             self.log(before)
         step_metrics: list[dict[str, float]] = []
         try:
