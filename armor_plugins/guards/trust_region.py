@@ -75,9 +75,9 @@ stretch at a rate says the policy is settled there, not that a higher rate is sa
 
 What it costs: ``policy_kl`` is one forward of a few rows (``PROBE_ROWS``), and judging a step at all keeps a copy
 of the parameters to put back; watching validation keeps a rollback point every ``guard.rollback_every`` steps
-(``armor_core/loop/rollback.py``: in host memory for a small model). ``needs_at`` asks for ``policy_kl`` on every step of the
-first ``watch_steps``, of the ``watch_steps`` after an overshoot and while the rate is lowered, and on one step in
-``every`` otherwise; the worker adds every step taken at a higher rate than the last one judged.
+(``armor_core/loop/rollback.py``: in host memory for a small model). ``needs_at`` asks for ``policy_kl`` on every
+step of the first ``watch_steps``, of the ``watch_steps`` after an overshoot and while the rate is lowered, and on
+one step in ``every`` otherwise; the worker adds every step taken at a higher rate than the last one judged.
 
 The adjustments live in the actor workers' learning rate, which checkpoints save, and the guard's own
 state (ceiling, steps since an overshoot) in the checkpoint's guard state, so a resumed run goes on with the
