@@ -649,6 +649,11 @@ CAPABILITIES: dict[str, dict[str, Capability]] = {
         "needs_at": Capability(
             None, "``needs_at(step) -> bool``: whether the guard wants its costly stages at ``step``; None: always"
         ),
+        "adjusted": Capability(
+            None,
+            "``adjusted(adjustments)``: told, in each actor worker, of coefficients a verdict of a driver stage "
+            "changed (another guard's, or a rollback's), for a guard that keeps its own view of one; None: not told",
+        ),
         "check_available": _CHECK_AVAILABLE,
     },
     "rollout_backend": {

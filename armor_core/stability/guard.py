@@ -328,6 +328,13 @@ class GuardRunner:
         tmp.write_text("".join(kept))
         os.replace(tmp, self.events_path)  # the old file or the new one, never half of one
 
+    def adjusted(self, adjustments: Mapping[str, float]) -> None:
+        """Tell the guards with an ``adjusted`` capability of coefficients changed by a verdict they did not return
+        (in an actor worker: one of a driver stage, sent with ``ActorAPI.apply_adjustments``)."""
+        for _, guard in self.guards:
+            if (told := capability("stability_guard", guard, "adjusted")) is not None:
+                told(dict(adjustments))
+
     def pop_metrics(self) -> dict[str, float]:
         out, self.counts = self.counts, {}
         return out

@@ -59,7 +59,10 @@ one (a batch scoring 0 everywhere has no advantage left to learn from). So the g
 (``val/acc_greedy``, every ``trainer.val_freq`` steps): an accuracy far below the last good validation's
 (``VAL_DROP``, ``VAL_REL_DROP``) while an update since then ran at a rate raised past the last cut is blamed on the
 raise. The run rolls back to that validation's weights (a rollback point, kept every ``guard.rollback_every`` steps,
-needs no checkpoint) and the rate goes back to the cut and is raised no higher. A run at its own rate, never cut, is
+needs no checkpoint) and the rate goes back to the cut and is raised no higher. The steps are judged in the actor
+workers and validation in the driver, each by its own instance of this guard: the driver's follows the rate each
+update ran at (``actor/lr`` at stage ``update``; a rate lower than the last is a cut), and the workers' are told of
+the rate it sets (``adjusted``) and take it as their ceiling. A run at its own rate, never cut, is
 never rolled back for its validation, however it dips; a run without validation is not watched this way.
 
 Two changes were tried on 2026-12-07 and not kept (``docs/stability.md`` has the figures). Judging the give-back
@@ -129,7 +132,7 @@ class TrustRegionGuard:
     :param lr: ``actor.lr`` of the run (filled in by the guard runner).
     """
 
-    stages = ("step", "validation")
+    stages = ("step", "update", "validation")
     needs = ("policy_kl",)
     actions = {"step": ("skip", "adjust"), "validation": ("rollback",)}
 
@@ -164,11 +167,15 @@ class TrustRegionGuard:
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
         self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
         self.judged = 0  # steps judged so far in this run (resumed with it)
-        self.base = self.lr  # the rate the last cut set, which calm batches raise from
-        self.raised = False  # whether an update since the last good validation ran at a rate raised past ``base``
+        # the driver's instance, from the rate each update ran at (stage ``update``): the last rate lower than the one
+        # before (a cut), whether an update since the last good validation ran above it, the last update's rate
+        self.base, self.raised, self.prev_lr = self.lr, False, self.lr
         self.good_val: tuple[int, float] | None = None  # (step, accuracy) of the last validation judged good
 
     def observe(self, stage: str, stats: Mapping[str, float], step: int) -> Verdict:
+        if stage == "update":  # the driver's instance: the rate each batch's update ran at
+            self._ran_at(finite_stat(stats, "actor/lr"))
+            return Verdict.proceed()
         if stage == "validation":
             return self._validation(finite_stat(stats, VAL_KEY), step)
         kl, lr = finite_stat(stats, "policy_kl"), finite_stat(stats, "lr")
@@ -192,7 +199,6 @@ class TrustRegionGuard:
         if give_back and lr < self.ceiling:
             new_lr = min(self.ceiling, lr * self.recover_factor)
             self.last_lr = new_lr
-            self.raised = self.raised or new_lr > self.base
             return Verdict(
                 "adjust",
                 f"the last batch moved the policy {last_batch:.3g} nats/token, all its steps together, under "
@@ -203,6 +209,23 @@ class TrustRegionGuard:
             )
         return Verdict.proceed()
 
+    def adjusted(self, adjustments: Mapping[str, float]) -> None:
+        """In the worker: a rate set by the driver (this guard's rollback for a validation, or another guard's cut) is
+        the most calm batches give back from now on."""
+        if "lr" in adjustments:
+            lr = float(adjustments["lr"])
+            self.ceiling, self.last_lr, self.quiet = min(self.ceiling, lr), lr, 0
+
+    def _ran_at(self, lr: float | None) -> None:
+        """In the driver: a batch's update ran at ``lr``; a lower rate than the last is a cut (``base``), a higher one
+        than the cut a raise."""
+        if lr is None:
+            return
+        if lr < self.prev_lr:
+            self.base = lr
+        self.raised = self.raised or lr > self.base
+        self.prev_lr = lr
+
     def _validation(self, acc: float | None, step: int) -> Verdict:
         """A validation: if its accuracy fell far below the last good one while the rate ran raised past the last
         cut, roll back to the weights of that validation and hold the rate at the cut (see the module docstring)."""
@@ -212,21 +235,19 @@ class TrustRegionGuard:
         if good is not None and self.raised:
             limit = good[1] - max(VAL_DROP, VAL_REL_DROP * good[1])
             if acc < limit:
-                was = self.last_lr
-                self.ceiling = self.last_lr = self.base
-                self.raised, self.quiet = False, 0
+                was, self.prev_lr, self.raised = self.prev_lr, self.base, False
                 return Verdict(
                     "rollback",
-                    f"{VAL_KEY} {acc:.3g} fell below {limit:.3g} (step {good[0]}: {good[1]:.3g}) while calm batches "
-                    f"had raised the lr past {self.base:.3g}; rolled back to step {good[0]}'s weights, lr {was:.3g} -> "
-                    f"{self.base:.3g}, no higher from now on",
+                    f"{VAL_KEY} {acc:.3g} fell below {limit:.3g} (step {good[0]}: {good[1]:.3g}) while updates ran at "
+                    f"rates raised past the last cut, {self.base:.3g}; rolled back to step {good[0]}'s weights, lr "
+                    f"{was:.3g} -> {self.base:.3g}, no higher from now on",
                     signal=acc,
                     threshold=limit,
                     adjustments={"lr": self.base},
                     since=good[0] + 1,
                 )
         self.good_val = (step, acc)
-        self.raised = self.last_lr > self.base
+        self.raised = self.prev_lr > self.base
         return Verdict.proceed()
 
     def _target(self, teacher_kl: float | None) -> float:
@@ -248,7 +269,6 @@ class TrustRegionGuard:
             self.ceiling = min(self.ceiling, new_lr)
         self.quiet = 0
         self.last_lr = min(lr, new_lr)
-        self.base = self.last_lr
         cut = {"lr": new_lr} if new_lr < lr else {}
         if not undo and not cut:  # already at the floor: nothing left to do but let the step stand
             return Verdict.proceed()
@@ -287,6 +307,7 @@ class TrustRegionGuard:
             "judged": self.judged,
             "base": self.base,
             "raised": self.raised,
+            "prev_lr": self.prev_lr,
             "good_val": list(self.good_val) if self.good_val else None,
         }
 
@@ -300,7 +321,7 @@ class TrustRegionGuard:
         self.batch_step, self.batch_kl = int(state.get("batch_step", 0)), float(state.get("batch_kl", 0.0))
         self.batch_calm = bool(state.get("batch_calm", False))
         self.judged = int(state.get("judged", 1))  # a checkpoint from before this key was saved after its first step
-        self.base, self.raised = finite("base"), bool(state.get("raised", False))
+        self.base, self.prev_lr, self.raised = finite("base"), finite("prev_lr"), bool(state.get("raised", False))
         good = state.get("good_val")
         self.good_val = (int(good[0]), float(good[1])) if good else None
 

@@ -14,7 +14,7 @@ worker's config, model, optimizer, scheduler, guard runner and faults.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 
@@ -160,13 +160,20 @@ class GuardedStep:
 
     def _apply_worker_adjustments(self, verdict: Verdict, sums: dict[str, list[float]]) -> None:
         if verdict.adjustments:  # decided from global statistics, so identical on every rank
-            self.apply_adjustments(verdict.adjustments)
+            self._set_coefficients(verdict.adjustments)
             for k, v in verdict.adjustments.items():
                 add_metric(sums, f"guard/adjust/{k}", v)
 
     ADJUSTABLE = ADJUSTABLE_COEFFICIENTS
 
     def apply_adjustments(self, adjustments: dict[str, float]) -> None:
+        """Coefficients a verdict of a driver stage changed (``ActorAPI.apply_adjustments``): set, and the worker's
+        guards told (``GuardRunner.adjusted``: one that keeps its own view of a coefficient, as ``trust_region`` does
+        of the rate it may give back, would otherwise undo the change)."""
+        self._set_coefficients(adjustments)
+        self.guard.adjusted(adjustments)
+
+    def _set_coefficients(self, adjustments: Mapping[str, float]) -> None:
         """Coefficients a guard changed (absolute values). ``lr`` is the base rate the schedule scales."""
         for key, value in adjustments.items():
             if key not in self.ADJUSTABLE:

@@ -40,8 +40,7 @@ def test_trust_region_undoes_a_far_step_and_sets_the_lr_from_how_far_it_moved():
     assert g.observe("step", {"policy_kl": 0.001, "lr": lr}, 8).action == "proceed"  # not raised past the ceiling
     state = {
         "ceiling": lr, "quiet": 2, "last_lr": lr, "batch_step": 8, "batch_kl": 0.001, "batch_calm": True, "judged": 8,
-        # the last cut's rate; raised past an earlier cut since the last good validation (none yet)
-        "base": lr, "raised": True, "good_val": None,
+        "base": 5e-4, "raised": False, "prev_lr": 5e-4, "good_val": None,  # the driver's part: no update shown
     }  # fmt: skip
     assert g.state_dict() == state
     resumed = TrustRegionGuard(target_kl=0.03, lr=5e-4)
@@ -170,39 +169,49 @@ def test_trust_region_boundaries_and_floor():
     assert v.action == "skip" and v.adjustments == {}
     assert g.observe("update", {"policy_kl": 9.0, "lr": 1e-4}, 5).action == "proceed"  # stage step only
     assert g.observe("step", {"lr": 1e-4}, 6).action == "proceed"  # no measurement, no verdict
-    assert TrustRegionGuard.needs == ("policy_kl",) and TrustRegionGuard.stages == ("step", "validation")
+    assert TrustRegionGuard.needs == ("policy_kl",) and TrustRegionGuard.stages == ("step", "update", "validation")
 
 
 def test_trust_region_rolls_back_a_validation_that_fell_while_the_rate_ran_raised_and_holds_it_at_the_cut():
+    # the driver's instance: the rate of each update (stage update) and the validations
     g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
     assert g.observe("validation", {"val/acc_greedy": 0.68}, 0).action == "proceed"  # the first: nothing to compare
-    v = g.observe("step", {"policy_kl": 0.6, "lr": 1e-3}, 1)  # undone, cut tenfold: the base the rate rises from
-    assert v.action == "skip" and v.adjustments["lr"] == pytest.approx(1e-4)
+    for step, lr in enumerate([1e-3, 1e-4, 1e-4], start=1):  # the first step undone and its rate cut tenfold
+        assert g.observe("update", {"actor/lr": lr}, step).action == "proceed"
     # a drop by more than max(0.1, 0.25 x 0.68 = 0.17) with the rate only at the cut: no raise to blame
-    assert g.observe("validation", {"val/acc_greedy": 0.3}, 2).action == "proceed"
-    g2 = TrustRegionGuard(target_kl=0.05, lr=1e-3)
-    g2.observe("validation", {"val/acc_greedy": 0.68}, 0)
-    g2.observe("step", {"policy_kl": 0.6, "lr": 1e-3}, 1)
-    lr = 1e-4
-    for step in range(2, 5):  # calm batches (0.001 < 0.25 x 0.05) raise it by 1.2 each, from step 3 on
-        v = g2.observe("step", {"policy_kl": 0.001, "lr": lr}, step)
-        lr = v.adjustments.get("lr", lr)
-    assert lr == pytest.approx(1.44e-4)
-    # 0.52 is above the line 0.68 - 0.17 = 0.51: a dip, no more
-    assert g2.observe("validation", {"val/acc_greedy": 0.52}, 5).action == "proceed"
-    # measured against the last good one, 0.52: the line 0.52 - max(0.1, 0.13) = 0.39; still raised past the cut
-    v = g2.observe("validation", {"val/acc_greedy": 0.35}, 10)
+    assert g.observe("validation", {"val/acc_greedy": 0.3}, 3).action == "proceed"
+    for step, lr in [(4, 1.2e-4), (5, 1.44e-4)]:  # calm batches give the rate back
+        g.observe("update", {"actor/lr": lr}, step)
+    # measured against the last good one, 0.3: the line 0.3 - max(0.1, 0.075) = 0.2; 0.25 is a dip, no more
+    assert g.observe("validation", {"val/acc_greedy": 0.25}, 5).action == "proceed"
+    g.observe("update", {"actor/lr": 1.44e-4}, 6)  # still above the cut: the raise goes on being suspected
+    v = g.observe("validation", {"val/acc_greedy": 0.1}, 10)  # the line 0.25 - 0.1 = 0.15
     assert (v.action, v.since, v.adjustments) == ("rollback", 6, {"lr": pytest.approx(1e-4)})
-    assert v.threshold == pytest.approx(0.39) and v.signal == 0.35
-    # held at the cut: calm batches raise it no more, and so a later drop is not the rate's
-    assert g2.observe("step", {"policy_kl": 0.001, "lr": 1e-4}, 11).action == "proceed"
-    assert g2.observe("step", {"policy_kl": 0.001, "lr": 1e-4}, 12).action == "proceed"
-    assert g2.observe("validation", {"val/acc_greedy": 0.1}, 20).action == "proceed"
+    assert v.threshold == pytest.approx(0.15) and v.signal == 0.1
+    # back at the cut, nothing raised: a later drop is not the rate's
+    g.observe("update", {"actor/lr": 1e-4}, 11)
+    assert g.observe("validation", {"val/acc_greedy": 0.0}, 20).action == "proceed"
     resumed = TrustRegionGuard(target_kl=0.05, lr=1e-3)
-    resumed.load_state_dict(g2.state_dict())
-    assert resumed.state_dict() == g2.state_dict()
+    resumed.load_state_dict(g.state_dict())
+    assert resumed.state_dict() == g.state_dict()
     # a run never cut is never rolled back for its validation, however far it dips
     g3 = TrustRegionGuard(target_kl=0.05, lr=1e-3)
     g3.observe("validation", {"val/acc_greedy": 0.9}, 0)
-    g3.observe("step", {"policy_kl": 0.001, "lr": 1e-3}, 1)
+    g3.observe("update", {"actor/lr": 1e-3}, 1)
     assert g3.observe("validation", {"val/acc_greedy": 0.1}, 10).action == "proceed"
+
+
+def test_trust_region_in_a_worker_takes_a_rate_the_driver_set_as_its_ceiling():
+    g = TrustRegionGuard(target_kl=0.05, lr=1e-3)
+    v = g.observe("step", {"policy_kl": 0.6, "lr": 1e-3}, 1)  # undone, cut tenfold
+    assert v.adjustments["lr"] == pytest.approx(1e-4)
+    lr = 1e-4
+    for step in range(2, 5):  # calm batches raise it by 1.2 each, from step 3 on
+        lr = g.observe("step", {"policy_kl": 0.001, "lr": lr}, step).adjustments.get("lr", lr)
+    assert lr == pytest.approx(1.44e-4)
+    g.adjusted({"lr": 1e-4})  # the driver's rollback for a validation set the rate back to the cut
+    assert g.state_dict()["ceiling"] == pytest.approx(1e-4)
+    assert g.observe("step", {"policy_kl": 0.001, "lr": 1e-4}, 5).action == "proceed"
+    assert g.observe("step", {"policy_kl": 0.001, "lr": 1e-4}, 6).action == "proceed"  # calm, but raised no more
+    g.adjusted({"clip_ratio_high": 0.2})  # not the rate: nothing changes
+    assert g.state_dict()["ceiling"] == pytest.approx(1e-4)
