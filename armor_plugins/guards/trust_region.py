@@ -57,12 +57,14 @@ each calm by that measure: ``recipe:tools`` at ten times its rate, cut to its ow
 2 to 3.6 times it, lost a third of its held-out accuracy within ten steps on half the seeds and all of it, for good, on
 one (a batch scoring 0 everywhere has no advantage left to learn from). So the guard also watches validation
 (``val/acc_greedy``, every ``trainer.val_freq`` steps): an accuracy far below the last good validation's
-(``VAL_DROP``, ``VAL_REL_DROP``) while an update since then ran at a rate raised past the last cut is blamed on the
-raise. The run rolls back to that validation's weights (a rollback point, kept every ``guard.rollback_every`` steps,
-needs no checkpoint) and the rate goes back to the cut and is raised no higher. The steps are judged in the actor
+(``VAL_DROP``, ``VAL_REL_DROP``) while an update since then ran at a rate raised past the lowest the run has run at
+is blamed on the raise. The run rolls back to that validation's weights (a rollback point, kept every
+``guard.rollback_every`` steps, needs no checkpoint) and the rate goes back to that lowest one and is raised no
+higher. Not to the last cut: on ``recipe:tools`` at ten times its rate a give-back that had climbed to 6x was cut
+twice, to 2.6x, and a run rolled back to that rate ended at 0.625 (seed 3). The steps are judged in the actor
 workers and validation in the driver, each by its own instance of this guard: the driver's follows the rate each
-update ran at (``actor/lr`` at stage ``update``; a rate lower than the last is a cut), and the workers' are told of
-the rate it sets (``adjusted``) and take it as their ceiling. A run at its own rate, never cut, is
+update ran at (``actor/lr`` at stage ``update``), and the workers' are told of the rate it sets (``adjusted``) and
+take it as their ceiling. A run at its own rate, never cut, is
 never rolled back for its validation, however it dips; a run without validation is not watched this way.
 
 Two changes were tried on 2026-12-07 and not kept (``docs/stability.md`` has the figures). Judging the give-back
@@ -167,8 +169,8 @@ class TrustRegionGuard:
         # the trainer step whose batch is being trained on, its standing steps' KL, whether none of them overshot
         self.batch_step, self.batch_kl, self.batch_calm = 0, 0.0, False
         self.judged = 0  # steps judged so far in this run (resumed with it)
-        # the driver's instance, from the rate each update ran at (stage ``update``): the last rate lower than the one
-        # before (a cut), whether an update since the last good validation ran above it, the last update's rate
+        # the driver's instance, from the rate each update ran at (stage ``update``): the lowest so far, whether an
+        # update since the last good validation ran above it, the last update's rate
         self.base, self.raised, self.prev_lr = self.lr, False, self.lr
         self.good_val: tuple[int, float] | None = None  # (step, accuracy) of the last validation judged good
 
@@ -217,12 +219,10 @@ class TrustRegionGuard:
             self.ceiling, self.last_lr, self.quiet = min(self.ceiling, lr), lr, 0
 
     def _ran_at(self, lr: float | None) -> None:
-        """In the driver: a batch's update ran at ``lr``; a lower rate than the last is a cut (``base``), a higher one
-        than the cut a raise."""
+        """In the driver: a batch's update ran at ``lr``; the lowest rate so far is ``base``, a higher one a raise."""
         if lr is None:
             return
-        if lr < self.prev_lr:
-            self.base = lr
+        self.base = min(self.base, lr)
         self.raised = self.raised or lr > self.base
         self.prev_lr = lr
 
@@ -239,7 +239,7 @@ class TrustRegionGuard:
                 return Verdict(
                     "rollback",
                     f"{VAL_KEY} {acc:.3g} fell below {limit:.3g} (step {good[0]}: {good[1]:.3g}) while updates ran at "
-                    f"rates raised past the last cut, {self.base:.3g}; rolled back to step {good[0]}'s weights, lr "
+                    f"rates raised past the lowest it ran at, {self.base:.3g}; rolled back to step {good[0]}'s weights, lr "
                     f"{was:.3g} -> {self.base:.3g}, no higher from now on",
                     signal=acc,
                     threshold=limit,

@@ -185,6 +185,7 @@ def test_trust_region_rolls_back_a_validation_that_fell_while_the_rate_ran_raise
     # measured against the last good one, 0.3: the line 0.3 - max(0.1, 0.075) = 0.2; 0.25 is a dip, no more
     assert g.observe("validation", {"val/acc_greedy": 0.25}, 5).action == "proceed"
     g.observe("update", {"actor/lr": 1.44e-4}, 6)  # still above the cut: the raise goes on being suspected
+    g.observe("update", {"actor/lr": 1.3e-4}, 7)  # cut again, but still above the lowest rate the run ran at
     v = g.observe("validation", {"val/acc_greedy": 0.1}, 10)  # the line 0.25 - 0.1 = 0.15
     assert (v.action, v.since, v.adjustments) == ("rollback", 6, {"lr": pytest.approx(1e-4)})
     assert v.threshold == pytest.approx(0.15) and v.signal == 0.1
