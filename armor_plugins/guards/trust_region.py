@@ -239,8 +239,8 @@ class TrustRegionGuard:
                 return Verdict(
                     "rollback",
                     f"{VAL_KEY} {acc:.3g} fell below {limit:.3g} (step {good[0]}: {good[1]:.3g}) while updates ran at "
-                    f"rates raised past the lowest it ran at, {self.base:.3g}; rolled back to step {good[0]}'s weights, lr "
-                    f"{was:.3g} -> {self.base:.3g}, no higher from now on",
+                    f"rates raised past the lowest it ran at, {self.base:.3g}; rolled back to step {good[0]}'s "
+                    f"weights, lr {was:.3g} -> {self.base:.3g}, no higher from now on",
                     signal=acc,
                     threshold=limit,
                     adjustments={"lr": self.base},
