@@ -218,9 +218,9 @@ def supervise(scratch: str | None = None) -> None:
         code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
         _end_all(child, proc)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
     finally:
+        if scratch is not None:  # whatever went wrong above: nothing else removes it after a killed worker
+            shutil.rmtree(scratch, ignore_errors=True)
         os._exit(code)
 
 

@@ -4,6 +4,7 @@ within the scratch cap, with or without namespaces."""
 
 import os
 import secrets
+import shutil
 import signal
 import tempfile
 import time
@@ -42,10 +43,14 @@ def test_every_process_a_program_started_dies_with_its_row(mode, processes):
 def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, processes):
     # a reward worker that overruns reward.timeout_s is killed: what its row started goes with it
     marker = f"armor-daemon-{secrets.token_hex(4)}"
-    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("armor-code")}
+    # the worker's temporary directory is this test's own (sticky and world-writable, as /tmp): only its run's
+    # scratch directory can appear there, whatever else on the host makes one meanwhile
+    private = tempfile.mkdtemp(prefix="armor-test-")
+    os.chmod(private, 0o1777)
     worker = os.fork()
     if worker == 0:
         try:
+            tempfile.tempdir = private
             _row(DAEMON.format(marker=marker, sleep=6), timeout_s=6.0, total_timeout_s=7.0)
         finally:
             os._exit(0)
@@ -60,14 +65,13 @@ def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, proc
     # the supervisor learns of it from the parent-death signal or its 0.1 s look at its parent: 5 s is for a
     # loaded machine (it once kept a namespace's run 2 s, to its deadline: its /proc was the run's, showing none)
     assert processes.gone(marker, within_s=5.0) == []
-
-    def left() -> set[str]:
-        return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("armor-code")} - before
-
     deadline = time.monotonic() + 5.0  # the supervisor removes it after the last process ended
-    while left() and time.monotonic() < deadline:
+    while os.listdir(private) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert left() == set()  # nor its scratch directory
+    try:
+        assert os.listdir(private) == []  # nor its scratch directory (with namespaces there is none on the host)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def test_an_ordinary_users_rows_leave_no_process_either(processes, as_nobody):
