@@ -176,9 +176,19 @@ def episode_turns(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
 def check_model_files(model_dir: str, trust_remote_code: bool) -> None:
     """Before any weight is loaded: a checkpoint's files against its manifest (``--resume``'s check),
     then the directory as ``armor run`` checks it (headers of the weights, an adapter's config and base)."""
+    from pathlib import Path
+
+    from armor_core.errors import UserFacingError
     from armor_core.loop.preflight import check_model
     from armor_core.storage.checkpoint import check_intact, checkpoint_of
+    from armor_core.workers.actor.weights import ACTOR_SHARDS
 
+    if not Path(model_dir).exists() and (Path(model_dir).parent / ACTOR_SHARDS).is_dir():
+        step = Path(model_dir).parent
+        raise UserFacingError(
+            f"{model_dir} does not exist: {step} is a sharded checkpoint (its model is in {ACTOR_SHARDS}/, one file "
+            f"per rank); write a model directory from it with `armor export {step} OUT`, then evaluate OUT"
+        )
     checkpoint = checkpoint_of(model_dir) if not model_dir.startswith("builtin:") else None
     if checkpoint is not None:
         check_intact(checkpoint)

@@ -263,6 +263,15 @@ class ActorConfig:
         "GPU.",
         choices=["ddp", "fsdp2"],
     )
+    checkpoint_format: str = f(
+        "auto",
+        "How the actor and critic write model and optimizer state into a checkpoint. full: gathered to rank 0, the "
+        "model as a Hugging Face directory (checkpoints/step_N/model). sharded: torch.distributed.checkpoint, each "
+        "rank writing its own shards in parallel, nothing gathered (actor_shards/, critic_shards/; `armor export` "
+        "turns one into a Hugging Face directory). Either resumes on any number of ranks. auto: sharded under "
+        "fsdp2 with more than one rank, full otherwise. A LoRA run always writes its adapter (full).",
+        choices=["auto", "full", "sharded"],
+    )
 
 
 @dataclass
@@ -715,6 +724,11 @@ def _check_sizes(cfg: ArmorConfig) -> None:
                 f"rollout.max_new_tokens = {cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {longest} "
                 f"tokens; set it to at least {longest}"
             )
+    if cfg.actor.checkpoint_format == "sharded" and cfg.model.lora_rank:
+        raise ConfigError(
+            f"actor.checkpoint_format=sharded with model.lora_rank={cfg.model.lora_rank}: a LoRA run checkpoints its "
+            "adapter (small, in peft's format), never the frozen base; set actor.checkpoint_format=auto or full"
+        )
     if cfg.actor.offload and (cfg.trainer.device != "cuda" or cfg.actor.strategy != "fsdp2"):
         raise ConfigError(
             f"actor.offload=true needs trainer.device=cuda and actor.strategy=fsdp2 (got {cfg.trainer.device!r} and "

@@ -12,8 +12,10 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from armor_core.config.schema import load_config
 from armor_core.engine import WorkerDiedError, WorkerGroup
@@ -149,7 +151,8 @@ def test_a_channel_the_driver_cannot_reach_is_a_clear_error(ray_cluster, monkeyp
 
 
 def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, tmp_path, tiny_run):
-    small = [*tiny_run, "trainer.total_steps=3", "trainer.save_freq=1", "actor.num_workers=2"]
+    # FSDP2 on two ranks: the checkpoints are sharded (actor.checkpoint_format=auto), each rank writing its own
+    small = [*tiny_run, "trainer.total_steps=3", "trainer.save_freq=1", "actor.num_workers=2", "actor.strategy=fsdp2"]
     run_dir = tmp_path / "run"
     cfg = load_config(
         None, [*small, f"trainer.run_dir={run_dir}", "trainer.faults=[{kind: kill_worker, steps: [2], value: 1}]"]
@@ -187,3 +190,19 @@ def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, t
         if "actor/pg_loss" in line
     ]
     assert steps == [1, 2, 3]  # step 2 never logged before the kill; the resumed run did it
+    last = Path(summary["checkpoint"])
+    assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (last / "actor_shards").iterdir()}
+    assert not (last / "model").exists()
+    from armor_core.cli.eval import check_model_files
+    from armor_core.errors import UserFacingError
+
+    with pytest.raises(UserFacingError, match=rf"{last} is a sharded checkpoint .*`armor export {last} OUT`"):
+        check_model_files(str(last / "model"), trust_remote_code=False)  # `armor eval step_N/model` says what to do
+    # what the user ships: a model directory assembled from the shards, which transformers loads
+    from transformers import AutoModelForCausalLM
+
+    from armor_core.cli.export import export
+
+    export(last, tmp_path / "exported", merge=False)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7]])).logits).all()

@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from armor_core.config.schema import ArmorConfig
     from armor_core.stability.guard import GuardRunner
 
-__all__ = ["ActorWeights"]
+__all__ = ["ACTOR_SHARDS", "MODEL_CONFIG", "ActorWeights"]
+
+ACTOR_SHARDS = "actor_shards"  # a sharded checkpoint's model and optimizer tensors (torch.distributed.checkpoint)
+MODEL_CONFIG = "model_config"  # beside them: the model's config and tokenizer, all `armor export` needs besides
 
 
 class ActorWeights:
@@ -120,27 +123,40 @@ class ActorWeights:
         return self._published
 
     def save_checkpoint(self, path: str) -> None:
-        """Model (as a HF directory), optimizer, scheduler, RNG; resumable on any number of ranks.
+        """Model, optimizer, scheduler, RNG; resumable on any number of ranks.
 
-        Rank 0 writes the full model and the full optimizer state keyed by parameter name (gathered
-        from the shards under FSDP2, so every rank takes part); each rank writes its RNG state. The
-        states are safetensors + JSON (``armor_core/storage/state_io.py``): no pickle.
+        In the full form rank 0 writes the model (a Hugging Face directory) and the optimizer state keyed by
+        parameter name, gathered from the shards under FSDP2 (every rank takes part). In the sharded form
+        (``actor.checkpoint_format``) every rank writes its own shards to ``actor_shards/`` and rank 0 the
+        model's config and tokenizer to ``model_config/``. Each rank writes its RNG state. The states are
+        safetensors + JSON (``armor_core/storage/state_io.py``): no pickle.
         """
-        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
+        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state, save_shards
 
         p = Path(path)
-        optim = full_optimizer_state(self.model, self.optimizer)
-        if self.sharded:
-            self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
+        policy = cast("PreTrainedModel", self.gen_model)  # without LoRA the policy is the causal LM load_model gave
+        if self._writes_shards():
+            groups = save_shards(self.model, self.optimizer, str(p / ACTOR_SHARDS), self.world_size)
+            optim: dict[str, Any] = {"param_groups": groups} if groups else {"untouched": self.optimizer.state_dict()}
+        else:
+            optim = full_optimizer_state(self.model, self.optimizer)
+            if self.sharded:
+                self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
         if self.rank == 0:
-            out = p / (ADAPTER_DIR if self.lora else "model")  # with LoRA the adapter alone, in peft's format
-            if self.lora:
+            if self._writes_shards():  # what `armor export` needs beside the shards to write a model directory
+                out = p / MODEL_CONFIG
+                policy.config.save_pretrained(out)
+                if policy.generation_config is not None:
+                    policy.generation_config.save_pretrained(out)
+            elif self.lora:  # the adapter alone, in peft's format
                 from armor_core.models.loading import resolve_model_path
 
+                out = p / ADAPTER_DIR
                 save_adapter(self.gen_model, out)
                 write_base_manifest(out, resolve_model_path(self.cfg.model.path))  # checked on eval and resume
-            else:  # without LoRA the policy is the causal LM that load_model gave
-                cast("PreTrainedModel", self.gen_model).save_pretrained(out, safe_serialization=True)
+            else:
+                out = p / "model"
+                policy.save_pretrained(out, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
             save_state(
                 {
@@ -154,31 +170,50 @@ class ActorWeights:
             (p / "guard_worker.json").write_text(json.dumps(self.guard.state_dict()))
         save_state({"torch_rng": torch.get_rng_state()}, p / f"actor_rng_rank{self.rank}")
 
+    def _writes_shards(self) -> bool:
+        from armor_core.workers.parallel.strategy import writes_shards
+
+        return writes_shards(self.cfg.actor.checkpoint_format, self.sharded, self.lora)
+
     def load_checkpoint(self, path: str, rollback: bool = False) -> None:
-        """Every rank loads the full state; on a ``rollback`` the learning rate in force and the guards' state stay
-        (``rollback_point.rates_kept``), as they do when a rollback point in memory is restored."""
+        """Every rank loads the state, full or sharded, whatever the world size that wrote it; on a ``rollback`` the
+        learning rate in force and the guards' state stay (``rollback_point.rates_kept``), as they do when a rollback
+        point in memory is restored."""
         from safetensors.torch import load_file
 
-        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state
+        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state, load_shards
 
         p = Path(path)
         check_resume(p / ADAPTER_DIR, self.cfg.model, self.model if self.lora else None, p)
-        if self.lora:
-            missing, unexpected = load_full_model_state(self.model, load_adapter_state(p / ADAPTER_DIR))
-            missing = [k for k in missing if ".lora_" in k]  # the frozen base comes from model.path, not the checkpoint
-        else:
-            missing, unexpected = load_full_model_state(self.model, load_file(str(p / "model" / "model.safetensors")))
-            policy = cast("PreTrainedModel", self.model)  # without LoRA, the causal LM that load_model gave
-            missing = [k for k in missing if "lm_head" not in k or not policy.config.tie_word_embeddings]
-        if unexpected or missing:
-            raise RuntimeError(
-                f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
         legacy = self.cfg.trainer.allow_legacy_pt_state  # an older checkpoint's actor_state.pt
         st = load_checkpoint_state(p / "actor_state", allow_legacy_pt=legacy)
-        with rates_kept(self.optimizer, self.scheduler) if rollback else nullcontext():
-            load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
-            self.scheduler.load_state_dict(st["scheduler"])
+        shards = p / ACTOR_SHARDS
+        if shards.is_dir():
+            if self.lora:
+                raise RuntimeError(f"checkpoint {p} holds model shards ({ACTOR_SHARDS}/), not a LoRA adapter")
+            with rates_kept(self.optimizer, self.scheduler) if rollback else nullcontext():
+                load_shards(
+                    self.model, self.optimizer, str(shards), self.world_size, st["optimizer"].get("param_groups", [])
+                )
+                if "untouched" in st["optimizer"]:
+                    self.optimizer.load_state_dict(st["optimizer"]["untouched"])
+                self.scheduler.load_state_dict(st["scheduler"])
+        else:
+            if self.lora:
+                missing, unexpected = load_full_model_state(self.model, load_adapter_state(p / ADAPTER_DIR))
+                missing = [k for k in missing if ".lora_" in k]  # the frozen base comes from model.path
+            else:
+                state = load_file(str(p / "model" / "model.safetensors"))
+                missing, unexpected = load_full_model_state(self.model, state)
+                policy = cast("PreTrainedModel", self.model)  # without LoRA, the causal LM that load_model gave
+                missing = [k for k in missing if "lm_head" not in k or not policy.config.tie_word_embeddings]
+            if unexpected or missing:
+                raise RuntimeError(
+                    f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
+            with rates_kept(self.optimizer, self.scheduler) if rollback else nullcontext():
+                load_full_optimizer_state(self.model, self.optimizer, st["optimizer"])
+                self.scheduler.load_state_dict(st["scheduler"])
         rng = load_checkpoint_state(p / f"actor_rng_rank{self.rank}", missing_ok=True, allow_legacy_pt=legacy)
         if rng is not None:  # None: resumed on more ranks than saved; the new ranks keep their seeded generator
             torch.set_rng_state(rng["torch_rng"])

@@ -37,7 +37,9 @@ from armor_core.workers.parallel.collectives import agreed_norm, equal_micro_bat
 from armor_core.workers.parallel.precision import autocast, compute_dtype
 from armor_core.workers.rollback_point import RollbackPoints, point_bytes
 
-__all__ = ["CriticWorker", "ValueModel", "value_loss"]
+__all__ = ["CRITIC_SHARDS", "CriticWorker", "ValueModel", "value_loss"]
+
+CRITIC_SHARDS = "critic_shards"  # a sharded checkpoint's value model and optimizer tensors
 
 
 def value_loss(
@@ -196,12 +198,24 @@ class CriticWorker:
         return {**{k: sum(v) / len(v) for k, v in sums.items()}, **self.values.padding_metrics(prefix="critic/")}
 
     def save_checkpoint(self, path: str) -> None:
-        """Rank 0 writes the full value model and optimizer state (by parameter name); any world size resumes them."""
+        """The value model and its optimizer state (by parameter name): gathered to rank 0, or each rank's shards in
+        ``critic_shards/`` (``actor.checkpoint_format``); any world size resumes either."""
         from safetensors.torch import save_file
 
-        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
+        from armor_core.workers.parallel.strategy import (
+            full_model_state,
+            full_optimizer_state,
+            save_shards,
+            writes_shards,
+        )
 
         p = Path(path)
+        if writes_shards(self.cfg.actor.checkpoint_format, self.sharded, False):
+            groups = save_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size)
+            if self.rank == 0:
+                optim = {"param_groups": groups} if groups else {"untouched": self.optimizer.state_dict()}
+                save_state({"optimizer": optim}, p / "critic_state")
+            return
         model, optim = full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
         if self.rank == 0:
             save_file({k: v.contiguous() for k, v in model.items()}, str(p / "critic.safetensors"))
@@ -212,17 +226,23 @@ class CriticWorker:
         learning rate, and the critic runs no guards)."""
         from safetensors.torch import load_file
 
-        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state
+        from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state, load_shards
 
         p = Path(path)
+        # or an older checkpoint's critic_state.pt, if the user allows it
+        state = load_checkpoint_state(p / "critic_state", allow_legacy_pt=self.cfg.trainer.allow_legacy_pt_state)
+        if (p / CRITIC_SHARDS).is_dir():
+            groups = state["optimizer"].get("param_groups", [])
+            load_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size, groups)
+            if "untouched" in state["optimizer"]:
+                self.optimizer.load_state_dict(state["optimizer"]["untouched"])
+            return
         missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))
         if missing or unexpected:
             raise RuntimeError(
                 f"critic checkpoint {p / 'critic.safetensors'} does not match the value model: missing "
                 f"{missing[:5]}, unexpected {unexpected[:5]}"
             )
-        # or an older checkpoint's critic_state.pt, if the user allows it
-        state = load_checkpoint_state(p / "critic_state", allow_legacy_pt=self.cfg.trainer.allow_legacy_pt_state)
         load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
 
     def rollback_point_bytes(self) -> int:

@@ -15,14 +15,22 @@ aggregation mode).
   generate different prompts for different lengths), so the worker keeps a full copy for the
   rollout engine and refreshes it after every update.
 
-Checkpoints are written in a strategy- and world-size-independent form: the full model state dict
-(a Hugging Face directory) and the full optimizer state keyed by parameter *name*, both gathered
-to rank 0 (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``). Any number
-of ranks, with either strategy, loads them back; each rank's RNG state is kept separately.
+Checkpoints come in two forms (``actor.checkpoint_format``), both keyed by parameter *name*, so any
+number of ranks with either strategy loads either one; each rank's RNG state is kept separately.
+
+- full: the model state dict (a Hugging Face directory) and the optimizer state, gathered to rank 0
+  (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``): one process holds all of it.
+- sharded (``save_shards`` / ``load_shards``): ``torch.distributed.checkpoint`` (DCP), each rank writing
+  the shards it holds, nothing gathered; on load DCP reads whatever slices of the saved shards this
+  rank's layout needs (another world size reshards). Only tensors go in the shards (DCP would pickle
+  anything else): the optimizer's ``param_groups`` (hyper-parameters and parameter names) are returned
+  to the caller, who keeps them in its JSON state file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import Any, cast
 
 import torch
@@ -33,9 +41,12 @@ __all__ = [
     "full_optimizer_state",
     "load_full_model_state",
     "load_full_optimizer_state",
+    "load_shards",
     "local_part",
+    "save_shards",
     "shard_units",
     "wrap",
+    "writes_shards",
 ]
 
 STRATEGIES = ("ddp", "fsdp2")
@@ -175,3 +186,61 @@ def _to_cpu(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_to_cpu(v) for v in x)
     return x
+
+
+def writes_shards(checkpoint_format: str, sharded: bool, lora: bool) -> bool:
+    """Whether a worker checkpoints in the sharded form: ``actor.checkpoint_format`` sharded, or auto on a sharded
+    (FSDP2, more than one rank) model; a LoRA run writes its small adapter, whole, either way."""
+    return not lora and (checkpoint_format == "sharded" or (checkpoint_format == "auto" and sharded))
+
+
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int) -> list:
+    """Every rank writes its shards of the model's and the optimizer's tensors into ``directory`` (a collective
+    when ``world_size`` > 1); returns the optimizer's ``param_groups`` (by parameter name) for the caller's
+    JSON state, or ``[]`` before the first optimizer step (no state to write: the caller keeps
+    ``optimizer.state_dict()`` instead)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    groups: list = []
+    if optimizer.state:
+        optim = get_optimizer_state_dict(model, optimizer)
+        state["optimizer"], groups = optim["state"], cast(list, optim["param_groups"])
+    with _one_process_quiet():
+        dcp.save(state, checkpoint_id=directory, no_dist=world_size == 1)
+    return groups
+
+
+def load_shards(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int, groups: list
+) -> None:
+    """Load :func:`save_shards`' output into this rank's layout, whatever layout wrote it; ``groups`` are the
+    ``param_groups`` it returned (``[]``: the checkpoint holds no optimizer state, which is left alone)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    optim = None
+    if groups:  # the template: this rank's state tensors (created by a zero step when none exist yet)
+        optim = get_optimizer_state_dict(model, optimizer)
+        state["optimizer"] = optim["state"]
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=directory, no_dist=world_size == 1)
+    set_model_state_dict(model, state["model"])
+    if optim is not None:
+        optim["param_groups"] = groups
+        set_optimizer_state_dict(model, optimizer, optim)
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """DCP warns that it "assumes" a single process when it runs without a group: here that is what was asked."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
