@@ -274,8 +274,7 @@ class HFRollout:
         are skipped, so colocated sync costs no copy. ``module.`` / ``_orig_mod.`` prefixes from
         DDP or torch.compile are stripped; an unknown name or a shape mismatch is an error.
         """
-        own: dict[str, torch.Tensor] = dict(self.model.named_parameters())
-        own.update(self.model.named_buffers())
+        own = self._own_tensors()
         with torch.no_grad():
             for name, tensor in named_tensors:
                 key = plain_name(name)
@@ -297,11 +296,17 @@ class HFRollout:
                     continue
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
+    def _own_tensors(self) -> dict[str, torch.Tensor]:
+        """Every name this model's tensors go by: a tied ``lm_head.weight`` too, which ``named_parameters()``
+        leaves out as the embedding's duplicate but a trainer's state dict (FSDP2's, gathered) names."""
+        own: dict[str, torch.Tensor] = dict(self.model.named_parameters(remove_duplicate=False))
+        own.update(self.model.named_buffers(remove_duplicate=False))
+        return own
+
     def weight_sums(self, names: Sequence[str]) -> dict[str, HeldSum]:
         """What this model holds under the trainer's tensor ``names``, one key per tensor
         (``armor_core.models.weight_sums``); a name it does not hold is left out."""
-        own: dict[str, torch.Tensor] = dict(self.model.named_parameters())
-        own.update(self.model.named_buffers())
+        own = self._own_tensors()
         out = {}
         for name in names:
             key = plain_name(name)

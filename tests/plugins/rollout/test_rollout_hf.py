@@ -419,6 +419,25 @@ def test_update_weights_loads_new_weights_into_a_separate_copy(tok, prompts):
     assert other.lm_head.weight.data_ptr() != actor.lm_head.weight.data_ptr()  # copied, not aliased
 
 
+def test_a_tied_models_weights_load_and_are_checked_under_both_names(tok, prompts):
+    # a trainer's full state dict (FSDP2's, gathered) names the tied head as well as the embedding
+    def tied(seed):
+        return build_tiny_model(
+            "qwen2", len(tok), hidden_size=64, num_layers=2, num_heads=2, seed=seed, tie_word_embeddings=True
+        )
+
+    actor, other = tied(1), tied(2)
+    state = {**actor.state_dict(), "lm_head.weight": actor.lm_head.weight}
+    roll = HFRollout(other, tok, _cfg())
+    roll.update_weights(state.items())
+    expected = HFRollout(actor, tok, _cfg()).generate(prompts, greedy=True)
+    assert torch.equal(roll.generate(prompts, greedy=True)["responses"], expected["responses"])
+    assert set(roll.weight_sums(["lm_head.weight", "model.embed_tokens.weight"])) == {
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+    }
+
+
 def test_update_weights_from_the_colocated_actor_copies_nothing(model, tok):
     roll = HFRollout(model, tok, _cfg())
     before = {k: v.clone() for k, v in model.state_dict().items()}
