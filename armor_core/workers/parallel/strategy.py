@@ -202,7 +202,7 @@ def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direct
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    state: dict[str, Any] = {"model": _once(get_model_state_dict(model))}
     groups: list = []
     if optimizer.state:
         optim = get_optimizer_state_dict(model, optimizer)
@@ -225,17 +225,33 @@ def load_shards(
         set_optimizer_state_dict,
     )
 
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    state: dict[str, Any] = {"model": _once(get_model_state_dict(model))}
     optim = None
     if groups:  # the template: this rank's state tensors (created by a zero step when none exist yet)
         optim = get_optimizer_state_dict(model, optimizer)
         state["optimizer"] = optim["state"]
     with _one_process_quiet():
         dcp.load(state, checkpoint_id=directory, no_dist=world_size == 1)
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(model, state["model"], options=_options(strict=False))  # a tied tensor under one name
     if optim is not None:
         optim["param_groups"] = groups
         set_optimizer_state_dict(model, optimizer, optim)
+
+
+def _once(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each tensor under its first name only: a tied head (``lm_head.weight``, the embedding's own
+    storage) is written and read once, as the embedding."""
+    seen: set[tuple] = set()
+    out = {}
+    for key, value in state.items():
+        local = local_part(value)
+        ident = (local.data_ptr(), tuple(local.shape), local.dtype) if local.numel() else None
+        if ident is not None and ident in seen:
+            continue
+        if ident is not None:
+            seen.add(ident)
+        out[key] = value
+    return out
 
 
 @contextlib.contextmanager
