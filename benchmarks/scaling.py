@@ -8,8 +8,10 @@ Each configuration runs the built-in recipe (tiny Qwen2, GRPO) through the whole
 local Ray cluster, with the same seed and the same global batch, for ``warmup + steps`` steps;
 the table shows medians over the measured steps: the whole step, its update part (the actor's
 forward/backward/optimizer step, where data parallelism acts), the weight sync to the rollout
-engine (free when colocated; under FSDP2 a gather of the full weights into the generation copy),
-generation, and tokens (prompt + response) per second of step time.
+engine (free when colocated, and under FSDP2 from the shards; with a copy a gather of the full weights into it),
+generation, and tokens (prompt + response) per second of step time. FSDP2 runs twice: generating from the
+shards (the default: every decoding step gathers the layers, the log-prob passes run padded) and from a full
+copy per rank (``actor.fsdp_generation=copy``: the sync gathers the weights once per update).
 
 The machine's cores are split among the workers: on a 2-core machine, 1 worker x 2 cores against
 2 workers x 1 core each. That is the honest comparison for a fixed machine; on a cluster each
@@ -64,15 +66,26 @@ def main() -> None:
         "trainer.val_freq=0",
         f"data.train_size={args.batch * (args.warmup + args.steps)}",
     ]
-    configs = [("1 worker", 1, "ddp"), ("2 workers, DDP", 2, "ddp"), ("2 workers, FSDP2", 2, "fsdp2")]
+    configs = [
+        ("1 worker", 1, "ddp", []),
+        ("2 workers, DDP", 2, "ddp", []),
+        ("2 workers, FSDP2", 2, "fsdp2", []),  # generating from the shards (actor.fsdp_generation=shards)
+        ("FSDP2, full copy", 2, "fsdp2", ["actor.fsdp_generation=copy"]),
+    ]
     root = Path(tempfile.mkdtemp(prefix="armor_scaling_"))
     rows = []
     try:
-        for label, n, strategy in configs:
+        for i, (label, n, strategy, extra) in enumerate(configs):
             cpus = max(1, cores // n)
             steps = run_one(
-                root / f"{n}_{strategy}",
-                [*common, f"actor.num_workers={n}", f"actor.strategy={strategy}", f"engine.cpus_per_worker={cpus}"],
+                root / f"{i}_{n}_{strategy}",
+                [
+                    *common,
+                    f"actor.num_workers={n}",
+                    f"actor.strategy={strategy}",
+                    f"engine.cpus_per_worker={cpus}",
+                    *extra,
+                ],
             )
             measured = steps[args.warmup :]
             med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731

@@ -109,6 +109,9 @@ class HFRollout:
     """
 
     shares_module = True  # generates by running the module it is given: a LoRA actor hands over its peft model
+    # > 1: the module is sharded over this many ranks (FSDP2) and each forward is a collective, so every rank runs
+    # as many as the others (``_agree``); the actor sets it on its instance when it generates from its shards
+    lockstep = 1
     separate_worker = True  # runs in a rollout worker of its own (rollout.mode=async)
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, config: Any) -> None:
@@ -158,20 +161,26 @@ class HFRollout:
         self.model.eval()
         try:
             with torch.no_grad():
-                for start in range(0, input_ids.shape[0], cfg.micro_batch_size):
-                    sl = slice(start, start + cfg.micro_batch_size)
-                    pieces.append(
-                        self._generate_micro_batch(
-                            input_ids[sl].to(device),
-                            attention_mask[sl].to(device),
-                            position_ids[sl].to(device),
-                            max_new=max_new,
-                            greedy=sp.greedy,
-                            temperature=sp.temperature,
-                            top_k=sp.top_k,
-                            top_p=sp.top_p,
-                        )
+                starts = list(range(0, input_ids.shape[0], cfg.micro_batch_size))
+                # in lockstep a rank with fewer micro-batches runs stand-ins (one row, discarded) as the others run
+                for i in range(self._agree(len(starts))):
+                    sl = slice(starts[i], starts[i] + cfg.micro_batch_size) if i < len(starts) else None
+                    ids, mask, pos = (
+                        (input_ids[sl], attention_mask[sl], position_ids[sl]) if sl else self._stand_in(input_ids)
                     )
+                    piece = self._generate_micro_batch(
+                        ids.to(device),
+                        mask.to(device),
+                        pos.to(device),
+                        max_new=max_new,
+                        greedy=sp.greedy,
+                        temperature=sp.temperature,
+                        top_k=sp.top_k,
+                        top_p=sp.top_p,
+                        stand_in=sl is None,
+                    )
+                    if sl is not None:
+                        pieces.append(piece)
         finally:
             self.model.train(was_training)
         if pieces:
@@ -180,6 +189,21 @@ class HFRollout:
             responses = torch.zeros((0, max_new), dtype=torch.long, device=out_device)
             response_mask, log_probs = torch.zeros_like(responses), torch.zeros((0, max_new), device=out_device)
         return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
+
+    def _agree(self, n: int) -> int:
+        """The largest ``n`` over the ranks in lockstep; ``n`` itself with one rank."""
+        if self.lockstep == 1:
+            return n
+        import torch.distributed as dist
+
+        t = torch.tensor([n])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t)
+
+    def _stand_in(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One prompt of a pad token, for a micro-batch this rank runs only to keep in step."""
+        ids = torch.full((1, 1), self.pad_token_id, dtype=input_ids.dtype)
+        return ids, torch.ones_like(ids), torch.zeros_like(ids)
 
     def _generate_micro_batch(
         self,
@@ -192,6 +216,7 @@ class HFRollout:
         temperature: float,
         top_k: int,
         top_p: float,
+        stand_in: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device."""
         b, device = ids.shape[0], ids.device
@@ -214,17 +239,21 @@ class HFRollout:
         is_eos[self.eos_token_ids] = True
         rows = torch.arange(b, device=device)  # the output row of each row of the decoding batch
         live = torch.ones(b, dtype=torch.bool, device=device)
+        # a stand-in (lockstep) samples nothing: its forwards only keep this rank in step, and draw no random numbers
+        n_live = 0 if stand_in else b
+        tokens = torch.full((b,), self.pad_token_id, dtype=torch.long, device=device)
         for t in range(max_new):
-            tokens, lp = sample_next_token(logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
-            tokens = torch.where(live, tokens, self.pad_token_id)
-            responses[rows, t] = tokens
-            resp_mask[rows, t] = live.long()
-            log_probs[rows, t] = torch.where(live, lp, 0.0)
-            live = live & ~is_eos[tokens]
-            n_live = int(live.sum())
-            if n_live == 0 or t == max_new - 1:
+            if n_live:  # in lockstep a finished rank decodes on without sampling (no draw, nothing recorded)
+                tokens, lp = sample_next_token(logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
+                tokens = torch.where(live, tokens, self.pad_token_id)
+                responses[rows, t] = tokens
+                resp_mask[rows, t] = live.long()
+                log_probs[rows, t] = torch.where(live, lp, 0.0)
+                live = live & ~is_eos[tokens]
+                n_live = int(live.sum())
+            if self._agree(n_live) == 0 or t == max_new - 1:  # done here, and (in lockstep) on every rank
                 break
-            if can_select and len(rows) - n_live >= max(1.0, _COMPACT_AT * len(rows)):
+            if can_select and n_live and len(rows) - n_live >= max(1.0, _COMPACT_AT * len(rows)):
                 keep = live.nonzero().squeeze(-1)
                 past.reorder_cache(keep)
                 rows, live, tokens, attn, next_pos = rows[keep], live[keep], tokens[keep], attn[keep], next_pos[keep]
@@ -238,8 +267,10 @@ class HFRollout:
         :returns: ``(past_key_values, logits)`` with logits (b, vocab), both in the rows' order. A
             model whose cache cannot select batch rows gets every row.
         """
-        # a row is another's prompt when tokens, mask and positions all agree (positions may be given)
-        if self._cache_selects is not False:  # a cache that cannot select rows would have to be prefilled again, whole
+        # a row is another's prompt when tokens, mask and positions all agree (positions may be given); in lockstep
+        # not before the cache is known to select rows: one that cannot would cost some ranks a second forward
+        # (a cache that cannot select rows would have to be prefilled again, whole)
+        if self._cache_selects is True or (self._cache_selects is None and self.lockstep == 1):
             distinct, inverse = torch.unique(torch.cat([ids, mask, pos], dim=1), dim=0, return_inverse=True)
             if len(distinct) < len(ids):
                 p = ids.shape[1]

@@ -54,6 +54,7 @@ class ActorWeights:
     rollout: Any
     lora: bool
     sharded: bool
+    gen_copy: bool
     rank: int
     world_size: int
     global_step: int
@@ -135,13 +136,16 @@ class ActorWeights:
 
         p = Path(path)
         policy = cast("PreTrainedModel", self.gen_model)  # without LoRA the policy is the causal LM load_model gave
+        full: dict[str, torch.Tensor] | None = None  # gathered from the shards, when rank 0 saves the full form
         if self._writes_shards():
             groups = save_shards(self.model, self.optimizer, str(p / ACTOR_SHARDS), self.world_size)
             optim: dict[str, Any] = {"param_groups": groups} if groups else {"untouched": self.optimizer.state_dict()}
         else:
             optim = full_optimizer_state(self.model, self.optimizer)
-            if self.sharded:
-                self.gen_model.load_state_dict(full_model_state(self.model))  # the full copy is what rank 0 saves
+            if self.sharded:  # gathered: rank 0 saves the full model from the copy, or from this state without one
+                full = full_model_state(self.model)
+                if self.gen_copy:
+                    self.gen_model.load_state_dict(full)
         if self.rank == 0:
             if self._writes_shards():  # what `armor export` needs beside the shards to write a model directory
                 out = p / MODEL_CONFIG
@@ -156,7 +160,10 @@ class ActorWeights:
                 write_base_manifest(out, resolve_model_path(self.cfg.model.path))  # checked on eval and resume
             else:
                 out = p / "model"
-                policy.save_pretrained(out, safe_serialization=True)
+                if full is not None and not self.gen_copy:  # the policy itself is sharded: write what was gathered
+                    policy.save_pretrained(out, safe_serialization=True, state_dict=full)
+                else:
+                    policy.save_pretrained(out, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
             save_state(
                 {

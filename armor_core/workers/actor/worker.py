@@ -49,6 +49,7 @@ from armor_core.workers.forward.logprobs import ResponseLogProbs
 from armor_core.workers.losses.distill_loss import DistillLoss
 from armor_core.workers.parallel.collectives import init_distributed
 from armor_core.workers.parallel.precision import autocast, compute_dtype
+from armor_core.workers.parallel.strategy import reshard
 from armor_core.workers.rollback_point import RollbackPoints
 from armor_core.workers.rollout.backend import build_rollout
 
@@ -102,6 +103,8 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self._split,
             rank,
         )
+        if self.sharded and not self.gen_copy:  # no full copy to check a layout on alone: padded, as the critic
+            self.logp.layouts = ()
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 
@@ -183,10 +186,12 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         from armor_core.workers.parallel.strategy import wrap
 
         a = cfg.actor
-        # FSDP2 shards self.model in place and a sharded forward is a collective, so the rollout
-        # engine generates from a full copy, refreshed by sync_weights (see workers/parallel/strategy.py)
+        # FSDP2 shards self.model in place and a sharded forward is a collective: the hf rollout generates from the
+        # shards with every rank in step (actor.fsdp_generation=shards); anything else generates from a full copy,
+        # refreshed by sync_weights (see workers/parallel/strategy.py)
         self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
-        self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.sharded else self.model
+        self.gen_copy = self.sharded and not self._generates_from_shards(cfg)
+        self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.gen_copy else self.model
         self.train_module: torch.nn.Module = wrap(
             self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload
         )
@@ -199,6 +204,24 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         updates_per_step = a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step)
+        )
+
+    def _generates_from_shards(self, cfg: ArmorConfig) -> bool:
+        """Whether the rollout engine can run the sharded policy in lockstep (``actor.fsdp_generation``): a colocated
+        backend that runs the module it is given and keeps its ranks in step (``lockstep``), without LoRA (whose
+        merged views and adapters are kept on the copy) and without the stale-rollout fault (which swaps old weights
+        into the module it samples from)."""
+        from armor_core.plugins import get_plugin_manager
+        from armor_core.stability.faults import Faults
+
+        backend = get_plugin_manager().get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
+        return (
+            cfg.actor.fsdp_generation == "shards"
+            and cfg.rollout.mode == "sync"
+            and not self.lora
+            and hasattr(backend, "lockstep")
+            and capability("rollout_backend", backend, "shares_module")
+            and not Faults(cfg.trainer.faults).any("stale_rollout")
         )
 
     def _build_rollout(self, cfg: ArmorConfig, pm: PluginManager) -> None:
@@ -214,6 +237,8 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         if cfg.rollout.mode == "sync":
             with autocast(self.device, self.compute_dtype):
                 self.rollout = build_rollout(backend_cls, source, self.tokenizer, cfg.rollout)
+            if self.sharded and not self.gen_copy:  # it runs the shards: each forward is a collective
+                self.rollout.lockstep = self.world_size
             unchecked = capability("rollout_backend", self.rollout, "weight_sums") is None
             if cfg.rollout.verify_sync and self.needs_weight_sync() and unchecked and self.rank == 0:
                 warnings.warn(
@@ -253,8 +278,12 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
                     return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
             finally:
                 self.gen_model.load_state_dict(current)
-        with self.autocast(True):  # the full copy a sharded worker generates from is float32 too
-            return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
+        try:
+            with self.autocast(True):  # the full copy a sharded worker generates from is float32 too
+                return self.rollout.generate(prompts.to(self.device), greedy=greedy).to("cpu")
+        finally:
+            if self.sharded and not self.gen_copy:
+                reshard(self.model)  # FSDP2 leaves the root's parameters (embedding, head) gathered after a forward
 
     # -- log-probs ------------------------------------------------------------------------------
 

@@ -10,10 +10,11 @@ aggregation mode).
 - ``ddp``: every rank holds the whole model and optimizer state; gradients are all-reduced.
 - ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the model's
   ``_no_split_modules``) and on the root, so parameters, gradients and Adam moments are sharded
-  (DTensors) and a layer's weights are all-gathered only around its forward and backward. A
-  sharded model cannot generate on one rank alone (each forward is a collective, and ranks
-  generate different prompts for different lengths), so the worker keeps a full copy for the
-  rollout engine and refreshes it after every update.
+  (DTensors) and a layer's weights are all-gathered only around its forward and backward. Each
+  forward of a sharded model is a collective, so the ``hf`` rollout generates from it with every
+  rank in step (``actor.fsdp_generation=shards``: as many micro-batches and decoding steps on every
+  rank, ``HFRollout.lockstep``), and ``reshard`` frees the root's gathered parameters afterwards;
+  LoRA, async rollouts and other backends keep a full copy, refreshed after every update.
 
 Checkpoints come in two forms (``actor.checkpoint_format``), both keyed by parameter *name*, so any
 number of ranks with either strategy loads either one; each rank's RNG state is kept separately.
@@ -43,6 +44,7 @@ __all__ = [
     "load_full_optimizer_state",
     "load_shards",
     "local_part",
+    "reshard",
     "save_shards",
     "shard_units",
     "wrap",
@@ -109,6 +111,17 @@ def wrap(
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every gathered parameter of an FSDP2 ``model``: after a forward without a backward (generation, a no-grad
+    pass) the root module keeps its own (the embedding and the head) gathered, and those are not the parameters
+    the optimizer holds."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
