@@ -268,8 +268,8 @@ class ActorConfig:
         "Under fsdp2 on several ranks, what the hf rollout generates from. shards: the sharded policy itself, every "
         "rank in step (each forward gathers one layer at a time; a rank whose rows are done runs on until all are), "
         "so no rank holds the whole model. copy: a full float32 copy per rank, refreshed after every update (no "
-        "gathers while decoding, one model of memory more per rank). LoRA, async rollouts and other backends use "
-        "the copy.",
+        "gathers while decoding, one model of memory more per rank). LoRA, multi-turn and async rollouts and other "
+        "backends use the copy.",
         choices=["shards", "copy"],
     )
     checkpoint_format: str = f(

@@ -208,7 +208,8 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
 
     def _generates_from_shards(self, cfg: ArmorConfig) -> bool:
         """Whether the rollout engine can run the sharded policy in lockstep (``actor.fsdp_generation``): a colocated
-        backend that runs the module it is given and keeps its ranks in step (``lockstep``), without LoRA (whose
+        single-turn backend that runs the module it is given and keeps its ranks in step (``lockstep``; a multi-turn
+        rank calls it once per turn, as many turns as its episodes take), without LoRA (whose
         merged views and adapters are kept on the copy) and without the stale-rollout fault (which swaps old weights
         into the module it samples from)."""
         from armor_core.plugins import get_plugin_manager
@@ -218,6 +219,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         return (
             cfg.actor.fsdp_generation == "shards"
             and cfg.rollout.mode == "sync"
+            and not cfg.rollout.multi_turn.enable  # each rank's episodes take their own number of turns
             and not self.lora
             and hasattr(backend, "lockstep")
             and capability("rollout_backend", backend, "shares_module")
