@@ -12,10 +12,11 @@ same at every N) is split over the ranks as the driver splits it.
 
 Printed, per N (the rank with the most, where ranks differ):
 
-- memory per rank in an update (the second of the process: gradients and AdamW state exist), from the tensors: parameters, gradients and AdamW state
-  (the rank's shards under FSDP2), the rollout copy (the full float32 copy an FSDP2 rank keeps to
-  generate from, ``docs/architecture.md``), and the update's peak RSS above the RSS before it
-  (activations, gathered layers, allocator slack); then the process's peak RSS over its whole life.
+- memory per rank in an update (the second of the process: gradients and AdamW state exist), from the
+  tensors: parameters, gradients and AdamW state (the rank's shards under FSDP2), the rollout copy (a full
+  float32 copy to generate from: none when FSDP2 generates from the shards, the default;
+  ``actor.fsdp_generation=copy`` keeps one), and the update's peak RSS above the RSS before it (activations,
+  gathered layers, allocator slack); then the process's peak RSS over its whole life.
 - a checkpoint: seconds to save and bytes each rank writes, in the full form (gathered to rank 0)
   and the sharded one (``actor.checkpoint_format=sharded``), the RSS each save adds at its peak, and
   seconds to load the sharded checkpoint.
