@@ -137,9 +137,9 @@ class ActorWeights:
         p = Path(path)
         policy = cast("PreTrainedModel", self.gen_model)  # without LoRA the policy is the causal LM load_model gave
         full: dict[str, torch.Tensor] | None = None  # gathered from the shards, when rank 0 saves the full form
-        if self._writes_shards():
-            groups = save_shards(self.model, self.optimizer, str(p / ACTOR_SHARDS), self.world_size)
-            optim: dict[str, Any] = {"param_groups": groups} if groups else {"untouched": self.optimizer.state_dict()}
+        shards = self._writes_shards()
+        if shards:
+            optim = save_shards(self.model, self.optimizer, str(p / ACTOR_SHARDS), self.world_size)
         else:
             optim = full_optimizer_state(self.model, self.optimizer)
             if self.sharded:  # gathered: rank 0 saves the full model from the copy, or from this state without one
@@ -147,7 +147,7 @@ class ActorWeights:
                 if self.gen_copy:
                     self.gen_model.load_state_dict(full)
         if self.rank == 0:
-            if self._writes_shards():  # what `armor export` needs beside the shards to write a model directory
+            if shards:  # what `armor export` needs beside the shards to write a model directory
                 out = p / MODEL_CONFIG
                 policy.config.save_pretrained(out)
                 if policy.generation_config is not None:
@@ -199,11 +199,7 @@ class ActorWeights:
             if self.lora:
                 raise RuntimeError(f"checkpoint {p} holds model shards ({ACTOR_SHARDS}/), not a LoRA adapter")
             with rates_kept(self.optimizer, self.scheduler) if rollback else nullcontext():
-                load_shards(
-                    self.model, self.optimizer, str(shards), self.world_size, st["optimizer"].get("param_groups", [])
-                )
-                if "untouched" in st["optimizer"]:
-                    self.optimizer.load_state_dict(st["optimizer"]["untouched"])
+                load_shards(self.model, self.optimizer, str(shards), self.world_size, st["optimizer"])
                 self.scheduler.load_state_dict(st["scheduler"])
         else:
             if self.lora:

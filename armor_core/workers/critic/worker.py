@@ -211,9 +211,8 @@ class CriticWorker:
 
         p = Path(path)
         if writes_shards(self.cfg.actor.checkpoint_format, self.sharded, False):
-            groups = save_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size)
+            optim = save_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size)
             if self.rank == 0:
-                optim = {"param_groups": groups} if groups else {"untouched": self.optimizer.state_dict()}
                 save_state({"optimizer": optim}, p / "critic_state")
             return
         model, optim = full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
@@ -232,10 +231,7 @@ class CriticWorker:
         # or an older checkpoint's critic_state.pt, if the user allows it
         state = load_checkpoint_state(p / "critic_state", allow_legacy_pt=self.cfg.trainer.allow_legacy_pt_state)
         if (p / CRITIC_SHARDS).is_dir():
-            groups = state["optimizer"].get("param_groups", [])
-            load_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size, groups)
-            if "untouched" in state["optimizer"]:
-                self.optimizer.load_state_dict(state["optimizer"]["untouched"])
+            load_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size, state["optimizer"])
             return
         missing, unexpected = load_full_model_state(self.model, load_file(str(p / "critic.safetensors")))
         if missing or unexpected:

@@ -25,7 +25,7 @@ number of ranks with either strategy loads either one; each rank's RNG state is 
   the shards it holds, nothing gathered; on load DCP reads whatever slices of the saved shards this
   rank's layout needs (another world size reshards). Only tensors go in the shards (DCP would pickle
   anything else): the optimizer's ``param_groups`` (hyper-parameters and parameter names) are returned
-  to the caller, who keeps them in its JSON state file.
+  to the caller, who keeps them in its JSON state file and hands them back to ``load_shards``.
 """
 
 from __future__ import annotations
@@ -207,29 +207,31 @@ def writes_shards(checkpoint_format: str, sharded: bool, lora: bool) -> bool:
     return not lora and (checkpoint_format == "sharded" or (checkpoint_format == "auto" and sharded))
 
 
-def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int) -> list:
+def save_shards(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int
+) -> dict[str, Any]:
     """Every rank writes its shards of the model's and the optimizer's tensors into ``directory`` (a collective
-    when ``world_size`` > 1); returns the optimizer's ``param_groups`` (by parameter name) for the caller's
-    JSON state, or ``[]`` before the first optimizer step (no state to write: the caller keeps
-    ``optimizer.state_dict()`` instead)."""
+    when ``world_size`` > 1). Returns what the caller keeps in its JSON state for :func:`load_shards`: the
+    optimizer's ``param_groups`` (by parameter name), or, before the first optimizer step (no state to write),
+    its hyper-parameters as ``full_optimizer_state`` keeps them (``untouched``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {"model": _once(get_model_state_dict(model))}
-    groups: list = []
+    kept: dict[str, Any] = {"untouched": optimizer.state_dict()}
     if optimizer.state:
         optim = get_optimizer_state_dict(model, optimizer)
-        state["optimizer"], groups = optim["state"], cast(list, optim["param_groups"])
+        state["optimizer"], kept = optim["state"], {"param_groups": optim["param_groups"]}
     with _one_process_quiet():
         dcp.save(state, checkpoint_id=directory, no_dist=world_size == 1)
-    return groups
+    return kept
 
 
 def load_shards(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int, groups: list
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int, kept: dict[str, Any]
 ) -> None:
-    """Load :func:`save_shards`' output into this rank's layout, whatever layout wrote it; ``groups`` are the
-    ``param_groups`` it returned (``[]``: the checkpoint holds no optimizer state, which is left alone)."""
+    """Load :func:`save_shards`' output into this rank's layout, whatever layout wrote it; ``kept`` is what it
+    returned."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -240,15 +242,17 @@ def load_shards(
 
     state: dict[str, Any] = {"model": _once(get_model_state_dict(model))}
     optim = None
-    if groups:  # the template: this rank's state tensors (created by a zero step when none exist yet)
+    if "param_groups" in kept:  # the template: this rank's state tensors (created by a zero step when none exist yet)
         optim = get_optimizer_state_dict(model, optimizer)
         state["optimizer"] = optim["state"]
     with _one_process_quiet():
         dcp.load(state, checkpoint_id=directory, no_dist=world_size == 1)
     set_model_state_dict(model, state["model"], options=_options(strict=False))  # a tied tensor under one name
     if optim is not None:
-        optim["param_groups"] = groups
+        optim["param_groups"] = kept["param_groups"]
         set_optimizer_state_dict(model, optimizer, optim)
+    else:
+        optimizer.load_state_dict(kept["untouched"])
 
 
 def _once(state: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_rollback_point import _batch  # an update's batch: responses, mask, advantages
 
 from armor_core.config.schema import load_config, to_dict
 from armor_core.models.tiny import build_char_tokenizer, build_tiny_model
@@ -32,27 +33,13 @@ def test_a_tied_head_is_written_once_and_read_back_into_both_names(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     from armor_core.cli.export import export
-    from armor_core.dataproto.protocol import DataProto
-    from armor_core.testing import rollout_batch
 
-    tok = build_char_tokenizer("0123456789+=")
+    tok = build_char_tokenizer("0123456789+=-*/()")  # ids up to 18, as the batch holds
     model = build_tiny_model("qwen2", len(tok), hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=True)
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     w = _worker(tmp_path / "model", tmp_path / "run")
-    ids, attn, pos, responses = rollout_batch([3, 4, 2, 4], [5, 2, 4, 3], vocab=len(tok))
-    mask = attn[:, -responses.shape[1] :]
-    batch = DataProto.from_dict(
-        tensors={
-            "input_ids": ids,
-            "attention_mask": attn,
-            "position_ids": pos,
-            "responses": responses,
-            "response_mask": mask,
-            "advantages": torch.randn(mask.shape, generator=torch.Generator().manual_seed(0)) * mask,
-        }
-    )
-    w.update_actor(batch, step=1)
+    w.update_actor(_batch(), step=1)
     w.save_checkpoint(str(tmp_path / "ckpt"))
     keys = set(dcp.FileSystemReader(str(tmp_path / "ckpt" / "actor_shards")).read_metadata().state_dict_metadata)
     assert "model.model.embed_tokens.weight" in keys and "model.lm_head.weight" not in keys
