@@ -9,7 +9,10 @@ Called in the sandbox's child between fork and exec (``sandbox.py``), in this or
   kills every process left beneath it and exits with the child's status (128 + the signal when one killed
   it). ``SIGTERM`` (the sandbox's deadline, or the parent-death signal of a killed reward worker) makes it
   kill them all at once, as does finding its parent gone (it looks every 0.1 s). It finds them through the
-  host's ``/proc``, held open from before the fork: the child's ``pivot_root`` moves its root too. The child
+  host's ``/proc``, held open from before the fork: the child's ``pivot_root`` moves its root too. Running as
+  the run's own uid (root's runs without namespaces), it last signals every process of that uid, so none
+  that left its tree some other way outlives it either, whoever its parent (the reward worker, which does
+  the same, may be dead). The child
   returns, to become the harness; in a new PID namespace it is that namespace's init, whose end kills every
   process of the namespace, and which its programs cannot signal.
 - ``enter_root(tree, scratch_mb)``: in that child, a root of its own: a small read-only tmpfs holding the
@@ -192,9 +195,10 @@ def trial(tree: Tree, user: bool) -> None:
         os._exit(1)
 
 
-def supervise(scratch: str | None = None) -> None:
+def supervise(scratch: str | None = None, own_uid: bool = False) -> None:
     """Fork: the child returns (the run), the parent supervises it as described above and never returns; at
-    the end it removes ``scratch`` too (a directory on the host's disk), which a killed worker cannot."""
+    the end it removes ``scratch`` too (a directory on the host's disk), which a killed worker cannot. With
+    ``own_uid`` (this process runs as a uid no one but the run has) it last kills every process of that uid."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
     worker = os.getppid()
@@ -219,6 +223,11 @@ def supervise(scratch: str | None = None) -> None:
         code = 128 - code if code < 0 else code
         _end_all(child, proc)
     finally:
+        if own_uid:  # every process this uid may signal, which is the run's alone (kill(-1) spares the caller)
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass  # none left
         if scratch is not None:  # whatever went wrong above: nothing else removes it after a killed worker
             shutil.rmtree(scratch, ignore_errors=True)
         os._exit(code)

@@ -209,7 +209,9 @@ class LocalSandbox:
             stage[0] = "namespaces"
             unshare_run(user=not as_root)
         stage[0] = "supervisor"
-        supervise(None if conf.namespaces else workdir)  # from here on, in its child: the run's first process
+        # from here on, in its child: the run's first process; a supervisor that took the run's fresh uid ends
+        # whatever of that uid is left
+        supervise(None if conf.namespaces else workdir, own_uid=uid is not None and not as_root)
         readable: list[str] | None = self.tree.readable
         if conf.namespaces:
             stage[0] = "namespaces"

@@ -94,6 +94,40 @@ class Processes:
                 continue
         return found
 
+    @staticmethod
+    def children(parent: int) -> list[int]:
+        """The live processes whose parent is ``parent``."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == parent:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+        return found
+
+    @staticmethod
+    def describe(pids: list[int]) -> str:
+        """What each of ``pids`` is doing (state, parent, signals blocked and pending, where it sleeps), and the
+        machine's load: for a failing test's message."""
+        keys = ("Name", "State", "PPid", "Uid", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+        lines = [f"load: {Path('/proc/loadavg').read_text().strip()}"]
+        for pid in pids:
+            try:
+                status = dict(
+                    line.split(":\t", 1)
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if ":\t" in line
+                )
+                wchan = Path(f"/proc/{pid}/wchan").read_text()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120].decode(errors="replace")
+            except OSError as e:
+                lines.append(f"{pid}: gone ({e.strerror})")
+                continue
+            fields = ", ".join(f"{k} {status.get(k, '?').strip()}" for k in keys)
+            lines.append(f"{pid}: {fields}, wchan {wchan or '-'}, cmdline {cmdline!r}")
+        return "\n".join(lines)
+
     def gone(self, marker: str, within_s: float = 2.0) -> list[int]:
         """Wait up to ``within_s`` for the processes marked ``marker`` to end (SIGKILL is sent, init reaps a
         moment later); those still alive then are returned, and killed, so a failing test leaves none behind."""
