@@ -187,6 +187,13 @@ class RolloutConfig:
         "that it holds what was sent (sums of a strided sample of every tensor, in the engine's dtype); a mismatch "
         "stops the run naming the tensors. Its cost is perf/verify_sync_s.",
     )
+    sync_bucket_mb: int = f(
+        512,
+        "A weight sync to an engine with weights of its own (vllm, an hf copy) sends the policy in buckets of at most "
+        "this many MB (a larger tensor alone); under FSDP2 each bucket is gathered from the shards and freed once "
+        "sent, so a rank holds one bucket of full tensors, never the whole model.",
+        ge=1,
+    )
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 

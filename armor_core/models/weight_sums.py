@@ -40,6 +40,7 @@ __all__ = [
     "check_sync",
     "plain_name",
     "sample_columns",
+    "sampled",
     "weight_sum",
 ]
 
@@ -103,6 +104,14 @@ def plain_name(name: str) -> str:
 def sample_columns(k: int) -> slice:
     """The sampled indices of a last dimension of size ``k``: every ``ceil(k / SAMPLE_COLUMNS)``-th."""
     return slice(0, k, max(1, -(-k // SAMPLE_COLUMNS)))
+
+
+def sampled(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the part of ``tensor`` its sum reads (the sampled columns; a 1-D tensor whole): what a sync that
+    frees each tensor once sent keeps to check against. Sampling it again takes all of it, so its ``weight_sum``
+    is the whole tensor's."""
+    t = tensor.detach()
+    return (t[..., sample_columns(t.shape[-1])] if t.ndim >= 2 else t).clone()
 
 
 @torch.no_grad()

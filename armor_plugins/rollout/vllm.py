@@ -182,7 +182,7 @@ class VLLMRollout:
         self.engine_kwargs = engine_arguments(source, config, kwargs, self.sleep_level, current_platform, adapter)
         self.llm = start_engine(vllm, self.engine_kwargs)
         self._asleep: set[str] = set()
-        self._weights_lost = False
+        self._stale: set[str] = set()  # tensors a level-2 sleep discarded that no update has loaded since
         self._base_scale = self.llm.apply_model(_get_logit_scale)[0]
         self._scale_temperature = 1.0
         if self._base_scale is None:
@@ -194,6 +194,7 @@ class VLLMRollout:
             )
         self._source = source  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
         self._param_shapes = {k: tuple(v.shape) for k, v in source.state_dict().items()}
+        self._shared = _shared_names(source)  # a tied lm_head: loading embed_tokens loads it too
         self._layer_names: dict[str, list[str]] = {}
         for name in self._param_shapes:
             self._layer_names.setdefault(layer_key(name), []).append(name)
@@ -261,7 +262,8 @@ class VLLMRollout:
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = {"weights", "kv_cache"}
-            self._weights_lost = self.sleep_level == 2
+            if self.sleep_level == 2:
+                self._stale = set(self._param_shapes)
 
         responses, response_mask, log_probs = self._responses(outputs, max_new)
         return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
@@ -289,16 +291,17 @@ class VLLMRollout:
 
     # -- sleep ----------------------------------------------------------------------------------
 
-    def _wake(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
-        """Wake what ``tags`` name; weights a level-2 sleep discarded are reloaded from the source model."""
+    def _wake(self, tags: tuple[str, ...] = ("weights", "kv_cache"), restore: bool = True) -> None:
+        """Wake what ``tags`` name; with ``restore``, the tensors a level-2 sleep discarded and no update has loaded
+        since are reloaded from the source model (a weight sync, which loads them a bucket at a time, waits: what it
+        sends needs no restoring)."""
         todo = [tag for tag in tags if tag in self._asleep]
-        if not todo:
-            return
-        self.llm.wake_up(tags=todo)
-        self._asleep.difference_update(todo)
-        if "weights" in todo and self._weights_lost:
-            self._weights_lost = False
-            self.update_weights(self._source.state_dict().items())
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self._asleep.difference_update(todo)
+        if restore and self._stale and "weights" in tags:
+            stale, self._stale = self._stale, set()
+            self.update_weights((k, v) for k, v in self._source.state_dict().items() if k in stale)
 
     # -- weights --------------------------------------------------------------------------------
 
@@ -329,10 +332,9 @@ class VLLMRollout:
                     f"{shape}"
                 )
             pairs.append((key, tensor.detach()))
-        if {key for key, _ in pairs} >= self._param_shapes.keys():
-            self._weights_lost = False  # a complete update replaces whatever a level-2 sleep discarded
-        self._wake(("weights",))  # (after an incomplete one, the rest comes back from the source model first)
+        self._wake(("weights",), restore=False)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        self._stale.difference_update(name for key, _ in pairs for name in (key, *self._shared.get(key, ())))
         # cached prefixes hold keys/values computed with the old weights
         self.llm.reset_prefix_cache()
 
@@ -368,3 +370,16 @@ class VLLMRollout:
 @hookimpl
 def armor_register_rollout_backends(register: RegisterRolloutBackend) -> None:
     register("vllm", VLLMRollout)
+
+
+def _shared_names(model: torch.nn.Module | MergedView) -> dict[str, tuple[str, ...]]:
+    """For each parameter of ``model`` shared under several names (a tied ``lm_head``), its first name -> the
+    others: loading one loads them all."""
+    first: dict[int, str] = {}
+    shared: dict[str, tuple[str, ...]] = {}
+    for name, t in model.named_parameters(remove_duplicate=False):
+        if id(t) in first:
+            shared[first[id(t)]] = (*shared.get(first[id(t)], ()), name)
+        else:
+            first[id(t)] = name
+    return shared

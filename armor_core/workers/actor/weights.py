@@ -25,7 +25,7 @@ from armor_core.models.lora import (
     save_adapter,
     write_base_manifest,
 )
-from armor_core.models.weight_sums import check_sync
+from armor_core.models.weight_sums import check_sync, sampled
 from armor_core.storage.state_io import load_checkpoint_state, save_state
 from armor_core.workers.rollback_point import RollbackPoints, point_bytes, rates_kept
 
@@ -71,36 +71,42 @@ class ActorWeights:
         (``models/weight_sums.py``): ``{"perf/worker_s": seconds in all, "perf/verify_sync_s": the check's part,
         "perf/sync_gb_per_s": gigabytes sent per second of the sync without the check}``."""
         t0 = time.perf_counter()
-        sent, names = self._send_weights() if self.needs_weight_sync() else ({}, [])
+        sent, names, nbytes = self._send_weights() if self.needs_weight_sync() else ({}, [], 0)
         t1 = time.perf_counter()
         weight_sums = capability("rollout_backend", self.rollout, "weight_sums")
         if names and self.cfg.rollout.verify_sync and weight_sums is not None:
             check_sync(sent, weight_sums, f"actor rank {self.rank} -> {self.cfg.rollout.backend}", names)
         t2 = time.perf_counter()
-        gb = sum(sent[n].numel() * sent[n].element_size() for n in names) / 1e9
+        gb = nbytes / 1e9
         return {"perf/worker_s": t2 - t0, "perf/verify_sync_s": t2 - t1, "perf/sync_gb_per_s": gb / max(t1 - t0, 1e-9)}
 
-    def _send_weights(self) -> tuple[Mapping[str, torch.Tensor], list[str]]:
-        """Send the rollout engine what changed; ``(the policy as the engine should now hold it, the names sent)``."""
-        from armor_core.workers.parallel.strategy import full_model_state
+    def _send_weights(self) -> tuple[Mapping[str, torch.Tensor], list[str], int]:
+        """Send the rollout engine what changed; ``(the policy as the engine should now hold it, the names sent,
+        the bytes sent)``. The first is what ``check_sync`` reads: whole tensors, or of a bucketed sync only the
+        sampled columns its sums take (``sampled``)."""
+        from armor_core.workers.parallel.strategy import full_model_state, full_state_buckets
 
         # under FSDP2 gathering the full weights is a collective: every rank syncs together
-        if not self.lora:
-            state = full_model_state(self.model) if self.sharded else self.model.state_dict()
-            self.rollout.update_weights(state.items())
-            return state, list(state)
+        if not self.lora:  # a bucket at a time: under FSDP2 no rank holds the whole model (rollout.sync_bucket_mb)
+            kept: dict[str, torch.Tensor] = {}
+            nbytes = 0
+            for bucket in full_state_buckets(self.model, self.cfg.rollout.sync_bucket_mb << 20):
+                self.rollout.update_weights(bucket.items())
+                kept.update((name, sampled(t)) for name, t in bucket.items())
+                nbytes += sum(t.numel() * t.element_size() for t in bucket.values())
+            return kept, list(kept), nbytes
         if self.sharded:
             state = full_model_state(self.model)
             self.gen_model.load_state_dict(state)  # the full copy an hf rollout generates from
             if getattr(self.rollout, "model", None) is self.gen_model:
-                return state, list(state)
+                return state, list(state), _bytes(state)
         merged = merged_weights(self.gen_model)  # the adapted layers with their adapters merged in
         if capability("rollout_backend", self.rollout, "serves_lora"):
             self.rollout.update_lora(self.gen_model)
         else:  # an engine with its own weights: only the adapted layers, merged
             self.rollout.update_weights(merged.items())
         # the engine's names (the base model's) for all of it: a check may read a whole layer of which one part changed
-        return {**MergedView(self.gen_model, merged=False).state_dict(), **merged}, list(merged)
+        return {**MergedView(self.gen_model, merged=False).state_dict(), **merged}, list(merged), _bytes(merged)
 
     def _publish_policy(self) -> None:
         """Copy the policy for rollout workers of their own (``rollout.mode=async``): the base
@@ -241,3 +247,7 @@ class ActorWeights:
     def restore_rollback_point(self, step: int) -> None:
         self.global_step = self.points.restore(step, self.optimizer, self.scheduler)
         self._weights_changed()
+
+
+def _bytes(state: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())

@@ -58,3 +58,12 @@ def test_a_tied_head_is_written_once_and_read_back_into_both_names(tmp_path):
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert torch.equal(exported.lm_head.weight, w.model.model.embed_tokens.weight.detach())
+
+
+def test_a_sync_sends_a_tied_head_once_under_the_embeddings_name():
+    from armor_core.workers.parallel.strategy import full_state_buckets
+
+    model = build_tiny_model("qwen2", 19, hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=True)
+    sent = [name for bucket in full_state_buckets(model, 1 << 12) for name in bucket]
+    assert "model.embed_tokens.weight" in sent and "lm_head.weight" not in sent
+    assert sorted(sent) == sorted(set(model.state_dict()) - {"lm_head.weight"})

@@ -373,22 +373,27 @@ def test_the_engine_sleeps_between_generations_where_it_can(fake_vllm, tiny, lev
     assert calls[: len(expected)] == expected and calls[len(expected)][0] == "generate"
 
 
-def test_an_incomplete_update_after_a_level_2_sleep_restores_the_rest_first(fake_vllm, tiny):
+def test_after_a_level_2_sleep_what_no_update_loaded_comes_back_before_the_next_generation(fake_vllm, tiny):
     fake_vllm.cpu, fake_vllm.sleep = False, True
     roll = _fake(tiny, backend_kwargs={"sleep_level": 2})
     roll.generate(left_padded_batch([[5]]))
     calls = roll.llm.calls
     del calls[:]
-    roll.update_weights([("model.norm.weight", torch.full((64,), 7.0))])
+    roll.update_weights([("model.norm.weight", torch.full((64,), 7.0))])  # one bucket of a sync: loaded alone
+    assert calls == [("wake_up", ["weights"]), ("reload", 1), ("reset_prefix_cache",)]
+    del calls[:]
+    roll.generate(left_padded_batch([[5]]))
     n = len(tiny[0].state_dict())
-    assert calls == [
-        ("wake_up", ["weights"]),
-        ("reload", n),
-        ("reset_prefix_cache",),
-        ("reload", 1),
-        ("reset_prefix_cache",),
-    ]
+    # the rest, and only the rest, comes back from the model the backend was built with
+    assert calls[:3] == [("wake_up", ["kv_cache"]), ("reload", n - 1), ("reset_prefix_cache",)]
+    assert calls[3][0] == "generate"
     assert (roll.llm.weights["model.norm.weight"] == 7.0).all()
+    state = list(tiny[0].state_dict().items())
+    roll.update_weights(state[: n // 2])  # a whole sync in two buckets: nothing left to restore
+    roll.update_weights(state[n // 2 :])
+    del calls[:]
+    roll.generate(left_padded_batch([[5]]))
+    assert calls[0] == ("wake_up", ["kv_cache"]) and calls[1][0] == "generate"
 
 
 # -- without vLLM ------------------------------------------------------------------------------------

@@ -57,8 +57,21 @@ def _cases(rank: int, world: int, out_dir: str) -> dict:
     copy.logp.layouts = ()  # padded, as the shards' passes are (no copy to check a layout on): the same update
     shards.update_actor(mine, step=1)
     copy.update_actor(mine, step=1)
-    copy.sync_weights()  # the copy is refreshed; the shards are the policy already
+    synced = copy.sync_weights()  # the copy is refreshed, a bucket at a time; the shards are the policy already
+    out["sync_metrics"] = sorted(synced)
     out["after_update"] = both(False)
+    out["copy_is_policy"] = _equal(copy.gen_model.state_dict(), full_state(copy.model))
+
+    from armor_core.workers.parallel.strategy import full_state_buckets
+
+    whole, limit = full_state(shards.model), 1 << 14
+    sizes, got = [], {}
+    for bucket in full_state_buckets(shards.model, limit):  # every rank gathers each tensor in the same order
+        nbytes = [t.numel() * t.element_size() for t in bucket.values()]
+        sizes.append((len(bucket), sum(nbytes)))
+        got.update({k: v.clone() for k, v in bucket.items()})
+    out["buckets"] = sizes, limit, sorted(got), sorted(whole), _equal(got, whole)
+    out["tied"] = bool(shards.model.config.tie_word_embeddings)
 
     shards.cfg.actor.checkpoint_format = "full"
     shards.save_checkpoint(out_dir)  # gathered from the shards: rank 0 writes model/ without a copy
@@ -68,6 +81,10 @@ def _cases(rank: int, world: int, out_dir: str) -> dict:
         out["full_saved"] = all(torch.equal(saved[k], v) for k, v in state.items() if k in saved)
         out["full_keys"] = set(saved) >= {k for k in state if k != "lm_head.weight"}
     return out
+
+
+def _equal(some: dict, whole: dict) -> bool:
+    return all(torch.equal(v, whole[k]) for k, v in some.items())
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +111,14 @@ def test_the_shards_sample_what_the_full_copy_samples(results, case):
 
 def test_a_full_checkpoint_is_gathered_from_the_shards(results):
     assert results[0]["full_saved"] and results[0]["full_keys"]
+
+
+def test_a_sync_sends_the_policy_a_bucket_at_a_time_gathered_from_the_shards(results):
+    """Each bucket holds whole tensors up to the limit (one larger tensor alone), all of them together are the
+    policy (a tied head once, under the embedding's name: tests/core/workers/test_shards_tied.py); the copy synced
+    this way is the policy."""
+    for r in results:
+        sizes, limit, names, whole, equal = r["buckets"]
+        assert len(sizes) > 3 and all(nbytes <= limit or n == 1 for n, nbytes in sizes), sizes
+        assert equal and names == sorted(set(whole) - ({"lm_head.weight"} if r["tied"] else set()))
+        assert r["copy_is_policy"] and "perf/sync_gb_per_s" in r["sync_metrics"]
