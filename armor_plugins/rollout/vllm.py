@@ -86,6 +86,7 @@ import torch
 from armor_core import hookimpl
 from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.lora import MergedView, merged_weights, save_adapter
+from armor_core.models.state_buckets import full_state_buckets
 from armor_core.models.weight_sums import HeldSum, plain_name
 
 if TYPE_CHECKING:
@@ -202,7 +203,8 @@ class VLLMRollout:
         self.weight_sums: Callable[[Sequence[str]], dict[str, HeldSum]] | None = (
             None if adapter is not None else self._weight_sums
         )
-        self.update_weights(source.state_dict().items())
+        self._bucket_bytes = int(getattr(config, "sync_bucket_mb", 512)) << 20
+        self._load_from_source()
         if adapter is not None:
             self._adapter_dir = tempfile.mkdtemp(
                 prefix="armor-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -301,7 +303,18 @@ class VLLMRollout:
             self._asleep.difference_update(todo)
         if restore and self._stale and "weights" in tags:
             stale, self._stale = self._stale, set()
-            self.update_weights((k, v) for k, v in self._source.state_dict().items() if k in stale)
+            self._load_from_source(stale)
+
+    def _load_from_source(self, only: set[str] | None = None) -> None:
+        """Load the source model's tensors (those named in ``only``) into the engine: a module's a bucket at a time,
+        gathered from its shards under FSDP2 (a collective: every rank loads alike)."""
+        if isinstance(self._source, MergedView):
+            self.update_weights((k, v) for k, v in self._source.state_dict().items() if only is None or k in only)
+            return
+        for bucket in full_state_buckets(self._source, self._bucket_bytes):
+            pairs = [(k, v) for k, v in bucket.items() if only is None or k in only]
+            if pairs:
+                self.update_weights(pairs)
 
     # -- weights --------------------------------------------------------------------------------
 

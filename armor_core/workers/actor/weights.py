@@ -84,7 +84,8 @@ class ActorWeights:
         """Send the rollout engine what changed; ``(the policy as the engine should now hold it, the names sent,
         the bytes sent)``. The first is what ``check_sync`` reads: whole tensors, or of a bucketed sync only the
         sampled columns its sums take (``sampled``)."""
-        from armor_core.workers.parallel.strategy import full_model_state, full_state_buckets
+        from armor_core.models.state_buckets import full_state_buckets
+        from armor_core.workers.parallel.strategy import full_model_state
 
         # under FSDP2 gathering the full weights is a collective: every rank syncs together
         if not self.lora:  # a bucket at a time: under FSDP2 no rank holds the whole model (rollout.sync_bucket_mb)

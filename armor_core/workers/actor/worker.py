@@ -187,10 +187,11 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
 
         a = cfg.actor
         # FSDP2 shards self.model in place and a sharded forward is a collective: the hf rollout generates from the
-        # shards with every rank in step (actor.fsdp_generation=shards); anything else generates from a full copy,
-        # refreshed by sync_weights (see workers/parallel/strategy.py)
+        # shards with every rank in step (actor.fsdp_generation=shards), an engine with weights of its own (vllm) is
+        # synced from them a bucket at a time; the rest generates from a full copy, refreshed by sync_weights (see
+        # workers/parallel/strategy.py)
         self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
-        self.gen_copy = self.sharded and not self._generates_from_shards(cfg)
+        self.gen_copy = self.sharded and self._needs_copy(cfg)
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.gen_copy else self.model
         self.train_module: torch.nn.Module = wrap(
             self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload
@@ -205,6 +206,21 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(a.warmup_steps, a.lr_schedule, cfg.trainer.total_steps * updates_per_step)
         )
+
+    def _needs_copy(self, cfg: ArmorConfig) -> bool:
+        """Whether a sharded worker keeps a full copy of the policy: with LoRA (its merged views and adapters live on
+        the copy), the stale-rollout fault (which swaps old weights into the module sampled from), and a backend that
+        runs the module it is given but cannot run the shards (``_generates_from_shards``). An engine with weights of
+        its own is synced from the shards, and async rollout workers get the policy's state: neither needs one."""
+        from armor_core.plugins import get_plugin_manager
+        from armor_core.stability.faults import Faults
+
+        if self.lora or Faults(cfg.trainer.faults).any("stale_rollout"):
+            return True
+        if cfg.rollout.mode != "sync":
+            return False
+        backend = get_plugin_manager().get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
+        return bool(capability("rollout_backend", backend, "shares_module")) and not self._generates_from_shards(cfg)
 
     def _generates_from_shards(self, cfg: ArmorConfig) -> bool:
         """Whether the rollout engine can run the sharded policy in lockstep (``actor.fsdp_generation``): a colocated
@@ -239,7 +255,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         if cfg.rollout.mode == "sync":
             with autocast(self.device, self.compute_dtype):
                 self.rollout = build_rollout(backend_cls, source, self.tokenizer, cfg.rollout)
-            if self.sharded and not self.gen_copy:  # it runs the shards: each forward is a collective
+            if self.sharded and self._generates_from_shards(cfg):  # it runs the shards: each forward is a collective
                 self.rollout.lockstep = self.world_size
             unchecked = capability("rollout_backend", self.rollout, "weight_sums") is None
             if cfg.rollout.verify_sync and self.needs_weight_sync() and unchecked and self.rank == 0:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator, cast
+from typing import Any, cast
 
 import torch
 
@@ -40,7 +40,6 @@ __all__ = [
     "STRATEGIES",
     "full_model_state",
     "full_optimizer_state",
-    "full_state_buckets",
     "load_full_model_state",
     "load_full_optimizer_state",
     "load_shards",
@@ -152,32 +151,6 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
     return cast(dict[str, torch.Tensor], state)  # torch types any state's values; a model's are tensors
-
-
-def full_state_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    """The model's state dict, whole tensors, in buckets of at most ``bucket_bytes`` (a larger tensor alone).
-
-    Under FSDP2 each tensor is gathered from the shards as its bucket fills (a collective: every rank iterates
-    alike) and is freed once the caller moves on, so a rank holds one bucket of full tensors, never the whole
-    model; otherwise the tensors are the model's own, nothing copied. A tensor shared under several names (a
-    tied ``lm_head``) comes once, under its first name: whoever loads it shares it too.
-    """
-    bucket: dict[str, torch.Tensor] = {}
-    held, seen = 0, set()
-    for name, t in model.state_dict(keep_vars=True).items():
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        nbytes = t.numel() * t.element_size()
-        if bucket and held + nbytes > bucket_bytes:
-            yield bucket
-            bucket, held = {}, 0
-        if hasattr(t, "full_tensor"):  # a DTensor shard from FSDP2
-            t = t.full_tensor()  # pyright: ignore[reportAttributeAccessIssue]  (a DTensor)
-        bucket[name] = t.detach()
-        held += nbytes
-    if bucket:
-        yield bucket
 
 
 def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:

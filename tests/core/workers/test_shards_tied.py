@@ -61,7 +61,7 @@ def test_a_tied_head_is_written_once_and_read_back_into_both_names(tmp_path):
 
 
 def test_a_sync_sends_a_tied_head_once_under_the_embeddings_name():
-    from armor_core.workers.parallel.strategy import full_state_buckets
+    from armor_core.models.state_buckets import full_state_buckets
 
     model = build_tiny_model("qwen2", 19, hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=True)
     sent = [name for bucket in full_state_buckets(model, 1 << 12) for name in bucket]

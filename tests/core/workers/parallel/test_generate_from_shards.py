@@ -62,7 +62,7 @@ def _cases(rank: int, world: int, out_dir: str) -> dict:
     out["after_update"] = both(False)
     out["copy_is_policy"] = _equal(copy.gen_model.state_dict(), full_state(copy.model))
 
-    from armor_core.workers.parallel.strategy import full_state_buckets
+    from armor_core.models.state_buckets import full_state_buckets
 
     whole, limit = full_state(shards.model), 1 << 14
     sizes, got = [], {}
