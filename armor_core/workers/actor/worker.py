@@ -103,8 +103,8 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self._split,
             rank,
         )
-        if self.sharded and not self.gen_copy:  # no full copy to check a layout on alone: padded, as the critic
-            self.logp.layouts = ()
+        if self.sharded and not self.gen_copy:  # no full copy to check a layout on alone: the ranks check together
+            self.logp.collective = self.world_size
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
         from collections import deque
 

@@ -64,8 +64,8 @@ class ResponseValues(LayoutChoice):
     """:param model: the ``ValueModel``, unwrapped (its backbone decides which layouts are offered,
         and it checks a layout: a forward of the bare module is no collective under DDP).
     :param autocast: ``autocast()`` context for the compute dtype.
-    :param sharded: FSDP2 over several ranks: every forward is a collective, and a layout check is
-        a forward that only some ranks might run, so the padded forward is kept."""
+    :param collective: FSDP2 over that many ranks (> 1): every forward is a collective, so the ranks check a
+        layout together (``LayoutChoice``)."""
 
     def __init__(
         self,
@@ -74,12 +74,10 @@ class ResponseValues(LayoutChoice):
         compute_dtype: torch.dtype,
         autocast: Callable[[], ContextManager],
         rank: int = 0,
-        sharded: bool = False,
+        collective: int = 1,
     ) -> None:
-        super().__init__(model.backbone, model, compute_dtype, autocast, f"critic rank {rank}", "values")
+        super().__init__(model.backbone, model, compute_dtype, autocast, f"critic rank {rank}", "values", collective)
         self.device = device
-        if sharded:
-            self.layouts = ()
 
     def forward(
         self, module: torch.nn.Module, data: DataProto, rows: torch.Tensor, response_length: int

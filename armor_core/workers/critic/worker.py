@@ -111,7 +111,9 @@ class CriticWorker:
         self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device, self.compute_dtype)
         self.sharded = sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
-        self.values = ResponseValues(self.model, self.device, self.compute_dtype, self.autocast, rank, sharded)
+        self.values = ResponseValues(
+            self.model, self.device, self.compute_dtype, self.autocast, rank, world_size if sharded else 1
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr)
         self.points = RollbackPoints()  # kept only when the driver asks (guard.rollback_every)
         self.loss_agg = get_plugin_manager().get(

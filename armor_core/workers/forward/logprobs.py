@@ -37,7 +37,9 @@ class LayoutChoice:
 
     :param model: the module whose layouts are offered (``grouped`` needs a 4D-mask-capable model).
     :param check_module: the module a layout is checked on: one whose forward is no collective (not
-        a DDP wrapper, not FSDP2 shards), since only this rank runs the check.
+        a DDP wrapper, not FSDP2 shards), since only this rank runs the check; or, with ``collective`` > 1,
+        FSDP2 shards whose every forward is a collective over that many ranks: then the ranks check together
+        (``_check_together``), so each runs as many forwards and all keep or drop a layout alike.
     :param autocast: ``autocast()`` context for the compute dtype.
     """
 
@@ -49,8 +51,10 @@ class LayoutChoice:
         autocast: Callable[[], ContextManager],
         who: str,
         quantity: str,
+        collective: int = 1,
     ) -> None:
         self.check_module, self.autocast, self.who, self.quantity = check_module, autocast, who, quantity
+        self.collective = collective
         self.layouts = tuple(k for k in LAYOUTS if k != "grouped" or grouped_mask_supported(model))
         self.checked: set[str] = set()
         self.attention_weight = attention_weight_of(model)  # for choosing between layouts by cost
@@ -67,30 +71,69 @@ class LayoutChoice:
     ) -> PackedRows | None:
         """The layout of one micro-batch, or None for the padded forward. ``run(module, layout)``
         computes the (bs, R) result in a layout (None: padded), to compare a new layout with."""
+        if self.collective > 1:
+            self._check_together(ids, attn, pos, response_length, run)
+            return layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
         packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
         while packed is not None and packed.kind not in self.checked:
-            diff = self._difference(run, packed, attn, response_length)
-            if diff <= self.tolerance:
-                self.checked.add(packed.kind)
+            self._judge(packed.kind, self._difference(run, packed, attn, response_length))
+            if packed.kind in self.checked:
                 break
-            warnings.warn(
-                f"{self.who}: the {packed.kind} layout changes this model's {self.quantity} (mean |diff| {diff:.2e} > "
-                f"{self.tolerance:.0e}); not using it",
-                stacklevel=3,
-            )
-            self.layouts = tuple(k for k in self.layouts if k != packed.kind)
             packed = layout_rows(ids, attn, pos, response_length, self.layouts, self.attention_weight)
         return packed
+
+    def _judge(self, kind: str, diff: float) -> None:
+        """Keep ``kind`` (checked) when ``diff`` is rounding, else drop it with a warning."""
+        if diff <= self.tolerance:
+            self.checked.add(kind)
+            return
+        warnings.warn(
+            f"{self.who}: the {kind} layout changes this model's {self.quantity} (mean |diff| {diff:.2e} > "
+            f"{self.tolerance:.0e}); not using it",
+            stacklevel=4,
+        )
+        self.layouts = tuple(k for k in self.layouts if k != kind)
+
+    def _check_together(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        pos: torch.Tensor,
+        response_length: int,
+        run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor],
+    ) -> None:
+        """The ranks' check of the layouts none has checked yet, on their own micro-batches, every rank calling
+        this as often (one call per micro-batch, stand-ins included). A kind is checked when any rank's
+        micro-batch can be laid out in it: each rank then runs two forwards (that layout and the padded one; a rank
+        whose rows cannot, the padded one twice) and all take the largest difference, so the layouts left, and
+        what each rank checks next, stay the same on every rank."""
+        import torch.distributed as dist
+
+        from armor_core.workers.parallel.strategy import reshard
+
+        pending = [kind for kind in self.layouts if kind not in self.checked]
+        if not pending:
+            return
+        mine = {kind: layout_rows(ids, attn, pos, response_length, (kind,), self.attention_weight) for kind in pending}
+        wanted = torch.tensor([float(mine[kind] is not None) for kind in pending], dtype=torch.float64)
+        dist.all_reduce(wanted, op=dist.ReduceOp.MAX)
+        for kind, want in zip(pending, wanted.tolist()):
+            if want:
+                diff = torch.tensor([self._difference(run, mine[kind], attn, response_length)], dtype=torch.float64)
+                dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+                self._judge(kind, float(diff))
+        reshard(self.check_module)  # a forward without backward leaves FSDP2's root parameters gathered
 
     @torch.no_grad()
     def _difference(
         self,
         run: Callable[[torch.nn.Module, PackedRows | None], torch.Tensor],
-        packed: PackedRows,
+        packed: PackedRows | None,
         attn: torch.Tensor,
         R: int,
     ) -> float:
-        """Mean |result in ``packed`` - padded result| on valid response positions, the check module in eval mode."""
+        """Mean |result in ``packed`` - padded result| on valid response positions, the check module in eval mode
+        (``packed`` None: the padded forward twice, a stand-in in a collective check, 0)."""
         module = self.check_module
         was_training = module.training
         module.eval()

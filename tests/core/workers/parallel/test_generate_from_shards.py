@@ -54,8 +54,8 @@ def _cases(rank: int, world: int, out_dir: str) -> dict:
 
     out["greedy"], out["sampled"] = both(True), both(False)
     mine = shares(make_batch(), world)[rank]
-    copy.logp.layouts = ()  # padded, as the shards' passes are (no copy to check a layout on): the same update
     shards.update_actor(mine, step=1)
+    out["checked"] = sorted(shards.logp.checked), shards.logp.layouts, shards.logp.padding_metrics()
     copy.update_actor(mine, step=1)
     synced = copy.sync_weights()  # the copy is refreshed, a bucket at a time; the shards are the policy already
     out["sync_metrics"] = sorted(synced)
@@ -122,3 +122,11 @@ def test_a_sync_sends_the_policy_a_bucket_at_a_time_gathered_from_the_shards(res
         assert len(sizes) > 3 and all(nbytes <= limit or n == 1 for n, nbytes in sizes), sizes
         assert equal and names == sorted(set(whole) - ({"lm_head.weight"} if r["tied"] else set()))
         assert r["copy_is_policy"] and "perf/sync_gb_per_s" in r["sync_metrics"]
+
+
+def test_the_shards_check_layouts_together_and_pack(results):
+    """Without a copy to check a layout on alone, the ranks check each one together: every rank keeps the same
+    layouts, and the update's passes run packed, not padded."""
+    (checked, layouts, metrics), (checked_1, layouts_1, _) = (r["checked"] for r in results)
+    assert checked == checked_1 and layouts == layouts_1 and "packed" in checked
+    assert metrics["perf/padding_waste"] < 0.5, metrics
