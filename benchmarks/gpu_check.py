@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py                      # Qwen2.5-0.5B shapes, bf16, 20 steps per backend
     python benchmarks/gpu_check.py --backends vllm --steps 10 --max-new-tokens 512
     python benchmarks/gpu_check.py --preset tiny --device cpu --steps 2 --warmup 0 --backends hf   # the CPU smoke run
+    python benchmarks/gpu_check.py --ranks 2 --resume-ranks 1   # FSDP2 on 2 GPUs (NCCL), then resumed on 1
 
 A Qwen2-architecture model with Qwen2.5-0.5B's shapes (vocabulary 151,936, hidden 896, 24 layers,
 14 query / 2 key-value heads, MLP 4864; the head untied, since vLLM reloads tied weights wrongly:
@@ -12,6 +13,11 @@ task through the whole trainer (Ray, the colocated actor worker) in bf16 mixed p
 chunked LM head and token-budget micro-batches; the vLLM engine sleeps (level 1: weights to host
 memory, KV cache freed) between generation and training. A random model scores 0 everywhere, so
 ``actor.skip_zero_advantage=false`` keeps every row in the update: the work is that of a real step.
+
+With ``--ranks N`` (> 1) the actor trains with FSDP2 on N ranks, one GPU each (NCCL; gloo on CPU): generation from
+the shards (``hf``) or an engine per rank synced from them a bucket at a time (``vllm``), and the run's last
+checkpoint written sharded, each rank its part. ``--resume-ranks M`` then resumes that checkpoint on M ranks for
+two more steps and reports whether they ran and their policy loss (a resume at another world size).
 
 Printed per backend, medians over the steps after ``--warmup``: tokens/s of the whole step (prompt
 + response tokens), response tokens/s of generation, the peak GPU memory (the torch allocator's
@@ -79,10 +85,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--keep", metavar="DIR", help="keep the model and the runs under DIR (default: a temporary directory, removed)"
     )
+    p.add_argument("--ranks", type=int, default=1, help="actor ranks, one GPU each; > 1: FSDP2, sharded checkpoint")
+    p.add_argument(
+        "--resume-ranks", type=int, default=0, help="resume the run's last checkpoint on this many ranks (0: do not)"
+    )
     p.add_argument("--json", action="store_true", help="print the summaries as JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="further config overrides (key=value) for every run")
     args = p.parse_args(argv)
-    for name in ("steps", "batch", "n", "max_new_tokens", "max_tokens_per_micro_batch"):
+    if args.resume_ranks < 0:
+        p.error(f"--resume-ranks must be 0 (no resume) or more, got {args.resume_ranks}")
+    for name in ("steps", "batch", "n", "max_new_tokens", "max_tokens_per_micro_batch", "ranks"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.warmup < args.steps:
@@ -131,14 +143,19 @@ def build_model_dir(out: Path, preset: str, max_positions: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def overrides(args: argparse.Namespace, backend: str, model_dir: Path, run_dir: Path) -> list[str]:
-    """The config of one backend's run."""
+def overrides(
+    args: argparse.Namespace, backend: str, model_dir: Path, run_dir: Path, ranks: int | None = None, steps: int = 0
+) -> list[str]:
+    """The config of one backend's run (on ``ranks``, default ``--ranks``; for ``steps``, default ``--steps``)."""
+    ranks = ranks or args.ranks
     out = [
         f"model.path={model_dir}",
         f"model.dtype={args.dtype}",
         f"trainer.device={args.device}",
         f"trainer.run_dir={run_dir}",
-        f"trainer.total_steps={args.steps}",
+        f"trainer.total_steps={steps or args.steps}",
+        f"trainer.save_freq={args.steps}",  # the run's last step: what --resume-ranks resumes
+        f"actor.num_workers={ranks}",
         "trainer.val_freq=0",
         "trainer.val_before_train=false",
         "trainer.loggers=[jsonl]",
@@ -152,6 +169,8 @@ def overrides(args: argparse.Namespace, backend: str, model_dir: Path, run_dir: 
         "actor.lr=1e-6",
         f"rollout.backend={backend}",
     ]
+    if ranks > 1:
+        out.append("actor.strategy=fsdp2")  # actor.checkpoint_format auto: sharded
     if args.device == "cuda":
         out.append("engine.gpus_per_worker=1")
     if backend == "vllm":
@@ -202,6 +221,8 @@ def format_table(results: dict[str, dict]) -> str:
         ("sync s/GB", "sync_s_per_gb"),
         ("|dlogp| mean", "logprob_diff_mean"),
         ("|dlogp| max", "logprob_diff_max"),
+        ("ranks", "ranks"),
+        ("resumed", "resumed"),
     ]
     rows = []
     for backend, s in results.items():
@@ -210,9 +231,11 @@ def format_table(results: dict[str, dict]) -> str:
             continue
         cells = [backend]
         for _, key in cols[1:]:
-            v = s[key]
+            v = s.get(key, "-")
             cells.append(
-                "-"
+                v
+                if isinstance(v, str)
+                else "-"
                 if v != v
                 else (f"{v:.2e}" if key.startswith("logprob") else f"{v:,.3g}" if v < 100 else f"{v:,.0f}")
             )
@@ -250,7 +273,32 @@ def run_backend(args: argparse.Namespace, backend: str, model_dir: Path, run_dir
     finally:
         trainer.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return summarize(rows, args.warmup, weight_gb, args.batch * args.n)
+    summary = {**summarize(rows, args.warmup, weight_gb, args.batch * args.n), "ranks": args.ranks}
+    if args.resume_ranks:
+        summary["resumed"] = resume_elsewhere(args, backend, model_dir, run_dir)
+    return summary
+
+
+def resume_elsewhere(args: argparse.Namespace, backend: str, model_dir: Path, run_dir: Path) -> str:
+    """Resume the run's last checkpoint on ``--resume-ranks`` ranks for two more steps: ``"N->M: pg_loss x, y"``
+    (a checkpoint written on N ranks loaded on M), or what went wrong."""
+    import math
+
+    from armor_core.config.schema import load_config
+    from armor_core.loop.trainer import Trainer
+
+    where = f"{args.ranks}->{args.resume_ranks}"
+    cfg = load_config(None, overrides(args, backend, model_dir, run_dir, ranks=args.resume_ranks, steps=args.steps + 2))
+    trainer = Trainer(cfg, resume=True)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["actor/pg_loss"] for r in rows if r.get("step", 0) > args.steps and "actor/pg_loss" in r]
+    if len(losses) != 2 or not all(math.isfinite(x) for x in losses):
+        return f"{where}: FAILED (policy losses after the resume: {losses})"
+    return f"{where}: pg_loss {losses[0]:.3g}, {losses[1]:.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,7 +101,7 @@ def test_without_a_gpu_it_says_so_and_how_to_run_the_cpu_smoke_run(capsys, monke
 
 
 @pytest.mark.slow
-def test_the_whole_check_runs_on_a_tiny_model(ray_cluster, tmp_path, capsys):
+def test_the_whole_check_runs_on_a_tiny_model_sharded_and_resumes_on_another_rank_count(ray_cluster, tmp_path, capsys):
     code = gpu_check.main(
         [
             "--preset",
@@ -122,6 +122,10 @@ def test_the_whole_check_runs_on_a_tiny_model(ray_cluster, tmp_path, capsys):
             "2",
             "--max-new-tokens",
             "4",
+            "--ranks",
+            "2",
+            "--resume-ranks",
+            "1",
             "--keep",
             str(tmp_path),
             "engine.cpus_per_worker=1",
@@ -136,3 +140,6 @@ def test_the_whole_check_runs_on_a_tiny_model(ray_cluster, tmp_path, capsys):
     assert hf[1].strip() == "hf" and float(hf[3].replace(",", "")) > 0  # tokens/s
     assert float(hf[8]) < 1e-3  # trainer and rollout agree on the sampled tokens' log-probs (float32)
     assert (Path(tmp_path) / "run-hf" / "metrics.jsonl").exists()
+    # FSDP2 on 2 ranks wrote its checkpoint sharded, each rank its part; resumed on 1 rank, two more steps ran
+    shards = list((Path(tmp_path) / "run-hf" / "checkpoints" / "step_000002" / "actor_shards").glob("*.distcp"))
+    assert len(shards) == 2 and hf[10].strip() == "2" and hf[11].strip().startswith("2->1: pg_loss"), out
