@@ -3,7 +3,8 @@ own shards, nothing is gathered, and the checkpoint resumes exactly on the same 
 more, for the actor and the critic; ``armor export`` assembles a Hugging Face directory from the shards that
 transformers loads to the trainer's logits.
 
-One 2-process gloo group runs every case (``run_ranks``); rank 0 alone plays the one-rank side.
+One 2-process gloo group runs every case (``run_ranks``); rank 0 alone plays the one-rank side. Four ranks
+write the checkpoint two then resume (4 -> 2) in groups of their own.
 """
 
 from __future__ import annotations
@@ -150,3 +151,39 @@ def test_export_assembles_a_model_that_transformers_loads_to_the_trainers_weight
 
     assert load_tokenizer(str(results[1] / "exported")) is not None
     assert torch.isfinite(model(ids).logits).all()
+
+
+def _four(rank: int, world: int, out_dir: str) -> dict:
+    """Four ranks train a step, save (sharded) and take the next step: the uninterrupted run's loss."""
+    from armor_core.workers.actor.worker import ActorWorker
+
+    batch = make_batch()
+    w = ActorWorker(make_config("token-mean", "fsdp2"), rank=rank, world_size=world)
+    w.update_actor(shares(batch, world)[rank], step=1)
+    w.save_checkpoint(os.path.join(out_dir, "four"))
+    saved = _state(w)
+    m = w.update_actor(shares(batch, world)[rank], step=2)
+    return {"saved": saved, "after_loss": (m["actor/pg_loss"], m["actor/grad_norm"])}
+
+
+def _two_of_four(rank: int, world: int, out_dir: str) -> dict:
+    """Two ranks resume what four wrote and take the same global batch's next step."""
+    from armor_core.workers.actor.worker import ActorWorker
+
+    batch = make_batch()
+    w = ActorWorker(make_config("token-mean", "fsdp2"), rank=rank, world_size=world)
+    w.load_checkpoint(os.path.join(out_dir, "four"))
+    loaded = _state(w)
+    m = w.update_actor(shares(batch, world)[rank], step=2)
+    return {"loaded": loaded, "after_loss": (m["actor/pg_loss"], m["actor/grad_norm"])}
+
+
+def test_a_checkpoint_of_four_ranks_resumes_on_two(tmp_path):
+    (tmp_path / "r4").mkdir()
+    (tmp_path / "r2").mkdir()
+    four = run_ranks(functools.partial(_four, out_dir=str(tmp_path)), 4, tmp_path / "r4")
+    two = run_ranks(functools.partial(_two_of_four, out_dir=str(tmp_path)), 2, tmp_path / "r2")
+    assert len(list((tmp_path / "four" / "actor_shards").glob("*.distcp"))) == 4
+    for rank in range(2):
+        _same((four[0]["saved"], two[rank]["loaded"]), f"4 -> 2, rank {rank}")
+        assert two[rank]["after_loss"] == pytest.approx(four[0]["after_loss"], rel=1e-5)
