@@ -527,6 +527,14 @@ class TrainerConfig:
     seed: int = f(1, "Seed for data order, sampling and initialisation.", ge=0, lt=2**32)
     run_dir: str = f("runs/default", "Where metrics, checkpoints and summaries are written.")
     save_freq: int = f(0, "Checkpoint every N steps; 0 saves only at the end.", ge=0)
+    async_save: bool = f(
+        False,
+        "A sharded checkpoint's shards (actor.checkpoint_format) are written in the background: each rank copies its "
+        "shards to host memory, the run goes on while a thread writes them, and the checkpoint becomes the latest "
+        "(manifest, rename) once they are written, at the end of the next step at the latest, which waits for them "
+        "if need be (timing_s/save_wait). Costs one host copy of a rank's shards while they are written. A full-form "
+        "checkpoint, and the run's last, are written in the foreground.",
+    )
     keep_checkpoints: int = f(2, "Checkpoints kept on disk (oldest removed first).", ge=1)
     resume: str = f(
         "never",

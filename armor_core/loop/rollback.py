@@ -57,10 +57,15 @@ class Trainables:
     def __init__(self, actor: WorkerGroup, critic: WorkerGroup | None = None) -> None:
         self.groups = [g for g in (actor, critic) if g is not None]
 
-    def save(self, path: Path) -> None:
-        """Each group's checkpoint files into ``path`` (rank 0 writes, every rank takes part in the gathers)."""
+    def save(self, path: Path, background: bool = False) -> None:
+        """Each group's checkpoint files into ``path`` (rank 0 writes, every rank takes part in the gathers; a sharded
+        checkpoint's shards, with ``background``, written on after this returns: ``wait_saved``)."""
         for group in self.groups:
-            group.call(TrainableAPI.save_checkpoint, str(path))
+            group.call(TrainableAPI.save_checkpoint, str(path), background)
+
+    def wait_saved(self) -> float:
+        """Return once every group's background writes are done; the longest any rank waited, in seconds."""
+        return max((max(group.call(TrainableAPI.wait_saved)) for group in self.groups), default=0.0)
 
     def load(self, path: Path, rollback: bool = False) -> None:
         """Each group's state from checkpoint ``path``; a ``rollback`` keeps the rates and guard state in force."""

@@ -91,6 +91,7 @@ class Trainer:
         self.scorer = Scorer(self.rewards, self.tokenizer)
         self.train_ds, self.val_ds, self.loader = load_data(cfg, self.pm, self.tokenizer, self.rewards)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
+        self._saving: Path | None = None  # a checkpoint whose shards are written in the background (async_save)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # written once every check passed, the workers' included: a refused --resume leaves the run's config as it was
         config_json = json.dumps(to_dict(cfg), indent=1)
@@ -273,12 +274,28 @@ class Trainer:
             **({"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl else {}),
         }
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, background: bool = False) -> Path:
+        """The checkpoint of this step; with ``background`` (``trainer.async_save``) its shards are still being
+        written when this returns the directory they go to (``step_N.tmp``), and ``finish_save`` makes it one."""
+        self.finish_save()
+
         def write(tmp: Path) -> None:
-            self.trainables.save(tmp)
+            self.trainables.save(tmp, background)
             self.rollout.save(tmp)
 
-        return self.ckpt.save(self.step, write, self.trainer_state())
+        if not background:
+            return self.ckpt.save(self.step, write, self.trainer_state())
+        self._saving = self.ckpt.begin(self.step, write, self.trainer_state())
+        return self._saving
+
+    def finish_save(self) -> float:
+        """Make the checkpoint whose shards are written in the background one (once they are); the seconds waited."""
+        if self._saving is None:
+            return 0.0
+        tmp, self._saving = self._saving, None
+        waited = [0.0]
+        self.ckpt.finish(tmp, lambda: waited.__setitem__(0, self.trainables.wait_saved()))
+        return waited[0]
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -329,6 +346,7 @@ class Trainer:
         """Restore the newest rollback point or checkpoint older than ``since`` (the first suspected update), or the
         newest of all."""
         metrics["guard/rollback"] = 1.0
+        self.finish_save()  # a checkpoint still being written: whole, and a target, before anything is loaded
         target = rollback_target(self.ckpt, self.points, since, self.step)
         if target is None:
             print(
@@ -414,6 +432,8 @@ class Trainer:
         try:
             while self.step < t.total_steps and (t.total_epochs is None or self.loader.epoch < t.total_epochs):
                 m = self.train_step()
+                if self._saving is not None:  # an earlier step's checkpoint, written while this step ran
+                    m["timing_s/save_wait"] = self.finish_save()
                 if t.val_freq and self.step % t.val_freq == 0 and self.step < t.total_steps:
                     val = self.validate()
                     m.update(val)
@@ -422,10 +442,11 @@ class Trainer:
                 step_metrics.append(m)
                 self.log(m)
                 if t.save_freq and self.step % t.save_freq == 0:
-                    self.save_checkpoint()
+                    self.save_checkpoint(background=t.async_save)
             after = self.validate() if self.val_ds is not None else {}
             if after:
                 self.log(after)
+            self.finish_save()
             latest = self.ckpt.latest()
             if latest is None or latest.name != self.ckpt.name_of(self.step):  # the last step is not saved yet
                 self.save_checkpoint()

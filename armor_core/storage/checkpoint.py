@@ -26,6 +26,7 @@ pickle, and none at all by default.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -33,7 +34,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from armor_core.errors import UserFacingError
 
@@ -78,21 +79,28 @@ class CheckpointManager:
         self._warned: set[tuple[str, str]] = set()
 
     def save(self, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
+        return self.finish(self.begin(step, write, trainer_state))
+
+    def begin(self, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
+        """The first half of ``save``: ``write`` and the trainer state into ``step_N.tmp`` (returned); files written
+        in the background may still be arriving, and the checkpoint is not one until ``finish``."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / self.name_of(step)
         tmp = self.root / f"{self.name_of(step)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        try:
+        with self._cleaned(tmp):
             tmp.mkdir()
             write(tmp)
             (tmp / STATE).write_text(json.dumps(trainer_state, indent=1))
+        return tmp
+
+    def finish(self, tmp: Path, written: Callable[[], object] | None = None) -> Path:
+        """The second half: once ``written()`` returns (the background writes are done) the manifest, then the
+        rename into place and the ``latest`` pointer; a failure removes ``tmp`` and leaves the latest as it was."""
+        final = tmp.with_name(tmp.name.removesuffix(".tmp"))
+        with self._cleaned(tmp):
+            if written is not None:
+                written()
             _write_manifest(tmp)
-        except BaseException as e:
-            free = _free_bytes(self.root)  # before the partial files are removed
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, Exception) and _disk_full(e, free):
-                raise CheckpointError(self._disk_full_message(final.name, free, e)) from e
-            raise
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -104,6 +112,19 @@ class CheckpointManager:
             self._intact[final.name] = signature
         self._prune()
         return final
+
+    @contextlib.contextmanager
+    def _cleaned(self, tmp: Path) -> Iterator[None]:
+        """Remove ``tmp`` when the body fails; a full disk becomes a ``CheckpointError`` saying so."""
+        try:
+            yield
+        except BaseException as e:
+            free = _free_bytes(self.root)  # before the partial files are removed
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, Exception) and _disk_full(e, free):
+                name = tmp.name.removesuffix(".tmp")
+                raise CheckpointError(self._disk_full_message(name, free, e)) from e
+            raise
 
     def latest(self) -> Path | None:
         """The newest intact checkpoint, or None when there is none at all.

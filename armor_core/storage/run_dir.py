@@ -39,6 +39,7 @@ ALWAYS_ALLOWED = (
     "trainer.total_steps",
     "trainer.total_epochs",
     "trainer.save_freq",
+    "trainer.async_save",
     "trainer.keep_checkpoints",
     "trainer.resume",
     "trainer.allow_legacy_pt_state",

@@ -46,8 +46,15 @@ class WorkerAPI(Protocol):
 class TrainableAPI(WorkerAPI, Protocol):
     """Shared by the actor and the critic: checkpoints and rollback points (``workers/rollback_point.py``)."""
 
-    def save_checkpoint(self, path: str) -> None:
-        """Rank 0 writes the full state into ``path``; every rank takes part in the gathers."""
+    def save_checkpoint(self, path: str, background: bool = False) -> None:
+        """Rank 0 writes the full state into ``path``; every rank takes part in the gathers. In the sharded form each
+        rank writes its shards; with ``background`` from a thread, after copying them to host memory (the call
+        returns then, and ``wait_saved`` once they are written)."""
+        ...
+
+    def wait_saved(self) -> float:
+        """Return once the shards a ``background`` save started are written (raising what the write raised); the
+        seconds waited, 0 when none was in flight."""
         ...
 
     def load_checkpoint(self, path: str, rollback: bool = False) -> None:

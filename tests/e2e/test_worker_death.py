@@ -178,18 +178,22 @@ def test_killed_actor_worker_stops_the_run_and_resume_finishes_it(ray_cluster, t
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000001"
     assert not list((run_dir / "checkpoints").glob("step_000002*"))
 
-    resumed = Trainer(load_config(None, [*small, f"trainer.run_dir={run_dir}"]), resume=True)
+    # resumed with the shards written in the background: step 2's checkpoint is written while step 3 runs
+    resumed = Trainer(load_config(None, [*small, f"trainer.run_dir={run_dir}", "trainer.async_save=true"]), resume=True)
     try:
         summary = resumed.fit()
     finally:
         resumed.close()
     assert summary["steps"] == 3 and summary["checkpoint"].endswith("step_000003")
-    steps = [
-        json.loads(line)["step"]
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if "actor/pg_loss" in line
+    rows = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "actor/pg_loss" in line
     ]
-    assert steps == [1, 2, 3]  # step 2 never logged before the kill; the resumed run did it
+    assert [r["step"] for r in rows] == [1, 2, 3]  # step 2 never logged before the kill; the resumed run did it
+    assert "timing_s/save_wait" in rows[2] and "timing_s/save_wait" not in rows[1]  # step 3 made step 2's whole
+    from armor_core.storage.checkpoint import check_intact
+
+    check_intact(run_dir / "checkpoints" / "step_000002")  # its manifest covers every shard the thread wrote
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
     last = Path(summary["checkpoint"])
     assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (last / "actor_shards").iterdir()}
     assert not (last / "model").exists()

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from armor_core.config.schema import ArmorConfig
     from armor_core.stability.guard import GuardRunner
+    from armor_core.workers.parallel.strategy import ShardWriter
 
 __all__ = ["ACTOR_SHARDS", "MODEL_CONFIG", "ActorWeights"]
 
@@ -59,6 +60,7 @@ class ActorWeights:
     world_size: int
     global_step: int
     points: RollbackPoints
+    shard_writer: ShardWriter
     _published: dict[str, torch.Tensor] | None
 
     def needs_weight_sync(self) -> bool:
@@ -130,24 +132,26 @@ class ActorWeights:
         that update writes."""
         return self._published
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, background: bool = False) -> None:
         """Model, optimizer, scheduler, RNG; resumable on any number of ranks.
 
         In the full form rank 0 writes the model (a Hugging Face directory) and the optimizer state keyed by
         parameter name, gathered from the shards under FSDP2 (every rank takes part). In the sharded form
         (``actor.checkpoint_format``) every rank writes its own shards to ``actor_shards/`` and rank 0 the
         model's config and tokenizer to ``model_config/``. Each rank writes its RNG state. The states are
-        safetensors + JSON (``armor_core/storage/state_io.py``): no pickle.
+        safetensors + JSON (``armor_core/storage/state_io.py``): no pickle. With ``background`` the shards are
+        written from a thread (``ShardWriter``); ``wait_saved`` returns once they are.
         """
-        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state, save_shards
+        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
 
         p = Path(path)
         policy = cast("PreTrainedModel", self.gen_model)  # without LoRA the policy is the causal LM load_model gave
         full: dict[str, torch.Tensor] | None = None  # gathered from the shards, when rank 0 saves the full form
         shards = self._writes_shards()
         if shards:
-            optim = save_shards(self.model, self.optimizer, str(p / ACTOR_SHARDS), self.world_size)
+            optim = self.shard_writer.save(self.model, self.optimizer, str(p / ACTOR_SHARDS), background)
         else:
+            self.shard_writer.wait()
             optim = full_optimizer_state(self.model, self.optimizer)
             if self.sharded:  # gathered: rank 0 saves the full model from the copy, or from this state without one
                 full = full_model_state(self.model)
@@ -189,12 +193,17 @@ class ActorWeights:
 
         return writes_shards(self.cfg.actor.checkpoint_format, self.sharded, self.lora)
 
+    def wait_saved(self) -> float:
+        """Wait for a checkpoint's shards still being written in the background; the seconds waited."""
+        return self.shard_writer.wait()
+
     def load_checkpoint(self, path: str, rollback: bool = False) -> None:
         """Every rank loads the state, full or sharded, whatever the world size that wrote it; on a ``rollback`` the
         learning rate in force and the guards' state stay (``rollback_point.rates_kept``), as they do when a rollback
         point in memory is restored."""
         from safetensors.torch import load_file
 
+        self.shard_writer.wait()
         from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state, load_shards
 
         p = Path(path)

@@ -183,7 +183,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
 
     def _build_training(self, cfg: ArmorConfig) -> None:
         """The data-parallel wrapper (DDP / FSDP2), the optimizer and the learning-rate schedule."""
-        from armor_core.workers.parallel.strategy import wrap
+        from armor_core.workers.parallel.strategy import ShardWriter, wrap
 
         a = cfg.actor
         # FSDP2 shards self.model in place and a sharded forward is a collective: the hf rollout generates from the
@@ -192,6 +192,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         # workers/parallel/strategy.py)
         self.sharded = a.strategy == "fsdp2" and (self.world_size > 1 or a.offload)
         self.gen_copy = self.sharded and self._needs_copy(cfg)
+        self.shard_writer = ShardWriter(self.world_size)
         self.gen_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.gen_copy else self.model
         self.train_module: torch.nn.Module = wrap(
             self.model, a.strategy, self.world_size, self.device, self.compute_dtype, a.offload

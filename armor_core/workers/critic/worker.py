@@ -87,7 +87,7 @@ class CriticWorker:
         from armor_core.models.loading import resolve_model_path
         from armor_core.models.remote_code import check_remote_code
         from armor_core.plugins import get_plugin_manager
-        from armor_core.workers.parallel.strategy import wrap
+        from armor_core.workers.parallel.strategy import ShardWriter, wrap
 
         self.cfg: ArmorConfig = from_dict(config)
         cfg = self.cfg
@@ -111,6 +111,7 @@ class CriticWorker:
         self.train_module = wrap(self.model, cfg.actor.strategy, world_size, self.device, self.compute_dtype)
         self.sharded = sharded = world_size > 1 and cfg.actor.strategy == "fsdp2"
         self.autocast = lambda: autocast(self.device, self.compute_dtype, enabled=not sharded)
+        self.shard_writer = ShardWriter(world_size)
         self.values = ResponseValues(
             self.model, self.device, self.compute_dtype, self.autocast, rank, world_size if sharded else 1
         )
@@ -199,28 +200,29 @@ class CriticWorker:
                 self.optimizer.step()
         return {**{k: sum(v) / len(v) for k, v in sums.items()}, **self.values.padding_metrics(prefix="critic/")}
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, background: bool = False) -> None:
         """The value model and its optimizer state (by parameter name): gathered to rank 0, or each rank's shards in
-        ``critic_shards/`` (``actor.checkpoint_format``); any world size resumes either."""
+        ``critic_shards/`` (``actor.checkpoint_format``; with ``background`` written from a thread, ``wait_saved``);
+        any world size resumes either."""
         from safetensors.torch import save_file
 
-        from armor_core.workers.parallel.strategy import (
-            full_model_state,
-            full_optimizer_state,
-            save_shards,
-            writes_shards,
-        )
+        from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state, writes_shards
 
         p = Path(path)
         if writes_shards(self.cfg.actor.checkpoint_format, self.sharded, False):
-            optim = save_shards(self.model, self.optimizer, str(p / CRITIC_SHARDS), self.world_size)
+            optim = self.shard_writer.save(self.model, self.optimizer, str(p / CRITIC_SHARDS), background)
             if self.rank == 0:
                 save_state({"optimizer": optim}, p / "critic_state")
             return
+        self.shard_writer.wait()
         model, optim = full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
         if self.rank == 0:
             save_file({k: v.contiguous() for k, v in model.items()}, str(p / "critic.safetensors"))
             save_state({"optimizer": optim}, p / "critic_state")
+
+    def wait_saved(self) -> float:
+        """Wait for a checkpoint's shards still being written in the background; the seconds waited."""
+        return self.shard_writer.wait()
 
     def load_checkpoint(self, path: str, rollback: bool = False) -> None:
         """The value model and its optimizer state; ``rollback`` changes nothing here (no guard adjusts the critic's
@@ -229,6 +231,7 @@ class CriticWorker:
 
         from armor_core.workers.parallel.strategy import load_full_model_state, load_full_optimizer_state, load_shards
 
+        self.shard_writer.wait()
         p = Path(path)
         # or an older checkpoint's critic_state.pt, if the user allows it
         state = load_checkpoint_state(p / "critic_state", allow_legacy_pt=self.cfg.trainer.allow_legacy_pt_state)

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from concurrent.futures import Future
 from typing import Any, cast
 
 import torch
 
 __all__ = [
     "STRATEGIES",
+    "ShardWriter",
     "full_model_state",
     "full_optimizer_state",
     "load_full_model_state",
@@ -46,6 +48,7 @@ __all__ = [
     "local_part",
     "reshard",
     "save_shards",
+    "start_saving_shards",
     "shard_units",
     "wrap",
     "writes_shards",
@@ -215,6 +218,65 @@ def save_shards(
     optimizer's ``param_groups`` (by parameter name), or, before the first optimizer step (no state to write),
     its hyper-parameters as ``full_optimizer_state`` keeps them (``untouched``)."""
     import torch.distributed.checkpoint as dcp
+
+    state, kept = _shard_state(model, optimizer)
+    with _one_process_quiet():
+        dcp.save(state, checkpoint_id=directory, no_dist=world_size == 1)
+    return kept
+
+
+def start_saving_shards(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, world_size: int, group: Any = None
+) -> tuple[dict[str, Any], Future]:
+    """:func:`save_shards` in the background: every rank copies its shards to host memory (before this returns, so
+    training may change the tensors at once) and writes them from a thread; ``group`` is the process group the
+    writers agree through (one of their own: the training's collectives go on meanwhile). Returns what
+    :func:`save_shards` returns and the future of the write, which raises what the write raised."""
+    import torch.distributed.checkpoint as dcp
+
+    state, kept = _shard_state(model, optimizer)
+    with _one_process_quiet():
+        done = dcp.async_save(state, checkpoint_id=directory, process_group=group, no_dist=world_size == 1)
+    return kept, cast(Future, done)
+
+
+class ShardWriter:
+    """A worker's sharded saves (:func:`save_shards`), in the foreground or started in the background
+    (:func:`start_saving_shards`, ``trainer.async_save``); a save in flight is waited for before the next save or any
+    load, and by :meth:`wait`, after which its files are whole."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._group: Any = None  # the background writers' own process group, made at the first background save
+        self._pending: Future | None = None
+
+    def save(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, background: bool = False
+    ) -> dict[str, Any]:
+        self.wait()
+        if not background:
+            return save_shards(model, optimizer, directory, self.world_size)
+        if self._group is None and self.world_size > 1:  # every rank saves together: the group is made alike
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        kept, self._pending = start_saving_shards(model, optimizer, directory, self.world_size, self._group)
+        return kept
+
+    def wait(self) -> float:
+        """Wait for the save in flight, if any; raises what its write raised. Returns the seconds waited."""
+        if self._pending is None:
+            return 0.0
+        import time
+
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, None
+        pending.result()
+        return time.perf_counter() - t0
+
+
+def _shard_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What :func:`save_shards` writes (the tensors) and what it returns (the rest)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {"model": _once(get_model_state_dict(model))}
@@ -222,9 +284,7 @@ def save_shards(
     if optimizer.state:
         optim = get_optimizer_state_dict(model, optimizer)
         state["optimizer"], kept = optim["state"], {"param_groups": optim["param_groups"]}
-    with _one_process_quiet():
-        dcp.save(state, checkpoint_id=directory, no_dist=world_size == 1)
-    return kept
+    return state, kept
 
 
 def load_shards(
