@@ -57,6 +57,8 @@ __all__ = ["Trainer", "run_training"]
 
 
 class Trainer:
+    _saving: Path | None = None  # a checkpoint whose shards are written in the background (trainer.async_save)
+
     def __init__(self, cfg: ArmorConfig, resume: bool = False) -> None:
         from armor_core.config.plugin_checks import validate_plugins
         from armor_core.models.loading import load_tokenizer, resolve_model_path
@@ -91,7 +93,6 @@ class Trainer:
         self.scorer = Scorer(self.rewards, self.tokenizer)
         self.train_ds, self.val_ds, self.loader = load_data(cfg, self.pm, self.tokenizer, self.rewards)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.keep_checkpoints)
-        self._saving: Path | None = None  # a checkpoint whose shards are written in the background (async_save)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # written once every check passed, the workers' included: a refused --resume leaves the run's config as it was
         config_json = json.dumps(to_dict(cfg), indent=1)
