@@ -10,7 +10,7 @@ the table shows medians over the measured steps: the whole step, its update part
 forward/backward/optimizer step, where data parallelism acts), the weight sync to the rollout
 engine (free when colocated, and under FSDP2 from the shards; with a copy a gather of the full weights into it),
 generation, and tokens (prompt + response) per second of step time. FSDP2 runs twice: generating from the
-shards (the default: every decoding step gathers the layers, the log-prob passes run padded) and from a full
+shards (the default: every decoding step gathers the layers) and from a full
 copy per rank (``actor.fsdp_generation=copy``: the sync gathers the weights once per update).
 
 The machine's cores are split among the workers: on a 2-core machine, 1 worker x 2 cores against
