@@ -83,6 +83,25 @@ def test_every_process_dies_when_the_worker_running_the_row_is_killed(mode, proc
         shutil.rmtree(private, ignore_errors=True)
 
 
+def test_the_runs_processes_are_the_kernels_first_choice_under_memory_pressure(mode, processes):
+    # oom_score_adj 1000, inherited by everything the program starts: not the supervisor, not the trainer
+    import threading
+
+    marker = f"armor-daemon-{secrets.token_hex(4)}"
+    row = threading.Thread(target=_row, args=(DAEMON.format(marker=marker, sleep=1.0, linger=8),))
+    row.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while not (found := processes.marked(marker)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert found, "the daemon never started"
+        assert {open(f"/proc/{pid}/oom_score_adj").read().strip() for pid in found} == {"1000"}
+        assert open("/proc/self/oom_score_adj").read().strip() != "1000"  # the worker's own is untouched
+    finally:
+        row.join()
+    assert processes.gone(marker) == []
+
+
 def test_an_ordinary_users_rows_leave_no_process_either(processes, as_nobody):
     # no uid of its own to kill: the run's PID namespace, or its supervisor, ends what the program started
     marker = f"armor-daemon-{secrets.token_hex(4)}"
