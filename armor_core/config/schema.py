@@ -590,7 +590,8 @@ class TrainerConfig:
         "value: the fraction of rows flipped, in (0, 1], default all), random_reward (uniform scores), inf_reward "
         "(one row's score +Inf) (these two take no value), "
         "stale_rollout (samples from the weights of value updates ago, default 4), kill_worker (SIGKILL to the "
-        "actor worker of rank value, default 0). Details: armor_core/stability/faults.py.",
+        "actor worker of rank value, default 0), lost_sync (the weight sync to an engine with weights of its own "
+        "drops a tensor; no value). Details: armor_core/stability/faults.py.",
         factory=list,
     )
 

@@ -50,6 +50,7 @@ from armor_core.loop.rollout_source import RolloutSource
 from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, update_stats
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
+from armor_core.models.weight_sums import SyncCheckError
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
 from armor_core.workers.losses.rollout_correction import nothing_kept
 
@@ -468,6 +469,9 @@ class Trainer:
             raise WorkerDiedError(f"step {self.step + 1}: {e} {where}") from e
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}") from None
+        except SyncCheckError as e:  # the engine would sample from another policy than the one trained
+            self.guard.record_stop(self.step + 1, "sync", "weight_sync", str(e))
+            raise
         finally:
             for name, tr in zip(t.loggers, self.trackers):
                 with self._disk_full_is_an_error(f"tracker {name!r} could not be closed"):

@@ -19,6 +19,10 @@ a kind that reads no value refuses one. Kinds, where they strike, and their ``va
 - ``kill_worker`` (actor worker): the actor worker of rank ``value`` (default 0) kills its own
   process with SIGKILL as its update of these steps begins, as the kernel's OOM killer would; the
   run must stop with a message naming the worker, keep its last checkpoint, and resume from it.
+- ``lost_sync`` (actor worker): the weight sync after these steps' updates leaves out the first tensor it
+  would send, as a backend that skips one would, so the engine keeps an old copy of it; only a rollout
+  engine with weights of its own is synced (``vllm``, an FSDP2 copy). With ``rollout.verify_sync`` the run
+  stops with a ``SyncCheckError`` naming the tensor, recorded in ``guard_events.jsonl``. No ``value``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ if TYPE_CHECKING:
 
 __all__ = ["FAULT_KINDS", "VALUES", "Faults", "parse_faults"]
 
-FAULT_KINDS = ("nan_grad", "lr_scale", "flip_reward", "random_reward", "inf_reward", "stale_rollout", "kill_worker")
+FAULT_KINDS = (
+    "nan_grad",
+    "lr_scale",
+    "flip_reward",
+    "random_reward",
+    "inf_reward",
+    "stale_rollout",
+    "kill_worker",
+    "lost_sync",
+)
 
 
 @dataclass(frozen=True)

@@ -304,6 +304,18 @@ class GuardRunner:
         with open(self.events_path, "a") as fh:
             fh.write(json.dumps(event) + "\n")
 
+    def record_stop(self, step: int, stage: str, name: str, reason: str) -> None:
+        """An event that stops the run without a verdict (a weight sync the rollout engine did not take, ``name``
+        ``weight_sync``): appended to ``guard_events.jsonl`` as action ``stop``, so the run's events and
+        ``armor report`` show why it ended."""
+        self.counts[f"guard/{name}/stop"] = self.counts.get(f"guard/{name}/stop", 0.0) + 1.0
+        if self.events_path is None:
+            return
+        event = {"step": step, "stage": stage, "guard": name, "action": "stop", "reason": reason}
+        self.events_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.events_path, "a") as fh:
+            fh.write(json.dumps(event) + "\n")
+
     def open_events(self) -> None:
         """Create ``guard_events.jsonl`` if it is missing, so every run directory has it (empty while no guard has
         acted); an existing one, a resumed run's, is kept as it is (opened for appending, never truncated)."""

@@ -190,3 +190,34 @@ def test_the_default_trust_region_undoes_a_far_step_and_a_resume_after_it_contin
     assert all(torch.equal(after[k], final[k]) for k in final)
     # the events of the steps taken again are dropped on resume and written again: the same decisions, once each
     assert [json.loads(x) for x in (tmp_path / "tr" / "guard_events.jsonl").read_text().splitlines()] == events
+
+
+def test_a_weight_sync_the_engine_did_not_take_stops_the_run_and_is_a_guard_event(ray_cluster, tmp_path, tiny_run):
+    # FSDP2 with a full copy to generate from (an engine with weights of its own); step 2's sync drops a tensor
+    from armor_core.models.weight_sums import SyncCheckError
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        None,
+        [
+            *tiny_run,
+            "trainer.total_steps=3",
+            "actor.num_workers=2",
+            "actor.strategy=fsdp2",
+            "actor.fsdp_generation=copy",
+            f"trainer.run_dir={run_dir}",
+            "trainer.faults=[{kind: lost_sync, steps: [2]}]",
+        ],
+    )
+    trainer = Trainer(cfg)
+    try:
+        with pytest.raises(
+            SyncCheckError, match=r"weight sync actor rank \d -> hf failed: .*model\.embed_tokens\.weight"
+        ):
+            trainer.fit()
+    finally:
+        trainer.close()
+    events = [json.loads(line) for line in (run_dir / "guard_events.jsonl").read_text().splitlines()]
+    stops = [e for e in events if e["action"] == "stop"]
+    assert len(stops) == 1 and stops[0]["guard"] == "weight_sync" and stops[0]["step"] == 2, events
+    assert "model.embed_tokens.weight" in stops[0]["reason"]

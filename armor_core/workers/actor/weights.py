@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from armor_core.config.schema import ArmorConfig
+    from armor_core.stability.faults import Faults
     from armor_core.stability.guard import GuardRunner
     from armor_core.workers.parallel.strategy import ShardWriter
 
@@ -61,6 +62,7 @@ class ActorWeights:
     global_step: int
     points: RollbackPoints
     shard_writer: ShardWriter
+    faults: Faults
     _published: dict[str, torch.Tensor] | None
 
     def needs_weight_sync(self) -> bool:
@@ -93,8 +95,12 @@ class ActorWeights:
         if not self.lora:  # a bucket at a time: under FSDP2 no rank holds the whole model (rollout.sync_bucket_mb)
             kept: dict[str, torch.Tensor] = {}
             nbytes = 0
+            lost = self.faults.at("lost_sync", self.global_step) is not None  # fault injection
             for bucket in full_state_buckets(self.model, self.cfg.rollout.sync_bucket_mb << 20):
-                self.rollout.update_weights(bucket.items())
+                items = list(bucket.items())
+                if lost:  # the engine never gets the first tensor; the check is told what it should hold
+                    items, lost = items[1:], False
+                self.rollout.update_weights(items)
                 kept.update((name, sampled(t)) for name, t in bucket.items())
                 nbytes += sum(t.numel() * t.element_size() for t in bucket.values())
             return kept, list(kept), nbytes

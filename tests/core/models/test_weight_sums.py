@@ -14,6 +14,7 @@ from armor_core.config.schema import RolloutConfig
 from armor_core.models.loading import build_tiny_model
 from armor_core.models.lora import apply_lora
 from armor_core.models.weight_sums import SyncCheckError, WeightSum, check_sync, weight_sum
+from armor_core.stability.faults import Faults
 from armor_core.workers.actor.weights import ActorWeights
 from armor_plugins.rollout.hf import HFRollout
 
@@ -75,6 +76,7 @@ def _actor(model, rollout, lora=False, verify=True) -> ActorWeights:
     actor.cfg = SimpleNamespace(rollout=RolloutConfig(backend="copy", verify_sync=verify))  # pyright: ignore
     actor.model = actor.gen_model = model
     actor.rollout, actor.lora, actor.sharded, actor.rank = rollout, lora, False, 0
+    actor.faults, actor.global_step = Faults([]), 1
     return actor
 
 
