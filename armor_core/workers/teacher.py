@@ -16,6 +16,10 @@ against 0.5B's 151936) keeps the student's rows only (``keep_rows``): both distr
 Log-probs are at ``distill.teacher_temperature``, by default ``rollout.temperature`` (the student's), so the
 two distributions compared are the one the rollout sampled from and the teacher at the same temperature.
 No gradient, no state to checkpoint.
+
+Under ``actor.strategy=fsdp2`` a teacher group of several ranks shards the teacher as the actor shards its policy
+(``fully_shard`` per decoder layer): a rank holds 1/N of it, every forward is a collective, so each rank runs as
+many micro-batches (stand-ins where it has fewer rows) and the layouts are checked by the ranks together.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from armor_core.dataproto.protocol import DataProto
 from armor_core.workers.common import build_on_one_thread, isolate, micro_batches, quiet_transformers, seed_everything
 from armor_core.workers.forward.lm_head import install_response_head
 from armor_core.workers.forward.logprobs import ResponseLogProbs
+from armor_core.workers.parallel.collectives import equal_micro_batches, init_distributed
 from armor_core.workers.parallel.precision import autocast, compute_dtype
+from armor_core.workers.parallel.strategy import reshard, wrap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -107,6 +113,9 @@ class TeacherWorker:
         seed_everything(cfg.trainer.seed + 104729 + rank, cfg.trainer.deterministic)
         self.device = torch.device(cfg.trainer.device)
         self.compute_dtype = compute_dtype(cfg.model.dtype, self.device)
+        self.sharded = cfg.actor.strategy == "fsdp2" and world_size > 1
+        if self.sharded:
+            init_distributed(self.device, rank, world_size)
         # never trained: held in the compute dtype, as the actor holds its reference copy
         trust = cfg.model.trust_remote_code
         assert d.teacher is not None  # the teacher worker is built only when algorithm.distill.teacher is set
@@ -119,7 +128,10 @@ class TeacherWorker:
         self.chunk = cfg.actor.logprob_chunk_tokens
         if self.chunk and install_response_head(self.model):  # a head that is not a plain linear map: full logits
             self.chunk = 0
-        self.autocast = lambda enabled=True: autocast(self.device, self.compute_dtype, enabled)
+        if self.sharded:  # its forwards are collectives from here on; FSDP2 casts, as the actor's
+            wrap(self.model, "fsdp2", world_size, self.device, self.compute_dtype)
+        self.autocast = lambda enabled=not self.sharded: autocast(self.device, self.compute_dtype, enabled)
+        self.collective = world_size if self.sharded else 1
         self.temperature = d.teacher_temperature or cfg.rollout.temperature
         self.logp = ResponseLogProbs(
             self.model,
@@ -133,6 +145,7 @@ class TeacherWorker:
             rank,
         )
         self.logp.who = f"teacher rank {rank}"
+        self.logp.collective = self.collective
         built()
 
     def isolation_record(self) -> dict:
@@ -146,15 +159,20 @@ class TeacherWorker:
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
         d, mask = self.cfg.algorithm.distill, data["response_mask"]
-        lp, _ = self.logp.all_rows(self.model, data, with_entropy=False)
+        lp, _ = self.logp.all_rows(self.model, data, with_entropy=False, world_size=self.collective)
         tensors = {"teacher_log_prob": lp * mask}
         if d.mode == "topk_forward_kl":
             parts = []
+            chunks = [(rows, 1.0) for rows in micro_batches(data["attention_mask"].sum(-1), d.micro_batch_size)]
             with self.autocast():
-                for rows in micro_batches(data["attention_mask"].sum(-1), d.micro_batch_size):
-                    parts.append(teacher_top_k(self.model, data, rows, d.k, self.temperature, self.chunk or 1024))
+                for rows, weight in equal_micro_batches(chunks, self.collective):  # stand-ins: as many forwards
+                    top = teacher_top_k(self.model, data, rows, d.k, self.temperature, self.chunk or 1024)
+                    if weight:
+                        parts.append(top)
             tensors["teacher_topk_log_probs"] = torch.cat([p[0] for p in parts])
             tensors["teacher_topk_ids"] = torch.cat([p[1] for p in parts])
+        if self.sharded:
+            reshard(self.model)  # a forward without backward leaves FSDP2's root parameters gathered
         return DataProto.from_dict(
             tensors=tensors,
             meta_info={"metrics": {**self.logp.padding_metrics("teacher/"), "perf/worker_s": time.perf_counter() - t0}},
