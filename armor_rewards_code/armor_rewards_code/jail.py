@@ -23,7 +23,8 @@ Called in the sandbox's child between fork and exec (``sandbox.py``), in this or
 
 Without namespaces, ``system_tree`` is what Landlock lets a run read (``confine.confine_files``), and the
 parent ends a run its own ways too: ``kill_user`` (root: every process of the run's uid), ``disk_usage`` (of
-a scratch directory on the host's disk, which no tmpfs caps).
+a scratch directory on the host's disk, which no tmpfs caps). ``oom_first``: the run's first process, and all it
+starts, the kernel's first choice under memory pressure.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "enter_root",
     "kill_group",
     "kill_user",
+    "oom_first",
     "supervise",
     "system_tree",
     "trial",
@@ -57,6 +59,7 @@ _MS_PRIVATE, _MNT_DETACH = 1 << 18, 2
 _KEPT = {2: _MS_NOSUID, 4: _MS_NODEV, 8: _MS_NOEXEC, 1024: 1024, 2048: 2048, 4096: 1 << 21}
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
 _NEW_ROOT = "/tmp"  # any directory: the new root's tmpfs covers it in the run's private mount namespace only
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _DEV_LINKS = (
@@ -292,6 +295,22 @@ def _descendants(root: int, proc: int) -> list[int]:
             found.append(pid)
             todo.append(pid)
     return found
+
+
+def oom_first(libc: ctypes.CDLL) -> None:
+    """Under memory pressure the kernel ends the run's processes first (they inherit the score), not the supervisor
+    (a fork of the reward worker, as large as it) nor the trainer. Any process may raise its own score; after a uid
+    change its /proc files are root's until it is dumpable again, so it is, for the write. Defence in depth, not
+    confinement: a kernel that refuses the write leaves the score as it was."""
+    was = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    finally:
+        libc.prctl(_PR_SET_DUMPABLE, was, 0, 0, 0)
 
 
 def kill_group(pgid: int) -> None:

@@ -53,6 +53,7 @@ from armor_rewards_code.jail import (
     enter_root,
     kill_group,
     kill_user,
+    oom_first,
     supervise,
     system_tree,
     trial,
@@ -63,7 +64,6 @@ __all__ = ["Confinement", "Limits", "LocalSandbox", "SandboxRun", "probe_confine
 
 HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
 _WATCH_S = 0.05  # how often a scratch directory on the host's disk is measured
 logger = logging.getLogger(__name__)
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
@@ -143,22 +143,6 @@ def _become(uid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _oom_first(libc: ctypes.CDLL) -> None:
-    """Under memory pressure the kernel ends the run's processes first (they inherit the score), not the supervisor
-    (a fork of the reward worker, as large as it) nor the trainer. Any process may raise its own score; after a uid
-    change its /proc files are root's until it is dumpable again, so it is, for the write. Defence in depth, not
-    confinement: a kernel that refuses the write leaves the score as it was."""
-    was = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
-    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
-    finally:
-        libc.prctl(_PR_SET_DUMPABLE, was, 0, 0, 0)
-
-
 def _fresh_uid() -> int:
     return 1_000_000 + secrets.randbelow(1_000_000)
 
@@ -229,7 +213,7 @@ class LocalSandbox:
         # from here on, in its child: the run's first process; a supervisor that took the run's fresh uid ends
         # whatever of that uid is left
         supervise(None if conf.namespaces else workdir, own_uid=uid is not None and not as_root)
-        _oom_first(libc)
+        oom_first(libc)
         readable: list[str] | None = self.tree.readable
         if conf.namespaces:
             stage[0] = "namespaces"

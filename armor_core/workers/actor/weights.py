@@ -65,6 +65,41 @@ class ActorWeights:
     faults: Faults
     _published: dict[str, torch.Tensor] | None
 
+    def _needs_copy(self, cfg: ArmorConfig) -> bool:
+        """Whether a sharded worker keeps a full copy of the policy: with LoRA (its merged views and adapters live on
+        the copy), the stale-rollout fault (which swaps old weights into the module sampled from), and a backend that
+        runs the module it is given but cannot run the shards (``_generates_from_shards``). An engine with weights of
+        its own is synced from the shards, and async rollout workers get the policy's state: neither needs one."""
+        from armor_core.plugins import get_plugin_manager
+        from armor_core.stability.faults import Faults
+
+        if self.lora or Faults(cfg.trainer.faults).any("stale_rollout"):
+            return True
+        if cfg.rollout.mode != "sync":
+            return False
+        backend = get_plugin_manager().get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
+        return bool(capability("rollout_backend", backend, "shares_module")) and not self._generates_from_shards(cfg)
+
+    def _generates_from_shards(self, cfg: ArmorConfig) -> bool:
+        """Whether the rollout engine can run the sharded policy in lockstep (``actor.fsdp_generation``): a colocated
+        single-turn backend that runs the module it is given and keeps its ranks in step (``lockstep``; a multi-turn
+        rank calls it once per turn, as many turns as its episodes take), without LoRA (whose
+        merged views and adapters are kept on the copy) and without the stale-rollout fault (which swaps old weights
+        into the module it samples from)."""
+        from armor_core.plugins import get_plugin_manager
+        from armor_core.stability.faults import Faults
+
+        backend = get_plugin_manager().get("rollout_backend", cfg.rollout.backend, where="rollout.backend")
+        return (
+            cfg.actor.fsdp_generation == "shards"
+            and cfg.rollout.mode == "sync"
+            and not cfg.rollout.multi_turn.enable  # each rank's episodes take their own number of turns
+            and not self.lora
+            and hasattr(backend, "lockstep")
+            and capability("rollout_backend", backend, "shares_module")
+            and not Faults(cfg.trainer.faults).any("stale_rollout")
+        )
+
     def needs_weight_sync(self) -> bool:
         """False when the rollout engine generates from this very module (colocated), or lives elsewhere (async):
         sync_weights has nothing to send."""
