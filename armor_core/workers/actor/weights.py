@@ -186,6 +186,7 @@ class ActorWeights:
         from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state
 
         p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)  # the shards may be written from a thread: the directory is made here
         policy = cast("PreTrainedModel", self.gen_model)  # without LoRA the policy is the causal LM load_model gave
         full: dict[str, torch.Tensor] | None = None  # gathered from the shards, when rank 0 saves the full form
         shards = self._writes_shards()

@@ -209,6 +209,7 @@ class CriticWorker:
         from armor_core.workers.parallel.strategy import full_model_state, full_optimizer_state, writes_shards
 
         p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)  # the shards may be written from a thread: the directory is made here
         if writes_shards(self.cfg.actor.checkpoint_format, self.sharded, False):
             optim = self.shard_writer.save(self.model, self.optimizer, str(p / CRITIC_SHARDS), background)
             if self.rank == 0:

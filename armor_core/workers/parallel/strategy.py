@@ -31,6 +31,7 @@ number of ranks with either strategy loads either one; each rank's RNG state is 
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from concurrent.futures import Future
 from typing import Any, cast
@@ -256,6 +257,8 @@ class ShardWriter:
         self.wait()
         if not background:
             return save_shards(model, optimizer, directory, self.world_size)
+        # made now, not by the writer thread: what the caller writes beside the shards goes in at once
+        os.makedirs(directory, exist_ok=True)
         if self._group is None and self.world_size > 1:  # every rank saves together: the group is made alike
             import torch.distributed as dist
 
