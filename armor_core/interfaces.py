@@ -229,6 +229,8 @@ _AFTER_UPDATE = {
 #: statistics of the rollout that stage ``advantage`` carries in some runs
 _ROLLOUT_BEFORE_UPDATE = {
     "rollout/entropy": "the backend returned the sampler's log-probs, as every built-in does",
+    "rollout/kept_mass": "sampling truncates (rollout.top_p < 1 or rollout.top_k > 0) and the backend returned the "
+    "kept sets' mass, as every built-in does",
     "rollout/logprob_diff_mean": "the driver computed old log-probs (the update is not exactly on-policy) and the "
     "backend returned its log-probs",
     "rollout/logprob_diff_max": "as rollout/logprob_diff_mean",
@@ -489,8 +491,11 @@ class RolloutBackend(Protocol):
     ``generate`` takes a DataProto with left-padded ``input_ids``, ``attention_mask`` and
     ``position_ids`` (bs, prompt_length) and returns one with ``responses``, ``response_mask``
     (bs, response_length, right-padded) and ``rollout_log_probs`` (bs, response_length), the
-    sampler's own log-probabilities of the sampled tokens. ``update_weights`` receives
-    ``(name, tensor)`` pairs of the new policy.
+    sampler's own log-probabilities of the sampled tokens: those of the distribution it drew from,
+    renormalised over the kept set when ``top_p`` / ``top_k`` truncate. A truncated draw also returns
+    ``rollout_kept_mass`` (bs, response_length) and, with ``rollout.sampling_replay``, the kept sets
+    ``rollout_kept_ids`` (bs, response_length, K) int32, -1 padded (``armor_core.ops.sampling_replay``).
+    ``update_weights`` receives ``(name, tensor)`` pairs of the new policy.
 
     ``generate(prompts, greedy=False, **sampling_overrides)``: ``greedy=True`` is argmax decoding
     (validation), with log-probs at temperature 1; overrides are ``temperature``, ``top_p``,

@@ -162,6 +162,20 @@ class RolloutConfig:
     temperature: float = f(1.0, "Sampling temperature.", ge=0.0)
     top_p: float = f(1.0, "Nucleus sampling mass.", gt=0.0, le=1.0)
     top_k: int = f(0, "Top-k sampling; 0 disables it.", ge=0)
+    sampling_replay: bool = f(
+        True,
+        "With top_p < 1 or top_k > 0: the rollout records the set of tokens it sampled each token from, and the "
+        "trainer computes every log-prob it compares with the rollout's over that set (renormalised), so the "
+        "importance ratio carries no kept-mass bias. false: the trainer scores over the whole vocabulary "
+        "(rollout/logprob_diff_mean then shows the gap). See docs/off-policy.md.",
+    )
+    replay_max_kept: int = f(
+        256,
+        "With sampling_replay and top_p < 1 (or top_k > 0; always on vllm): the most tokens a kept set may hold; "
+        "sampling keeps at most this many (top_k is this when unset, and may not be larger), which bounds the "
+        "recorded sets' size (rows x response tokens x this many int32 ids).",
+        ge=1,
+    )
     max_new_tokens: int = f(8, "Maximum response tokens.", ge=1)
     micro_batch_size: int = f(256, "Prompts per generate call.", ge=1)
     backend_kwargs: dict = f(help="Extra keyword arguments for the rollout backend.", factory=dict)

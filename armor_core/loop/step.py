@@ -27,6 +27,7 @@ import torch
 from armor_core.interfaces import Verdict, call_with_params
 from armor_core.loop.distill import TEACHER_KEYS
 from armor_core.loop.step_timer import StepTimer
+from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS
 from armor_core.workers.api import ActorAPI, CriticAPI
 
 if TYPE_CHECKING:  # the collaborators' types; at run time the trainer hands them over
@@ -68,6 +69,7 @@ UPDATE_KEYS = (
     "old_log_probs",
     "ref_log_prob",
     "rollout_log_probs",
+    KEPT_IDS,
     *TEACHER_KEYS,
 )
 
@@ -333,11 +335,15 @@ def length_stats(batch: DataProto) -> dict[str, float]:
 def rollout_entropy(batch: DataProto) -> dict[str, float]:
     """``rollout/entropy``: the mean of ``-rollout_log_probs`` over the response tokens the mask holds, an unbiased
     estimate of the sampler's per-token entropy (``E[-log p(x)]`` for ``x`` drawn from ``p``), known before the
-    update; ``{}`` when the backend returned no log-probs."""
+    update; ``{}`` when the backend returned no log-probs. ``rollout/kept_mass``: the mean share of the policy's
+    probability that top-k / top-p sampling kept, when it truncated."""
     if "rollout_log_probs" not in batch:
         return {}
     mask = batch["response_mask"].float()
-    return {"rollout/entropy": float(-(batch["rollout_log_probs"].float() * mask).sum() / mask.sum().clamp(min=1))}
+    out = {"rollout/entropy": float(-(batch["rollout_log_probs"].float() * mask).sum() / mask.sum().clamp(min=1))}
+    if KEPT_MASS in batch:  # the share of the policy's mass sampling kept (sampling-mask replay)
+        out["rollout/kept_mass"] = float((batch[KEPT_MASS].float() * mask).sum() / mask.sum().clamp(min=1))
+    return out
 
 
 def advantage_stats(batch: DataProto, scores: torch.Tensor, metrics: dict[str, float]) -> dict[str, float]:

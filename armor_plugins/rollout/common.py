@@ -3,12 +3,21 @@ output layout (so ``hf`` and ``vllm`` return DataProtos the trainer cannot tell 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
-__all__ = ["SAMPLING_OVERRIDES", "Sampling", "assemble_output", "eos_ids", "prepare_prompts", "resolve_sampling"]
+__all__ = [
+    "SAMPLING_OVERRIDES",
+    "Sampling",
+    "assemble_output",
+    "eos_ids",
+    "kept_bound",
+    "prepare_prompts",
+    "resolve_sampling",
+]
 
 SAMPLING_OVERRIDES = ("temperature", "top_p", "top_k", "max_new_tokens", "greedy", "do_sample", "n")
 
@@ -21,6 +30,7 @@ class Sampling:
     max_new: int
     greedy: bool
     n: int
+    keep: bool = False  # record the kept set of every sampled token (sampling-mask replay)
 
 
 def resolve_sampling(backend: str, config: Any, overrides: Mapping[str, Any]) -> Sampling:
@@ -41,7 +51,20 @@ def resolve_sampling(backend: str, config: Any, overrides: Mapping[str, Any]) ->
     )
     if s.max_new < 1 or s.n < 1:
         raise ValueError(f"{backend}.generate: max_new_tokens={s.max_new} and n={s.n} must be >= 1")
-    return s
+    if s.greedy or not (s.top_p < 1.0 or s.top_k > 0) or not getattr(config, "sampling_replay", False):
+        return s
+    bound = kept_bound(config)
+    if s.top_k > bound:
+        raise ValueError(
+            f"{backend}.generate: top_k={s.top_k} is larger than rollout.replay_max_kept={bound}, the most tokens a "
+            "recorded kept set may hold; raise rollout.replay_max_kept or set rollout.sampling_replay=false"
+        )
+    return dataclasses.replace(s, keep=True, top_k=s.top_k or bound)
+
+
+def kept_bound(config: Any) -> int:
+    """``rollout.replay_max_kept``: the most tokens a recorded kept set may hold."""
+    return int(getattr(config, "replay_max_kept", 256))
 
 
 def prepare_prompts(backend: str, prompts: Any, n: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,8 +91,10 @@ def assemble_output(
     responses: torch.Tensor,
     response_mask: torch.Tensor,
     log_probs: torch.Tensor,
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> Any:
-    """The rollout contract's DataProto: prompts, responses, masks and positions of the whole sequence."""
+    """The rollout contract's DataProto: prompts, responses, masks and positions of the whole sequence (and
+    ``extra`` per-response-token tensors, such as the kept sets of sampling-mask replay)."""
     from armor_core.dataproto.protocol import DataProto
 
     device = input_ids.device
@@ -88,6 +113,7 @@ def assemble_output(
         "attention_mask": torch.cat([attention_mask.to(response_mask.dtype), response_mask], dim=1),
         "position_ids": torch.cat([position_ids, last_pos + steps], dim=1),
         "rollout_log_probs": log_probs,
+        **{k: v.to(device) for k, v in (extra or {}).items()},
     }
     return DataProto.from_dict(
         tensors=tensors, non_tensors=dict(prompts.non_tensors), meta_info=dict(prompts.meta_info)

@@ -43,6 +43,7 @@ from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
 from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.weight_sums import HeldSum, plain_name, weight_sum
+from armor_core.ops.sampling_replay import KeptRecord, kept_outputs, kept_set, truncate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -59,35 +60,39 @@ _COMPACT_AT = 0.25
 
 
 def sample_next_token(
-    logits: torch.Tensor, *, greedy: bool, temperature: float, top_k: int = 0, top_p: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose one token per row and return it with its log-prob.
+    logits: torch.Tensor,
+    *,
+    greedy: bool,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    keep: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Choose one token per row and return it with the log-prob it was drawn with.
 
     :param logits: (bs, vocab) next-token logits.
-    :returns: ``tokens`` (bs,) int64 and ``log_probs`` (bs,) float32, where ``log_probs`` is
-        ``log_softmax(logits / T)[token]`` before top-k / top-p truncation (T = 1 when temperature is 0).
+    :param keep: also return the kept set (sampling-mask replay, ``armor_core.ops.sampling_replay``).
+    :returns: ``tokens`` (bs,) int64, ``log_probs`` (bs,) float32 and ``kept``. ``log_probs`` is the log-prob
+        of the distribution the token was drawn from: ``log_softmax(logits / T)`` (T = 1 when temperature is 0),
+        restricted to the top-k / top-p set and renormalised when sampling truncates. ``kept`` is None when
+        nothing was truncated, else ``(ids (bs, K) int32 -1 padded, log_mass (bs,))`` (ids empty unless ``keep``).
     """
     logits = logits.float()
     scaled = logits / (temperature if temperature > 0 else 1.0)
     logp = F.log_softmax(scaled, dim=-1)
+    kept = None
     if greedy or temperature <= 0:
         tokens = logits.argmax(dim=-1)
     else:
         vocab = scaled.shape[-1]
-        truncated = 0 < top_k < vocab or top_p < 1.0
-        if 0 < top_k < vocab:
-            kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if top_p < 1.0:
-            # nucleus (Holtzman et al., 2020): keep the smallest prefix of the sorted distribution
-            # whose mass reaches top_p; a token is dropped when the mass *before* it already does
-            sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-            probs = sorted_logits.softmax(dim=-1)
-            drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-            drop_sorted[:, 0] = False
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            scaled = scaled.masked_fill(drop, float("-inf"))
-        probs = scaled.softmax(dim=-1) if truncated else logp.exp()  # untruncated: the softmax is already at hand
+        if 0 < top_k < vocab or top_p < 1.0:
+            scaled = truncate(scaled, top_k, top_p)
+            if keep:
+                kept = kept_set(scaled, logp)
+            else:
+                log_mass = torch.logsumexp(logp.masked_fill(~torch.isfinite(scaled), float("-inf")), dim=-1)
+                kept = (torch.empty((len(scaled), 0), dtype=torch.int32, device=scaled.device), log_mass)
+        probs = scaled.softmax(dim=-1) if kept is not None else logp.exp()  # untruncated: the softmax is at hand
         try:
             tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
         except RuntimeError:  # checked only on failure: a check per token would cost every step
@@ -98,7 +103,8 @@ def sample_next_token(
                 "diverged); the StabilityGuard's non_finite guard (guard.enable=true, on by default) skips or rolls "
                 "back such updates before they reach sampling"
             ) from None
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    lp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, (lp - kept[1] if kept is not None else lp), kept
 
 
 class HFRollout:
@@ -177,6 +183,7 @@ class HFRollout:
                         temperature=sp.temperature,
                         top_k=sp.top_k,
                         top_p=sp.top_p,
+                        record_kept=sp.keep,
                         stand_in=sl is None,
                     )
                     if sl is not None:
@@ -184,11 +191,14 @@ class HFRollout:
         finally:
             self.model.train(was_training)
         if pieces:
-            responses, response_mask, log_probs = (torch.cat(parts).to(out_device) for parts in zip(*pieces))
+            responses, response_mask, log_probs = (torch.cat([p[i] for p in pieces]).to(out_device) for i in range(3))
         else:
             responses = torch.zeros((0, max_new), dtype=torch.long, device=out_device)
             response_mask, log_probs = torch.zeros_like(responses), torch.zeros((0, max_new), device=out_device)
-        return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
+        extra = kept_outputs([p[3] for p in pieces], max_new) if pieces and pieces[0][3] is not None else None
+        return assemble_output(
+            prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs, extra
+        )
 
     def _agree(self, n: int) -> int:
         """The largest ``n`` over the ranks in lockstep; ``n`` itself with one rank."""
@@ -216,9 +226,11 @@ class HFRollout:
         temperature: float,
         top_k: int,
         top_p: float,
+        record_kept: bool = False,
         stand_in: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor | None, torch.Tensor] | None]:
+        """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device, and
+        when sampling truncated, (kept ids (b, max_new, K) int32, -1 padded, or None; kept mass (b, max_new))."""
         b, device = ids.shape[0], ids.device
         # left padding shared by every row is dropped: masked positions change nothing but cost compute
         real_cols = (mask != 0).any(dim=0).nonzero()
@@ -242,13 +254,17 @@ class HFRollout:
         # a stand-in (lockstep) samples nothing: its forwards only keep this rank in step, and draw no random numbers
         n_live = 0 if stand_in else b
         tokens = torch.full((b,), self.pad_token_id, dtype=torch.long, device=device)
+        kept_record = KeptRecord(b, max_new, device)
         for t in range(max_new):
             if n_live:  # in lockstep a finished rank decodes on without sampling (no draw, nothing recorded)
-                tokens, lp = sample_next_token(logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
+                tokens, lp, kept = sample_next_token(
+                    logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, keep=record_kept
+                )
                 tokens = torch.where(live, tokens, self.pad_token_id)
                 responses[rows, t] = tokens
                 resp_mask[rows, t] = live.long()
                 log_probs[rows, t] = torch.where(live, lp, 0.0)
+                kept_record.add(rows, t, live, kept)
                 live = live & ~is_eos[tokens]
                 n_live = int(live.sum())
             if self._agree(n_live) == 0 or t == max_new - 1:  # done here, and (in lockstep) on every rank
@@ -258,7 +274,7 @@ class HFRollout:
                 past.reorder_cache(keep)
                 rows, live, tokens, attn, next_pos = rows[keep], live[keep], tokens[keep], attn[keep], next_pos[keep]
             past, logits = self._forward(tokens.unsqueeze(-1), attn[:, : prompt_len + t + 1], next_pos + t, past)
-        return responses, resp_mask, log_probs
+        return responses, resp_mask, log_probs, kept_record.result(record_kept)
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """The prompt pass, run once per distinct prompt, its cache and last logits copied to every row.

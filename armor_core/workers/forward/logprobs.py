@@ -16,6 +16,7 @@ from typing import Callable, ContextManager
 import torch
 
 from armor_core.dataproto.protocol import DataProto
+from armor_core.ops.sampling_replay import KEPT_IDS, replayed
 from armor_core.workers.forward.layouts import (
     LAYOUTS,
     LayoutStats,
@@ -205,12 +206,19 @@ class ResponseLogProbs(LayoutChoice):
         when ``module`` is in training mode and grad is enabled. ``extra_ids`` (rows, R, k): also the
         log-probs of these tokens at each response position, from the same forward (one forward per
         micro-batch, as DDP and FSDP2 need); the log-probs are then (rows, R, 1 + k), column 0 the
-        sampled tokens'. ``count=False`` leaves it out of ``perf/padding_waste`` and ``perf/prompt_sharing``
-        (a measurement, not the training forward those describe)."""
+        sampled tokens'. Rows carrying the rollout's kept sets (``rollout_kept_ids``) get the sampled tokens'
+        log-probs over those sets (``armor_core.ops.sampling_replay``). ``count=False`` leaves it out of
+        ``perf/padding_waste`` and ``perf/prompt_sharing`` (a measurement, not the training forward those describe)."""
         ids, attn, pos, resp = (
             batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses")
         )
-        targets = resp if extra_ids is None else torch.cat([resp[..., None], extra_ids.to(self.device).long()], -1)
+        kept = batch[KEPT_IDS][sl].to(self.device) if KEPT_IDS in batch else None
+        columns = [resp[..., None]]
+        if extra_ids is not None:
+            columns.append(extra_ids.to(self.device).long())
+        if kept is not None:  # sampling-mask replay: the kept sets' log-probs, from the same forward
+            columns.append(kept.long().clamp(min=0))
+        targets = resp if len(columns) == 1 else torch.cat(columns, -1)
         packed = self.choose(
             ids,
             attn,
@@ -226,6 +234,10 @@ class ResponseLogProbs(LayoutChoice):
             )
         if count:
             self.count(stats)
+        if kept is not None:
+            k = kept.shape[-1]
+            sampled = replayed(lp[..., 0], lp[..., -k:], kept)
+            lp = sampled if extra_ids is None else torch.cat([sampled[..., None], lp[..., 1:-k]], -1)
         return lp, ent
 
     @torch.no_grad()

@@ -46,6 +46,7 @@ import torch
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
 from armor_core.ops.calls import describe, guarded, in_thread
+from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS
 from armor_core.workers.rollout.observations import ObservationError, ObservationRenderer, as_messages
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "environment_params", "numbers_problem"]
 
+#: a turn's kept sets (one list of ids per sampled id, empty without replay) and kept masses
+Sampled = tuple[list[list[int]], list[float]]
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
 MAX_THREADS = 256  # plain (sync) environment calls of one batch running at once, each on a thread of its own
 
@@ -71,6 +74,9 @@ class Episode:
     ids: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)  # 1 for a sampled id, 0 for an observation id
     log_probs: list[float] = field(default_factory=list)
+    # sampling-mask replay: each id's kept set ([] for an observation's) and kept mass (1 for an observation's)
+    kept: list[list[int]] = field(default_factory=list)
+    kept_mass: list[float] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)  # each assistant turn's text
     reward_parts: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -81,14 +87,24 @@ class Episode:
     ended_with: str | None = None  # the text of the end-of-turn token it ended with, if it did
     segments: list[dict[str, Any]] = field(default_factory=list)  # {role, start, end}: whose ids are where
 
-    def append(self, ids: list[int], log_probs: list[float] | None, role: str = "assistant") -> None:
-        """Sampled ids (with their ``log_probs``) or an observation's (``log_probs`` None, ``role`` its messages')."""
+    def append(
+        self,
+        ids: list[int],
+        log_probs: list[float] | None,
+        role: str = "assistant",
+        kept: Sampled | None = None,
+    ) -> None:
+        """Sampled ids (with their ``log_probs`` and, when sampling truncated, ``kept``: their kept sets and masses) or
+        an observation's (``log_probs`` None, ``role`` its messages')."""
         if ids:
             self.segments.append({"role": role, "start": len(self.ids), "end": len(self.ids) + len(ids)})
         self.ids += ids
         self.context += ids
         self.sampled += [1 if log_probs is not None else 0] * len(ids)
         self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+        sets, mass = kept if kept is not None else ([[] for _ in ids], [1.0] * len(ids))
+        self.kept += sets[: len(ids)]
+        self.kept_mass += mass[: len(ids)]
 
 
 class MultiTurnRollout:
@@ -160,9 +176,9 @@ class MultiTurnRollout:
                 break
             room = min(per_turn, max(budget - len(ep.ids) for ep in live))
             turns = self._sample([ep.context for ep in live], room, greedy, overrides)
-            for ep, (ids, lps) in zip(live, turns):
+            for ep, (ids, lps, kept) in zip(live, turns):
                 ids, lps = ids[: budget - len(ep.ids)], lps[: budget - len(ep.ids)]
-                ep.append(ids, lps)
+                ep.append(ids, lps, kept=kept)
                 finished = bool(ids) and ids[-1] in self.eos
                 # one sequence of ids decodes to one string
                 ep.turns.append(cast(str, self.tokenizer.decode(ids, skip_special_tokens=True)))
@@ -188,11 +204,19 @@ class MultiTurnRollout:
         )
         out = self.inner.generate(batch, greedy=greedy, max_new_tokens=max(room, 1), **overrides)
         rows = []
-        for r, m, lp in zip(
-            out["responses"].tolist(), out["response_mask"].tolist(), out["rollout_log_probs"].tolist()
+        sets = out[KEPT_IDS].tolist() if KEPT_IDS in out else None
+        masses = out[KEPT_MASS].tolist() if KEPT_MASS in out else None
+        for j, (r, m, lp) in enumerate(
+            zip(out["responses"].tolist(), out["response_mask"].tolist(), out["rollout_log_probs"].tolist())
         ):
             keep = [i for i, k in enumerate(m) if k]
-            rows.append(([r[i] for i in keep], [lp[i] for i in keep]))
+            kept = None
+            if masses is not None:
+                kept = (
+                    [[v for v in sets[j][i] if v >= 0] for i in keep] if sets is not None else [[] for _ in keep],
+                    [masses[j][i] for i in keep],
+                )
+            rows.append(([r[i] for i in keep], [lp[i] for i in keep], kept))
         return rows
 
     async def _call(self, ep: Episode, fn: Callable, *args: Any) -> Any:
@@ -280,6 +304,7 @@ class MultiTurnRollout:
             "attention_mask": torch.cat([attention.to(present.dtype), present], dim=1),
             "position_ids": torch.cat([position_ids, position_ids[:, -1:] + steps], dim=1),
             "rollout_log_probs": log_probs,
+            **_kept_tensors(episodes, width),
         }
         transcript = self.mt.reward_on == "transcript"
         non_tensors = {
@@ -295,6 +320,25 @@ class MultiTurnRollout:
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={
             **dict(prompts.meta_info), "metrics": _metrics(episodes, response_mask, present)
         })  # fmt: skip
+
+
+def _kept_tensors(episodes: list[Episode], width: int) -> dict[str, torch.Tensor]:
+    """The episodes' kept sets and masses (sampling-mask replay) as the rollout's ``rollout_kept_ids`` and
+    ``rollout_kept_mass``, (rows, width[, K]); none when no turn truncated its sampling."""
+    if all(m == 1.0 for ep in episodes for m in ep.kept_mass):
+        return {}
+    mass = torch.ones((len(episodes), width), dtype=torch.float32)
+    for i, ep in enumerate(episodes):
+        mass[i, : len(ep.kept_mass)] = torch.tensor(ep.kept_mass, dtype=torch.float32)
+    out = {KEPT_MASS: mass}
+    k = max((len(s) for ep in episodes for s in ep.kept), default=0)
+    if k:
+        ids = torch.full((len(episodes), width, k), -1, dtype=torch.int32)
+        for i, ep in enumerate(episodes):
+            for t, kept in enumerate(ep.kept):
+                ids[i, t, : len(kept)] = torch.tensor(kept, dtype=torch.int32)
+        out[KEPT_IDS] = ids
+    return out
 
 
 def environment_params(env_cls: EnvironmentFactory, mt: MultiTurnConfig) -> dict[str, Any]:

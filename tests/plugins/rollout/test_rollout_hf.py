@@ -254,26 +254,32 @@ def test_a_non_finite_distribution_is_a_one_line_error_suggesting_the_guard():
             sample_next_token(logits, greedy=False, temperature=1.0, top_p=top_p)
 
 
-def test_top_k_and_top_p_truncate_but_log_probs_do_not():
+def test_top_k_and_top_p_truncate_and_the_log_probs_are_those_drawn_with():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(400, 1)
     torch.manual_seed(0)
-    tokens, lp = sample_next_token(logits, greedy=False, temperature=1.0, top_p=0.6)
+    tokens, lp, kept = sample_next_token(logits, greedy=False, temperature=1.0, top_p=0.6, keep=True)
     assert set(tokens.tolist()) == {0, 1}  # 0.5 < 0.6, so token 1 is needed; token 2 is not
-    assert torch.allclose(lp, torch.log(torch.tensor([0.5, 0.3]))[tokens], atol=1e-6)
-    tokens, _ = sample_next_token(logits, greedy=False, temperature=1.0, top_p=0.5)
+    # the log-prob the token was drawn with: renormalised over the kept set {0, 1} (mass 0.8)
+    assert torch.allclose(lp, torch.log(torch.tensor([0.5, 0.3]) / 0.8)[tokens], atol=1e-6)
+    assert kept[0].tolist() == [[0, 1]] * 400 and torch.allclose(kept[1], torch.tensor(0.8).log().expand(400))
+    tokens, _, kept = sample_next_token(logits, greedy=False, temperature=1.0, top_p=0.5)
     assert set(tokens.tolist()) == {0}  # the mass before token 1 already reaches 0.5
-    tokens, lp = sample_next_token(logits, greedy=False, temperature=1.0, top_k=2)
+    assert kept[0].shape == (400, 0), "without keep no set is returned, only its mass"
+    tokens, lp, _ = sample_next_token(logits, greedy=False, temperature=1.0, top_k=2)
     assert set(tokens.tolist()) == {0, 1}
-    tokens, lp = sample_next_token(logits, greedy=False, temperature=0.5, top_k=1)
-    assert set(tokens.tolist()) == {0}
-    # untruncated log-prob at T=0.5: p^2 / sum p^2 = 0.25 / 0.38
-    assert torch.allclose(lp, torch.log(torch.tensor(0.25 / 0.38)).expand(400), atol=1e-5)
+    tokens, lp, kept = sample_next_token(logits, greedy=False, temperature=0.5, top_k=1, keep=True)
+    assert set(tokens.tolist()) == {0} and kept[0].tolist() == [[0]] * 400
+    # one token kept: drawn with probability 1; its untruncated mass at T=0.5 is p^2 / sum p^2 = 0.25 / 0.38
+    assert torch.allclose(lp, torch.zeros(400), atol=1e-6)
+    assert torch.allclose(kept[1], torch.log(torch.tensor(0.25 / 0.38)).expand(400), atol=1e-5)
+    _, _, kept = sample_next_token(logits, greedy=False, temperature=1.0)
+    assert kept is None, "untruncated sampling has no kept set"
 
 
 def test_sampling_frequencies_follow_the_tempered_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(20000, 1)
     torch.manual_seed(1)
-    tokens, _ = sample_next_token(logits, greedy=False, temperature=1.0)
+    tokens, _, _ = sample_next_token(logits, greedy=False, temperature=1.0)
     freq = torch.bincount(tokens, minlength=3).float() / 20000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
 

@@ -504,13 +504,37 @@ def test_greedy_output_is_identical_to_hf(engine):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 3, 0.9)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 3, 0.9), (1.0, 0, 0.8), (1.0, 5, 1.0)]
+)
 def test_sampled_log_probs_are_the_ones_the_actor_computes(engine, temperature, top_k, top_p):
+    from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS, replayed
+
     torch.manual_seed(0)
     out = engine.roll.generate(engine.prompts, temperature=temperature, top_k=top_k, top_p=top_p)
     lp, logits = _actor_log_probs(engine.model, out, temperature)
     mask = out["response_mask"].bool()
-    # untruncated log_softmax(logits / T): what the actor recomputes (measured max |diff| 7.5e-6)
+    if top_k or top_p < 1:  # over the kept set the engine sampled from, as the actor replays it
+        kept = out[KEPT_IDS]
+        assert ((kept == out["responses"][..., None]).any(-1) | ~mask).all()
+        scaled = logits.float() / temperature
+        one_hot = torch.nn.functional.one_hot(kept.long().clamp(min=0), scaled.shape[-1]).bool()
+        in_set = (one_hot & (kept >= 0)[..., None]).any(-2)
+        # the recorded set is the one the rule gives on the actor's own logits
+        want = torch.zeros_like(in_set)
+        for r, t in mask.nonzero().tolist():
+            order = scaled[r, t].argsort(descending=True)[: top_k or None]
+            probs = scaled[r, t, order].softmax(-1)
+            n = int(((probs.cumsum(-1) - probs) < top_p).sum())
+            want[r, t, order[:n]] = True
+        # ties at a set's edge may round either way
+        assert (in_set == want).all(-1)[mask].float().mean() > 0.99
+        full = logits.float().log_softmax(-1) if temperature == 1 else (logits.float() / temperature).log_softmax(-1)
+        lp = replayed(lp, full.gather(-1, kept.long().clamp(min=0)), kept)
+        assert float(out[KEPT_MASS][mask].mean()) < 0.99
+    else:
+        assert KEPT_IDS not in out and KEPT_MASS not in out
+    # log_softmax(logits / T) (over the kept set when truncated): what the actor computes (measured max |diff| 7.5e-6)
     assert (out["rollout_log_probs"] - lp)[mask].abs().max().item() < 1e-4
     assert (out["rollout_log_probs"][~mask] == 0).all()
     if top_k:  # every sampled token is among the k most likely ones

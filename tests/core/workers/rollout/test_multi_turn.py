@@ -121,6 +121,30 @@ def test_ids_trained_on_are_the_ids_sampled_over_three_turns(model, tokenizer):
     assert gap < 1e-4
 
 
+def test_nucleus_sampled_turns_carry_their_kept_sets_and_the_trainer_replays_them(model, tokenizer):
+    """Sampling-mask replay across turns: every sampled id keeps the set it was drawn from, observation ids none,
+    and the trainer's log-probs over those sets are the rollout's at every sampled position."""
+    from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS, replayed
+
+    torch.manual_seed(2)
+    config = RolloutConfig(max_new_tokens=6, top_p=0.7, multi_turn=MultiTurnConfig(enable=True, max_turns=3))
+    rollout = MultiTurnRollout(HFRollout(model, tokenizer, config), tokenizer, config, Scripted)
+    out = rollout.generate(_prompts(tokenizer, ["ab", "abc"]), n=2)
+    rmask, kept, resp = out["response_mask"].bool(), out[KEPT_IDS], out["responses"]
+    present = out["attention_mask"][:, -resp.shape[1] :].bool()
+    assert (present & ~rmask).any(), "the episodes hold observation ids"
+    assert ((kept >= 0).any(-1) == rmask).all(), "a set at every sampled id, none at an observation's or padding"
+    assert ((kept == resp[..., None]).any(-1) | ~rmask).all()
+    assert (out[KEPT_MASS][~rmask] == 1).all() and float(out[KEPT_MASS][rmask].mean()) < 0.95
+    with torch.no_grad():
+        logits = forward_response_logits(
+            model, out["input_ids"], out["attention_mask"], out["position_ids"], resp.shape[1]
+        )
+        lp, _ = response_log_probs(logits, torch.cat([resp[..., None], kept.long().clamp(min=0)], -1), 1.0, False)
+    gap = (replayed(lp[..., 0], lp[..., 1:], kept) - out["rollout_log_probs"])[rmask]
+    assert gap.abs().max() < 1e-4
+
+
 def test_observation_positions_get_exactly_zero_gradient(model, tokenizer):
     from armor_core.plugins import get_plugin
 
