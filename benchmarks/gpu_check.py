@@ -24,6 +24,11 @@ Printed per backend, medians over the steps after ``--warmup``: tokens/s of the 
 peak in the update, and the device's memory in use after it, a sleeping engine included), the
 weight sync in seconds per GB of weights in bf16, and the mean and max |log pi_trainer -
 log pi_rollout| on the sampled tokens before the first optimizer step of each update.
+
+The rollout samples with ``--top-p 0.9 --top-k 20`` by default, so the check covers sampling-mask replay
+(``docs/off-policy.md``): the log-prob gap is then over the kept sets, and stays at the engine's rounding only if
+the sets the backend recorded are the ones it sampled from (``kept mass``: their mean mass; ``--top-p 1 --top-k 0``
+samples untruncated). ``rollout.sampling_replay=false`` as an override shows the gap without replay.
 """
 
 from __future__ import annotations
@@ -89,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--resume-ranks", type=int, default=0, help="resume the run's last checkpoint on this many ranks (0: do not)"
     )
+    p.add_argument(
+        "--top-p", type=float, default=0.9, help="rollout.top_p: truncated sampling, which sampling-mask replay covers"
+    )
+    p.add_argument("--top-k", type=int, default=20, help="rollout.top_k (0: off)")
     p.add_argument("--json", action="store_true", help="print the summaries as JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="further config overrides (key=value) for every run")
     args = p.parse_args(argv)
@@ -168,6 +177,8 @@ def overrides(
         "actor.skip_zero_advantage=false",
         "actor.lr=1e-6",
         f"rollout.backend={backend}",
+        f"rollout.top_p={args.top_p}",
+        f"rollout.top_k={args.top_k}",
     ]
     if ranks > 1:
         out.append("actor.strategy=fsdp2")  # actor.checkpoint_format auto: sharded
@@ -207,6 +218,7 @@ def summarize(rows: list[dict], warmup: int, weight_gb: float, rows_per_step: in
         "sync_s_per_gb": statistics.median(sync) if sync else 0.0,
         "logprob_diff_mean": med("rollout/logprob_diff_mean"),
         "logprob_diff_max": peak("rollout/logprob_diff_max"),
+        "kept_mass": med("rollout/kept_mass"),
     }
 
 
@@ -219,8 +231,9 @@ def format_table(results: dict[str, dict]) -> str:
         ("peak alloc GB", "peak_allocated_gb"),
         ("GPU used GB", "gpu_used_gb"),
         ("sync s/GB", "sync_s_per_gb"),
-        ("|dlogp| mean", "logprob_diff_mean"),
-        ("|dlogp| max", "logprob_diff_max"),
+        ("dlogp mean abs", "logprob_diff_mean"),
+        ("dlogp max abs", "logprob_diff_max"),
+        ("kept mass", "kept_mass"),
         ("ranks", "ranks"),
         ("resumed", "resumed"),
     ]
