@@ -176,6 +176,13 @@ class RolloutConfig:
         "recorded sets' size (rows x response tokens x this many int32 ids).",
         ge=1,
     )
+    per_sample_seeds: bool = f(
+        True,
+        "Each training sample draws its tokens from a seed of its own, mixed from trainer.seed, the epoch, the row and "
+        "its sample index, so a row's samples are the same whatever the micro-batch size, rollout worker count or "
+        "mode (multi-turn turns and dynamic sampling included). false: one generator per worker for the whole batch "
+        "(the sampling of ARMOR before 2026-12-07). See docs/off-policy.md.",
+    )
     max_new_tokens: int = f(8, "Maximum response tokens.", ge=1)
     micro_batch_size: int = f(256, "Prompts per generate call.", ge=1)
     backend_kwargs: dict = f(help="Extra keyword arguments for the rollout backend.", factory=dict)

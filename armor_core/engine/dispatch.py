@@ -73,11 +73,12 @@ class Pending:
 
 def _merge(outs: list[Any], parts: list[np.ndarray]) -> Any:
     from armor_core.dataproto.protocol import DataProto
+    from armor_core.ops.sampling_replay import same_kept_width
 
     if len(outs) == 1:
         return outs[0]
     if isinstance(outs[0], DataProto):
-        merged = DataProto.concat(outs)  # merges meta_info["metrics"] by merge_metrics
+        merged = DataProto.concat(same_kept_width(outs))  # merges meta_info["metrics"] by merge_metrics
         return merged[np.argsort(np.concatenate(parts))]
     if isinstance(outs[0], dict):
         return merge_metrics(outs)

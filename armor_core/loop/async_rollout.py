@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from armor_core.ops.sample_seeds import SEED_KEY
 from armor_core.workers.api import ActorAPI, RolloutAPI
 
 if TYPE_CHECKING:
@@ -55,9 +56,10 @@ PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
 def generation_request(gen_in: DataProto, multi_turn: bool) -> DataProto:
-    """What a generation call sends: the prompts' tensors and, for multi-turn rollouts, the rows' columns
-    too (each episode's environment is built from its row)."""
-    return gen_in.select(tensor_keys=PROMPT_KEYS, non_tensor_keys=list(gen_in.non_tensors) if multi_turn else None)
+    """What a generation call sends: the prompts' tensors (with their per-sample seeds when they have them) and, for
+    multi-turn rollouts, the rows' columns too (each episode's environment is built from its row)."""
+    keys = [*PROMPT_KEYS, *([SEED_KEY] if SEED_KEY in gen_in.tensors else [])]
+    return gen_in.select(tensor_keys=keys, non_tensor_keys=list(gen_in.non_tensors) if multi_turn else None)
 
 
 def environment_metrics(rollout_metrics: dict) -> dict[str, float]:
@@ -116,7 +118,7 @@ class AsyncRollout:
         Tops the queue up to ``max_staleness + 1`` batches first, on the newest weights."""
         while len(self.queue) < self.max_staleness + 1:
             state = self.loader.state_dict()
-            gen_in = self.loader.next_batch().repeat(self.n, interleave=True)
+            gen_in = self.loader.next_samples(self.n)
             request = generation_request(gen_in, self.multi_turn)
             self.queue.append(_InFlight(gen_in, self.group.submit(RolloutAPI.generate, request), state))
         item = self.queue.popleft()

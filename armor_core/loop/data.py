@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
+from armor_core.ops.sample_seeds import SEED_KEY, row_seeds
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -183,12 +185,14 @@ def task_rows(pm: PluginManager, task: str, split: str, size: int, seed: int, pa
 class PromptLoader:
     """Seeded epochs of shuffled batches; ``state_dict`` records the position for resume."""
 
-    def __init__(self, encoded: dict[str, Any], batch_size: int, *, shuffle: bool, seed: int) -> None:
+    def __init__(
+        self, encoded: dict[str, Any], batch_size: int, *, shuffle: bool, seed: int, sample_seeds: bool = True
+    ) -> None:
         self.encoded = encoded  # tensors + non-tensor columns over the whole dataset, see encode_dataset
         self.n = len(encoded["non_tensors"]["uid"])
         if self.n < batch_size:
             raise DataError(f"the dataset has {self.n} usable rows, fewer than data.train_batch_size={batch_size}")
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.batch_size, self.shuffle, self.seed, self.sample_seeds = batch_size, shuffle, seed, sample_seeds
         self.epoch, self.position = 0, 0
         self._order = self._make_order()
 
@@ -214,6 +218,15 @@ class PromptLoader:
         tensors = {k: v[idx] for k, v in self.encoded["tensors"].items()}
         non_tensors = {k: v[idx] for k, v in self.encoded["non_tensors"].items()}
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+    def next_samples(self, n: int):
+        """``next_batch`` with each row repeated ``n`` times interleaved (a, a, b, b), every copy with its own
+        ``sample_seed`` from (``trainer.seed``, epoch, the row's dataset index, its sample index):
+        ``armor_core.ops.sample_seeds``."""
+        batch = self.next_batch().repeat(n, interleave=True)
+        if self.sample_seeds:  # rollout.per_sample_seeds
+            batch[SEED_KEY] = row_seeds(self.seed, self.epoch, batch.non_tensors["uid"][::n], n)
+        return batch
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
@@ -370,5 +383,11 @@ def load_data(
                 f"as longer than data.max_prompt_length={cfg.data.max_prompt_length}, {ds.skipped} skipped as "
                 "invalid"
             )
-    loader = PromptLoader(train_ds.encoded, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    loader = PromptLoader(
+        train_ds.encoded,
+        cfg.data.train_batch_size,
+        shuffle=cfg.data.shuffle,
+        seed=cfg.trainer.seed,
+        sample_seeds=cfg.rollout.per_sample_seeds,
+    )
     return train_ds, val_ds, loader

@@ -30,6 +30,7 @@ import torch
 from armor_core.dataproto.metrics import merge_metrics
 from armor_core.loop.async_rollout import environment_metrics, generation_request
 from armor_core.loop.step_timer import StepTimer
+from armor_core.ops.sampling_replay import KEPT_IDS, same_kept_width
 from armor_core.workers.api import ActorAPI
 
 if TYPE_CHECKING:
@@ -89,11 +90,7 @@ class RolloutSource:
             return _joined(gen_in, out)
         queued, self.queued = self.queued, None
         with timer("data"):
-            gen_in = (
-                queued.gen_in
-                if queued is not None
-                else self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
-            )
+            gen_in = queued.gen_in if queued is not None else self.loader.next_samples(self.cfg.rollout.n)
         if (
             queued is not None and queued.out is not None
         ):  # generated at the end of the last step's call, and timed there
@@ -224,7 +221,7 @@ class RolloutSource:
             or (t.total_epochs is not None and self.loader.next_starts_epoch)
         ):
             return None
-        return self.loader.next_batch().repeat(self.cfg.rollout.n, interleave=True)
+        return self.loader.next_samples(self.cfg.rollout.n)
 
     def _update_then_generate(
         self, update_in: DataProto, next_in: DataProto, step: int, timer: StepTimer
@@ -298,9 +295,11 @@ def _joined(gen_in: DataProto, out: DataProto) -> DataProto:
 def _same_width(batches: list[DataProto]) -> list[DataProto]:
     """``batches`` with their response columns right-padded to the widest: a multi-turn rollout's width is its
     longest episode, so two generated batches of one step may differ. Padding is masked (``attention_mask`` and
-    ``response_mask`` 0) and its positions go on counting up, as a single-turn rollout's padding does."""
+    ``response_mask`` 0) and its positions go on counting up, as a single-turn rollout's padding does; kept sets
+    (sampling-mask replay) are padded with -1 to the widest set, and the new positions hold none."""
     from armor_core.dataproto.protocol import DataProto
 
+    batches = same_kept_width(batches)
     width = max(b.tensors["responses"].shape[1] for b in batches if len(b))
     out = []
     for b in batches:
@@ -312,7 +311,7 @@ def _same_width(batches: list[DataProto]) -> list[DataProto]:
         tensors = {}
         for key, t in b.tensors.items():
             if key != "prompts" and t.dim() >= 2 and t.shape[1] in (r, full):
-                tail = t.new_zeros((t.shape[0], short, *t.shape[2:]))
+                tail = t.new_full((t.shape[0], short, *t.shape[2:]), -1 if key == KEPT_IDS else 0)
                 if key == "position_ids":
                     tail = t[:, -1:] + torch.arange(1, short + 1, dtype=t.dtype)
                 t = torch.cat([t, tail], dim=1)

@@ -19,10 +19,22 @@ and the trainer scores over the whole vocabulary, so ``rollout/logprob_diff_mean
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KEPT_IDS", "KEPT_MASS", "KeptRecord", "kept_outputs", "kept_set", "pad_kept", "replayed", "truncate"]
+__all__ = [
+    "KEPT_IDS",
+    "KEPT_MASS",
+    "KeptRecord",
+    "kept_outputs",
+    "kept_set",
+    "pad_kept",
+    "replayed",
+    "same_kept_width",
+    "truncate",
+]
 
 #: the batch keys: the kept token ids (rows, R, K) int32, -1 past each set's end; the kept mass (rows, R)
 KEPT_IDS, KEPT_MASS = "rollout_kept_ids", "rollout_kept_mass"
@@ -125,4 +137,21 @@ def kept_outputs(pieces: list[tuple[torch.Tensor | None, torch.Tensor]], max_new
         out[KEPT_IDS] = torch.cat(
             [F.pad(ids.cpu(), (0, width - ids.shape[-1]), value=-1) for ids, _ in pieces if ids is not None]
         )
+    return out
+
+
+def same_kept_width(batches: list[Any]) -> list[Any]:
+    """DataProtos whose kept sets (``rollout_kept_ids``) are padded with -1 to the widest among them: each batch's
+    width is its own largest set, so the shares of several workers, or the batches of one step, differ. The others
+    are returned as they are."""
+    widths = [b.tensors[KEPT_IDS].shape[-1] for b in batches if KEPT_IDS in b.tensors]
+    if not widths or min(widths) == max(widths):
+        return batches
+    out = []
+    for b in batches:
+        ids = b.tensors.get(KEPT_IDS)
+        if ids is not None and ids.shape[-1] < max(widths):
+            b = b.select(tensor_keys=list(b.tensors), non_tensor_keys=list(b.non_tensors))
+            b[KEPT_IDS] = F.pad(ids, (0, max(widths) - ids.shape[-1]), value=-1)
+        out.append(b)
     return out

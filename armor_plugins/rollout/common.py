@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import torch
 
+from armor_core.ops.sample_seeds import repeat_samples
+
 __all__ = [
     "SAMPLING_OVERRIDES",
     "Sampling",
@@ -74,8 +76,7 @@ def prepare_prompts(backend: str, prompts: Any, n: int) -> tuple[Any, torch.Tens
             raise KeyError(
                 f"{backend}.generate: the prompts DataProto has no {key!r} tensor (has {sorted(prompts.tensors)})"
             )
-    if n > 1:
-        prompts = prompts.repeat(n, interleave=True)
+    prompts = repeat_samples(prompts, n)
     input_ids, attention_mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"]
     position_ids = prompts.tensors.get("position_ids")
     if position_ids is None:

@@ -43,13 +43,14 @@ from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
 from armor_core.hookspecs import RegisterRolloutBackend
 from armor_core.models.weight_sums import HeldSum, plain_name, weight_sum
+from armor_core.ops.sample_seeds import SEED_KEY, uniform
 from armor_core.ops.sampling_replay import KeptRecord, kept_outputs, kept_set, truncate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from armor_core.dataproto import DataProto
-from armor_plugins.rollout.common import assemble_output, eos_ids, prepare_prompts, resolve_sampling
+from armor_plugins.rollout.common import Sampling, assemble_output, eos_ids, prepare_prompts, resolve_sampling
 
 __all__ = ["HFRollout", "sample_next_token"]
 
@@ -67,11 +68,14 @@ def sample_next_token(
     top_k: int = 0,
     top_p: float = 1.0,
     keep: bool = False,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """Choose one token per row and return it with the log-prob it was drawn with.
 
     :param logits: (bs, vocab) next-token logits.
     :param keep: also return the kept set (sampling-mask replay, ``armor_core.ops.sampling_replay``).
+    :param uniforms: (bs,) one uniform in [0, 1) per row (per-sample seeds, ``armor_core.ops.sample_seeds``): each
+        row's token is drawn by inverse CDF from its own, not from torch's global generator.
     :returns: ``tokens`` (bs,) int64, ``log_probs`` (bs,) float32 and ``kept``. ``log_probs`` is the log-prob
         of the distribution the token was drawn from: ``log_softmax(logits / T)`` (T = 1 when temperature is 0),
         restricted to the top-k / top-p set and renormalised when sampling truncates. ``kept`` is None when
@@ -94,7 +98,11 @@ def sample_next_token(
                 kept = (torch.empty((len(scaled), 0), dtype=torch.int32, device=scaled.device), log_mass)
         probs = scaled.softmax(dim=-1) if kept is not None else logp.exp()  # untruncated: the softmax is at hand
         try:
-            tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
+            tokens = (
+                torch.multinomial(probs, num_samples=1).squeeze(-1)
+                if uniforms is None
+                else _inverse_cdf(probs, uniforms)
+            )
         except RuntimeError:  # checked only on failure: a check per token would cost every step
             if bool(torch.isfinite(probs).all()):
                 raise
@@ -105,6 +113,18 @@ def sample_next_token(
             ) from None
     lp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, (lp - kept[1] if kept is not None else lp), kept
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row whose cumulative probability first exceeds the row's uniform (in float64: a sum rounded
+    in float32 could pass a zero-probability token's edge)."""
+    cdf = probs.double().cumsum(-1)
+    if not bool(torch.isfinite(cdf[:, -1]).all()):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+    tokens = torch.searchsorted(cdf, (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    # a uniform at the very top, rounded, can land past the last token with mass: take the last one that has any
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).long().argmax(-1)
+    return torch.minimum(tokens, last)
 
 
 class HFRollout:
@@ -174,17 +194,9 @@ class HFRollout:
                     ids, mask, pos = (
                         (input_ids[sl], attention_mask[sl], position_ids[sl]) if sl else self._stand_in(input_ids)
                     )
+                    seeds = prompts[SEED_KEY][sl] if sl is not None and SEED_KEY in prompts else None
                     piece = self._generate_micro_batch(
-                        ids.to(device),
-                        mask.to(device),
-                        pos.to(device),
-                        max_new=max_new,
-                        greedy=sp.greedy,
-                        temperature=sp.temperature,
-                        top_k=sp.top_k,
-                        top_p=sp.top_p,
-                        record_kept=sp.keep,
-                        stand_in=sl is None,
+                        ids.to(device), mask.to(device), pos.to(device), sp, seeds, stand_in=sl is None
                     )
                     if sl is not None:
                         pieces.append(piece)
@@ -220,18 +232,14 @@ class HFRollout:
         ids: torch.Tensor,
         mask: torch.Tensor,
         pos: torch.Tensor,
-        *,
-        max_new: int,
-        greedy: bool,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        record_kept: bool = False,
+        sp: Sampling,
+        seeds: torch.Tensor | None = None,
         stand_in: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor | None, torch.Tensor] | None]:
         """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device, and
         when sampling truncated, (kept ids (b, max_new, K) int32, -1 padded, or None; kept mass (b, max_new))."""
-        b, device = ids.shape[0], ids.device
+        b, device, max_new = ids.shape[0], ids.device, sp.max_new
+        draw_args = dict(greedy=sp.greedy, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, keep=sp.keep)
         # left padding shared by every row is dropped: masked positions change nothing but cost compute
         real_cols = (mask != 0).any(dim=0).nonzero()
         first = int(real_cols[0]) if len(real_cols) else 0
@@ -257,9 +265,8 @@ class HFRollout:
         kept_record = KeptRecord(b, max_new, device)
         for t in range(max_new):
             if n_live:  # in lockstep a finished rank decodes on without sampling (no draw, nothing recorded)
-                tokens, lp, kept = sample_next_token(
-                    logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, keep=record_kept
-                )
+                draws = uniform(seeds[rows.cpu()], t) if seeds is not None and not sp.greedy else None
+                tokens, lp, kept = sample_next_token(logits, **draw_args, uniforms=draws)
                 tokens = torch.where(live, tokens, self.pad_token_id)
                 responses[rows, t] = tokens
                 resp_mask[rows, t] = live.long()
@@ -274,7 +281,7 @@ class HFRollout:
                 past.reorder_cache(keep)
                 rows, live, tokens, attn, next_pos = rows[keep], live[keep], tokens[keep], attn[keep], next_pos[keep]
             past, logits = self._forward(tokens.unsqueeze(-1), attn[:, : prompt_len + t + 1], next_pos + t, past)
-        return responses, resp_mask, log_probs, kept_record.result(record_kept)
+        return responses, resp_mask, log_probs, kept_record.result(sp.keep)
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """The prompt pass, run once per distinct prompt, its cache and last logits copied to every row.

@@ -102,7 +102,7 @@ from armor_plugins.rollout.common import (
     resolve_sampling,
 )
 from armor_plugins.rollout.vllm_engine import backend_options, engine_arguments, start_engine
-from armor_plugins.rollout.vllm_outputs import kept_tensors, responses_of, truncation
+from armor_plugins.rollout.vllm_outputs import kept_tensors, responses_of, seeded, truncation
 from armor_plugins.rollout.vllm_sums import held_sums, layer_key
 
 __all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "VLLMRollout"]
@@ -269,7 +269,10 @@ class VLLMRollout:
             detokenize=False,
         )
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False, lora_request=self._lora_request
+            [TokensPrompt(prompt_token_ids=r) for r in rows],
+            seeded(params, prompts),
+            use_tqdm=False,
+            lora_request=self._lora_request,
         )
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)

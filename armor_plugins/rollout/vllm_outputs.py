@@ -1,5 +1,6 @@
-"""What ``vllm``'s outputs become: the responses and their log-probs, and for a truncated draw (sampling-mask
-replay) each position's kept set and mass, from vLLM's top log-probs.
+"""What goes into ``vllm``'s requests and what its outputs become: per-sample seeds as each request's own, the
+responses and their log-probs, and for a truncated draw (sampling-mask replay) each position's kept set and mass,
+from vLLM's top log-probs.
 
 vLLM's own record of the kept sets (``return_sampling_mask``) needs its Model Runner V2, which needs Triton: not
 on CPU. The set of a truncated draw is a prefix of the distribution sorted by probability (top-k, then the nucleus
@@ -15,9 +16,10 @@ from typing import Any
 
 import torch
 
+from armor_core.ops.sample_seeds import SEED_KEY
 from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS, truncate
 
-__all__ = ["kept_from_top", "kept_tensors", "responses_of", "truncation"]
+__all__ = ["kept_from_top", "kept_tensors", "responses_of", "seeded", "truncation"]
 
 
 def kept_from_top(
@@ -104,3 +106,17 @@ def truncation(greedy: bool, top_k: int, top_p: float, bound: int, vocab: int) -
         top_k = top_k if top_k > 0 else bound
         top_k = min(top_k, vocab) if vocab else top_k
     return truncating, top_k
+
+
+def seeded(params: Any, prompts: Any) -> Any:
+    """``params`` for every request, or, when the rows carry per-sample seeds (``armor_core.ops.sample_seeds``), one
+    copy per row with the row's seed: vLLM then samples each request from a generator of its own, so a row's tokens do
+    not depend on the batch around it."""
+    if SEED_KEY not in prompts.tensors:
+        return params
+    out = []
+    for seed in prompts.tensors[SEED_KEY].tolist():
+        p = params.clone()
+        p.seed = seed & (2**63 - 1)
+        out.append(p)
+    return out

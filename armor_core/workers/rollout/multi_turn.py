@@ -41,11 +41,13 @@ import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
 
+import numpy as np
 import torch
 
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import AssistantTurn, EnvironmentStep, capability
 from armor_core.ops.calls import describe, guarded, in_thread
+from armor_core.ops.sample_seeds import SEED_KEY, mix, repeat_samples
 from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS
 from armor_core.workers.rollout.observations import ObservationError, ObservationRenderer, as_messages
 
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "environment_params", "numbers_problem"]
 
+_ENV_SEED = 0x656E76  # mixed into a group's first row's sample seed to give its environments' seed
 #: a turn's kept sets (one list of ids per sampled id, empty without replay) and kept masses
 Sampled = tuple[list[list[int]], list[float]]
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
@@ -86,6 +89,7 @@ class Episode:
     turn: AssistantTurn | None = None  # the last assistant turn
     ended_with: str | None = None  # the text of the end-of-turn token it ended with, if it did
     segments: list[dict[str, Any]] = field(default_factory=list)  # {role, start, end}: whose ids are where
+    seed: int | None = None  # its per-sample seed (``ops.sample_seeds``); turn k samples with mix(seed, k)
 
     def append(
         self,
@@ -136,8 +140,7 @@ class MultiTurnRollout:
 
     def generate(self, prompts: DataProto, greedy: bool = False, **overrides: Any) -> DataProto:
         n = int(overrides.pop("n", 1))
-        if n > 1:
-            prompts = prompts.repeat(n, interleave=True)
+        prompts = repeat_samples(prompts, n)
         per_turn = int(overrides.pop("max_new_tokens", self.config.max_new_tokens))
         episodes = self._start(prompts, n)
         asyncio.run(self._run(episodes, per_turn, greedy, overrides))
@@ -145,17 +148,21 @@ class MultiTurnRollout:
 
     def _start(self, prompts: DataProto, n: int) -> list[Episode]:
         ids, mask = prompts.tensors["input_ids"].tolist(), prompts.tensors["attention_mask"].tolist()
-        nt = prompts.non_tensors
+        nt, seeds = prompts.non_tensors, prompts.tensors.get(SEED_KEY)
         episodes = []
         for i, (row_ids, row_mask) in enumerate(zip(ids, mask)):
             context = [t for t, m in zip(row_ids, row_mask) if m]
             row = {key: values[i] for key, values in nt.items()}
-            episodes.append(Episode(row, context, len(context)))
+            episodes.append(Episode(row, context, len(context), seed=int(seeds[i]) if seeds is not None else None))
         # one seed per prompt, shared by its n episodes: a row's group is its uid (the trainer repeats the prompts
         # itself), or its n consecutive copies (this call's own n)
         groups = [ep.row.get("uid", i // n) for i, ep in enumerate(episodes)]
         order = list(dict.fromkeys(_hashable(g) for g in groups))
-        drawn = dict(zip(order, torch.randint(0, 2**31 - 1, (len(order),)).tolist()))
+        if seeds is not None:  # per-sample seeds: a group's environment seed from its first row's, as its samples
+            first = {g: ep.seed for g, ep in zip(map(_hashable, groups), reversed(episodes))}  # the last kept: first
+            drawn = {g: int(mix(first[g], _ENV_SEED)[0]) & (2**31 - 1) for g in order}
+        else:
+            drawn = dict(zip(order, torch.randint(0, 2**31 - 1, (len(order),)).tolist()))
         params = environment_params(self.env_cls, self.mt)
         for ep, group in zip(episodes, groups):
             ep.env = self.env_cls(ep.row, seed=drawn[_hashable(group)], **params)
@@ -175,7 +182,9 @@ class MultiTurnRollout:
             if not live:
                 break
             room = min(per_turn, max(budget - len(ep.ids) for ep in live))
-            turns = self._sample([ep.context for ep in live], room, greedy, overrides)
+            seeds = [ep.seed for ep in live]
+            turn_seeds = mix(np.array(seeds, dtype=np.int64), index) if None not in seeds else None
+            turns = self._sample([ep.context for ep in live], room, greedy, overrides, turn_seeds)
             for ep, (ids, lps, kept) in zip(live, turns):
                 ids, lps = ids[: budget - len(ep.ids)], lps[: budget - len(ep.ids)]
                 ep.append(ids, lps, kept=kept)
@@ -193,15 +202,17 @@ class MultiTurnRollout:
             if close is not None:
                 await self._call(ep, close)
 
-    def _sample(self, contexts: list[list[int]], room: int, greedy: bool, overrides: dict) -> list[tuple]:
+    def _sample(
+        self, contexts: list[list[int]], room: int, greedy: bool, overrides: dict, seeds: torch.Tensor | None = None
+    ) -> list[tuple]:
+        """One turn of every live episode, ``seeds`` (per-sample seeds: each episode's, mixed with the turn) given."""
         width = max(len(c) for c in contexts)
         pad = getattr(self.inner, "pad_token_id", None) or 0
         input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], dtype=torch.long)
         attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], dtype=torch.long)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        batch = DataProto.from_dict(
-            tensors={"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
-        )
+        tensors = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
+        batch = DataProto.from_dict(tensors={**tensors, **({SEED_KEY: seeds} if seeds is not None else {})})
         out = self.inner.generate(batch, greedy=greedy, max_new_tokens=max(room, 1), **overrides)
         rows = []
         sets = out[KEPT_IDS].tolist() if KEPT_IDS in out else None

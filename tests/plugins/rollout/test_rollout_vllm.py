@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -540,6 +541,22 @@ def test_sampled_log_probs_are_the_ones_the_actor_computes(engine, temperature, 
     if top_k:  # every sampled token is among the k most likely ones
         rank = (logits > logits.gather(-1, out["responses"].unsqueeze(-1))).sum(-1)
         assert rank[mask].max().item() < top_k
+
+
+@pytest.mark.slow
+def test_rows_with_per_sample_seeds_give_the_same_tokens_in_any_batch(engine):
+    from armor_core.ops.sample_seeds import SEED_KEY, row_seeds
+
+    batch = engine.prompts[np.arange(8)].repeat(3, interleave=True)
+    batch[SEED_KEY] = row_seeds(3, 0, np.arange(8), 3)
+    torch.manual_seed(0)
+    whole = engine.roll.generate(batch, temperature=1.0, top_p=0.9)
+    torch.manual_seed(1)
+    order = np.random.default_rng(0).permutation(24)[:10]
+    part = engine.roll.generate(batch[order], temperature=1.0, top_p=0.9)
+    assert torch.equal(part["responses"], whole["responses"][order])
+    copies = whole["responses"].view(8, 3, -1)
+    assert any(not torch.equal(g[0], g[1]) for g in copies)  # a row's samples have seeds of their own
 
 
 @pytest.mark.slow

@@ -145,6 +145,25 @@ def test_nucleus_sampled_turns_carry_their_kept_sets_and_the_trainer_replays_the
     assert gap.abs().max() < 1e-4
 
 
+def test_seeded_episodes_give_the_same_turns_alone_as_in_a_batch(model, tokenizer):
+    """Per-sample seeds over turns: an episode's turns (and its environment's seed) come from its own seed, whatever
+    the episodes beside it; its n copies differ."""
+    from armor_core.ops.sample_seeds import SEED_KEY, row_seeds
+
+    prompts = _prompts(tokenizer, ["ab", "abc", "b"])
+    prompts["uid"] = np.arange(3)
+    prompts = prompts.repeat(2, interleave=True)
+    prompts[SEED_KEY] = row_seeds(7, 0, np.arange(3), 2)
+    rollout, _ = _rollout(model, tokenizer, Scripted, max_turns=3, max_response_tokens=200)
+    torch.manual_seed(0)
+    together = rollout.generate(prompts)
+    torch.manual_seed(1)  # another global generator state: seeded episodes do not draw from it
+    alone = rollout.generate(prompts[np.array([4, 5])])
+    assert torch.equal(alone["responses"], together["responses"][4:, : alone["responses"].shape[1]])
+    assert (together["responses"][4:, alone["responses"].shape[1] :] == tokenizer.pad_token_id).all()
+    assert not torch.equal(together["responses"][0], together["responses"][1])
+
+
 def test_observation_positions_get_exactly_zero_gradient(model, tokenizer):
     from armor_core.plugins import get_plugin
 
