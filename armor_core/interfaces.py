@@ -378,6 +378,8 @@ GUARD_STAGES: dict[str, GuardStage] = {
             "actor/pg_clipfrac, actor/ppo_kl, actor/ratio_max and others), actor/kl_loss with actor.use_kl_loss, "
             "actor/reward_kl with algorithm.use_kl_in_reward, actor/update_ratio and actor/policy_kl with stage "
             "``step``",
+            "moe/": "an MoE model's routing in the update's forward (armor_core/models/moe.py): moe/load_max, "
+            "moe/load_min, moe/load_entropy, moe/experts_unused",
         },
         _AFTER_UPDATE,
         {

@@ -354,9 +354,9 @@ def advantage_stats(batch: DataProto, scores: torch.Tensor, metrics: dict[str, f
 
 
 def update_stats(metrics: dict[str, float]) -> dict[str, float]:
-    """What guard stage ``update`` shows: every ``actor/*`` and ``rollout/*`` metric of a step whose update ran
-    (``interfaces.GUARD_STAGES["update"]``)."""
-    return {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/"))}
+    """What guard stage ``update`` shows: every ``actor/*``, ``rollout/*`` and (an MoE model's) ``moe/*`` metric of a
+    step whose update ran (``interfaces.GUARD_STAGES["update"]``)."""
+    return {k: v for k, v in metrics.items() if k.startswith(("actor/", "rollout/", "moe/"))}
 
 
 def batch_metrics(batch: DataProto, scores: torch.Tensor) -> dict[str, float]:

@@ -29,6 +29,7 @@ from armor_core.config.schema import ArmorConfig, from_dict
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import capability
 from armor_core.models.lora import MergedView, adapters_off, apply_lora
+from armor_core.models.moe import RouterWatch
 from armor_core.workers.actor.guarded_step import GuardedStep
 from armor_core.workers.actor.loss import ActorLoss
 from armor_core.workers.actor.optim import adamw, zero_advantage_is_inert
@@ -103,6 +104,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             self._split,
             rank,
         )
+        self.routers = RouterWatch(self.model)
         if self.sharded and not self.gen_copy:  # no full copy to check a layout on alone: the ranks check together
             self.logp.collective = self.world_size
         self.collective = self.world_size if self.sharded else 1  # a sharded forward is a collective: ranks run as many
@@ -328,7 +330,8 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
             for mini_sl in iter_micro_batches(n_rows, rows_per_mini):
                 mini = data[order[mini_sl].numpy()]  # rows as an array: a DataProto (a 0-d tensor would be a row)
                 self.optimizer.zero_grad(set_to_none=True)
-                parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
+                with self.routers.watch():  # an MoE model's expert load in the training forward (models/moe.py)
+                    parts = self._accumulate(mini, "old_log_probs" not in data, first, sums)
                 self._guarded_step(parts, step, first, sums)
                 first = False
         self.global_step = step
@@ -349,6 +352,7 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         metrics.setdefault("actor/lr", self.optimizer.param_groups[0]["lr"])
         metrics.update(self.guard.pop_metrics())
         metrics.update(self.logp.padding_metrics())
+        metrics.update(self.routers.metrics())
         metrics.update(memory_metrics(self.device))
         if cfg.rollout.mode == "async":
             t0 = time.perf_counter()
