@@ -56,6 +56,9 @@ class _Loader:
             non_tensors={"data_source": ["a", "b"], "extra": [self.extra, {"k": 1}]},
         )
 
+    def next_samples(self, n):
+        return self.next_batch().repeat(n, interleave=True)
+
     def state_dict(self):
         return {"position": self.position}
 
