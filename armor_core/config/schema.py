@@ -478,7 +478,8 @@ class GuardConfig:
     guards: list = f(
         help="Ordered guards: [{name, params}], or a bare name for a guard with its defaults. A list given here "
         "replaces the default stack, non_finite (skip a non-finite gradient, loss or reward) and trust_region (undo a "
-        "step that moved the policy too far, in nats per token, and lower the learning rate).",
+        "step that moved the policy too far, in nats per token, and lower the learning rate), with expert_collapse "
+        "added for a mixture-of-experts model (roll back when the experts' load entropy collapses).",
         factory=lambda: [{"name": "non_finite", "params": {}}, {"name": "trust_region", "params": {}}],
     )
     rollback_every: int = f(

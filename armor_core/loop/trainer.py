@@ -51,6 +51,7 @@ from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, 
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
 from armor_core.models.weight_sums import SyncCheckError
+from armor_core.stability.defaults import model_guards
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
 from armor_core.workers.losses.rollout_correction import nothing_kept
 
@@ -69,8 +70,8 @@ class Trainer:
         from armor_core.storage.checkpoint import CheckpointManager
         from armor_core.storage.run_dir import check_new_run
 
-        self.cfg = cfg
-        self.t_start = time.perf_counter()
+        cfg.guard.guards = model_guards(cfg)  # the default stack gains expert_collapse for an MoE model
+        self.cfg, self.t_start = cfg, time.perf_counter()
         self.run_dir = Path(cfg.trainer.run_dir)
         self.pm = get_plugin_manager()
         # every way of starting a run comes here (armor run, tests, benchmarks); the CLI checks only for --dry-run

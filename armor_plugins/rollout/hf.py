@@ -33,6 +33,7 @@ noise of another batch size, so greedy decoding gives the same tokens.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -113,6 +114,13 @@ def sample_next_token(
             ) from None
     lp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, (lp - kept[1] if kept is not None else lp), kept
+
+
+def _drawer(sp: Sampling) -> Any:
+    """``sample_next_token`` with the sampling settings ``sp`` bound: ``draw(logits, uniforms=...)``."""
+    return functools.partial(
+        sample_next_token, greedy=sp.greedy, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, keep=sp.keep
+    )
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -239,7 +247,7 @@ class HFRollout:
         """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device, and
         when sampling truncated, (kept ids (b, max_new, K) int32, -1 padded, or None; kept mass (b, max_new))."""
         b, device, max_new = ids.shape[0], ids.device, sp.max_new
-        draw_args = dict(greedy=sp.greedy, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, keep=sp.keep)
+        draw = _drawer(sp)
         # left padding shared by every row is dropped: masked positions change nothing but cost compute
         real_cols = (mask != 0).any(dim=0).nonzero()
         first = int(real_cols[0]) if len(real_cols) else 0
@@ -266,7 +274,7 @@ class HFRollout:
         for t in range(max_new):
             if n_live:  # in lockstep a finished rank decodes on without sampling (no draw, nothing recorded)
                 draws = uniform(seeds[rows.cpu()], t) if seeds is not None and not sp.greedy else None
-                tokens, lp, kept = sample_next_token(logits, **draw_args, uniforms=draws)
+                tokens, lp, kept = draw(logits, uniforms=draws)
                 tokens = torch.where(live, tokens, self.pad_token_id)
                 responses[rows, t] = tokens
                 resp_mask[rows, t] = live.long()

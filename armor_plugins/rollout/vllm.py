@@ -268,12 +268,8 @@ class VLLMRollout:
             stop_token_ids=list(self.eos_token_ids),
             detokenize=False,
         )
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=r) for r in rows],
-            seeded(params, prompts),
-            use_tqdm=False,
-            lora_request=self._lora_request,
-        )
+        requests = [TokensPrompt(prompt_token_ids=r) for r in rows]
+        outputs = self.llm.generate(requests, seeded(params, prompts), use_tqdm=False, lora_request=self._lora_request)
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = {"weights", "kv_cache"}

@@ -16,6 +16,7 @@ from armor_core.stability.guard import GuardRunner
 from armor_core.testing import registered
 from armor_plugins.guards import (
     entropy,
+    expert_collapse,
     grad_spike,
     importance_ratio,
     kl,
@@ -25,6 +26,7 @@ from armor_plugins.guards import (
     update_size,
 )
 from armor_plugins.guards.entropy import EntropyGuard
+from armor_plugins.guards.expert_collapse import ExpertCollapseGuard
 from armor_plugins.guards.grad_spike import GradSpikeGuard
 from armor_plugins.guards.importance_ratio import ImportanceRatioGuard
 from armor_plugins.guards.kl import KLGuard
@@ -42,6 +44,7 @@ MODULES = {
     "rollout_mismatch": rollout_mismatch,
     "update_size": update_size,
     "trust_region": trust_region,
+    "expert_collapse": expert_collapse,
 }
 
 # small windows and patience so that each guard acts within a short, turbulent run
@@ -54,6 +57,7 @@ ACTIVE = {
     "rollout_mismatch": dict(max_diff_mean=0.2),
     "update_size": dict(warmup=3, window=5, max_ratio=2e-3),
     "trust_region": dict(target_kl=0.01, lr=1e-4),
+    "expert_collapse": dict(warmup=3, patience=1, max_rollbacks=40, lr=1e-4),
 }
 CLASSES = {
     "grad_spike": GradSpikeGuard,
@@ -64,6 +68,7 @@ CLASSES = {
     "rollout_mismatch": RolloutMismatchGuard,
     "update_size": UpdateSizeGuard,
     "trust_region": TrustRegionGuard,
+    "expert_collapse": ExpertCollapseGuard,
 }
 
 
@@ -90,6 +95,7 @@ def turbulent(seed, n):
                     "actor/kl_loss": rng.choice([0.01, 0.2, 0.8]),
                     "actor/entropy": rng.choice([0.1, 1.0, 5.0]),
                     "rollout/logprob_diff_mean": rng.choice([0.01, 0.5]),
+                    "moe/load_entropy": rng.choice([0.95, 0.9, 0.97, 0.3]),
                 },
                 step,
             )
