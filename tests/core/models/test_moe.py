@@ -61,3 +61,45 @@ def test_a_dense_model_has_no_router_and_no_metrics():
     with watch.watch():
         dense(input_ids=torch.ones(1, 3, dtype=torch.long))
     assert watch.metrics() == {}
+
+
+def test_a_lora_policy_on_an_moe_model_trains_and_reports_its_routing(tmp_path):
+    """LoRA on DeepSeek-V3's shapes (multi-head latent attention, routed experts): one update moves the adapters and
+    only them, and the update's metrics carry the experts' load."""
+    from armor_core.config.schema import load_config, to_dict
+    from armor_core.dataproto.protocol import DataProto
+    from armor_core.loop.data import prepare_data
+    from armor_core.models.loading import load_tokenizer
+    from armor_core.workers.actor.worker import ActorWorker
+
+    tok = load_tokenizer("builtin:arithmetic-tiny")
+    model = build_tiny_model("deepseek_v3", len(tok), hidden_size=64, num_layers=2, num_heads=2, seed=0)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(tmp_path / "moe")
+    tok.save_pretrained(tmp_path / "moe")
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tmp_path / 'moe'}",
+            "model.lora_rank=4",
+            "data.train_size=64",
+            "data.val_size=8",
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=8",
+            "rollout.n=4",
+            f"trainer.run_dir={tmp_path / 'run'}",
+        ],
+    )
+    train, _ = prepare_data(cfg)
+    worker = ActorWorker(to_dict(cfg))
+    torch.manual_seed(0)
+    batch = worker.generate(DataProto.from_dict(tensors=dict(train.encoded["tensors"]))[:8].repeat(4, interleave=True))
+    batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0))
+    batch["advantages"] *= batch["response_mask"]
+    params = dict(worker.model.named_parameters())
+    before = {k: v.detach().clone() for k, v in params.items()}
+    metrics = worker.update_actor(batch, 1)
+    changed = {k for k, v in params.items() if not torch.equal(before[k], v.detach())}
+    assert changed and all("lora_" in k for k in changed), sorted(changed)[:5]
+    assert any(".experts." in k for k in changed) and any("q_a_proj" in k for k in changed)
+    assert 1 <= metrics["moe/load_max"] <= 4 and 0 < metrics["moe/load_entropy"] <= 1
