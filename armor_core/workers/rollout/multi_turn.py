@@ -61,8 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["END_REASONS", "Episode", "MultiTurnRollout", "environment_params", "numbers_problem"]
 
 _ENV_SEED = 0x656E76  # mixed into a group's first row's sample seed to give its environments' seed
-#: a turn's kept sets (one list of ids per sampled id, empty without replay) and kept masses
-Sampled = tuple[list[list[int]], list[float]]
+Sampled = tuple[list[list[int]], list[float]]  # a turn's kept sets (per sampled id; [] without replay), kept masses
 END_REASONS = ("done", "max_turns", "max_response_tokens", "env_error", "env_timeout")
 MAX_THREADS = 256  # plain (sync) environment calls of one batch running at once, each on a thread of its own
 
@@ -159,7 +158,9 @@ class MultiTurnRollout:
         groups = [ep.row.get("uid", i // n) for i, ep in enumerate(episodes)]
         order = list(dict.fromkeys(_hashable(g) for g in groups))
         if seeds is not None:  # per-sample seeds: a group's environment seed from its first row's, as its samples
-            first = {g: ep.seed for g, ep in zip(map(_hashable, groups), reversed(episodes))}  # the last kept: first
+            first: dict[Any, Any] = {}
+            for g, ep in zip(map(_hashable, groups), episodes):
+                first.setdefault(g, ep.seed)
             drawn = {g: int(mix(first[g], _ENV_SEED)[0]) & (2**31 - 1) for g in order}
         else:
             drawn = dict(zip(order, torch.randint(0, 2**31 - 1, (len(order),)).tolist()))
