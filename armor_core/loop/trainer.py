@@ -44,6 +44,7 @@ from armor_core.errors import NonFiniteError
 from armor_core.interfaces import capability
 from armor_core.loop.baseline import GreedyBaseline
 from armor_core.loop.data import load_data
+from armor_core.loop.guard_defaults import model_guards
 from armor_core.loop.resume import check_lora_base, nothing_left, resumed_by
 from armor_core.loop.rollback import RollbackPoints, Trainables, rollback_target
 from armor_core.loop.rollout_source import RolloutSource
@@ -51,7 +52,6 @@ from armor_core.loop.step import Scorer, Step, batch_metrics, send_adjustments, 
 from armor_core.loop.step_timer import ENGINE_STAGES
 from armor_core.loop.summary import print_summary
 from armor_core.models.weight_sums import SyncCheckError
-from armor_core.stability.defaults import model_guards
 from armor_core.workers.api import ActorAPI, CriticAPI, RolloutAPI, TeacherAPI
 from armor_core.workers.losses.rollout_correction import nothing_kept
 

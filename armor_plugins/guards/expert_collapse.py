@@ -12,7 +12,7 @@ updates in a row ask for a ``rollback`` to before the first of them, with the le
 with the actor's optimizer) and logged in ``guard_events.jsonl``.
 
 A run whose model has no router (no ``moe/*`` statistics) is never judged. ``armor run`` adds this guard to the
-default stack when the model is an MoE model (``armor_core/stability/defaults.py``); a ``guard.guards`` of the
+default stack when the model is an MoE model (``armor_core/loop/guard_defaults.py``); a ``guard.guards`` of the
 user's own replaces the whole stack, this guard included.
 """
 

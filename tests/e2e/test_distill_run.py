@@ -42,14 +42,14 @@ def test_topk_distillation_lowers_the_kl_to_the_teacher(ray_cluster, tmp_path):
             "algorithm.distill.k=4",
             "algorithm.distill.with_rewards=false",
             "actor.lr=1e-3",
-            # what is tested is the loss's direction in six steps: the default trust_region undoes the first one
+            # what is tested is the loss's direction in ten steps: the default trust_region undoes the first one
             # (4.5 nats/token of policy change, the teacher 4.1 away) and goes on at a tenth of the rate
             "guard.guards=[non_finite]",
             "data.train_size=256",
             "data.train_batch_size=8",
             "actor.ppo_mini_batch_size=8",
             "rollout.n=4",
-            "trainer.total_steps=6",
+            "trainer.total_steps=10",
             "trainer.val_freq=0",
             "trainer.val_before_train=false",
             "trainer.loggers=[jsonl]",
@@ -68,8 +68,9 @@ def test_topk_distillation_lowers_the_kl_to_the_teacher(ray_cluster, tmp_path):
         trainer.close()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "distill/reverse_kl" in r]
-    assert len(steps) == 6 and all("actor/distill_loss" in r and "distill/teacher_logp" in r for r in steps)
+    assert len(steps) == 10 and all("actor/distill_loss" in r and "distill/teacher_logp" in r for r in steps)
     kl = [r["distill/reverse_kl"] for r in steps]
-    # the first two steps against the last two: one step's batch of 32 responses is noisy (measured: 5.3 -> 2.4)
+    # the first two steps against the last two: one step's batch of 32 responses is noisy (measured with per-sample
+    # seeds: 4.2, 6.2, then 3.9, 2.9, 4.8, 4.5 at steps 3-6, no lower than the start yet, and 2.6, 2.8 at steps 9-10)
     assert sum(kl[-2:]) < 0.7 * sum(kl[:2]), kl
     assert all(r["critic/advantages/max"] == 0 for r in steps)  # with_rewards=false: no reward signal at all

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from armor_core.config.schema import load_config
+from armor_core.loop.guard_defaults import model_guards
 from armor_core.models.loading import build_char_tokenizer, build_tiny_model
-from armor_core.stability.defaults import model_guards
 from armor_plugins.guards.expert_collapse import ExpertCollapseGuard
 
 
