@@ -63,14 +63,16 @@ class RouterWatch:
         def count(_module: torch.nn.Module, _args: Any, out: Any) -> None:
             logits, indices = out[0], out[-1]
             experts = logits.shape[-1]
-            got = torch.bincount(indices.detach().reshape(-1).cpu(), minlength=experts).double()
+            # counted where the router ran, read back once per step (``metrics``), not once per forward
+            got = torch.bincount(indices.detach().reshape(-1), minlength=experts).double()
             self.counts[layer] = self.counts[layer] + got if layer in self.counts else got
 
         return count
 
     def metrics(self) -> dict[str, float]:
         """The load statistics since the last call (``{}`` for a dense model, or when nothing was routed)."""
-        counts, self.counts = [c for c in self.counts.values() if c.sum() > 0], {}
+        counts, self.counts = [c.cpu() for c in self.counts.values()], {}
+        counts = [c for c in counts if c.sum() > 0]
         if not counts:
             return {}
         stats = []

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from armor_core.ops.sample_seeds import SEED_KEY
-from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS, truncate
+from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS, kept_set, truncate
 
 __all__ = ["kept_from_top", "kept_tensors", "responses_of", "seeded", "truncation"]
 
@@ -42,10 +42,9 @@ def kept_from_top(
     log_mass = torch.logsumexp(truncated, dim=-1)
     if not keep:
         return torch.empty((len(top_ids), 0), dtype=torch.int32), log_mass, is_sampled.any(-1)
-    counts = torch.isfinite(truncated).sum(-1, keepdim=True)
-    width = int(counts.max()) if len(top_ids) else 0
-    ids = top_ids.gather(-1, torch.topk(truncated, width, dim=-1).indices)  # the kept ones sort first
-    return torch.where(torch.arange(width) < counts, ids, -1).to(torch.int32), log_mass, is_sampled.any(-1)
+    columns, _ = kept_set(truncated, top_log_probs.float())  # the kept columns of the top list, -1 padded
+    ids = torch.where(columns >= 0, top_ids.gather(-1, columns.long().clamp(min=0)), -1).to(torch.int32)
+    return ids, log_mass, is_sampled.any(-1)
 
 
 def kept_tensors(
