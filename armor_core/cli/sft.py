@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from armor_core.train.sft import fresh_char_model, load_pairs, run_sft, task_pairs
+from armor_core.train.sft import TINY_ARCHS, fresh_char_model, load_pairs, run_sft, task_pairs
 from armor_core.train.sft_reward import parse_kwargs, reward_passed
 from armor_core.train.sft_traces import is_trace_file, load_traces
 from armor_core.train.steps import command_args, save_trained
@@ -27,14 +27,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sft",
         help="supervised fine-tuning on (prompt, response) pairs; makes warm starts for RL",
         description="Supervised fine-tuning with the loss on response tokens only. Trains a local model directory "
-        "or a fresh char-level tiny Qwen2 (--init tiny-qwen2) on a built-in task's train split or a "
+        "or a fresh char-level tiny model (--init tiny-qwen2, or tiny-deepseek-v3 for a mixture of experts) on a "
+        "built-in task's train split or a "
         "JSONL of {prompt, response} (or {prompt, ground_truth}), reports held-out greedy exact-match "
         "accuracy, and saves a Hugging Face directory.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="local model directory (or builtin:NAME) to fine-tune")
     src.add_argument(
-        "--init", choices=["tiny-qwen2"], help="start from a fresh char-level Qwen2 (~1M parameters, random init)"
+        "--init",
+        choices=sorted(TINY_ARCHS),
+        help="start from a fresh char-level model, random init: tiny-qwen2 (~1M parameters) or tiny-deepseek-v3 "
+        "(DeepSeek-V3's architecture: 4 routed experts, top-2, a shared expert, latent attention)",
     )
     p.add_argument("--out", required=True, help="directory to write the fine-tuned model and tokenizer to")
     p.add_argument(
@@ -167,7 +171,7 @@ def _main(args: argparse.Namespace) -> int:
     _check_paths(args)
     train_rows, val_rows, source = _rows(args)
     if args.init:
-        model, tokenizer = fresh_char_model(train_rows + val_rows, args.seed)
+        model, tokenizer = fresh_char_model(train_rows + val_rows, args.seed, TINY_ARCHS[args.init])
     else:
         tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
         model = load_model(args.model, trust_remote_code=args.trust_remote_code)

@@ -47,7 +47,8 @@ class ModelConfig:
     path: str = f(
         "builtin:arithmetic-tiny",
         "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR: "
-        "builtin:arithmetic-tiny, builtin:code-ops-tiny and builtin:cross-domain-tiny have no chat template "
+        "builtin:arithmetic-tiny, builtin:code-ops-tiny, builtin:cross-domain-tiny and builtin:moe-tiny (DeepSeek-V3's "
+        "mixture-of-experts architecture) have no chat template "
         "(prompts are plain text; a multi-turn observation is its text between newlines); "
         "builtin:tools-tiny has an append-only chat template (chat-message prompts, tool results as "
         "<|tool|>...<|assistant|>), as recipe:tools uses it. Nothing is downloaded.",
@@ -175,6 +176,13 @@ class RolloutConfig:
         "sampling keeps at most this many (top_k is this when unset, and may not be larger), which bounds the "
         "recorded sets' size (rows x response tokens x this many int32 ids).",
         ge=1,
+    )
+    routing_replay: bool = f(
+        False,
+        "Mixture-of-experts policies: the rollout records the experts every token was routed to and the actor's "
+        "forwards (old log-probs, the update) route it to the same ones, with weights from the router's own logits "
+        "(R3), so a router tie broken differently by the trainer no longer changes a token's log-prob. hf backend, "
+        "single-turn. See docs/off-policy.md.",
     )
     per_sample_seeds: bool = f(
         True,
@@ -682,6 +690,7 @@ def _check_ranges(cfg: ArmorConfig) -> None:
 def _check_semantics(cfg: ArmorConfig) -> None:
     """Checks that involve more than one field."""
     _check_sizes(cfg)
+    _check_routing_replay(cfg)
     if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
         raise ConfigError(
             f"algorithm.filter_groups=true needs groups: rollout.n={cfg.rollout.n} samples per prompt always agree "
@@ -736,6 +745,17 @@ def _check_semantics(cfg: ArmorConfig) -> None:
         extra = set(g) - {"name", "params"}
         if extra:
             raise ConfigError(f"guard.guards[{i}] has unknown keys {sorted(extra)}; allowed: name, params")
+
+
+def _check_routing_replay(cfg: ArmorConfig) -> None:
+    """Routing replay is recorded by the hf backend, one turn at a time."""
+    r = cfg.rollout
+    if r.routing_replay and (r.backend != "hf" or r.multi_turn.enable):
+        where = f"rollout.backend={r.backend}" if r.backend != "hf" else "rollout.multi_turn.enable=true"
+        raise ConfigError(
+            f"rollout.routing_replay=true with {where}: the experts each token was routed to are recorded by the hf "
+            "backend on single-turn rollouts only; use rollout.backend=hf without multi_turn, or routing_replay=false"
+        )
 
 
 def _check_auto_resume(cfg: ArmorConfig) -> None:

@@ -30,6 +30,7 @@ import torch
 from armor_core.dataproto.metrics import merge_metrics
 from armor_core.loop.async_rollout import environment_metrics, generation_request
 from armor_core.loop.step_timer import StepTimer
+from armor_core.models.routing_replay import ROUTES
 from armor_core.ops.sampling_replay import KEPT_IDS, same_kept_width
 from armor_core.workers.api import ActorAPI
 
@@ -296,7 +297,7 @@ def _same_width(batches: list[DataProto]) -> list[DataProto]:
     """``batches`` with their response columns right-padded to the widest: a multi-turn rollout's width is its
     longest episode, so two generated batches of one step may differ. Padding is masked (``attention_mask`` and
     ``response_mask`` 0) and its positions go on counting up, as a single-turn rollout's padding does; kept sets
-    (sampling-mask replay) are padded with -1 to the widest set, and the new positions hold none."""
+    (sampling-mask replay) are padded with -1 to the widest set, and the new positions hold none, nor routes."""
     from armor_core.dataproto.protocol import DataProto
 
     batches = same_kept_width(batches)
@@ -311,7 +312,7 @@ def _same_width(batches: list[DataProto]) -> list[DataProto]:
         tensors = {}
         for key, t in b.tensors.items():
             if key != "prompts" and t.dim() >= 2 and t.shape[1] in (r, full):
-                tail = t.new_full((t.shape[0], short, *t.shape[2:]), -1 if key == KEPT_IDS else 0)
+                tail = t.new_full((t.shape[0], short, *t.shape[2:]), -1 if key in (KEPT_IDS, ROUTES) else 0)
                 if key == "position_ids":
                     tail = t[:, -1:] + torch.arange(1, short + 1, dtype=t.dtype)
                 t = torch.cat([t, tail], dim=1)

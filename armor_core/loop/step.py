@@ -27,6 +27,7 @@ import torch
 from armor_core.interfaces import Verdict, call_with_params
 from armor_core.loop.distill import TEACHER_KEYS
 from armor_core.loop.step_timer import StepTimer
+from armor_core.models.routing_replay import ROUTES
 from armor_core.ops.sampling_replay import KEPT_IDS, KEPT_MASS
 from armor_core.workers.api import ActorAPI, CriticAPI
 
@@ -70,6 +71,7 @@ UPDATE_KEYS = (
     "ref_log_prob",
     "rollout_log_probs",
     KEPT_IDS,
+    ROUTES,
     *TEACHER_KEYS,
 )
 

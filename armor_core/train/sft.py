@@ -46,6 +46,8 @@ __all__ = [
 BASE_CHARS = "0123456789+-*= "
 #: ``--init tiny-qwen2``: hidden 128, 4 layers of 4 heads (head_dim 32), MLP 512 -> ~1.05M parameters
 TINY_QWEN2 = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512)
+# ``armor sft --init`` choices: the architecture ``build_tiny_model`` builds at TINY_QWEN2's dimensions
+TINY_ARCHS = {"tiny-qwen2": "qwen2", "tiny-deepseek-v3": "deepseek_v3"}
 
 
 # -- data -----------------------------------------------------------------------------------------
@@ -90,16 +92,17 @@ def task_pairs(task: str, split: str, size: int, seed: int, params: dict[str, An
     ]
 
 
-def fresh_char_model(rows: list[dict[str, Any]], seed: int) -> tuple[PreTrainedModel, Any]:
-    """``--init tiny-qwen2``: a fresh char-level tiny Qwen2 (``TINY_QWEN2``) and its tokenizer, whose vocabulary covers
-    ``rows`` (and ``BASE_CHARS``); for traces, a chat tokenizer with roles and tool-call tags."""
+def fresh_char_model(rows: list[dict[str, Any]], seed: int, arch: str = "qwen2") -> tuple[PreTrainedModel, Any]:
+    """``--init tiny-qwen2`` (or ``tiny-deepseek-v3``: ``arch``): a fresh char-level tiny model of ``TINY_QWEN2``'s
+    dimensions and its tokenizer, whose vocabulary covers ``rows`` (and ``BASE_CHARS``); for traces, a chat tokenizer
+    with roles and tool-call tags."""
     from armor_core.models.loading import build_char_tokenizer, build_tiny_model
 
     if rows and "messages" in rows[0]:  # traces: a chat template, roles and tool-call tags
         tokenizer = build_chat_char_tokenizer(m["content"] for r in rows for m in r["messages"])
     else:
         tokenizer = build_char_tokenizer(set(BASE_CHARS).union(*(set(r["prompt"]) | set(r["response"]) for r in rows)))
-    return build_tiny_model("qwen2", len(tokenizer), seed=seed, **TINY_QWEN2), tokenizer
+    return build_tiny_model(arch, len(tokenizer), seed=seed, **TINY_QWEN2), tokenizer
 
 
 # -- training -------------------------------------------------------------------------------------

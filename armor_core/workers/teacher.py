@@ -159,7 +159,7 @@ class TeacherWorker:
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
         d, mask = self.cfg.algorithm.distill, data["response_mask"]
-        lp, _ = self.logp.all_rows(self.model, data, with_entropy=False, world_size=self.collective)
+        lp, _ = self.logp.all_rows(self.model, data, with_entropy=False, world_size=self.collective, routes=False)
         tensors = {"teacher_log_prob": lp * mask}
         if d.mode == "topk_forward_kl":
             parts = []

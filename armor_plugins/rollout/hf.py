@@ -32,6 +32,7 @@ noise of another batch size, so greedy decoding gives the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
@@ -43,6 +44,8 @@ import torch.nn.functional as F
 from armor_core import hookimpl
 from armor_core.errors import NonFiniteError
 from armor_core.hookspecs import RegisterRolloutBackend
+from armor_core.models.moe import is_moe
+from armor_core.models.routing_replay import ROUTES, RouteGrid, RouteRecorder, check_replayable
 from armor_core.models.weight_sums import HeldSum, plain_name, weight_sum
 from armor_core.ops.sample_seeds import SEED_KEY, uniform
 from armor_core.ops.sampling_replay import KeptRecord, kept_outputs, kept_set, truncate
@@ -161,13 +164,16 @@ class HFRollout:
         base = get_base() if get_base is not None else model
         accepts = inspect.signature(base.forward).parameters
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
-        self._cache_selects: bool | None = (
-            None  # can this model's cache select batch rows? known after its first forward
-        )
+        self._cache_selects: bool | None = None  # can this model's cache select batch rows? known after a forward
         if getattr(config, "backend_kwargs", None):
             raise ValueError(
                 f"rollout.backend_kwargs={dict(config.backend_kwargs)!r}: the hf backend takes no extra arguments"
             )
+        # routing replay: the experts each forward chose, kept per position (``armor_core.models.routing_replay``)
+        self._recorder = RouteRecorder(model) if getattr(config, "routing_replay", False) and is_moe(model) else None
+        if self._recorder is not None:
+            check_replayable(model)
+        self._routed: torch.Tensor | None = None  # the last forward's routes while recording
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -193,8 +199,9 @@ class HFRollout:
         pieces = []
         was_training = self.model.training
         self.model.eval()
+        recording = self._recorder.recording() if self._recorder is not None else contextlib.nullcontext()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), recording:
                 starts = list(range(0, input_ids.shape[0], cfg.micro_batch_size))
                 # in lockstep a rank with fewer micro-batches runs stand-ins (one row, discarded) as the others run
                 for i in range(self._agree(len(starts))):
@@ -216,6 +223,8 @@ class HFRollout:
             responses = torch.zeros((0, max_new), dtype=torch.long, device=out_device)
             response_mask, log_probs = torch.zeros_like(responses), torch.zeros((0, max_new), device=out_device)
         extra = kept_outputs([p[3] for p in pieces], max_new) if pieces and pieces[0][3] is not None else None
+        if pieces and pieces[0][4] is not None:
+            extra = {**(extra or {}), ROUTES: torch.cat([p[4] for p in pieces])}
         return assemble_output(
             prompts, input_ids, attention_mask, position_ids, responses, response_mask, log_probs, extra
         )
@@ -243,9 +252,10 @@ class HFRollout:
         sp: Sampling,
         seeds: torch.Tensor | None = None,
         stand_in: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor | None, torch.Tensor] | None]:
-        """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device, and
-        when sampling truncated, (kept ids (b, max_new, K) int32, -1 padded, or None; kept mass (b, max_new))."""
+    ) -> tuple[Any, ...]:
+        """(responses, response_mask, log_probs), each (b, max_new), for one micro-batch on the model's device; when
+        sampling truncated, (kept ids (b, max_new, K) int32, -1 padded, or None; kept mass (b, max_new)), else None;
+        with routing replay the routes (b, P + max_new, MoE layers, top_k) int16 (``RouteGrid``), else None."""
         b, device, max_new = ids.shape[0], ids.device, sp.max_new
         draw = _drawer(sp)
         # left padding shared by every row is dropped: masked positions change nothing but cost compute
@@ -261,6 +271,7 @@ class HFRollout:
         next_pos = pos[:, -1:] + 1
 
         past, logits = self._shared_prefill(ids, mask, pos)
+        routes = RouteGrid(self._routed, max_new) if self._routed is not None else None
         can_select = self._cache_selects
         # a lookup table costs one indexing op per step; torch.isin costs several
         is_eos = torch.zeros(max(logits.shape[-1], max(self.eos_token_ids) + 1), dtype=torch.bool, device=device)
@@ -289,7 +300,10 @@ class HFRollout:
                 past.reorder_cache(keep)
                 rows, live, tokens, attn, next_pos = rows[keep], live[keep], tokens[keep], attn[keep], next_pos[keep]
             past, logits = self._forward(tokens.unsqueeze(-1), attn[:, : prompt_len + t + 1], next_pos + t, past)
-        return responses, resp_mask, log_probs, kept_record.result(sp.keep)
+            if routes is not None and self._routed is not None:
+                routes.step(rows, t, self._routed)
+        routed = routes.result(first) if routes is not None and not stand_in else None
+        return responses, resp_mask, log_probs, kept_record.result(sp.keep), routed
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """The prompt pass, run once per distinct prompt, its cache and last logits copied to every row.
@@ -308,6 +322,8 @@ class HFRollout:
                 past, logits = self._forward(distinct[:, :p], distinct[:, p : 2 * p], distinct[:, 2 * p :])
                 if self._cache_selects:
                     past.reorder_cache(inverse)
+                    if self._routed is not None:
+                        self._routed = self._routed.index_select(0, inverse)
                     return past, logits.index_select(0, inverse)
         return self._forward(ids, mask, pos)
 
@@ -325,6 +341,8 @@ class HFRollout:
         )
         if self._cache_selects is None:
             self._cache_selects = hasattr(out.past_key_values, "reorder_cache")
+        if self._recorder is not None and self._recorder.routers:
+            self._routed = self._recorder.take(ids.shape[0])
         return out.past_key_values, out.logits[:, -1, :]
 
     # -- weights --------------------------------------------------------------------------------

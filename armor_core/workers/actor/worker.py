@@ -286,11 +286,16 @@ class ActorWorker(ActorWeights, ActorLoss, GuardedStep):
         t0 = time.perf_counter()
         if self.lora:  # the reference policy is the base model: the same module with its adapters off
             with adapters_off(self.model):
-                lp, _ = self.logp.all_rows(self.model, data, with_entropy=False, world_size=self.collective)
+                lp, _ = self.logp.all_rows(
+                    self.model, data, with_entropy=False, world_size=self.collective, routes=False
+                )
         elif self.ref_model is None:
             raise RuntimeError("no reference model: set actor.use_kl_loss or algorithm.use_kl_in_reward")
         else:
-            lp, _ = self.logp.all_rows(self.ref_model, data, with_entropy=False, world_size=self.collective)
+            # the reference routes by its own weights: replaying the policy's routing would compare two policies'
+            lp, _ = self.logp.all_rows(
+                self.ref_model, data, with_entropy=False, world_size=self.collective, routes=False
+            )
         return DataProto.from_dict(
             tensors={"ref_log_prob": lp * data["response_mask"]},
             meta_info={"metrics": {**self.logp.padding_metrics(), "perf/worker_s": time.perf_counter() - t0}},

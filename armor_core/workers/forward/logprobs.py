@@ -16,6 +16,7 @@ from typing import Callable, ContextManager
 import torch
 
 from armor_core.dataproto.protocol import DataProto
+from armor_core.models.routing_replay import ROUTES, layout_routes, replaying
 from armor_core.ops.sampling_replay import KEPT_IDS, replayed
 from armor_core.workers.forward.layouts import (
     LAYOUTS,
@@ -201,6 +202,7 @@ class ResponseLogProbs(LayoutChoice):
         with_entropy: bool,
         extra_ids: torch.Tensor | None = None,
         count: bool = True,
+        routes: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs (and entropy), (rows, R), of rows ``sl`` of ``batch``; with gradient
         when ``module`` is in training mode and grad is enabled. ``extra_ids`` (rows, R, k): also the
@@ -208,7 +210,10 @@ class ResponseLogProbs(LayoutChoice):
         micro-batch, as DDP and FSDP2 need); the log-probs are then (rows, R, 1 + k), column 0 the
         sampled tokens'. Rows carrying the rollout's kept sets (``rollout_kept_ids``) get the sampled tokens'
         log-probs over those sets (``armor_core.ops.sampling_replay``). ``count=False`` leaves it out of
-        ``perf/padding_waste`` and ``perf/prompt_sharing`` (a measurement, not the training forward those describe)."""
+        ``perf/padding_waste`` and ``perf/prompt_sharing`` (a measurement, not the training forward those describe).
+        Rows carrying the rollout's routing (``rollout_routed_experts``, ``rollout.routing_replay``) are routed to the
+        same experts (``armor_core.models.routing_replay``) unless ``routes`` is False (another model's forward: the
+        reference, a teacher)."""
         ids, attn, pos, resp = (
             batch[k][sl].to(self.device) for k in ("input_ids", "attention_mask", "position_ids", "responses")
         )
@@ -228,7 +233,10 @@ class ResponseLogProbs(LayoutChoice):
                 m, ids, attn, pos, resp, self.temperature, False, p, self.chunk_tokens
             )[0],
         )
-        with self.autocast():
+        chosen = batch[ROUTES][sl] if routes and ROUTES in batch else None
+        if chosen is not None:
+            chosen = layout_routes(chosen.to(self.device), None if packed is None else packed.source)
+        with self.autocast(), replaying(module, chosen):
             lp, ent, stats = forward_response_log_probs(
                 module, ids, attn, pos, targets, self.temperature, with_entropy, packed, self.chunk_tokens
             )
@@ -242,9 +250,9 @@ class ResponseLogProbs(LayoutChoice):
 
     @torch.no_grad()
     def all_rows(
-        self, model: torch.nn.Module, data: DataProto, with_entropy: bool, world_size: int = 1
+        self, model: torch.nn.Module, data: DataProto, with_entropy: bool, world_size: int = 1, routes: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``forward`` over every micro-batch of ``data`` in eval mode, on CPU.
+        """``forward`` over every micro-batch of ``data`` in eval mode, on CPU (``routes``: see ``forward``).
 
         :param world_size: > 1 when ``model``'s forward is a collective (FSDP2 shards): every rank
             then runs as many forwards as the rank with the most micro-batches (stand-ins, discarded).
@@ -255,7 +263,7 @@ class ResponseLogProbs(LayoutChoice):
         for rows, weight in equal_micro_batches(
             [(rows, 1.0) for rows in self.split(data["attention_mask"])], world_size
         ):
-            lp, ent = self.forward(model, data, rows, with_entropy)
+            lp, ent = self.forward(model, data, rows, with_entropy, routes=routes)
             if not weight:  # a stand-in
                 continue
             lps.append(lp.cpu())

@@ -41,6 +41,8 @@ class PackedRows:
     ``batch_tokens`` counts the padded batch's real (attended) tokens, shared prompts every time.
     ``kind`` is ``"packed"`` (``pack_rows``: attention follows from the positions, ``attention_mask``
     is None) or ``"grouped"`` (``pack_groups``: a (k, 1, width, width) boolean mask, True = attend).
+    ``source``: (k * width,) the flat index (row x T + column) of each packed token in the padded batch, -1 for
+    a pad (what a per-token input of the padded batch, such as replayed routes, becomes in this layout).
     """
 
     input_ids: torch.Tensor
@@ -52,6 +54,7 @@ class PackedRows:
     batch_tokens: int = 0
     kind: str = "packed"
     attention_mask: torch.Tensor | None = None
+    source: torch.Tensor | None = None
 
 
 def _balance(lengths: list[int], k: int) -> tuple[int, list[int], list[int], int]:
@@ -106,14 +109,16 @@ def _scatter_tokens(
     dest: torch.Tensor,
     n: int,
     pad_id: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat (n,) ids and positions with the tokens at (rows, cols) placed at ``dest``; pads are ``pad_id`` at position
-    0."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flat (n,) ids, positions and sources (``PackedRows.source``) with the tokens at (rows, cols) placed at
+    ``dest``; pads are ``pad_id`` at position 0, from source -1."""
     packed_ids = torch.full((n,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     packed_pos = torch.zeros(n, dtype=position_ids.dtype, device=position_ids.device)
+    source = torch.full((n,), -1, dtype=torch.long, device=input_ids.device)
     packed_ids[dest] = input_ids[rows, cols]
     packed_pos[dest] = position_ids[rows, cols]
-    return packed_ids, packed_pos
+    source[dest] = rows * input_ids.shape[1] + cols
+    return packed_ids, packed_pos, source
 
 
 def pack_rows(
@@ -151,7 +156,7 @@ def pack_rows(
     )
     row_of, offset = torch.tensor(row_of, device=mask.device), torch.tensor(offset, device=mask.device)
     dest = row_of[rows] * width + offset[rows] + within
-    packed_ids, packed_pos = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
+    packed_ids, packed_pos, source = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
     start = T - response_length
     is_resp = (cols >= start) & (within > 0)
     return PackedRows(
@@ -162,6 +167,7 @@ def pack_rows(
         real_tokens=total,
         computed=k * width,
         batch_tokens=total,
+        source=source,
     )
 
 
@@ -244,7 +250,7 @@ def pack_groups(
     dest = seg_start[g] + torch.where(
         is_prompt, within, groups.prompt[g] + groups.resp_offset[rows] + within - groups.prompt_len[rows]
     )
-    packed_ids, packed_pos = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
+    packed_ids, packed_pos, source = _scatter_tokens(input_ids, position_ids, rows, cols, dest, k * width, pad_id)
     attend = segment_attention(
         dest, g, torch.where(is_prompt, -1, rows), packed_pos, k, width, first_free=bs + groups.n_groups
     )
@@ -262,4 +268,5 @@ def pack_groups(
         batch_tokens=int(mask.sum()),
         kind="grouped",
         attention_mask=attend.unsqueeze(1),
+        source=source,
     )
