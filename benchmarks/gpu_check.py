@@ -28,7 +28,9 @@ log pi_rollout| on the sampled tokens before the first optimizer step of each up
 The rollout samples with ``--top-p 0.9 --top-k 20`` by default, so the check covers sampling-mask replay
 (``docs/off-policy.md``): the log-prob gap is then over the kept sets, and stays at the engine's rounding only if
 the sets the backend recorded are the ones it sampled from (``kept mass``: their mean mass; ``--top-p 1 --top-k 0``
-samples untruncated). ``rollout.sampling_replay=false`` as an override shows the gap without replay.
+samples untruncated). ``rollout.sampling_replay=false`` as an override shows the gap without replay. Routing replay
+on a mixture of experts (``hf``) has its own check on the same GPU: ``python benchmarks/routing_replay.py --device
+cuda``.
 """
 
 from __future__ import annotations

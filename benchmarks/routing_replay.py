@@ -2,6 +2,7 @@
 rollout did, and the rollout/trainer log-prob gap with and without replaying the rollout's routes.
 
     python benchmarks/routing_replay.py [--model builtin:moe-tiny] [--engines float32 bfloat16] [--prompts 128]
+                                        [--device cpu | cuda]
 
 The hf rollout samples ``--prompts`` x ``--n`` responses (temperature 1) from the model's weights in each dtype (an
 engine in float32, and one holding bfloat16 weights as inference engines do), recording the experts every token was
@@ -10,7 +11,8 @@ the packed one the actor uses, routing by itself ("own") and with the rollout's 
 share of routed (position, MoE layer) pairs whose expert set the trainer chooses differently; the mean and largest
 |trainer - rollout| log-prob over response tokens; how many response tokens follow a position routed differently
 (their log-prob depends on it), and the gap on them and on the others. Replay removes the routing part of the gap;
-what is left is the arithmetic of another engine (bf16 rounding).
+what is left is the arithmetic of another engine (bf16 rounding). ``--device cuda`` runs rollout and trainer on a
+GPU, whose kernels differ between a cached decode step and a full forward more than this CPU's do.
 """
 
 from __future__ import annotations
@@ -80,12 +82,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     from armor_plugins.rollout.hf import HFRollout
 
     tok = load_tokenizer(args.model)
-    prompts = _prompts(tok, args.prompts)
-    trainer = load_model(args.model).eval()
+    prompts = _prompts(tok, args.prompts).to(args.device)
+    trainer = load_model(args.model).eval().to(args.device)
     print(
         f"model {args.model}, {args.prompts} prompts x {args.n} samples, temperature 1, hf rollout, float32 trainer\n"
     )
@@ -95,7 +98,7 @@ def main() -> None:
     )
     print("|---|---:|---|---|---:|---:|---:|---:|---:|")
     for dtype in args.engines:
-        engine = load_model(args.model, dtype=dtype).eval()
+        engine = load_model(args.model, dtype=dtype).eval().to(args.device)
         torch.manual_seed(1)
         out = HFRollout(engine, tok, RolloutConfig(max_new_tokens=args.max_new_tokens, routing_replay=True)).generate(
             prompts, n=args.n
