@@ -36,6 +36,7 @@ SECTIONS = (
     "deflection",
     "comply_anyway",
     "jailbreak_setup",
+    "safe_alternative",
 )
 
 _QUOTES = str.maketrans(
@@ -185,6 +186,7 @@ class RuleSet:
     deflection: Pattern[str]
     comply_anyway: Pattern[str]
     jailbreak_setup: Pattern[str]
+    safe_alternative: Pattern[str]
 
     @classmethod
     def build(cls, sections: dict[str, list[str]]) -> RuleSet:
@@ -210,6 +212,7 @@ class RuleSet:
                 "deflection",
                 "comply_anyway",
                 "jailbreak_setup",
+                "safe_alternative",
             )
         }
         return cls(
