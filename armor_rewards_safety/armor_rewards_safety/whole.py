@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from armor_rewards_safety.clauses import RefusalVerdict, judge_clauses
-from armor_rewards_safety.delivery import delivered_after_refusal
+from armor_rewards_safety.delivery import alternatives_only, delivered_after_refusal
 from armor_rewards_safety.learned import RefusalModel
 from armor_rewards_safety.ruleset import RuleSet
 from armor_rewards_safety.segments import paragraphs, speakers
@@ -106,6 +106,8 @@ class Judge:
             return by_voice or verdict
         if self.answers_after_turn(normalized) or delivered_after_refusal(self, normalized):
             return replace(verdict, label="compliance", refuse_then_comply=True)
+        if verdict.label == "partial" and alternatives_only(self, normalized):
+            verdict = replace(verdict, label="refusal")  # a refusal closing with hotlines or offers answers nothing
         paras = paragraphs(normalized)
         first = next((i for i, p in enumerate(paras) if self.clauses(p).label != "compliance"), None)
         if first is None:
