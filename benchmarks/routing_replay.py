@@ -24,8 +24,7 @@ import torch
 from armor_core.config.schema import RolloutConfig
 from armor_core.dataproto.protocol import DataProto
 from armor_core.models.loading import encode_prompts, load_model, load_tokenizer
-from armor_core.models.moe import routers
-from armor_core.models.routing_replay import ROUTES, layout_routes, replaying
+from armor_core.models.routing_replay import ROUTES, RouteRecorder, layout_routes, replaying
 from armor_core.workers.forward.layouts import forward_response_log_probs
 from armor_core.workers.forward.packing import pack_rows, packed_capacity
 
@@ -45,17 +44,11 @@ def _after_a_flip(model: torch.nn.Module, out: DataProto) -> tuple[torch.Tensor,
     """(rows, R) response tokens that follow a position the trainer routes unlike the rollout (their log-prob
     depends on it through attention), and the share of routed (position, layer) pairs routed unlike it."""
     ids, attn, pos, resp = (out[k] for k in ("input_ids", "attention_mask", "position_ids", "responses"))
-    chosen: dict[int, torch.Tensor] = {}
-    hooks = [
-        r.register_forward_hook(lambda m, a, o, i=i: chosen.__setitem__(i, o[-1])) for i, r in enumerate(routers(model))
-    ]
-    try:
+    watch = RouteRecorder(model)
+    with watch.recording():
         model(input_ids=ids, attention_mask=attn, position_ids=pos)
-    finally:
-        for h in hooks:
-            h.remove()
+        own = watch.take(len(ids)).long().sort(-1).values
     recorded = out[ROUTES].long().sort(-1).values
-    own = torch.stack([chosen[i] for i in range(len(chosen))], 1).view(recorded.shape).sort(-1).values
     known = recorded[..., 0] >= 0
     differ = (own != recorded).any(-1) & known  # (rows, T, layers)
     T, R = ids.shape[1], resp.shape[1]

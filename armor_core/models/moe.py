@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["RouterWatch", "is_moe", "routers"]
+__all__ = ["RouterWatch", "hooked", "is_moe", "routers"]
 
 _ROUTER = re.compile(r"Top[kK]Router$")
 
@@ -40,6 +40,17 @@ def is_moe(model: torch.nn.Module) -> bool:
     return bool(routers(model))
 
 
+@contextmanager
+def hooked(found: list[torch.nn.Module], hook: Any) -> Iterator[None]:
+    """Forward hook ``hook(layer)`` on each router of ``found`` (``routers``) while open, removed after."""
+    handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(found)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 class RouterWatch:
     """Counts, per router, the tokens each expert received while ``watch()`` is open (see the module docstring)."""
 
@@ -49,15 +60,8 @@ class RouterWatch:
 
     @contextmanager
     def watch(self) -> Iterator[None]:
-        if not self.routers:
+        with hooked(self.routers, self._hook):
             yield
-            return
-        handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
 
     def _hook(self, layer: int) -> Any:
         def count(_module: torch.nn.Module, _args: Any, out: Any) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-from armor_core.models.moe import routers
+from armor_core.models.moe import hooked, routers
 
 __all__ = [
     "ROUTES",
@@ -84,12 +84,10 @@ class RouteRecorder:
 
     @contextmanager
     def recording(self) -> Iterator[None]:
-        handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
         try:
-            yield
+            with hooked(self.routers, self._hook):
+                yield
         finally:
-            for h in handles:
-                h.remove()
             self._chosen = {}
 
     def _hook(self, layer: int) -> Any:
@@ -160,9 +158,5 @@ def replaying(model: torch.nn.Module, routes: torch.Tensor | None) -> Iterator[N
 
         return replace
 
-    handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(found)]
-    try:
+    with hooked(found, hook):
         yield
-    finally:
-        for h in handles:
-            h.remove()

@@ -341,7 +341,7 @@ class HFRollout:
         )
         if self._cache_selects is None:
             self._cache_selects = hasattr(out.past_key_values, "reorder_cache")
-        if self._recorder is not None and self._recorder.routers:
+        if self._recorder is not None:  # built only for a model with routers
             self._routed = self._recorder.take(ids.shape[0])
         return out.past_key_values, out.logits[:, -1, :]
 
