@@ -22,7 +22,7 @@ BASE = [
     "rollout.top_p=0.9",
     "engine.cpus_per_worker=1",
     "trainer.loggers=[jsonl]",
-    "trainer.total_steps=20",
+    "trainer.total_steps=12",
     "trainer.val_freq=0",
     "trainer.val_before_train=false",
 ]
@@ -46,9 +46,9 @@ def _run(run_dir, *overrides: str) -> list[dict]:
     return [{k: r[k] for k in SAMPLE_KEYS} for r in rows if "actor/pg_loss" in r]
 
 
-def test_twenty_steps_sample_alike_at_any_micro_batch_size_worker_count_and_mode(ray_cluster, tmp_path):
+def test_twelve_steps_sample_alike_at_any_micro_batch_size_worker_count_and_mode(ray_cluster, tmp_path):
     base = _run(tmp_path / "base")
-    assert len(base) == 20 and len({r["critic/score/mean"] for r in base}) > 3  # it learns: the scores move
+    assert len(base) == 12 and len({r["critic/score/mean"] for r in base}) > 3  # it learns: the scores move
     assert _run(tmp_path / "micro", "rollout.micro_batch_size=3") == base
     # a rollout worker of its own generating each batch with the newest weights (async, no overlap)
     assert _run(tmp_path / "async", "rollout.mode=async", "rollout.max_staleness=0") == base
