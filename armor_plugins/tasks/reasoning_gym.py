@@ -313,7 +313,8 @@ def generate_reasoning_gym(
     system_prompt: str = "default",
     **unknown: Any,
 ) -> list[dict[str, Any]]:
-    """Rows ``{"prompt", "data_source": "reasoning_gym", "dataset", "ground_truth"}`` of one reasoning-gym dataset.
+    """Rows ``{"prompt", "data_source": "reasoning_gym", "dataset", "ground_truth", "response"}`` of one
+    reasoning-gym dataset (``response``: the dataset's answer, ``armor sft``'s target, where it has one).
 
     :param split: ``train`` or ``test`` (``val`` and ``validation`` mean ``test``).
     :param size: number of rows.
@@ -348,12 +349,22 @@ def generate_reasoning_gym(
                 "data_source": DATA_SOURCE,
                 "dataset": name,
                 "ground_truth": json.dumps({**truth, "entry": encode_entry(e, name)}),
+                **_target(e, prompt_format),
             }
             for e in entries
         ]
     except (TypeError, ValueError) as e:
         raise ValueError(f"reasoning_gym task (dataset {name!r}): {e}") from None
     return rows
+
+
+def _target(entry: Mapping[str, Any], prompt_format: str) -> dict[str, str]:
+    """``{"response": ...}``, the dataset's own answer as ``armor sft`` trains on it (bare, or in the answer tag
+    that the ``chat`` prompts ask for); nothing for a dataset without a text answer (its checker has no oracle)."""
+    answer = entry.get("answer")
+    if not isinstance(answer, str):
+        return {}
+    return {"response": answer if prompt_format == "text" else f"<answer>{answer}</answer>"}
 
 
 @hookimpl
