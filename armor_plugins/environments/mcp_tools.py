@@ -174,7 +174,7 @@ class _Connection:
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         from mcp import MCPError
-        from mcp_types import CONNECTION_CLOSED
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         await self.ensure()
         try:
@@ -183,6 +183,8 @@ class _Connection:
             if e.code == CONNECTION_CLOSED:  # the server went away: reopen it for the next call
                 await self.stop()
                 raise McpCallError(f"MCP server {self.spec.name!r} closed the connection; restarting it") from None
+            if e.code == REQUEST_TIMEOUT:  # the SDK's own bound, the same as the caller's
+                raise McpCallError(f"no answer within {self.spec.timeout_s:g} s") from None
             raise McpCallError(f"MCP error {e.code}: {e.message}") from None
         except Exception as e:  # a broken transport
             await self.stop()
@@ -268,9 +270,7 @@ class McpHub:
         conn = self._connection(spec)
         if conn.session is None:  # connecting has its own bound
             await self.tools(spec)
-        return await self._wait(
-            conn.call(tool, arguments), spec.timeout_s, f"no answer within {spec.timeout_s:g} s"
-        )
+        return await self._wait(conn.call(tool, arguments), spec.timeout_s, f"no answer within {spec.timeout_s:g} s")
 
     async def _wait(self, coro: Awaitable[_T], timeout: float, late: str) -> _T:
         future = self._submit(coro)
