@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,12 +21,13 @@ from armor_plugins.environments import mcp_tools
 from armor_plugins.environments.mcp_tools import hub
 from armor_plugins.environments.tools import ToolsEnvironment
 
-SERVER = Path(__file__).parent / "mcp_servers" / "table_server.py"
 ROW = {"extra": {"tools_kwargs": {"lookup": {"table": {"qx": 7, "ab": 3}}}}}
 
 
-def stdio(**kw) -> dict:
-    return {"name": "tables", "command": sys.executable, "args": [str(SERVER)], "hidden": ["table"], **kw}
+@pytest.fixture
+def stdio(mcp_table_server):
+    """The stdio table server's ``mcp_servers`` entry, with a test's own keys."""
+    return lambda **kw: {**mcp_table_server, **kw}
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +52,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_stdio_tools_are_listed_without_hidden_parameters_and_called_with_the_rows():
+def test_stdio_tools_are_listed_without_hidden_parameters_and_called_with_the_rows(stdio):
     schemas = ToolsEnvironment.check_params(mcp_servers=[stdio()])
     assert sorted(schemas) == ["die", "lookup", "nap", "pid"]
     shown = schemas["lookup"]["function"]
@@ -68,14 +68,14 @@ def test_stdio_tools_are_listed_without_hidden_parameters_and_called_with_the_ro
     assert _step(env, "nope")[0] == "error: unknown tool 'nope'; tools: die, lookup, nap, pid"
 
 
-def test_the_allow_list_keeps_only_the_named_tools():
+def test_the_allow_list_keeps_only_the_named_tools(stdio):
     env = ToolsEnvironment(ROW, mcp_servers=[stdio(tools=["lookup"])])
     assert _step(env, "pid")[0] == "error: unknown tool 'pid'; tools: lookup"
     with pytest.raises(ValueError, match=r"mcp_servers\[0\] \('tables'\).*offers no 'search'; it offers \['die'"):
         ToolsEnvironment.check_params(mcp_servers=[stdio(tools=["lookup", "search"])])
 
 
-def test_a_hung_call_fails_in_about_its_timeout_and_the_next_call_is_answered():
+def test_a_hung_call_fails_in_about_its_timeout_and_the_next_call_is_answered(stdio):
     env = ToolsEnvironment(ROW, mcp_servers=[stdio(timeout_s=1.0)])
     assert _step(env, "pid")[1] == 0.0  # started: the timeout is the call's alone
     started = time.monotonic()
@@ -86,7 +86,7 @@ def test_a_hung_call_fails_in_about_its_timeout_and_the_next_call_is_answered():
     assert _step(env, "lookup", key="ab") == ("3", 0.0)
 
 
-def test_a_server_that_exits_fails_its_call_and_is_started_again_up_to_max_restarts():
+def test_a_server_that_exits_fails_its_call_and_is_started_again_up_to_max_restarts(stdio):
     env = ToolsEnvironment(ROW, mcp_servers=[stdio(max_restarts=1)])
     first = int(_step(env, "pid")[0])
     text, errors = _step(env, "die")
@@ -98,7 +98,7 @@ def test_a_server_that_exits_fails_its_call_and_is_started_again_up_to_max_resta
     assert errors == 1.0 and "is down" in text
 
 
-def test_closing_stops_the_server_process():
+def test_closing_stops_the_server_process(stdio):
     env = ToolsEnvironment(ROW, mcp_servers=[stdio()])
     pid = int(_step(env, "pid")[0])
     assert _alive(pid)
@@ -107,7 +107,7 @@ def test_closing_stops_the_server_process():
     assert _step(env, "lookup", key="qx") == ("7", 0.0)  # a later use starts a new hub and server
 
 
-def test_a_server_that_does_not_start_is_a_config_error_naming_it_and_a_failed_call_in_a_worker(tmp_path):
+def test_a_server_that_does_not_start_is_a_config_error_naming_it_and_a_failed_call_in_a_worker(tmp_path, stdio):
     broken = stdio(args=[str(tmp_path / "missing.py")], startup_timeout_s=10)
     with pytest.raises(ValueError, match=r"mcp_servers\[0\] \('tables'\): MCP server 'tables' could not start"):
         ToolsEnvironment.check_params(mcp_servers=[broken])
@@ -116,12 +116,14 @@ def test_a_server_that_does_not_start_is_a_config_error_naming_it_and_a_failed_c
 
 
 @pytest.fixture(scope="module")
-def http_url():
+def http_url(mcp_table_server):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, *mcp_table_server["args"], "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -166,12 +168,12 @@ def test_bad_server_config_names_the_key_and_what_is_right(servers, message):
         ToolsEnvironment.check_params(mcp_servers=servers)
 
 
-def test_a_tool_name_offered_by_a_function_and_a_server_is_refused_naming_both():
+def test_a_tool_name_offered_by_a_function_and_a_server_is_refused_naming_both(stdio):
     with pytest.raises(ValueError, match=r"'lookup' is offered by both the function 'lookup' .* and mcp_servers\[0\]"):
         ToolsEnvironment.check_params(tools=["armor_plugins.environments.builtin_tools:lookup"], mcp_servers=[stdio()])
 
 
-def test_without_the_mcp_package_the_error_is_one_line_naming_the_install(monkeypatch):
+def test_without_the_mcp_package_the_error_is_one_line_naming_the_install(monkeypatch, stdio):
     monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` raises ImportError
     monkeypatch.setattr(mcp_tools, "_HUB", None)
     with pytest.raises(ValueError) as e:
