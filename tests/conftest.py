@@ -31,6 +31,20 @@ def one_thread():
     torch.set_num_threads(saved)
 
 
+#: a tiny MCP server on the real ``mcp`` SDK (stdio; ``--http PORT`` for streamable HTTP): ``recipe:tools``' lookup
+#: tool served over MCP, and tools that show the process, hang and crash
+MCP_TABLE_SERVER = os.path.join(os.path.dirname(__file__), "plugins", "environments", "mcp_servers", "table_server.py")
+
+
+@pytest.fixture(scope="session")
+def mcp_table_server() -> dict:
+    """An ``environment_kwargs.mcp_servers`` entry that starts ``MCP_TABLE_SERVER`` over stdio, the row's table hidden;
+    a test adds its own keys."""
+    import sys
+
+    return {"name": "tables", "command": sys.executable, "args": [MCP_TABLE_SERVER], "hidden": ["table"]}
+
+
 #: the entry points that register the built-in algorithms (estimators, policy losses, KL estimators, aggregations)
 ALGORITHM_PLUGINS = {
     "grpo",
