@@ -47,6 +47,7 @@ __all__ = [
     "CAPABILITIES",
     "Capability",
     "DATA_SOURCE_KEY",
+    "EPISODE_KEY",
     "Environment",
     "EnvironmentStep",
     "Observation",
@@ -612,6 +613,10 @@ class Environment(Protocol):
 #: the key of a reward row's ``extra`` under which a domain whose ``fn`` sets ``wants_data_source`` gets the row's
 #: ``data_source`` (``CAPABILITIES["reward_domain"]``)
 DATA_SOURCE_KEY = "_armor_data_source"
+#: the key of a reward row's ``extra`` under which every domain gets, for a multi-turn episode, how it went:
+#: ``{"end": why it ended (``done``, ``max_turns``, ``max_response_tokens``, ``env_error``, ``env_timeout``),
+#: "error": the environment's failure as text or None, "metrics": the environment's metrics summed over the episode}``
+EPISODE_KEY = "_armor_episode"
 
 
 class Capability(NamedTuple):
