@@ -25,8 +25,9 @@ its game info is counted (``game_invalid_move``). textarena gives no per-step re
 Offline without downloads (checked with textarena 0.7.4, ``tests/plugins/environments/test_textarena_games.py``):
 ``GuessTheNumber-v0``, ``TowerOfHanoi-v0``, ``Minesweeper-v0-small``, ``FifteenPuzzle-v0``, ``Sudoku-v0-very-easy``,
 ``LightsOut-v0``, ``FrozenLake-v0``, ``Mastermind-v0``, ``PegJump-v0``, ``Bandit-v0``, ``Blackjack-v0`` and their
-harder variants. ``Hangman-v0`` and ``Wordle-v0`` load nltk word lists (a download): they fail every row. Some
-games answer an invalid move with a text reward (``Countdown-v0``, ``Cryptarithm-v0``): such a row fails, named.
+harder variants. ``Hangman-v0`` and ``Wordle-v0`` load nltk word lists (a download): they fail every row.
+``Countdown-v0`` and ``Cryptarithm-v0`` echo a move as a message that is not text (and give a text reward for an
+invalid move): their rows fail, named, at the first move.
 
 Not supported yet: games of two or more players (the policy would have to play every seat, or an opponent be
 configured), textarena's online play and its wrappers, and reproducible randomness *after* reset: textarena seeds
