@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+from armor_core import Task
 from armor_core.interfaces import AssistantTurn
+from armor_core.testing.checks import check_task
+from armor_core.testing.environments import check_environment
 from armor_plugins.environments.games import GameError, GamesMissingError
 from armor_plugins.environments.textarena_games import TextArenaEnvironment
 from armor_plugins.rewards.game import game_reward
@@ -66,6 +69,13 @@ def test_the_offline_games_start_and_answer_a_move(env_id):
     step = env.step(AssistantTurn("[1]", (), 0))  # usually an invalid move: the game says so, or ends
     assert step.done or isinstance(step.observation, str)
     env.close()
+
+
+def test_the_task_and_the_environment_pass_the_plugin_authors_checks():
+    rows = check_task(Task(generate_text_game), size=4, env_id="GuessTheNumber-v0")  # a prompt shared, no game
+    row = {**rows[0], "extra": rows[0]["extra_info"]}
+    steps = check_environment(TextArenaEnvironment, row, env_id="GuessTheNumber-v0")
+    assert all(s.done or isinstance(s.observation, str) for s in steps)
 
 
 def test_the_same_seed_gives_the_same_game_and_the_splits_share_no_seed():
