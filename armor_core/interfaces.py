@@ -598,9 +598,10 @@ class Environment(Protocol):
 
     What an environment raises (``SystemExit`` included) or withholds ends its own episode, counted as
     ``env_error`` or ``env_timeout``; a ``step`` returning ``reward_parts`` or ``metrics`` that are not
-    finite numbers under str names does too, none of that step kept. A plain ``def`` runs on a daemon
-    thread of its own, abandoned past ``rollout.multi_turn.step_timeout_s``; an ``async def`` runs on the
-    rollout's event loop and must not block it.
+    finite numbers under str names does too, none of that step kept. The reward domains see why an episode
+    ended, the error and the summed ``metrics`` in ``extra[EPISODE_KEY]`` (a domain may fail such a row).
+    A plain ``def`` runs on a daemon thread of its own, abandoned past ``rollout.multi_turn.step_timeout_s``;
+    an ``async def`` runs on the rollout's event loop and must not block it.
     """
 
     def __init__(self, row: Mapping[str, Any], *, seed: int) -> None: ...

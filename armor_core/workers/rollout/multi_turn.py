@@ -20,9 +20,8 @@ An episode ends when its environment says ``done``, after ``max_turns`` turns, w
 environment fails (raises anything, ``SystemExit`` included; returns something that is not an
 ``EnvironmentStep``, or one whose ``reward_parts`` or ``metrics`` are not finite numbers; or takes longer
 than ``step_timeout_s``, when a plain ``step`` is abandoned on its thread): each reason is counted
-(``env/ended_<reason>``). Sampled ids and
-log-probs are kept exactly as the backend returned them: the rollout's log-prob of every trained
-token is the one the token was drawn with.
+(``env/ended_<reason>``). Sampled ids and log-probs are kept exactly as the backend returned them: the
+rollout's log-prob of every trained token is the one the token was drawn with.
 
 The output adds to the backend's layout: ``reward_text`` (the final assistant turn, or the whole
 transcript with ``reward_on: transcript``) for the reward domains, ``env_reward_parts`` (summed
@@ -295,7 +294,8 @@ class MultiTurnRollout:
         response_mask = torch.zeros((rows, width), dtype=torch.long)
         present = torch.zeros((rows, width), dtype=torch.long)
         log_probs = torch.zeros((rows, width), dtype=torch.float32)
-        for i, (ep, k) in enumerate((ep, len(ep.ids)) for ep in episodes):
+        for i, ep in enumerate(episodes):
+            k = len(ep.ids)
             responses[i, :k] = torch.tensor(ep.ids, dtype=torch.long)
             response_mask[i, :k] = torch.tensor(ep.sampled, dtype=torch.long)
             present[i, :k] = 1
