@@ -222,7 +222,9 @@ def armor_register_reward_domains(register: RegisterRewardDomain) -> None:
     metrics (``reward/<domain>/<sub>``); ``score`` and ``failures`` are reserved sub-score names
     (the manager writes ``reward/<domain>/score`` and ``/failures`` itself). A ``fn`` that serves several
     data sources sets ``fn.wants_data_source = True`` and finds the row's in ``extra[DATA_SOURCE_KEY]``
-    (``interfaces.CAPABILITIES`` lists every optional attribute of every kind).
+    (``interfaces.CAPABILITIES`` lists every optional attribute of every kind). With multi-turn rollouts
+    ``extra[EPISODE_KEY]`` holds how the row's episode went: why it ended, the environment's error, its
+    metrics summed (a domain raising on a failed episode fails the row, counted like any failure).
     """
 
 

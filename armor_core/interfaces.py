@@ -47,6 +47,7 @@ __all__ = [
     "CAPABILITIES",
     "Capability",
     "DATA_SOURCE_KEY",
+    "EPISODE_KEY",
     "Environment",
     "EnvironmentStep",
     "Observation",
@@ -597,9 +598,10 @@ class Environment(Protocol):
 
     What an environment raises (``SystemExit`` included) or withholds ends its own episode, counted as
     ``env_error`` or ``env_timeout``; a ``step`` returning ``reward_parts`` or ``metrics`` that are not
-    finite numbers under str names does too, none of that step kept. A plain ``def`` runs on a daemon
-    thread of its own, abandoned past ``rollout.multi_turn.step_timeout_s``; an ``async def`` runs on the
-    rollout's event loop and must not block it.
+    finite numbers under str names does too, none of that step kept. The reward domains see why an episode
+    ended, the error and the summed ``metrics`` in ``extra[EPISODE_KEY]`` (a domain may fail such a row).
+    A plain ``def`` runs on a daemon thread of its own, abandoned past ``rollout.multi_turn.step_timeout_s``;
+    an ``async def`` runs on the rollout's event loop and must not block it.
     """
 
     def __init__(self, row: Mapping[str, Any], *, seed: int) -> None: ...
@@ -612,6 +614,10 @@ class Environment(Protocol):
 #: the key of a reward row's ``extra`` under which a domain whose ``fn`` sets ``wants_data_source`` gets the row's
 #: ``data_source`` (``CAPABILITIES["reward_domain"]``)
 DATA_SOURCE_KEY = "_armor_data_source"
+#: the key of a reward row's ``extra`` under which every domain gets, for a multi-turn episode, how it went:
+#: ``{"end": why it ended (``done``, ``max_turns``, ``max_response_tokens``, ``env_error``, ``env_timeout``),
+#: "error": the environment's failure as text or None, "metrics": the environment's metrics summed over the episode}``
+EPISODE_KEY = "_armor_episode"
 
 
 class Capability(NamedTuple):

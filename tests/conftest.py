@@ -75,3 +75,22 @@ def pm():
     from armor_core.plugins import PluginManager
 
     return PluginManager(disabled={e.name for e in importlib.metadata.entry_points(group="armor")} - ALGORITHM_PLUGINS)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    """A char-level tokenizer over printable ASCII with an append-only chat template (``<|user|>``,
+    ``<|assistant|>``), as multi-turn rollouts need: game text and observations are tokens, never ``<unk>``."""
+    from armor_core.train.sft_traces import build_chat_char_tokenizer
+
+    return build_chat_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chat_model(chat_tokenizer):
+    """A tiny random Qwen2 over ``chat_tokenizer``'s vocabulary, stopping at its end-of-turn token."""
+    from armor_core.models.loading import build_tiny_model
+
+    model = build_tiny_model("qwen2", len(chat_tokenizer), hidden_size=64, num_layers=1, num_heads=2, seed=0)
+    model.generation_config.eos_token_id = chat_tokenizer.eos_token_id
+    return model.eval()

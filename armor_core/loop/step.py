@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from armor_core.interfaces import Verdict, call_with_params
+from armor_core.interfaces import EPISODE_KEY, Verdict, call_with_params
 from armor_core.loop.distill import TEACHER_KEYS
 from armor_core.loop.step_timer import StepTimer
 from armor_core.models.routing_replay import ROUTES
@@ -104,6 +104,9 @@ class Scorer:
         lengths = batch["response_mask"].sum(-1).tolist()
         # the response's token count lets a domain apply a length penalty in tokens (DAPO's overlong shaping)
         extras = [{**(e or {}), "response_length": int(n)} for e, n in zip(nt["extra"], lengths)]
+        if "episode" in nt:  # how each multi-turn episode went: a game's domain scores it, or fails the row
+            for extra, episode in zip(extras, nt["episode"]):
+                extra[EPISODE_KEY] = {k: episode.get(k) for k in ("end", "error", "metrics")}
         # a multi-turn rollout says what the domains score (the final turn or the transcript); else the response
         texts = list(nt["reward_text"]) if "reward_text" in nt else self.decode(batch)
         out = self.rewards.score(

@@ -283,10 +283,12 @@ def check_loss_aggregation(aggregation: LossAggregation) -> torch.Tensor:
 
 
 def _posed(rows: list[dict[str, Any]]) -> set[str]:
-    """What each row asks: its prompt, with the tool arguments it hides from the policy when it has them."""
+    """What each row asks: its prompt, with the state it hides from the policy when it has some (the tool
+    arguments of ``extra_info.tools_kwargs``, or a game's ``extra_info.game_seed``)."""
     out = set()
     for r in rows:
-        hidden = (r.get("extra_info") or r.get("extra") or {}).get("tools_kwargs")
+        extra = r.get("extra_info") or r.get("extra") or {}
+        hidden = extra.get("tools_kwargs", extra.get("game_seed"))
         out.add(json.dumps(r["prompt"] if hidden is None else [r["prompt"], hidden], sort_keys=True))
     return out
 
@@ -295,8 +297,9 @@ def check_task(task: Task, size: int = 16, **params: Any) -> list[dict[str, Any]
     """Ask a ``Task`` for ``size`` train and test rows. Checks: ``size`` rows, each with a prompt (a
     string or a list of chat messages), a string ``data_source`` and a ``ground_truth`` key; the same
     seed gives the same rows; train and test pose no common problem: no prompt, or for a row whose tools
-    read state it hides from the policy (``extra_info.tools_kwargs``, a multi-turn task's table), no
-    prompt with the same hidden state, since such a row's answer depends on both. Returns the train rows."""
+    read state it hides from the policy (``extra_info.tools_kwargs``, a multi-turn task's table; a game's
+    ``extra_info.game_seed``), no prompt with the same hidden state, since such a row's answer depends on both.
+    Returns the train rows."""
     train = task.fn("train", size, 0, **params)
     assert isinstance(train, list) and len(train) == size, (
         f"asked for {size} rows, got {len(train) if isinstance(train, list) else type(train).__name__}"

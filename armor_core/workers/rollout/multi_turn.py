@@ -20,16 +20,16 @@ An episode ends when its environment says ``done``, after ``max_turns`` turns, w
 environment fails (raises anything, ``SystemExit`` included; returns something that is not an
 ``EnvironmentStep``, or one whose ``reward_parts`` or ``metrics`` are not finite numbers; or takes longer
 than ``step_timeout_s``, when a plain ``step`` is abandoned on its thread): each reason is counted
-(``env/ended_<reason>``). Sampled ids and
-log-probs are kept exactly as the backend returned them: the rollout's log-prob of every trained
-token is the one the token was drawn with.
+(``env/ended_<reason>``). Sampled ids and log-probs are kept exactly as the backend returned them: the
+rollout's log-prob of every trained token is the one the token was drawn with.
 
 The output adds to the backend's layout: ``reward_text`` (the final assistant turn, or the whole
 transcript with ``reward_on: transcript``) for the reward domains, ``env_reward_parts`` (summed
-``reward_parts``), ``episode`` (``{turns: [{role, start, end}], end}``: each turn's role, ``assistant``
-for the policy's, and the response positions it holds; why the episode ended), and metrics
-``env/turns``, ``env/observation_tokens``, ``env/masked_share``, ``env/observations_truncated``,
-``env/env_errors`` and the environment's own, averaged over episodes.
+``reward_parts``), ``episode`` (``{turns: [{role, start, end}], end, error, metrics}``: each turn's role
+(``assistant`` for the policy's) and response positions; why it ended, the environment's failure or None, its
+metrics summed: the reward domains get the last three as ``extra[EPISODE_KEY]``), and metrics ``env/turns``,
+``env/observation_tokens``, ``env/masked_share``, ``env/observations_truncated``, ``env/env_errors`` and the
+environment's own, averaged over episodes.
 """
 
 from __future__ import annotations
@@ -138,9 +138,8 @@ class MultiTurnRollout:
     # -- episodes --------------------------------------------------------------------------------
 
     def generate(self, prompts: DataProto, greedy: bool = False, **overrides: Any) -> DataProto:
-        n = int(overrides.pop("n", 1))
+        n, per_turn = int(overrides.pop("n", 1)), int(overrides.pop("max_new_tokens", self.config.max_new_tokens))
         prompts = repeat_samples(prompts, n)
-        per_turn = int(overrides.pop("max_new_tokens", self.config.max_new_tokens))
         episodes = self._start(prompts, n)
         asyncio.run(self._run(episodes, per_turn, greedy, overrides))
         return self._assemble(prompts, episodes)
@@ -170,8 +169,7 @@ class MultiTurnRollout:
         return episodes
 
     async def _run(self, episodes: list[Episode], per_turn: int, greedy: bool, overrides: dict) -> None:
-        budget = self.mt.max_response_tokens
-        self._threads = asyncio.Semaphore(MAX_THREADS)
+        budget, self._threads = self.mt.max_response_tokens, asyncio.Semaphore(MAX_THREADS)
         for ep in episodes:  # a first observation (usually none)
             first = await self._call(ep, ep.env.reset)
             if isinstance(first, _Failed):
@@ -207,16 +205,14 @@ class MultiTurnRollout:
         self, contexts: list[list[int]], room: int, greedy: bool, overrides: dict, seeds: torch.Tensor | None = None
     ) -> list[tuple]:
         """One turn of every live episode, ``seeds`` (per-sample seeds: each episode's, mixed with the turn) given."""
-        width = max(len(c) for c in contexts)
-        pad = getattr(self.inner, "pad_token_id", None) or 0
+        width, pad = max(len(c) for c in contexts), getattr(self.inner, "pad_token_id", None) or 0
         input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], dtype=torch.long)
         attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], dtype=torch.long)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         tensors = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
         batch = DataProto.from_dict(tensors={**tensors, **({SEED_KEY: seeds} if seeds is not None else {})})
         out = self.inner.generate(batch, greedy=greedy, max_new_tokens=max(room, 1), **overrides)
-        rows = []
-        sets = out[KEPT_IDS].tolist() if KEPT_IDS in out else None
+        rows, sets = [], out[KEPT_IDS].tolist() if KEPT_IDS in out else None
         masses = out[KEPT_MASS].tolist() if KEPT_MASS in out else None
         for j, (r, m, lp) in enumerate(
             zip(out["responses"].tolist(), out["response_mask"].tolist(), out["rollout_log_probs"].tolist())
@@ -243,6 +239,7 @@ class MultiTurnRollout:
                 async with self._threads:
                     outcome = await asyncio.wait_for(in_thread(fn, *args), self.mt.step_timeout_s)
         except asyncio.TimeoutError:
+            ep.error = ep.error or f"no answer within rollout.multi_turn.step_timeout_s={self.mt.step_timeout_s:g}"
             return _Failed("env_timeout")
         if outcome.error is not None:  # the environment's failure ends its episode, the run goes on
             ep.error = ep.error or describe(outcome.error)
@@ -326,8 +323,11 @@ class MultiTurnRollout:
                 for ep in episodes
             ],
             "env_reward_parts": [dict(ep.reward_parts) for ep in episodes],
-            # turn by turn: role, and the response positions [start, end) it holds (an assistant's are the policy's)
-            "episode": [{"turns": list(ep.segments), "end": ep.end} for ep in episodes],
+            # each turn's role and response positions [start, end); why it ended, its failure, its summed env metrics
+            "episode": [
+                {"turns": list(ep.segments), "end": ep.end, "error": ep.error, "metrics": dict(ep.metrics)}
+                for ep in episodes
+            ],
         }
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={
             **dict(prompts.meta_info), "metrics": _metrics(episodes, response_mask, present)

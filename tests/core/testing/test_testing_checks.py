@@ -44,6 +44,7 @@ def test_every_check_is_documented_with_its_signature():
 PARAMS = {
     ("task", "mix"): {"tasks": ["arithmetic", "facts"]},
     ("task", "reasoning_gym"): {"dataset": "basic_arithmetic"},
+    ("task", "text_game"): {"env_id": "GuessTheNumber-v0"},
 }
 
 
