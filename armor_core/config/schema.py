@@ -47,8 +47,8 @@ class ModelConfig:
     path: str = f(
         "builtin:arithmetic-tiny",
         "Local Hugging Face causal-LM directory, or builtin:NAME for a model shipped with ARMOR: "
-        "builtin:arithmetic-tiny, builtin:code-ops-tiny, builtin:cross-domain-tiny and builtin:moe-tiny (DeepSeek-V3's "
-        "mixture-of-experts architecture) have no chat template "
+        "builtin:arithmetic-tiny, builtin:code-ops-tiny, builtin:cross-domain-tiny, builtin:moe-tiny (DeepSeek-V3's "
+        "mixture-of-experts architecture) and builtin:spell-backward-tiny (recipe:reasoning_gym) have no chat template "
         "(prompts are plain text; a multi-turn observation is its text between newlines); "
         "builtin:tools-tiny has an append-only chat template (chat-message prompts, tool results as "
         "<|tool|>...<|assistant|>), as recipe:tools uses it. Nothing is downloaded.",

@@ -163,10 +163,10 @@ def test_a_lora_run_checkpoints_its_adapter_and_resumes_only_as_lora(ray_cluster
 def test_same_seed_same_metrics(ray_cluster, tmp_path):
     """Seeded runs repeat exactly, and neither generating the next step's rollout in the update's
     worker call (trainer.overlap_generation, on by default) nor calling the workers through Ray's
-    task path instead of the direct channel (engine.direct_channel) changes anything but the clock."""
+    task path instead of the direct channel (engine.direct_channel) changes anything but the clock:
+    run d, with both off, repeats run a to the last digit (so a seeded run repeats, too)."""
     _, a = run(tmp_path, "trainer.total_steps=3", name="a")
-    _, b = run(tmp_path, "trainer.total_steps=3", name="b")
-    _, c = run(tmp_path, "trainer.total_steps=3", "trainer.seed=2", name="c")
+    _, c = run(tmp_path, "trainer.total_steps=2", "trainer.seed=2", name="c")
     _, d = run(
         tmp_path, "trainer.total_steps=3", "trainer.overlap_generation=false", "engine.direct_channel=false", name="d"
     )
@@ -183,8 +183,7 @@ def test_same_seed_same_metrics(ray_cluster, tmp_path):
         "perf/gpu_memory_used_gb",
     )  # wall-clock and memory readings, and how the work was cut
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(clock)} for r in rows]  # noqa: E731
-    assert strip(a) == strip(b)
-    assert strip(a) != strip(c)
+    assert strip(a)[:2] != strip(c)
     assert strip(a) == strip(d)
     # steps 2 and 3 were generated in the update calls of steps 1 and 2 (not 3: the last step)
     assert [r.get("perf/next_generated") for r in a] == [1.0, 1.0, None] and not any(
