@@ -11,19 +11,31 @@ observation ids, environments step concurrently. ``re-tokenise`` is the common s
 each turn it decodes the transcript to text, appends the observation as text and tokenises the
 whole again, and steps environments one after the other. Besides being slower it is not
 token-exact: ``ids changed`` counts the episodes whose trained ids differ from the sampled ones.
+
+A second table times ARMOR's own environments, one ``MultiTurnRollout`` batch of ``--episodes`` episodes each, on
+the ``tools-tiny`` warm start: ``recipe:tools``' held-out rows with its ``lookup`` tool called in-process, the same
+rows with the same tool served over MCP (``mcp_table_server.py``, a stdio child process; the prompts, the sampled
+ids and the tool's answers are the same, so the difference is the transport), and textarena's
+``GuessTheNumber-v0`` (``--no-game`` leaves it out). Each is timed after a warm-up batch, which starts the MCP
+server. The game's rules are longer than the model's 256 positions: its prompts keep their last 160 tokens and the
+tiny model's moves are rarely valid, so that row times the game's steps and the rollout, not play.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from armor_core.config.schema import MultiTurnConfig, RolloutConfig
+from armor_core.config.schema import ArmorConfig, MultiTurnConfig, RolloutConfig, load_config
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import EnvironmentStep
+from armor_core.loop.data import prepare_data
 from armor_core.models.loading import encode_prompts, load_model, load_tokenizer
+from armor_core.plugins import get_plugin_manager
 from armor_core.workers.rollout.multi_turn import MultiTurnRollout
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.tasks.arithmetic import generate_arithmetic
@@ -80,14 +92,86 @@ def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + n] == part for i in range(len(seq) - n + 1))
 
 
+MCP_SERVER = Path(__file__).resolve().parent / "mcp_table_server.py"
+
+
+def environment_configs(episodes: int, game: bool = True) -> dict[str, ArmorConfig]:
+    """The second table's rows: a name and the config whose held-out rows and environment it times."""
+    tools = ["data.train_size=8", f"data.val_size={episodes}"]
+    builtin = load_config("recipe:tools", tools)
+    mcp = load_config("recipe:tools", tools)
+    server = {"name": "tables", "command": sys.executable, "args": [str(MCP_SERVER)], "hidden": ["table"]}
+    mcp.rollout.multi_turn.environment_kwargs = {"tools": [], "timeout_s": 5, "mcp_servers": [server]}
+    configs = {"tools, lookup in-process": builtin, "tools, lookup over MCP (stdio)": mcp}
+    if game:
+        kwargs = "{env_id: GuessTheNumber-v0}"
+        configs["textarena GuessTheNumber-v0"] = load_config(None, [
+            "model.path=builtin:tools-tiny", "data.task=text_game", f"data.task_kwargs={kwargs}", "data.train_size=8",
+            f"data.val_size={episodes}", "data.max_prompt_length=160", "data.truncation=left",
+            "rollout.max_new_tokens=8", "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=textarena",
+            f"rollout.multi_turn.environment_kwargs={kwargs}", "rollout.multi_turn.max_turns=4",
+            "rollout.multi_turn.max_response_tokens=90", "rollout.multi_turn.max_observation_tokens=24",
+        ])  # fmt: skip
+    return configs
+
+
+def time_environments(episodes: int, game: bool = True) -> list[tuple[str, float, dict[str, float], list]]:
+    """Each row of ``environment_configs``: (name, seconds for the batch, its env/ metrics, its sampled ids)."""
+    model, tok = load_model("builtin:tools-tiny"), load_tokenizer("builtin:tools-tiny")
+    pm, rows = get_plugin_manager(), []
+    for name, cfg in environment_configs(episodes, game).items():
+        _, val = prepare_data(cfg, pm, tok)
+        assert val is not None
+        encoded = val.encoded  # type: ignore[attr-defined]
+        batch = DataProto.from_dict(tensors=encoded["tensors"], non_tensors=encoded["non_tensors"])
+        mt = cfg.rollout.multi_turn
+        rollout = MultiTurnRollout(
+            HFRollout(model, tok, cfg.rollout), tok, cfg.rollout, pm.get("environment", mt.environment)
+        )
+        for _ in range(2):  # the first batch warms up shapes and starts the MCP server
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            out = rollout.generate(batch)
+            wall = time.perf_counter() - start
+        ids = [r[m.bool()].tolist() for r, m in zip(out["responses"], out["response_mask"])]
+        rows.append((name, wall, out.meta_info["metrics"], ids))
+    return rows
+
+
+def print_environments(rows: list[tuple[str, float, dict[str, float], list]], episodes: int) -> None:
+    print(f"\n{episodes} episodes a batch, builtin:tools-tiny, after a warm-up batch\n")
+    print(
+        "| environment | seconds | ms per episode | turns / episode | tool calls / episode | ms per tool call "
+        "| same ids as in-process |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, wall, metrics, ids in rows:
+        calls = metrics.get("env/tool_calls", 0.0)
+        per_call = f"{1000 * metrics['env/tool_seconds'] / calls:.1f}" if calls else "-"
+        same = ("yes" if ids == rows[0][3] else "no") if name.startswith("tools") else "-"
+        print(
+            f"| {name} | {wall:.2f} | {1000 * wall / episodes:.1f} | {metrics['env/turns']:.2f} | {calls:.2f} | "
+            f"{per_call} | {same} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tool-seconds", type=float, default=0.1)
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--no-game", action="store_true", help="leave the textarena row out of the second table")
+    ap.add_argument("--environments-only", action="store_true", help="print only the second table")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if not args.environments_only:
+        runners(args)
+    print_environments(time_environments(args.episodes, not args.no_game), args.episodes)
+
+
+def runners(args: argparse.Namespace) -> None:
+    """The first table: ARMOR's runner against the re-tokenising one, on a sleeping tool."""
     model, tok = load_model("builtin:arithmetic-tiny"), load_tokenizer("builtin:arithmetic-tiny")
     rows = generate_arithmetic("test", args.episodes, seed=0)
     prompts = [r["prompt"] for r in rows]
