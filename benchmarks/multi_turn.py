@@ -1,8 +1,10 @@
 """Multi-turn rollouts: episodes and tokens per second, against a runner that re-tokenises the
-transcript each turn, and the share of time spent waiting on tools.
+transcript each turn, and the share of time spent waiting on tools; then time per episode of ARMOR's
+environments (a tool in-process and over MCP, a textarena game).
 
     python benchmarks/multi_turn.py                       # about a minute on 2 cores
     python benchmarks/multi_turn.py --episodes 64 --turns 4 --tool-seconds 0.2
+    python benchmarks/multi_turn.py --environments-only   # the second table alone
 
 Both runners drive the same ``hf`` backend, model (the built-in tiny model) and environment: each
 turn gets the observation "result: 42" and the episode ends after ``--turns`` turns; the tool sleeps
@@ -16,14 +18,17 @@ A second table times ARMOR's own environments, one ``MultiTurnRollout`` batch of
 the ``tools-tiny`` warm start: ``recipe:tools``' held-out rows with its ``lookup`` tool called in-process, the same
 rows with the same tool served over MCP (``mcp_table_server.py``, a stdio child process; the prompts, the sampled
 ids and the tool's answers are the same, so the difference is the transport), and textarena's
-``GuessTheNumber-v0`` (``--no-game`` leaves it out). Each is timed after a warm-up batch, which starts the MCP
-server. The game's rules are longer than the model's 256 positions: its prompts keep their last 160 tokens and the
-tiny model's moves are rarely valid, so that row times the game's steps and the rollout, not play.
+``GuessTheNumber-v0`` (``--no-game`` leaves it out). Each row is the median of ``--repeats`` batches after a
+warm-up one (which starts the MCP server), the rows taking turns. ``ms per tool call`` is the environment's
+``tool_seconds`` per call, with every episode's call of a turn in flight at once. The game's rules are longer than
+the model's 256 positions: its prompts keep their last 160 tokens and the tiny model's moves are rarely valid, so
+that row times the game's steps and the rollout, not play.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -115,31 +120,38 @@ def environment_configs(episodes: int, game: bool = True) -> dict[str, ArmorConf
     return configs
 
 
-def time_environments(episodes: int, game: bool = True) -> list[tuple[str, float, dict[str, float], list]]:
-    """Each row of ``environment_configs``: (name, seconds for the batch, its env/ metrics, its sampled ids)."""
+def time_environments(
+    episodes: int, game: bool = True, repeats: int = 9
+) -> list[tuple[str, float, dict[str, float], list]]:
+    """Each row of ``environment_configs``: (name, median seconds of ``repeats`` batches, the last batch's env/
+    metrics and sampled ids). Every row plays a warm-up batch first (it starts the MCP server), then the rows take
+    turns batch by batch, so that a machine's drift falls on each of them alike."""
     model, tok = load_model("builtin:tools-tiny"), load_tokenizer("builtin:tools-tiny")
-    pm, rows = get_plugin_manager(), []
+    pm, runs = get_plugin_manager(), {}
     for name, cfg in environment_configs(episodes, game).items():
         _, val = prepare_data(cfg, pm, tok)
         assert val is not None
         encoded = val.encoded  # type: ignore[attr-defined]
         batch = DataProto.from_dict(tensors=encoded["tensors"], non_tensors=encoded["non_tensors"])
-        mt = cfg.rollout.multi_turn
-        rollout = MultiTurnRollout(
-            HFRollout(model, tok, cfg.rollout), tok, cfg.rollout, pm.get("environment", mt.environment)
-        )
-        for _ in range(2):  # the first batch warms up shapes and starts the MCP server
+        env_cls = pm.get("environment", cfg.rollout.multi_turn.environment)
+        runs[name] = (MultiTurnRollout(HFRollout(model, tok, cfg.rollout), tok, cfg.rollout, env_cls), batch)
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    outs = {}
+    for _ in range(1 + repeats):
+        for name, (rollout, batch) in runs.items():
             torch.manual_seed(0)
             start = time.perf_counter()
-            out = rollout.generate(batch)
-            wall = time.perf_counter() - start
+            outs[name] = rollout.generate(batch)
+            walls[name].append(time.perf_counter() - start)
+    rows = []
+    for name, out in outs.items():
         ids = [r[m.bool()].tolist() for r, m in zip(out["responses"], out["response_mask"])]
-        rows.append((name, wall, out.meta_info["metrics"], ids))
+        rows.append((name, statistics.median(walls[name][1:]), out.meta_info["metrics"], ids))
     return rows
 
 
-def print_environments(rows: list[tuple[str, float, dict[str, float], list]], episodes: int) -> None:
-    print(f"\n{episodes} episodes a batch, builtin:tools-tiny, after a warm-up batch\n")
+def print_environments(rows: list[tuple[str, float, dict[str, float], list]], episodes: int, repeats: int) -> None:
+    print(f"\n{episodes} episodes a batch, builtin:tools-tiny, median of {repeats} batches after a warm-up one\n")
     print(
         "| environment | seconds | ms per episode | turns / episode | tool calls / episode | ms per tool call "
         "| same ids as in-process |"
@@ -163,11 +175,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--no-game", action="store_true", help="leave the textarena row out of the second table")
     ap.add_argument("--environments-only", action="store_true", help="print only the second table")
+    ap.add_argument("--repeats", type=int, default=9, help="timed batches per row of the second table (the median)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     if not args.environments_only:
         runners(args)
-    print_environments(time_environments(args.episodes, not args.no_game), args.episodes)
+    rows = time_environments(args.episodes, not args.no_game, args.repeats)
+    print_environments(rows, args.episodes, args.repeats)
 
 
 def runners(args: argparse.Namespace) -> None:
