@@ -1,8 +1,10 @@
 """Multi-turn rollouts: episodes and tokens per second, against a runner that re-tokenises the
-transcript each turn, and the share of time spent waiting on tools.
+transcript each turn, and the share of time spent waiting on tools; then time per episode of ARMOR's
+environments (a tool in-process and over MCP, a textarena game).
 
     python benchmarks/multi_turn.py                       # about a minute on 2 cores
     python benchmarks/multi_turn.py --episodes 64 --turns 4 --tool-seconds 0.2
+    python benchmarks/multi_turn.py --environments-only   # the second table alone
 
 Both runners drive the same ``hf`` backend, model (the built-in tiny model) and environment: each
 turn gets the observation "result: 42" and the episode ends after ``--turns`` turns; the tool sleeps
@@ -11,19 +13,34 @@ observation ids, environments step concurrently. ``re-tokenise`` is the common s
 each turn it decodes the transcript to text, appends the observation as text and tokenises the
 whole again, and steps environments one after the other. Besides being slower it is not
 token-exact: ``ids changed`` counts the episodes whose trained ids differ from the sampled ones.
+
+A second table times ARMOR's own environments, one ``MultiTurnRollout`` batch of ``--episodes`` episodes each, on
+the ``tools-tiny`` warm start: ``recipe:tools``' held-out rows with its ``lookup`` tool called in-process, the same
+rows with the same tool served over MCP (``mcp_table_server.py``, a stdio child process; the prompts, the sampled
+ids and the tool's answers are the same, so the difference is the transport), and textarena's
+``GuessTheNumber-v0`` (``--no-game`` leaves it out). Each row is the median of ``--repeats`` batches after a
+warm-up one (which starts the MCP server), the rows taking turns. ``ms per tool call`` is the environment's
+``tool_seconds`` per call, with every episode's call of a turn in flight at once. The game's rules are longer than
+the model's 256 positions: its prompts keep their last 160 tokens and the tiny model's moves are rarely valid, so
+that row times the game's steps and the rollout, not play.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from armor_core.config.schema import MultiTurnConfig, RolloutConfig
+from armor_core.config.schema import ArmorConfig, MultiTurnConfig, RolloutConfig, load_config
 from armor_core.dataproto.protocol import DataProto
 from armor_core.interfaces import EnvironmentStep
+from armor_core.loop.data import prepare_data
 from armor_core.models.loading import encode_prompts, load_model, load_tokenizer
+from armor_core.plugins import get_plugin_manager
 from armor_core.workers.rollout.multi_turn import MultiTurnRollout
 from armor_plugins.rollout.hf import HFRollout
 from armor_plugins.tasks.arithmetic import generate_arithmetic
@@ -80,14 +97,95 @@ def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + n] == part for i in range(len(seq) - n + 1))
 
 
+MCP_SERVER = Path(__file__).resolve().parent / "mcp_table_server.py"
+
+
+def environment_configs(episodes: int, game: bool = True) -> dict[str, ArmorConfig]:
+    """The second table's rows: a name and the config whose held-out rows and environment it times."""
+    tools = ["data.train_size=8", f"data.val_size={episodes}"]
+    builtin = load_config("recipe:tools", tools)
+    mcp = load_config("recipe:tools", tools)
+    server = {"name": "tables", "command": sys.executable, "args": [str(MCP_SERVER)], "hidden": ["table"]}
+    mcp.rollout.multi_turn.environment_kwargs = {"tools": [], "timeout_s": 5, "mcp_servers": [server]}
+    configs = {"tools, lookup in-process": builtin, "tools, lookup over MCP (stdio)": mcp}
+    if game:
+        kwargs = "{env_id: GuessTheNumber-v0}"
+        configs["textarena GuessTheNumber-v0"] = load_config(None, [
+            "model.path=builtin:tools-tiny", "data.task=text_game", f"data.task_kwargs={kwargs}", "data.train_size=8",
+            f"data.val_size={episodes}", "data.max_prompt_length=160", "data.truncation=left",
+            "rollout.max_new_tokens=8", "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=textarena",
+            f"rollout.multi_turn.environment_kwargs={kwargs}", "rollout.multi_turn.max_turns=4",
+            "rollout.multi_turn.max_response_tokens=90", "rollout.multi_turn.max_observation_tokens=24",
+        ])  # fmt: skip
+    return configs
+
+
+def time_environments(
+    episodes: int, game: bool = True, repeats: int = 9
+) -> list[tuple[str, float, dict[str, float], list]]:
+    """Each row of ``environment_configs``: (name, median seconds of ``repeats`` batches, the last batch's env/
+    metrics and sampled ids). Every row plays a warm-up batch first (it starts the MCP server), then the rows take
+    turns batch by batch, so that a machine's drift falls on each of them alike."""
+    model, tok = load_model("builtin:tools-tiny"), load_tokenizer("builtin:tools-tiny")
+    pm, runs = get_plugin_manager(), {}
+    for name, cfg in environment_configs(episodes, game).items():
+        _, val = prepare_data(cfg, pm, tok)
+        assert val is not None
+        encoded = val.encoded  # type: ignore[attr-defined]
+        batch = DataProto.from_dict(tensors=encoded["tensors"], non_tensors=encoded["non_tensors"])
+        env_cls = pm.get("environment", cfg.rollout.multi_turn.environment)
+        runs[name] = (MultiTurnRollout(HFRollout(model, tok, cfg.rollout), tok, cfg.rollout, env_cls), batch)
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    outs = {}
+    for _ in range(1 + repeats):
+        for name, (rollout, batch) in runs.items():
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            outs[name] = rollout.generate(batch)
+            walls[name].append(time.perf_counter() - start)
+    rows = []
+    for name, out in outs.items():
+        ids = [r[m.bool()].tolist() for r, m in zip(out["responses"], out["response_mask"])]
+        rows.append((name, statistics.median(walls[name][1:]), out.meta_info["metrics"], ids))
+    return rows
+
+
+def print_environments(rows: list[tuple[str, float, dict[str, float], list]], episodes: int, repeats: int) -> None:
+    print(f"\n{episodes} episodes a batch, builtin:tools-tiny, median of {repeats} batches after a warm-up one\n")
+    print(
+        "| environment | seconds | ms per episode | turns / episode | tool calls / episode | ms per tool call "
+        "| same ids as in-process |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, wall, metrics, ids in rows:
+        calls = metrics.get("env/tool_calls", 0.0)
+        per_call = f"{1000 * metrics['env/tool_seconds'] / calls:.1f}" if calls else "-"
+        same = ("yes" if ids == rows[0][3] else "no") if name.startswith("tools") else "-"
+        print(
+            f"| {name} | {wall:.2f} | {1000 * wall / episodes:.1f} | {metrics['env/turns']:.2f} | {calls:.2f} | "
+            f"{per_call} | {same} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tool-seconds", type=float, default=0.1)
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--no-game", action="store_true", help="leave the textarena row out of the second table")
+    ap.add_argument("--environments-only", action="store_true", help="print only the second table")
+    ap.add_argument("--repeats", type=int, default=9, help="timed batches per row of the second table (the median)")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if not args.environments_only:
+        runners(args)
+    rows = time_environments(args.episodes, not args.no_game, args.repeats)
+    print_environments(rows, args.episodes, args.repeats)
+
+
+def runners(args: argparse.Namespace) -> None:
+    """The first table: ARMOR's runner against the re-tokenising one, on a sleeping tool."""
     model, tok = load_model("builtin:arithmetic-tiny"), load_tokenizer("builtin:arithmetic-tiny")
     rows = generate_arithmetic("test", args.episodes, seed=0)
     prompts = [r["prompt"] for r in rows]

@@ -4,7 +4,8 @@ Writes ``DIR/armor-NAME/``, a pip-installable package: ``pyproject.toml`` with t
 ``NAME`` in group ``armor``, the plugin module ``armor_NAME/__init__.py`` (a small working example
 whose docstring is the contract for its kind, taken from ``hookspecs.py`` and ``interfaces.py`` of
 the installed ARMOR), a test using ``armor_core.testing``, and a README. The templates are in
-``armor_core/cli/templates/``.
+``armor_core/cli/templates/``. ``armor new environment NAME --adapter {gym,textarena,mcp}`` writes a
+package played by a built-in environment instead (``new_adapter.py``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from string import Template
-from typing import get_args
+from typing import TYPE_CHECKING, Mapping, get_args
 
 from armor_core.errors import UserFacingError
 from armor_core.interfaces import GuardStage, VerdictAction
 
-__all__ = ["KINDS", "contract_text", "write_plugin"]
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable  # Python 3.11+; only named in annotations
+
+__all__ = ["KINDS", "check_name", "contract_text", "write_files", "write_plugin"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "name", help="the plugin's name, the value users write in the config: lowercase snake_case, e.g. my_guard"
     )
     p.add_argument("--out", default=".", help="directory to write the package into (default: the current directory)")
+    p.add_argument(
+        "--adapter",
+        metavar="{gym,textarena,mcp}",
+        help="environment only: a package played by a built-in environment instead of a new plugin, with a "
+        "config.yaml for `armor run`: gym (a text game with gymnasium's reset/step, played by gym_text), textarena "
+        "(a textarena game by its id, no code) or mcp (an MCP stdio server whose tools the tools environment offers)",
+    )
+    p.add_argument(
+        "--env-id",
+        metavar="ID",
+        help="with --adapter textarena: the game of textarena's registry (default: GuessTheNumber-v0)",
+    )
     p.set_defaults(func=main)
 
 
@@ -188,7 +204,7 @@ def _suggestion(name: str) -> str | None:
     return candidate
 
 
-def _check_name(kind: str, name: str, target: Path) -> None:
+def check_name(kind: str, name: str, target: Path) -> None:
     problem = _syntax_problem(name)
     if problem is not None:
         suggestion = _suggestion(name)
@@ -225,7 +241,7 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
     from armor_core import __version__
 
     target = Path(out) / f"armor-{name.replace('_', '-')}"
-    _check_name(kind, name, target)
+    check_name(kind, name, target)
     module = f"armor_{name}"
     values = {
         "name": name,
@@ -244,6 +260,13 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
         f"tests/test_{name}.py": templates / kind / "test.py.tmpl",
         "README.md": templates / kind / "README.md.tmpl",
     }
+    write_files(kind, target, files, values)
+    return target
+
+
+def write_files(kind: str, target: Path, files: Mapping[str, Traversable], values: Mapping[str, str]) -> None:
+    """Each template of ``files`` (relative path -> template) filled with ``values`` under ``target``; on a
+    failure nothing is left behind and the error says so."""
     try:
         for rel, template in files.items():
             path = target / rel
@@ -254,10 +277,20 @@ def write_plugin(kind: str, name: str, out: str | Path = ".") -> Path:
         raise UserFacingError(
             f"armor new {kind}: cannot write {target} ({e.strerror or e}); nothing was written"
         ) from e
-    return target
 
 
 def main(args: argparse.Namespace) -> int:
+    from armor_core.cli.new_adapter import check_adapter_args, write_adapter
+
+    check_adapter_args(args.kind, args.adapter, args.env_id)
+    if args.adapter is not None:
+        target = write_adapter(args.name, args.adapter, args.out, args.env_id)
+        written = ", ".join(sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()))
+        print(
+            f"wrote {target}: {written}\n"
+            f"next: cd {target} && pip install -e '.[test]' && python -m pytest && armor run config.yaml --dry-run"
+        )
+        return 0
     target = write_plugin(args.kind, args.name, args.out)
     kind = KINDS[args.kind].plugin_kind
     print(

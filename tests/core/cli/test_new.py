@@ -16,10 +16,14 @@ import pytest
 from armor_core import Verdict, hookimpl, hookspecs, interfaces
 from armor_core.cli.main import main
 from armor_core.cli.new import KINDS, write_plugin
+from armor_core.cli.new_adapter import write_adapter
+from armor_core.config.schema import load_config
 from armor_core.errors import UserFacingError
 from armor_core.testing import check_guard, registered
 
 GENERATED = {"guard": "spike_cap", "reward": "last_word", "estimator": "group_centered", "environment": "number_guess"}
+#: ``armor new environment NAME --adapter A``: the package's name, and the built-in environment its config plays
+ADAPTED = {"gym": ("word_game", "gym_text"), "textarena": ("guess_game", "textarena"), "mcp": ("table_tools", "tools")}
 
 
 def _run(*args: str, cwd=None, timeout: int = 300, path: str | None = None) -> str:
@@ -38,7 +42,12 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
     """The packages are installed into a folder of their own, on the path of this test's commands only: a test
     must not change the environment it runs in (another process using it would find plugins come and go)."""
     assert [main(["new", kind, name, "--out", str(tmp_path)]) for kind, name in GENERATED.items()] == [0] * 4
-    dirs = [tmp_path / f"armor-{name.replace('_', '-')}" for name in GENERATED.values()]
+    adapted = [
+        main(["new", "environment", name, "--adapter", a, "--out", str(tmp_path)]) for a, (name, _) in ADAPTED.items()
+    ]
+    assert adapted == [0] * 3
+    names = [*GENERATED.values(), *(name for name, _ in ADAPTED.values())]
+    dirs = [tmp_path / f"armor-{name.replace('_', '-')}" for name in names]
     assert all((d / "pyproject.toml").is_file() and (d / "README.md").is_file() for d in dirs)
     site = tmp_path / "site-packages"
     _run(
@@ -55,7 +64,7 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
     )
     report = _run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(str(d / "tests") for d in dirs),
                   cwd=tmp_path, path=str(site))  # fmt: skip
-    assert "9 passed" in report
+    assert "18 passed" in report  # the adapters' tests: their config checked as armor run does, a game, an MCP call
     listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json", path=str(site)))
     ours = {(e["kind"], e["name"], e["distribution"]) for e in listed if e["name"] in GENERATED.values()}
     assert ours == {(KINDS[k].plugin_kind, n, f"armor-{n.replace('_', '-')}") for k, n in GENERATED.items()}
@@ -71,6 +80,45 @@ def test_each_generated_package_passes_its_test_and_is_listed_after_pip_install(
     assert [r["step"] for r in steps] == [1, 2] and all(1.0 <= r["env/turns"] <= 3.0 for r in steps)
     listed = json.loads(_run(sys.executable, "-m", "armor_core.cli.main", "plugins", "--json"))
     assert not [e for e in listed if e["name"] in GENERATED.values()]  # the environment itself never saw them
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTED))
+def test_an_adapter_package_registers_nothing_and_its_config_and_readme_snippet_load(tmp_path, adapter):
+    import tomllib
+
+    name, environment = ADAPTED[adapter]
+    package = write_adapter(name, adapter, tmp_path)
+    assert "entry-points" not in tomllib.loads((package / "pyproject.toml").read_text())["project"]
+    snippet = re.search(r"```yaml\n(.*?)```", (package / "README.md").read_text(), re.S)
+    assert snippet is not None
+    (tmp_path / "snippet.yaml").write_text(snippet.group(1))
+    for config in (package / "config.yaml", tmp_path / "snippet.yaml"):
+        mt = load_config(config).rollout.multi_turn
+        assert mt.enable and mt.environment == environment
+    if adapter == "gym":
+        assert mt.environment_kwargs["factory"] == f"armor_{name}.game:make"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["environment", "x", "--adapter", "gymnasium"],
+            "unknown --adapter 'gymnasium'; choose one of gym, textarena, mcp",
+        ),
+        (["reward", "x", "--adapter", "gym"], "armor new reward: --adapter applies only to `armor new environment`"),
+        (
+            ["environment", "x", "--adapter", "gym", "--env-id", "Sudoku-v0"],
+            "--env-id applies only to `--adapter textarena`",
+        ),
+        (["environment", "x", "--adapter", "textarena", "--env-id", "Sudoku-v9"], "textarena has no game 'Sudoku-v9'"),
+    ],
+)
+def test_a_bad_adapter_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
+    assert main(["new", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
