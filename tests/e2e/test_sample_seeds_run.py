@@ -49,11 +49,11 @@ def _run(run_dir, *overrides: str) -> list[dict]:
 def test_twelve_steps_sample_alike_at_any_micro_batch_size_worker_count_and_mode(ray_cluster, tmp_path):
     base = _run(tmp_path / "base")
     assert len(base) == 12 and len({r["critic/score/mean"] for r in base}) > 3  # it learns: the scores move
-    assert _run(tmp_path / "micro", "rollout.micro_batch_size=3") == base
     # a rollout worker of its own generating each batch with the newest weights (async, no overlap)
     assert _run(tmp_path / "async", "rollout.mode=async", "rollout.max_staleness=0") == base
-    # two actor ranks, each generating half of every batch; their update (DDP) equals one rank's to float rounding, so
-    # the policy loss may differ in its last bits while the samples, scores and lengths do not
-    two = _run(tmp_path / "ranks", "actor.num_workers=2")
+    # two actor ranks, each generating half of every batch in micro-batches of 3 rows (so rows meet other neighbours
+    # in every forward); their update (DDP) equals one rank's to float rounding, so the policy loss may differ in its
+    # last bits while the samples, scores and lengths do not
+    two = _run(tmp_path / "ranks", "actor.num_workers=2", "rollout.micro_batch_size=3")
     assert [{**r, "actor/pg_loss": 0} for r in two] == [{**r, "actor/pg_loss": 0} for r in base]
     assert [r["actor/pg_loss"] for r in two] == pytest.approx([r["actor/pg_loss"] for r in base], abs=1e-5)
