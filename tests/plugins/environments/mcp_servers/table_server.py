@@ -10,21 +10,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-
-app = MCPServer("armor-test-tables")
-
-
-@app.tool()
-def lookup(key: str, table: dict | None = None) -> str:
-    """Read the value stored under a key."""
-    if not table:
-        raise ToolError("this row has no table (extra.tools_kwargs.lookup.table)")
-    if key not in table:
-        raise ToolError(f"no key {key!r}; keys: {', '.join(sorted(map(str, table)))}")
-    return str(table[key])
+# the ``lookup`` tool and its server are the benchmark's (benchmarks/mcp_table_server.py); the tests add theirs
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
+from mcp_table_server import app  # noqa: E402
 
 
 @app.tool()
